@@ -1,0 +1,237 @@
+"""The record: the only thing that crosses from collection to rendering.
+
+This module defines the record format (version ``FORMAT_VERSION``) and reads and
+writes it. It imports neither torch nor any other part of ``cockpit_lite``, so the
+``instruments`` package can depend on it alone.
+
+In memory
+---------
+A record is ``{step: {key: value}}`` with integer steps. Keys are
+
+- quantity class names (``"Loss"``, ``"GradNorm"``, ``"Alpha"``, ...) whose value has
+  the layout of the original Cockpit:
+
+  * scalars as Python ``float`` (``nan`` where a value could not be computed);
+  * per-parameter quantities (``GradNorm``, ``Distance``, ``UpdateSize``,
+    ``HessTrace``, ``GradVariance``) as a ``list`` of floats in parameter order;
+  * histograms as ``{"hist": ndarray, "edges": ndarray}`` (1-d) or
+    ``{"hist": ndarray, "edges": [ndarray, ndarray]}`` (2-d), plus the integer
+    counts ``"clipped"`` (values outside the range, counted in the edge bins) and
+    ``"nonfinite"`` (NaN/Inf values, not counted);
+
+- ``"layers"``: ``{quantity name: list}``, the per-layer (per parameter tensor) value
+  of every quantity whose main value is not already a per-parameter list;
+- ``"flags"``: a list of strings naming what went wrong at this step (for example
+  ``"nonfinite_loss"``), absent when nothing did;
+- the epoch-level keys written by ``Cockpit.log`` (``EPOCH_KEYS``).
+
+On disk
+-------
+*JSON lines* (``.jsonl``): the first line is a header
+``{"format": "cockpit-lite", "version": 1, "params": [{"name", "shape"}, ...],
+"quantities": [...]}``; every further line is ``{"step": s, key: value, ...}`` and is
+merged into the record at step ``s`` (two-step quantities such as ``Alpha`` are
+known one step later and arrive in a later line). Lines are appended and flushed as
+each step ends, so a crash loses at most the step in flight; ``read`` skips a torn
+last line and warns once.
+
+*JSON* (``.json``): ``{str(step): {key: value}}``, the layout of Cockpit's
+``write`` (quantity class names as keys), written by ``Cockpit.write``.
+
+Values on disk are plain JSON; non-finite floats are written as ``NaN`` /
+``Infinity`` (Python's JSON dialect) and histogram arrays as nested lists.
+"""
+
+import json
+import math
+import os
+import warnings
+
+import numpy as np
+
+FORMAT = "cockpit-lite"
+FORMAT_VERSION = 1
+
+LAYERS = "layers"
+FLAGS = "flags"
+EPOCH_KEYS = (
+    "epoch_count",
+    "train_loss",
+    "valid_loss",
+    "test_loss",
+    "train_accuracy",
+    "valid_accuracy",
+    "test_accuracy",
+    "learning_rate",
+)
+RESERVED_KEYS = (LAYERS, FLAGS) + EPOCH_KEYS
+
+
+def layer_values(entry, name):
+    """Return the per-layer values of quantity ``name`` in a step's ``entry``.
+
+    Args:
+        entry: one step of a record, ``record[step]``.
+        name: quantity class name.
+
+    Returns:
+        A list with one value per tracked parameter tensor, or ``None`` when the
+        quantity has no per-layer value at this step.
+    """
+    layers = entry.get(LAYERS, {})
+    if name in layers:
+        return layers[name]
+    value = entry.get(name)
+    if isinstance(value, list):
+        return value
+    return None
+
+
+def merge(record, step, entries):
+    """Merge ``entries`` (a dict of keys to values) into ``record[step]``.
+
+    ``"layers"`` dicts are merged key by key and ``"flags"`` lists are concatenated,
+    so that values of one step arriving in several parts combine.
+    """
+    target = record.setdefault(int(step), {})
+    for key, value in entries.items():
+        if key == LAYERS:
+            target.setdefault(LAYERS, {}).update(value)
+        elif key == FLAGS:
+            target.setdefault(FLAGS, []).extend(f for f in value if f not in target.get(FLAGS, []))
+        else:
+            target[key] = value
+
+
+def to_jsonable(value):
+    """Convert a record value (numpy arrays, numpy scalars, nesting) to plain JSON types."""
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def from_jsonable(value):
+    """Inverse of ``to_jsonable`` for the record layout: histograms become arrays."""
+    if isinstance(value, dict):
+        out = {k: from_jsonable(v) for k, v in value.items()}
+        if "hist" in out:
+            out["hist"] = np.asarray(out["hist"])
+            edges = out.get("edges")
+            if edges is not None:
+                if len(edges) and isinstance(edges[0], list):
+                    out["edges"] = [np.asarray(e, dtype=float) for e in edges]
+                else:
+                    out["edges"] = np.asarray(edges, dtype=float)
+        return out
+    if isinstance(value, list):
+        return [from_jsonable(v) for v in value]
+    return value
+
+
+class JSONLinesWriter:
+    """Append one JSON line per step part to ``path`` and flush it immediately."""
+
+    def __init__(self, path, header):
+        """Create (truncate) ``path`` and write the header line.
+
+        Args:
+            path: file to write; its folder is created if needed.
+            header: dict merged into ``{"format": ..., "version": ...}``.
+        """
+        self.path = os.fspath(path)
+        folder = os.path.dirname(self.path)
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+        self._file = open(self.path, "w", encoding="utf-8")
+        self._write({"format": FORMAT, "version": FORMAT_VERSION, **header})
+
+    def append(self, step, entries):
+        """Append the ``entries`` of ``step`` as one line."""
+        self._write({"step": int(step), **to_jsonable(entries)})
+
+    def _write(self, obj):
+        self._file.write(json.dumps(obj) + "\n")
+        self._file.flush()
+
+    def close(self):
+        """Close the file; later appends raise."""
+        self._file.close()
+
+
+def read_jsonl(path):
+    """Read a JSON-lines log into ``(header, record)``.
+
+    A last line that does not parse (a run that crashed while writing it) is
+    skipped with one warning; a bad line elsewhere raises ``ValueError`` with its
+    line number.
+    """
+    with open(path, encoding="utf-8") as file:
+        lines = file.read().split("\n")
+    while lines and not lines[-1].strip():
+        lines.pop()
+    header, record = {}, {}
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as error:
+            if number == len(lines):
+                warnings.warn(
+                    f"{path}: last line ({number}) is incomplete (the run probably "
+                    "stopped while writing it); it was skipped.",
+                    stacklevel=2,
+                )
+                break
+            raise ValueError(f"{path}: line {number} is not valid JSON: {error}") from error
+        if "format" in obj and "step" not in obj:
+            if obj.get("format") != FORMAT:
+                raise ValueError(f"{path}: not a {FORMAT} log (format={obj.get('format')!r})")
+            if obj.get("version", 0) > FORMAT_VERSION:
+                raise ValueError(
+                    f"{path}: log format version {obj['version']} is newer than this "
+                    f"reader ({FORMAT_VERSION}); update cockpit-lite"
+                )
+            header = obj
+            continue
+        step = obj.pop("step")
+        merge(record, step, from_jsonable(obj))
+    return header, record
+
+
+def write_json(path, record):
+    """Write ``record`` as one JSON file in Cockpit's output layout."""
+    folder = os.path.dirname(os.fspath(path))
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    data = {str(step): to_jsonable(entry) for step, entry in sorted(record.items())}
+    with open(path, "w", encoding="utf-8") as file:
+        json.dump(data, file, indent=1)
+
+
+def read_json(path):
+    """Read a JSON file written by ``write_json`` (or by Cockpit) into a record."""
+    with open(path, encoding="utf-8") as file:
+        data = json.load(file)
+    return {int(step): from_jsonable(entry) for step, entry in data.items()}
+
+
+def read(source):
+    """Return the record held by ``source``: a record dict, a ``.jsonl`` or a ``.json`` path."""
+    if isinstance(source, dict):
+        return source
+    path = os.fspath(source)
+    if path.endswith(".jsonl"):
+        return read_jsonl(path)[1]
+    return read_json(path)
+
+
+def is_finite_number(value):
+    """Whether ``value`` is a real, finite number (not None, NaN or Inf)."""
+    return isinstance(value, (int, float, np.number)) and math.isfinite(float(value))
