@@ -1,0 +1,427 @@
+"""The orchestrator: one ``Cockpit`` per training run, one context per tracked step.
+
+Per step, ``with cp(step, *extra_extensions, info={...}): loss.backward(...)``:
+
+1. *Before backward* (``cp(...)``): every quantity states its ``Needs`` for this step
+   (or ``None``); missing ``info`` keys raise here. The needs are merged: transforms
+   by key, BackPACK extensions by type (the user's own extensions win and stay on
+   the parameters afterwards).
+2. *During backward*: BackPACK runs the merged extensions; the per-sample extension
+   reduces individual gradients layer by layer and drops them.
+3. *After backward* (``__exit__``): each due quantity computes from a ``StepData``
+   bundle; all values move to the host in one transfer; the record and the JSON-lines
+   log get the step; BackPACK buffers the Cockpit added are deleted and gradients that
+   carry a graph because the Cockpit asked for one are detached.
+
+Steps where nothing is due enter no context at all: no hooks, no extensions.
+"""
+
+import numbers
+import warnings
+from contextlib import ExitStack
+
+import numpy as np
+import torch
+from backpack import backpack
+from backpack.extensions.backprop_extension import BackpropExtension
+
+from cockpit_lite import log as _log
+from cockpit_lite.backend import PerSampleTransforms, add_advice
+from cockpit_lite.info import StepInfo
+from cockpit_lite.quantities.base import Output, Quantity
+from cockpit_lite.step import StepData
+
+NONFINITE_LOSS = "nonfinite_loss"
+NONFINITE_GRAD = "nonfinite_grad"
+
+
+class Cockpit:
+    """Collect quantities during training (API compatible with Cockpit's ``Cockpit``)."""
+
+    def __init__(self, params, quantities=None, log=None, strict=False, seed=0):
+        """
+        Args:
+            params: what to track: a ``torch.nn.Module`` (its named parameters), an
+                iterable of parameters (e.g. ``model.parameters()``) or of
+                ``(name, parameter)`` pairs (``model.named_parameters()``). Names label
+                the per-layer values. Parameters with ``requires_grad=False`` are left
+                out with a warning.
+            quantities: list of ``Quantity`` objects, e.g. ``configuration("full")``.
+            log: path of a JSON-lines log, appended and flushed after every step
+                (``None``: keep the record in memory only).
+            strict: raise instead of recording NaN when the loss or a gradient is
+                not finite, or when a quantity fails.
+            seed: seed of the Cockpit's own random numbers (BackPACK's Monte-Carlo
+                curvature); the user's random number generators are never touched.
+
+        Raises:
+            ValueError: if no parameter requires a gradient.
+        """
+        self.names, self.params = _named_trainable(params)
+        self.quantities = []
+        for quantity in quantities or []:
+            self.add(quantity)
+        self.output = {}
+        self.strict = strict
+        self.seed = seed
+        self._last_step = None
+        self._writer = None
+        if log is not None:
+            header = {
+                "params": [
+                    {"name": n, "shape": list(p.shape)} for n, p in zip(self.names, self.params)
+                ],
+                "quantities": [q.name for q in self.quantities],
+            }
+            self._writer = _log.JSONLinesWriter(log, header)
+
+    def add(self, quantity):
+        """Track one more ``Quantity``.
+
+        Raises:
+            ValueError: if it is not a ``Quantity`` or one of its class is tracked already.
+        """
+        if not isinstance(quantity, Quantity):
+            raise ValueError(
+                f"quantities must be cockpit_lite.quantities.Quantity instances, got {quantity!r}"
+            )
+        if any(q.name == quantity.name for q in self.quantities):
+            raise ValueError(f"{quantity.name} is tracked already; each class can be tracked once")
+        self.quantities.append(quantity)
+
+    def create_graph(self, global_step):
+        """Whether ``loss.backward`` must keep the graph at ``global_step`` (``HessMaxEV``).
+
+        Returns ``False`` for a step at which no quantity needs the graph.
+        """
+        return any(q.create_graph(global_step) for q in self.quantities)
+
+    def __call__(self, global_step, *extensions, info=None):
+        """Return the context to run one step's ``loss.backward()`` in.
+
+        Args:
+            global_step: the step number; must increase from one call to the next.
+            *extensions: extra BackPACK extensions, computed too and left on the
+                parameters for the caller.
+            info: dict with ``"loss"``, ``"optimizer"``, optionally
+                ``"individual_losses"`` and ``"batch_size"`` (see ``cockpit_lite.info``).
+
+        Raises:
+            ValueError: for a step that does not increase, a malformed extension, or a
+                missing ``info`` key that a due quantity needs.
+        """
+        return _StepContext(self, global_step, extensions, info)
+
+    def get_output(self):
+        """The record ``{step: {quantity name: value, ...}}`` (see ``cockpit_lite.log``)."""
+        return self.output
+
+    def write(self, logpath):
+        """Write the record to ``logpath + ".json"`` in Cockpit's layout (or ``logpath`` if it ends in .json)."""
+        path = str(logpath)
+        if not path.endswith(".json"):
+            path += ".json"
+        _log.write_json(path, self.output)
+        return path
+
+    def log(
+        self,
+        global_step,
+        epoch_count,
+        train_loss,
+        valid_loss,
+        test_loss,
+        train_accuracy,
+        valid_accuracy,
+        test_accuracy,
+        learning_rate,
+    ):
+        """Record epoch-level metrics at ``global_step`` (as Cockpit's ``log``)."""
+        values = dict(zip(_log.EPOCH_KEYS, (
+            epoch_count, train_loss, valid_loss, test_loss,
+            train_accuracy, valid_accuracy, test_accuracy, learning_rate,
+        )))
+        self._record(global_step, {k: _plain(v) for k, v in values.items()})
+
+    def close(self):
+        """Close the JSON-lines log (if any)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def _record(self, step, entries):
+        _log.merge(self.output, step, entries)
+        if self._writer is not None:
+            self._writer.append(step, entries)
+
+
+class _StepContext:
+    """Runs one step: plan before backward, collect and record after it."""
+
+    def __init__(self, cockpit, step, extensions, info):
+        if not isinstance(step, numbers.Integral) or isinstance(step, bool):
+            raise ValueError(f"global_step must be an integer, got {step!r}")
+        step = int(step)
+        last = cockpit._last_step
+        if last is not None and step <= last:
+            raise ValueError(
+                f"global_step must increase from one call to the next: got {step} after "
+                f"{last}. Use one Cockpit per training run and count steps across epochs."
+            )
+        for ext in extensions:
+            if not isinstance(ext, BackpropExtension):
+                raise ValueError(f"extra extensions must be BackPACK extension instances, got {ext!r}")
+        self.cockpit = cockpit
+        self.step = step
+        self.info = StepInfo(info, step)
+        self.due = [(q, n) for q in cockpit.quantities if (n := q.needs(step, self.info)) is not None]
+        self.create_graph = cockpit.create_graph(step)
+        self.user_savefields = {ext.savefield for ext in extensions}
+
+        transforms = {}
+        exts = {type(ext): ext for ext in extensions}
+        for _, needs in self.due:
+            for t in needs.transforms:
+                transforms.setdefault(t.key, t)
+            for ext in needs.extensions:
+                exts.setdefault(type(ext), ext)
+        self.transforms = list(transforms.values())
+        self.per_sample = None
+        if self.transforms:
+            self.per_sample = PerSampleTransforms(
+                self.transforms,
+                {id(p): i for i, p in enumerate(cockpit.params)},
+                cockpit.names,
+                [q.name for q, n in self.due if n.transforms],
+            )
+            exts[PerSampleTransforms] = self.per_sample
+        self.extensions = list(exts.values())
+        self.added_savefields = {
+            e.savefield for e in self.extensions if e.savefield not in self.user_savefields
+        }
+        self._stack = ExitStack()
+        self._backpack = None
+        cockpit._last_step = step
+
+    def __enter__(self):
+        if not (self.due or self.extensions):
+            return self
+        params = self.cockpit.params
+        devices = sorted({p.device.index for p in params if p.device.type == "cuda"})
+        self._stack.enter_context(torch.random.fork_rng(devices=devices))
+        torch.manual_seed(hash((self.cockpit.seed, self.step)) % 2**63)
+        self._stack.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        # create_graph=True: the Cockpit detaches the gradients after use, breaking the cycle
+        warnings.filterwarnings("ignore", message="Using backward\\(\\) with create_graph=True")
+        if self.extensions:
+            self._backpack = backpack(*self.extensions)
+            self._backpack.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, traceback):
+        if self._backpack is not None:  # leave BackPACK before computing (HVPs must not trigger it)
+            self._backpack.__exit__(exc_type, exc, traceback)
+        try:
+            if exc is not None:
+                add_advice(exc, [q.name for q, _ in self.due])
+                return False
+            if self.due:
+                self._collect()
+        finally:
+            self._cleanup()
+            self._stack.close()
+        return False
+
+    def _collect(self):
+        cockpit = self.cockpit
+        params = cockpit.params
+        self._check_backward(params)
+        batch_size = self.per_sample.batch_size if self.per_sample is not None else None
+        given = self.info.get("batch_size")
+        if given is not None and batch_size is not None and int(given) != batch_size:
+            raise ValueError(
+                f"info['batch_size'] is {given} but the individual gradients have "
+                f"batch size {batch_size} at step {self.step}"
+            )
+        data = StepData(
+            self.step,
+            params,
+            cockpit.names,
+            self.info,
+            self.per_sample.results if self.per_sample is not None else {},
+            batch_size,
+            self.transforms,
+        )
+        outputs = []
+        for quantity, _ in self.due:
+            outputs.extend((quantity, out) for out in self._compute(quantity, data))
+        finite = [torch.isfinite(g).all() for g in data.grads]
+        loss = self.info.get("loss")
+        if torch.is_tensor(loss):
+            finite.insert(0, torch.isfinite(loss.detach()).all())
+        host_outputs, finite = _to_host(([(o.value, o.layers) for _, o in outputs], finite))
+
+        flags = []
+        if torch.is_tensor(loss) and not finite.pop(0):
+            flags.append(NONFINITE_LOSS)
+        if not all(finite):
+            flags.append(NONFINITE_GRAD)
+        by_step = {}
+        for (quantity, out), (value, layers) in zip(outputs, host_outputs):
+            entries = by_step.setdefault(self.step if out.step is None else out.step, {})
+            entries[quantity.name] = value
+            if layers is not None:
+                entries.setdefault(_log.LAYERS, {})[quantity.name] = layers
+            if out.flags:
+                entries.setdefault(_log.FLAGS, []).extend(out.flags)
+            if quantity._verbose:
+                print(f"[cockpit-lite | step {self.step}] {quantity.name}: {value}")
+        if flags:
+            by_step.setdefault(self.step, {}).setdefault(_log.FLAGS, []).extend(flags)
+        for step in sorted(by_step):
+            cockpit._record(step, by_step[step])
+        if flags and cockpit.strict:
+            raise FloatingPointError(
+                f"step {self.step}: {', '.join(flags)} (recorded; strict=True stops here)"
+            )
+
+    def _compute(self, quantity, data):
+        """Run one quantity; in non-strict mode a failure becomes a flagged NaN."""
+        try:
+            result = quantity.compute(self.step, data)
+        except Exception as error:
+            if self.cockpit.strict:
+                raise
+            warnings.warn(f"{quantity.name} failed at step {self.step}: {error!r}", stacklevel=3)
+            return [Output(float("nan"), flags=[f"{quantity.name}: {type(error).__name__}: {error}"])]
+        if result is None:
+            return []
+        return result if isinstance(result, list) else [result]
+
+    def _check_backward(self, params):
+        """Raise if the backward pass did not give what the due quantities need."""
+        if self.per_sample is not None:
+            missing = [
+                name
+                for i, (name, p) in enumerate(zip(self.cockpit.names, params))
+                if p.grad is not None and i not in self.per_sample.results
+            ]
+            if missing:
+                raise ValueError(
+                    f"step {self.step}: no individual gradients for parameters "
+                    f"{', '.join(missing)}, which {', '.join(self.per_sample.needed_by)} "
+                    "need. Extend the model before the forward pass "
+                    "(model = cockpit_lite.extend(model)); parameters used outside a "
+                    "layer (a bare nn.Parameter in forward) are not supported: leave "
+                    "them out of the Cockpit's parameter list."
+                )
+        if self.create_graph and not any(
+            p.grad is not None and p.grad.grad_fn is not None for p in params
+        ):
+            needing = [q.name for q, _ in self.due if q.create_graph(self.step)]
+            raise ValueError(
+                f"step {self.step}: {', '.join(needing)} need the backward graph: call "
+                "loss.backward(create_graph=cp.create_graph(step)) inside the cockpit context."
+            )
+
+    def _cleanup(self):
+        """Delete the BackPACK buffers the Cockpit added; detach graphs it asked for."""
+        for param in self.cockpit.params:
+            for field in self.added_savefields:
+                if hasattr(param, field):
+                    delattr(param, field)
+            for field in self.user_savefields:
+                value = getattr(param, field, None)
+                if torch.is_tensor(value) and value.grad_fn is not None:
+                    setattr(param, field, value.detach())
+            if self.create_graph and param.grad is not None and param.grad.grad_fn is not None:
+                param.grad = param.grad.detach()
+
+
+def _named_trainable(params):
+    """Return ``(names, params)`` of the trainable parameters in ``params``."""
+    if isinstance(params, torch.nn.Module):
+        items = list(params.named_parameters())
+    else:
+        items = list(params)
+        if items and isinstance(items[0], tuple):
+            items = [(str(n), p) for n, p in items]
+        else:
+            items = [(f"param_{i}", p) for i, p in enumerate(items)]
+    for name, p in items:
+        if not isinstance(p, torch.Tensor):
+            raise ValueError(f"expected parameters (tensors), got {type(p).__name__} for {name}")
+    frozen = [n for n, p in items if not p.requires_grad]
+    trainable = [(n, p) for n, p in items if p.requires_grad]
+    if not trainable:
+        raise ValueError("none of the parameters requires a gradient: nothing to track")
+    if frozen:
+        warnings.warn(
+            f"{len(frozen)} parameter(s) with requires_grad=False are not tracked: "
+            f"{', '.join(frozen[:5])}{'...' if len(frozen) > 5 else ''}. Pass only "
+            "trainable parameters to silence this.",
+            stacklevel=3,
+        )
+    return [n for n, _ in trainable], [p for _, p in trainable]
+
+
+def _to_host(tree):
+    """Move every tensor in a nested structure to the host in one transfer per device and dtype.
+
+    0-d tensors become Python numbers, larger tensors numpy arrays.
+    """
+    found = []
+
+    def collect(node):
+        if torch.is_tensor(node):
+            found.append(node.detach())
+        elif isinstance(node, (list, tuple)):
+            for item in node:
+                collect(item)
+        elif isinstance(node, dict):
+            for item in node.values():
+                collect(item)
+
+    collect(tree)
+    groups = {}
+    for index, tensor in enumerate(found):
+        groups.setdefault((tensor.device, tensor.dtype), []).append(index)
+    host = [None] * len(found)
+    for (device, _), indices in groups.items():
+        if device.type == "cpu":
+            for i in indices:
+                host[i] = found[i]
+            continue
+        flat = torch.cat([found[i].reshape(-1) for i in indices]).cpu()
+        offset = 0
+        for i in indices:
+            n = found[i].numel()
+            host[i] = flat[offset : offset + n].reshape(found[i].shape)
+            offset += n
+    values = iter(host)
+
+    def rebuild(node):
+        if torch.is_tensor(node):
+            return _plain(next(values))
+        if isinstance(node, list):
+            return [rebuild(item) for item in node]
+        if isinstance(node, tuple):
+            return tuple(rebuild(item) for item in node)
+        if isinstance(node, dict):
+            return {k: rebuild(v) for k, v in node.items()}
+        return node
+
+    return rebuild(tree)
+
+
+def _plain(value):
+    """A host tensor or number as a Python number (0-d) or numpy array."""
+    if torch.is_tensor(value):
+        value = value.detach().cpu()
+        if value.dim() == 0:
+            return value.item()
+        return value.numpy()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value

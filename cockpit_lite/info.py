@@ -1,0 +1,172 @@
+"""The ``info`` of one step: keys the user passed, and keys derived when a quantity needs them.
+
+Keys
+----
+- ``"loss"``: the scalar mini-batch loss tensor (needed by ``Loss``, ``Alpha``, ``CABS``).
+- ``"optimizer"``: the ``torch.optim.Optimizer`` that makes the step (``Alpha``,
+  ``CABS``, ``EarlyStopping``).
+- ``"individual_losses"``: the per-sample losses. Derived when absent: the loss
+  function's node in the autograd graph of ``info["loss"]`` (cross-entropy / NLL,
+  MSE, BCE-with-logits, called with ``reduction="mean"`` or ``"sum"``) is re-evaluated
+  with ``reduction="none"``. Either way they are normalised to the convention of
+  ``cockpit_lite.transforms``: ``ℓ_n`` such that ``mean_n ℓ_n`` is the mini-batch loss
+  (for ``reduction="sum"`` that is ``B`` times the per-sample term).
+- ``"batch_size"``: optional; derived from the individual gradients, and checked
+  against them when given.
+
+A quantity asks for a key with ``StepInfo.require(key, quantity)``; a key that is
+missing and cannot be derived raises ``ValueError`` naming the key, the quantity
+and the fix. The orchestrator asks before the backward pass runs.
+"""
+
+import torch
+import torch.nn.functional as F
+
+_MEAN, _SUM = 1, 2  # ATen's reduction codes saved in loss nodes
+
+
+def _nll_loss(node):
+    ignore_index = node._saved_ignore_index
+    if ignore_index >= 2**63:  # saved as an unsigned 64-bit integer
+        ignore_index -= 2**64
+    elements = F.nll_loss(
+        node._saved_self,
+        node._saved_target,
+        weight=node._saved_weight,
+        ignore_index=ignore_index,
+        reduction="none",
+    )
+    return elements, node._saved_total_weight
+
+
+def _mse_loss(node):
+    elements = (node._saved_self - node._saved_target) ** 2
+    return elements, elements.numel()
+
+
+def _bce_with_logits_loss(node):
+    elements = F.binary_cross_entropy_with_logits(
+        node._saved_self,
+        node._saved_target,
+        weight=node._saved_weight,
+        pos_weight=node._saved_pos_weight,
+        reduction="none",
+    )
+    return elements, elements.numel()
+
+
+LOSS_NODES = {
+    "NllLossBackward0": _nll_loss,
+    "MseLossBackward0": _mse_loss,
+    "BinaryCrossEntropyWithLogitsBackward0": _bce_with_logits_loss,
+}
+"""Autograd node name of a loss function → ``node -> (unreduced losses, mean denominator)``."""
+
+
+def individual_losses_from_graph(loss):
+    """Derive the per-sample losses ``ℓ_n`` (``mean_n ℓ_n = loss``) from ``loss``'s autograd graph.
+
+    For a mean-reduced loss ``L = Σ_{n,k} e_{n,k} / Z`` (``Z`` the element count, or the
+    total class weight of NLL) the contribution of sample ``n`` is
+    ``c_n = Σ_k e_{n,k} / Z``; for a sum ``Z = 1``. Then ``ℓ_n = B c_n``.
+
+    Raises:
+        ValueError: if the graph does not end in a supported loss function.
+    """
+    node = loss.grad_fn
+    while type(node).__name__ == "BackwardHookFunctionBackward":  # an extended loss module
+        node = node.next_functions[0][0]
+    derive = LOSS_NODES.get(type(node).__name__)
+    reduction = getattr(node, "_saved_reduction", None)
+    if derive is None or reduction not in (_MEAN, _SUM):
+        raise ValueError(
+            "cannot derive 'individual_losses': info['loss'] must come straight from "
+            "a cross-entropy/NLL, MSE or BCE-with-logits loss with reduction 'mean' or "
+            f"'sum' (its autograd node is {type(node).__name__}). Pass them yourself: "
+            "info={'individual_losses': lossfunc_with_reduction_none(output, target), ...}"
+        )
+    with torch.no_grad():
+        elements, denominator = derive(node)
+        per_sample = elements.reshape(elements.shape[0], -1).sum(1)
+        if reduction == _MEAN:
+            per_sample = per_sample / denominator
+        return per_sample * per_sample.shape[0]
+
+
+def normalise_individual_losses(losses, loss):
+    """Bring user-given per-sample losses to the convention ``mean_n ℓ_n = loss``.
+
+    ``losses`` of shape ``[B, ...]`` are averaged over the trailing axes (the
+    per-sample loss of an element-wise loss such as MSE). If they sum rather than
+    average to ``loss`` (``reduction="sum"``), they are multiplied by ``B``.
+
+    Raises:
+        ValueError: if they reduce to ``loss`` by neither mean nor sum.
+    """
+    losses = torch.as_tensor(losses).detach()
+    if losses.dim() == 0:
+        raise ValueError("info['individual_losses'] must have one entry per sample, got a scalar")
+    per_sample = losses.reshape(losses.shape[0], -1).mean(1)
+    if loss is None:
+        return per_sample
+    loss = loss.detach().to(per_sample.dtype)
+    tol = dict(rtol=1e-4, atol=1e-6)
+    if torch.allclose(per_sample.mean(), loss, **tol):
+        return per_sample
+    if torch.allclose(per_sample.sum(), loss, **tol):
+        return per_sample * per_sample.shape[0]
+    raise ValueError(
+        "info['individual_losses'] reduce to neither the loss (mean) nor to it by "
+        f"summing: mean {per_sample.mean().item():.6g}, sum {per_sample.sum().item():.6g}, "
+        f"loss {loss.item():.6g}. Pass lossfunc(output, target) with reduction='none' "
+        "for the same batch."
+    )
+
+
+class StepInfo:
+    """Read access to one step's ``info``, deriving and validating keys on request."""
+
+    def __init__(self, info, step):
+        if info is not None and not isinstance(info, dict):
+            raise TypeError(f"info must be a dict, got {type(info).__name__}")
+        self.step = step
+        self._given = dict(info or {})
+        self._cache = {}
+
+    def __contains__(self, key):
+        return key in self._given
+
+    def get(self, key, default=None):
+        """The value the user passed for ``key`` (not derived), or ``default``."""
+        return self._given.get(key, default)
+
+    def require(self, key, quantity):
+        """Return the (validated or derived) value of ``key``, needed by ``quantity``.
+
+        Raises:
+            ValueError: naming the key, the quantity and the fix, if it is missing and
+                cannot be derived or is malformed.
+        """
+        if key not in self._cache:
+            self._cache[key] = self._resolve(key, quantity)
+        return self._cache[key]
+
+    def _resolve(self, key, quantity):
+        where = f"{quantity} needs info['{key}'] at step {self.step}"
+        if key == "individual_losses":
+            try:
+                if key in self._given:
+                    return normalise_individual_losses(self._given[key], self._given.get("loss"))
+                return individual_losses_from_graph(self.require("loss", quantity))
+            except ValueError as error:
+                raise ValueError(f"{where}: {error}") from None
+        if key not in self._given:
+            raise ValueError(
+                f"{where}; pass it as cp(step, info={{'{key}': ...}}) around loss.backward()."
+            )
+        value = self._given[key]
+        if key == "loss" and not (torch.is_tensor(value) and value.numel() == 1):
+            raise ValueError(f"{where} as a scalar tensor (the mini-batch loss), got {value!r}")
+        if key == "optimizer" and not isinstance(value, torch.optim.Optimizer):
+            raise ValueError(f"{where} as a torch.optim.Optimizer, got {type(value).__name__}")
+        return value

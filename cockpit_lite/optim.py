@@ -1,0 +1,84 @@
+"""Predict the update an optimizer is about to make, one parameter at a time.
+
+``Alpha`` projects the individual gradients at θ_t onto the update ``d_t = θ_{t+1} − θ_t``
+inside the backward pass at step t, before ``optimizer.step()`` has run. The update
+of one parameter is predicted from that parameter's gradient alone by stepping a
+private copy: a fresh optimizer of the same class and hyperparameters, over a clone
+of the parameter, with a copy of its state. This works for every element-wise
+optimizer in ``torch.optim`` (SGD with momentum, Nesterov and weight decay, Adam,
+AdamW, RMSprop, Adagrad, ...) and never touches the real parameters, gradients or
+optimizer state. ``Alpha`` checks the prediction against the real update one step
+later.
+"""
+
+import copy
+import inspect
+
+import torch
+
+
+class UpdatePredictor:
+    """Predict ``d = θ_{t+1} − θ_t`` for single parameters of ``optimizer``."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+        self._group = {
+            id(p): group for group in optimizer.param_groups for p in group["params"]
+        }
+
+    def __call__(self, param, grad):
+        """Return the update ``optimizer.step()`` would make to ``param`` given ``grad``.
+
+        Args:
+            param: a parameter managed by the optimizer.
+            grad: its gradient (any shape with ``param.numel()`` elements).
+
+        Raises:
+            ValueError: if the optimizer does not manage ``param``.
+        """
+        group = self._group.get(id(param))
+        if group is None:
+            raise ValueError(
+                f"the optimizer passed in info['optimizer'] does not update a tracked "
+                f"parameter of shape {tuple(param.shape)}"
+            )
+        with torch.no_grad():
+            clone = param.detach().clone().requires_grad_(True)
+            clone.grad = grad.detach().reshape(param.shape).to(param.dtype).clone()
+            hyper = {k: v for k, v in group.items() if k != "params"}
+            shadow = type(self.optimizer)([clone], **_constructor_kwargs(self.optimizer, hyper))
+            state = self.optimizer.state.get(param)
+            if state:
+                shadow.state[clone] = copy.deepcopy(state)
+        shadow.step()
+        return (clone.detach() - param.detach()).reshape(-1)
+
+
+def _constructor_kwargs(optimizer, hyper):
+    """Keep only the hyperparameters the optimizer's constructor accepts."""
+    parameters = inspect.signature(type(optimizer).__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return hyper
+    return {k: v for k, v in hyper.items() if k in parameters}
+
+
+def plain_sgd_learning_rate(optimizer, quantity):
+    """Return the learning rate of a plain SGD optimizer (no momentum, damping, weight decay).
+
+    Raises:
+        ValueError: for any other optimizer, or several learning rates, naming ``quantity``.
+    """
+    plain = isinstance(optimizer, torch.optim.SGD) and all(
+        g["momentum"] == 0 and g["dampening"] == 0 and g["weight_decay"] == 0 and not g["nesterov"]
+        for g in optimizer.param_groups
+    )
+    if not plain:
+        raise ValueError(
+            f"{quantity} is defined for plain SGD (torch.optim.SGD without momentum, "
+            f"dampening, weight decay or Nesterov); got {type(optimizer).__name__}. "
+            f"Leave {quantity} out for this optimizer."
+        )
+    rates = {float(g["lr"]) for g in optimizer.param_groups}
+    if len(rates) != 1:
+        raise ValueError(f"{quantity} needs one learning rate for all parameters, got {sorted(rates)}")
+    return rates.pop()

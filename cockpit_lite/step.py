@@ -1,0 +1,56 @@
+"""``StepData``: everything a quantity may read after one step's backward pass."""
+
+import torch
+
+from cockpit_lite import transforms as _transforms
+
+
+class StepData:
+    """The bundle handed to ``Quantity.compute``.
+
+    Attributes:
+        step: the global step.
+        params: the tracked parameters (in order).
+        names: their names.
+        info: the step's ``StepInfo``.
+        batch_size: B, from the individual gradients (``None`` when none were computed).
+        grads: detached gradients, zeros for a parameter that got none.
+    """
+
+    def __init__(self, step, params, names, info, per_sample, batch_size, transforms):
+        self.step = step
+        self.params = params
+        self.names = names
+        self.info = info
+        self.batch_size = batch_size
+        self.grads = [
+            torch.zeros_like(p) if p.grad is None else p.grad.detach() for p in params
+        ]
+        self._per_sample = per_sample
+        self._transforms = {t.key: t for t in transforms}
+
+    def per_sample(self, key):
+        """Per-parameter values of the transform with ``key`` (see ``cockpit_lite.transforms``).
+
+        A parameter that took no part in the forward pass has zero individual
+        gradients; its value is computed from those zeros.
+        """
+        values = []
+        for index, param in enumerate(self.params):
+            results = self._per_sample.get(index)
+            if results is None:
+                zeros = torch.zeros((self.batch_size, *param.shape), dtype=param.dtype, device=param.device)
+                results = _transforms.run([self._transforms[key]], zeros, param, index)
+            values.append(results[key])
+        return values
+
+    def curvature(self, name):
+        """Per-parameter diagonal curvature stored by BackPACK under ``name`` (detached).
+
+        A parameter that took no part in the forward pass has zero curvature.
+        """
+        values = []
+        for param in self.params:
+            value = getattr(param, name, None)
+            values.append(torch.zeros_like(param) if value is None else value.detach())
+        return values
