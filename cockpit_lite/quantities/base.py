@@ -1,0 +1,118 @@
+"""The quantity interface: declare what a step needs, then compute from the step's data.
+
+A quantity is asked twice per step:
+
+1. ``needs(step, info) -> Needs | None`` before the backward pass: ``None`` when it
+   has nothing to do at this step, otherwise the per-sample transforms, BackPACK
+   extensions, info keys (via ``info.require``) and whether the backward pass must
+   keep its graph. The orchestrator merges the needs of all quantities (a transform
+   or extension needed twice is computed once) and knows nothing else about them.
+2. ``compute(step, data) -> Output | list[Output] | None`` after the backward pass,
+   from a ``StepData`` bundle. Values may be tensors; the orchestrator moves all of
+   a step's values to the host in one go.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from cockpit_lite import schedules
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a due quantity needs from one backward pass."""
+
+    transforms: tuple = ()
+    extensions: tuple = ()
+    create_graph: bool = False
+
+
+@dataclass
+class Output:
+    """One value of a quantity.
+
+    Attributes:
+        value: the value in Cockpit's layout (tensors allowed).
+        layers: per-layer values (one per tracked parameter), or None.
+        step: the step to record it under (default: the current step).
+        flags: strings describing problems with this value.
+    """
+
+    value: Any
+    layers: Optional[list] = None
+    step: Optional[int] = None
+    flags: list = field(default_factory=list)
+
+
+class Quantity:
+    """Base class: a schedule and the two-phase interface above."""
+
+    def __init__(self, track_schedule=None, verbose=False):
+        """
+        Args:
+            track_schedule: callable ``step -> bool``; default: every step.
+            verbose: print a line whenever the quantity records a value.
+        """
+        self._track_schedule = track_schedule or schedules.linear(1)
+        self._verbose = verbose
+
+    @property
+    def name(self):
+        """The key under which values are recorded (the class name, as in Cockpit)."""
+        return type(self).__name__
+
+    def is_due(self, step):
+        """Whether the schedule asks for a value at ``step``."""
+        return bool(self._track_schedule(step))
+
+    def needs(self, step, info):
+        """Return the ``Needs`` of this step, or ``None`` when there is nothing to do."""
+        raise NotImplementedError
+
+    def create_graph(self, step):
+        """Whether the backward pass at ``step`` must keep its graph for this quantity."""
+        return False
+
+    def compute(self, step, data):
+        """Compute the value(s) of this step from ``data`` (a ``StepData``)."""
+        raise NotImplementedError
+
+    def __repr__(self):
+        return f"{self.name}()"
+
+
+class SingleStepQuantity(Quantity):
+    """A quantity computed from one step's data, due when its schedule says so.
+
+    Subclasses declare ``INFO`` (the info keys they read, checked before backward)
+    and either ``TRANSFORMS`` or an override of ``_needs``.
+    """
+
+    INFO = ()
+    TRANSFORMS = ()
+
+    def needs(self, step, info):
+        if not self.is_due(step):
+            return None
+        for key in self.INFO:
+            info.require(key, self.name)
+        return self._needs(step, info)
+
+    def _needs(self, step, info):
+        return Needs(transforms=tuple(t() for t in self.TRANSFORMS))
+
+
+def total_and_layers(statistic, *per_layer_parts):
+    """Evaluate ``statistic`` on whole-network sums and on each layer's parts.
+
+    Args:
+        statistic: function of the (summed) parts returning a tensor.
+        *per_layer_parts: lists (one entry per parameter) of additive parts.
+
+    Returns:
+        ``(total, layers)``: ``statistic`` of the sums over layers, and the list of
+        ``statistic`` of each layer's parts.
+    """
+    totals = [sum(parts) for parts in per_layer_parts]
+    layers = [statistic(*parts) for parts in zip(*per_layer_parts)]
+    return statistic(*totals), layers

@@ -1,0 +1,23 @@
+"""``GradHist1d``: histogram of the individual-gradient elements."""
+
+from cockpit_lite.histogram import edges
+from cockpit_lite.quantities.grad_hist import GradHistogram
+from cockpit_lite.transforms import GradHistogram1d
+
+
+class GradHist1d(GradHistogram):
+    """Histogram of all individual-gradient elements ``g̃_{n,d}`` (every sample, every parameter).
+
+    ``bins`` equal bins over ``range`` (default 100 over (−2, 2)); values outside the
+    range are counted in the edge bins and reported in ``"clipped"``, NaN/Inf are
+    left out and reported in ``"nonfinite"`` (see ``cockpit_lite.histogram``).
+    ``per_layer=True`` also records one histogram per parameter tensor.
+    """
+
+    TRANSFORM = GradHistogram1d
+
+    def __init__(self, track_schedule=None, verbose=False, bins=100, range=(-2, 2), per_layer=False):
+        super().__init__(track_schedule, verbose, bins, range, per_layer)
+
+    def _edges(self):
+        return edges(self.bins, self.range)

@@ -1,0 +1,31 @@
+"""``OrthoTest``: the orthogonality test of Bollapragada et al. (2017)."""
+
+import torch
+
+from cockpit_lite.quantities.base import Output, SingleStepQuantity
+from cockpit_lite.transforms import BatchDotGrad, BatchL2
+
+
+class OrthoTest(SingleStepQuantity):
+    """Orthogonality test statistic.
+
+    ``sqrt( Σ_n ‖g̃_n − (g̃_nᵀg / ‖g‖²) g‖² / ((B − 1) B ‖g‖²) )``, using
+    ``Σ_n ‖g̃_n − c_n g‖² = Σ_n ‖g̃_n‖² − Σ_n (g̃_nᵀg)² / ‖g‖²``. Per layer: the same on
+    one parameter tensor.
+    """
+
+    TRANSFORMS = (BatchL2, BatchDotGrad)
+
+    def compute(self, step, data):
+        b = data.batch_size
+        l2 = data.per_sample(BatchL2.key)
+        dots = data.per_sample(BatchDotGrad.key)
+        grad_l2 = [(g**2).sum() for g in data.grads]
+
+        def statistic(sum_l2, projections, g2):
+            spread = (sum_l2 - (projections**2).sum() / g2).clamp(min=0)
+            return (spread / ((b - 1) * b * g2)).sqrt()
+
+        layers = [statistic(l.sum(), d, g2) for l, d, g2 in zip(l2, dots, grad_l2)]
+        total = statistic(sum(l.sum() for l in l2), torch.stack(dots).sum(0), sum(grad_l2))
+        return Output(total, layers)

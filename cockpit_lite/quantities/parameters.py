@@ -1,0 +1,10 @@
+"""``Parameters``: the parameter values themselves."""
+
+from cockpit_lite.quantities.base import Output, SingleStepQuantity
+
+
+class Parameters(SingleStepQuantity):
+    """A copy of every tracked parameter tensor (array per parameter). Large: use a sparse schedule."""
+
+    def compute(self, step, data):
+        return Output([p.detach().clone() for p in data.params])

@@ -1,0 +1,31 @@
+"""``UpdateSize``: the length of the optimizer's step for each parameter tensor."""
+
+from cockpit_lite.quantities.base import Needs, Output, Quantity
+
+
+class UpdateSize(Quantity):
+    """Per parameter tensor ``‖θ_{t+1} − θ_t‖₂``, a list, recorded under step ``t``.
+
+    Two-step quantity: at a due step ``t`` the parameters are copied; at step
+    ``t + 1`` the difference is taken. Step numbers must be consecutive for a value
+    to appear (a copy older than the previous step is dropped).
+    """
+
+    def __init__(self, track_schedule=None, verbose=False):
+        super().__init__(track_schedule, verbose)
+        self._start = None
+
+    def needs(self, step, info):
+        if self._start is not None or self.is_due(step):
+            return Needs()
+        return None
+
+    def compute(self, step, data):
+        output = None
+        if self._start is not None and self._start[0] == step - 1:
+            output = Output(
+                [(p.detach() - p0).norm() for p, p0 in zip(data.params, self._start[1])],
+                step=step - 1,
+            )
+        self._start = (step, [p.detach().clone() for p in data.params]) if self.is_due(step) else None
+        return output
