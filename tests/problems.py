@@ -1,0 +1,246 @@
+"""Test problems and brute-force float64 references, shared by all tests.
+
+A ``Problem`` is a small float64 model, a loss with ``reduction`` "mean" or "sum",
+and a few batches. ``run`` trains it for some SGD steps with a Cockpit and keeps
+a snapshot (parameters before the step, batch) of every step, so that references
+can be computed afterwards, at the same point, by brute force:
+
+- individual gradients by a loop over samples with ``torch.autograd.grad``
+  (``g̃_n = B ∇c_n``, ``c_n`` sample n's term of the reduced loss);
+- the Hessian by ``torch.autograd.functional.hessian``, its top eigenvalue by
+  ``torch.linalg.eigvalsh``.
+"""
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from cockpit_lite import Cockpit, extend
+
+NAMES = ("mlp", "cnn", "mse")
+REDUCTIONS = ("mean", "sum")
+BATCH_SIZES = (2, 5)
+
+
+def _mlp():
+    return nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+
+
+def _cnn():
+    return nn.Sequential(
+        nn.Conv2d(1, 2, kernel_size=3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(2, 3, kernel_size=2),
+        nn.Sigmoid(),
+        nn.Flatten(),
+        nn.Linear(3 * 2 * 2, 3),
+    )
+
+
+def _regression():
+    return nn.Sequential(nn.Linear(4, 3), nn.Sigmoid(), nn.Linear(3, 2))
+
+
+BUILDERS = {
+    # name: (model, loss class, input shape, target maker)
+    "mlp": (_mlp, nn.CrossEntropyLoss, (6,), lambda g, b: torch.randint(0, 3, (b,), generator=g)),
+    "cnn": (_cnn, nn.CrossEntropyLoss, (1, 6, 6), lambda g, b: torch.randint(0, 3, (b,), generator=g)),
+    "mse": (_regression, nn.MSELoss, (4,), lambda g, b: torch.randn(b, 2, generator=g, dtype=torch.float64)),
+}
+
+
+@dataclass
+class Problem:
+    name: str
+    reduction: str
+    batch_size: int
+    model: nn.Module
+    lossfunc: nn.Module
+    batches: list
+
+    def fresh_model(self, params):
+        """A non-extended copy of the model holding copies of ``params``."""
+        model = BUILDERS[self.name][0]().double()
+        with torch.no_grad():
+            for p, value in zip(model.parameters(), params):
+                p.copy_(value)
+        return model
+
+    def loss_of(self, model, x, y):
+        return BUILDERS[self.name][1](reduction=self.reduction)(model(x), y)
+
+
+def make(name, batch_size, reduction="mean", steps=3, seed=0):
+    """Build a float64 problem with ``steps`` batches."""
+    build, loss_cls, shape, target = BUILDERS[name]
+    torch.manual_seed(seed)
+    model = extend(build().double())
+    lossfunc = extend(loss_cls(reduction=reduction))
+    g = torch.Generator().manual_seed(seed + 1)
+    batches = [
+        (torch.randn(batch_size, *shape, generator=g, dtype=torch.float64), target(g, batch_size))
+        for _ in range(steps)
+    ]
+    return Problem(name, reduction, batch_size, model, lossfunc, batches)
+
+
+@dataclass
+class Snapshot:
+    params: list
+    x: torch.Tensor
+    y: torch.Tensor
+    lr: float = 0.1
+    extra: dict = field(default_factory=dict)
+
+
+def run(problem, quantities, lr=0.1, optimizer=None, steps=None, first_step=0, **cockpit_kwargs):
+    """Train ``problem`` with a Cockpit; return ``(cockpit, snapshots by step)``."""
+    params = list(problem.model.parameters())
+    opt = optimizer(params) if optimizer else torch.optim.SGD(params, lr=lr)
+    cp = Cockpit(problem.model, quantities=quantities, strict=True, **cockpit_kwargs)
+    snapshots = {}
+    batches = problem.batches[: steps or len(problem.batches)]
+    for offset, (x, y) in enumerate(batches):
+        step = first_step + offset
+        snapshots[step] = Snapshot([p.detach().clone() for p in params], x, y, lr)
+        opt.zero_grad()
+        loss = problem.lossfunc(problem.model(x), y)
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward(create_graph=cp.create_graph(step))
+        opt.step()
+    return cp, snapshots
+
+
+def individual_gradients(problem, snapshot):
+    """Brute force ``g̃_n`` for every sample: list (per parameter) of ``[B, *shape]`` tensors."""
+    model = problem.fresh_model(snapshot.params)
+    b = snapshot.x.shape[0]
+    per_sample = []
+    for n in range(b):
+        loss = problem.loss_of(model, snapshot.x[n : n + 1], snapshot.y[n : n + 1])
+        scale = b if problem.reduction == "sum" else 1.0
+        per_sample.append([g * scale for g in torch.autograd.grad(loss, list(model.parameters()))])
+    return [torch.stack(parts) for parts in zip(*per_sample)]
+
+
+def individual_losses(problem, snapshot):
+    """Brute force ``ℓ_n`` with ``mean_n ℓ_n = L``."""
+    model = problem.fresh_model(snapshot.params)
+    b = snapshot.x.shape[0]
+    scale = b if problem.reduction == "sum" else 1.0
+    with torch.no_grad():
+        return torch.stack(
+            [problem.loss_of(model, snapshot.x[n : n + 1], snapshot.y[n : n + 1]) * scale for n in range(b)]
+        )
+
+
+def gradient(problem, snapshot):
+    """The mini-batch gradient, per parameter."""
+    model = problem.fresh_model(snapshot.params)
+    loss = problem.loss_of(model, snapshot.x, snapshot.y)
+    return list(torch.autograd.grad(loss, list(model.parameters())))
+
+
+def loss(problem, snapshot):
+    with torch.no_grad():
+        return problem.loss_of(problem.fresh_model(snapshot.params), snapshot.x, snapshot.y)
+
+
+def hessian(problem, snapshot):
+    """The full Hessian of the mini-batch loss w.r.t. all parameters (flattened, in order)."""
+    model = problem.fresh_model(snapshot.params)
+    names = [n for n, _ in model.named_parameters()]
+    shapes = [p.shape for p in model.parameters()]
+    sizes = [p.numel() for p in model.parameters()]
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+    def loss_of_flat(vector):
+        tensors = {n: v.reshape(s) for n, v, s in zip(names, vector.split(sizes), shapes)}
+        out = torch.func.functional_call(model, tensors, (snapshot.x,))
+        return BUILDERS[problem.name][1](reduction=problem.reduction)(out, snapshot.y)
+
+    return torch.autograd.functional.hessian(loss_of_flat, flat)
+
+
+def layer_blocks(problem):
+    """Slices of the flattened parameter vector, one per parameter tensor."""
+    sizes = [p.numel() for p in problem.model.parameters()]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [slice(s, s + n) for s, n in zip(starts, sizes)]
+
+
+def clone_problem(problem):
+    """A deep copy (independent model and parameters)."""
+    return copy.deepcopy(problem)
+
+
+CASES = [(name, b, red) for name in NAMES for b in BATCH_SIZES for red in REDUCTIONS]
+"""(problem name, batch size, reduction): every model, an even and an odd batch, both reductions."""
+
+
+def case_id(case):
+    return "-".join(str(c) for c in case)
+
+
+def assert_close(actual, expected, rtol=1e-6, atol=1e-12, what=""):
+    """Compare a recorded value (float or list) with a reference (tensor, float or list)."""
+    actual = torch.as_tensor(actual, dtype=torch.float64)
+    expected = torch.as_tensor(
+        [float(e) for e in expected] if isinstance(expected, (list, tuple)) else float(expected),
+        dtype=torch.float64,
+    )
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+
+
+def check(quantity, reference, case, steps=3, rtol=1e-6, layers=True, schedule_steps=None, **run_kwargs):
+    """Run ``quantity`` on ``case`` and compare every recorded step with ``reference``.
+
+    Args:
+        quantity: a Quantity instance (tracked alone).
+        reference: ``reference(problem, snapshots, step)`` returning the expected value,
+            or ``(value, per-layer list)`` when ``layers`` is true.
+        case: (problem name, batch size, reduction).
+        schedule_steps: the steps at which a value must be recorded (default: all).
+
+    Returns:
+        The record.
+    """
+    problem = make(*case, steps=steps)
+    cp, snapshots = run(problem, [quantity], **run_kwargs)
+    record = cp.get_output()
+    expected_steps = sorted(snapshots) if schedule_steps is None else sorted(schedule_steps)
+    recorded = sorted(s for s, entry in record.items() if quantity.name in entry)
+    assert recorded == expected_steps, f"{quantity.name} recorded at {recorded}, expected {expected_steps}"
+    for step in expected_steps:
+        expected = reference(problem, snapshots, step)
+        entry = record[step]
+        if layers:
+            expected, expected_layers = expected
+            assert_close(entry["layers"][quantity.name], expected_layers, rtol, what=f"{quantity.name} layers, step {step}")
+        assert_close(entry[quantity.name], expected, rtol, what=f"{quantity.name}, step {step}")
+    return record
+
+
+def ggn(problem, snapshot):
+    """The generalised Gauss-Newton matrix ``Jᵀ (∇²_f L) J`` of the mini-batch loss (flattened)."""
+    model = problem.fresh_model(snapshot.params)
+    names = [n for n, _ in model.named_parameters()]
+    shapes = [p.shape for p in model.parameters()]
+    sizes = [p.numel() for p in model.parameters()]
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+    def outputs_of_flat(vector):
+        tensors = {n: v.reshape(s) for n, v, s in zip(names, vector.split(sizes), shapes)}
+        return torch.func.functional_call(model, tensors, (snapshot.x,))
+
+    outputs = outputs_of_flat(flat).detach()
+    jacobian = torch.autograd.functional.jacobian(outputs_of_flat, flat).reshape(outputs.numel(), -1)
+    lossfunc = BUILDERS[problem.name][1](reduction=problem.reduction)
+    output_hessian = torch.autograd.functional.hessian(
+        lambda f: lossfunc(f.reshape(outputs.shape), snapshot.y), outputs.reshape(-1)
+    )
+    return jacobian.T @ output_hessian @ jacobian

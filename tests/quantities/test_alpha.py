@@ -1,0 +1,97 @@
+"""Alpha against a brute-force float64 reference over two consecutive steps."""
+
+import numpy as np
+import pytest
+import torch
+
+import problems
+from cockpit_lite import schedules
+from cockpit_lite.quantities import Alpha
+
+
+def observations(problem, snapshot, direction):
+    """Loss, its per-sample variance, mean slope along ``direction`` and the slopes' variance."""
+    grads = problems.individual_gradients(problem, snapshot)
+    flat = torch.cat([g.reshape(g.shape[0], -1) for g in grads], 1)
+    slopes = flat @ direction / direction.norm()
+    losses = problems.individual_losses(problem, snapshot)
+    return float(problems.loss(problem, snapshot)), float(losses.var()), float(slopes.mean()), float(slopes.var())
+
+
+def reference(problem, snapshots, step):
+    """Weighted least squares (rows scaled by 1/σ) of q(x)=μ₀+μ₁x+μ₂x² to f(0), f(t), f'(0), f'(t)."""
+    start, end = snapshots[step], snapshots[step + 1]
+    direction = torch.cat([(b - a).reshape(-1) for a, b in zip(start.params, end.params)])
+    t = float(direction.norm())
+    f0, var_f0, df0, var_df0 = observations(problem, start, direction)
+    f1, var_f1, df1, var_df1 = observations(problem, end, direction)
+    design = np.array([[1, 0, 0], [1, t, t**2], [0, 1, 0], [0, 1, 2 * t]], dtype=float)
+    sigma = np.sqrt([var_f0, var_f1, var_df0, var_df1])
+    mu = np.linalg.lstsq(design / sigma[:, None], np.array([f0, f1, df0, df1]) / sigma, rcond=None)[0]
+    return -1.0 if mu[2] < 0 else 2 * t / (-mu[1] / mu[2]) - 1
+
+
+@pytest.mark.parametrize("case", problems.CASES, ids=problems.case_id)
+def test_matches_brute_force(case):
+    problems.check(Alpha(), reference, case, steps=4, layers=False, schedule_steps=[0, 1, 2])
+
+
+OPTIMIZERS = {
+    "sgd_momentum_wd": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=1e-2, nesterov=True),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
+    "rmsprop": lambda ps: torch.optim.RMSprop(ps, lr=1e-3),
+}
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=str)
+def test_any_elementwise_optimizer(optimizer):
+    """The update is predicted inside backprop for optimizers with state (not only plain SGD)."""
+    problems.check(
+        Alpha(), reference, ("cnn", 3, "mean"), steps=4, layers=False,
+        schedule_steps=[0, 1, 2], optimizer=OPTIMIZERS[optimizer],
+    )
+
+
+def test_schedules_linear_and_logarithmic():
+    linear = Alpha(track_schedule=schedules.linear(2, offset=1))
+    problems.check(linear, reference, ("mlp", 3, "sum"), steps=6, layers=False, schedule_steps=[1, 3])
+    logarithmic = Alpha(track_schedule=schedules.logarithmic(0, 0.7, steps=3))
+    problems.check(logarithmic, reference, ("mse", 5, "mean"), steps=7, layers=False, schedule_steps=[0, 1, 2, 5])
+
+
+def test_gradient_clipping_by_norm_is_fine_but_a_changed_direction_is_flagged():
+    """A uniformly rescaled SGD update keeps its direction (α is exact); a changed one gives NaN."""
+    problem = problems.make("mlp", 4, steps=3)
+    params = list(problem.model.parameters())
+    opt = torch.optim.SGD(params, lr=0.1)
+    cp = problems.Cockpit(problem.model, [Alpha()], strict=True)
+    for step, (x, y) in enumerate(problem.batches):
+        opt.zero_grad()
+        loss = problem.lossfunc(problem.model(x), y)
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+        if step == 0:
+            torch.nn.utils.clip_grad_norm_(params, max_norm=1e-3)
+        else:
+            params[0].grad.zero_()
+        opt.step()
+    assert np.isfinite(cp.get_output()[0]["Alpha"])
+    assert np.isnan(cp.get_output()[1]["Alpha"])
+    assert any("predicted update" in flag for flag in cp.get_output()[1]["flags"])
+
+
+def test_no_update_is_nan_and_flagged():
+    problem = problems.make("mlp", 4, steps=2)
+    cp, _ = problems.run(problem, [Alpha()], lr=0.0)
+    entry = cp.get_output()[0]
+    assert np.isnan(entry["Alpha"]) and "did not change" in entry["flags"][0]
+
+
+def test_needs_optimizer_before_backward():
+    problem = problems.make("mlp", 4)
+    cp = problems.Cockpit(problem.model, [Alpha()])
+    x, y = problem.batches[0]
+    loss = problem.lossfunc(problem.model(x), y)
+    with pytest.raises(ValueError, match=r"Alpha needs info\['optimizer'\]"):
+        cp(0, info={"loss": loss})

@@ -1,0 +1,36 @@
+"""EarlyStopping against a brute-force float64 reference."""
+
+import pytest
+import torch
+
+import problems
+from cockpit_lite.quantities import EarlyStopping
+
+EPSILON = 1e-5
+
+
+def snr_criterion(individual):
+    """1 − B mean_d g_d² / (σ̂_d² + ε), σ̂² the unbiased variance, of [B, D]."""
+    b = individual.shape[0]
+    g = individual.mean(0)
+    return 1 - b * (g**2 / (individual.var(0, unbiased=True) + EPSILON)).mean()
+
+
+def reference(problem, snapshots, step):
+    grads = problems.individual_gradients(problem, snapshots[step])
+    flat = [g.reshape(g.shape[0], -1) for g in grads]
+    return snr_criterion(torch.cat(flat, 1)), [snr_criterion(f) for f in flat]
+
+
+@pytest.mark.parametrize("case", problems.CASES, ids=problems.case_id)
+def test_matches_brute_force(case):
+    problems.check(EarlyStopping(epsilon=EPSILON), reference, case)
+
+
+def test_refuses_momentum_before_backward():
+    problem = problems.make("mlp", 3)
+    opt = torch.optim.SGD(problem.model.parameters(), lr=0.1, momentum=0.9)
+    cp = problems.Cockpit(problem.model, [EarlyStopping()])
+    x, y = problem.batches[0]
+    with pytest.raises(ValueError, match="plain SGD"):
+        cp(0, info={"optimizer": opt})

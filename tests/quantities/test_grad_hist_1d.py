@@ -1,0 +1,30 @@
+"""GradHist1d against numpy.histogram of brute-force individual gradients."""
+
+import numpy as np
+import pytest
+import torch
+
+import problems
+from cockpit_lite.quantities import GradHist1d
+
+
+def histogram(values, bins, range):
+    values = values.reshape(-1).numpy()
+    counts, _ = np.histogram(np.clip(values, *range), bins=bins, range=range)
+    return counts, int(((values < range[0]) | (values > range[1])).sum())
+
+
+@pytest.mark.parametrize("case", problems.CASES, ids=problems.case_id)
+@pytest.mark.parametrize("bins,range", [(100, (-2.0, 2.0)), (7, (-0.05, 0.03))])
+def test_matches_numpy(case, bins, range):
+    problem = problems.make(*case)
+    cp, snapshots = problems.run(problem, [GradHist1d(bins=bins, range=range, per_layer=True)])
+    for step, snapshot in snapshots.items():
+        grads = problems.individual_gradients(problem, snapshot)
+        value = cp.get_output()[step]["GradHist1d"]
+        counts, clipped = histogram(torch.cat([g.reshape(-1) for g in grads]), bins, range)
+        np.testing.assert_array_equal(value["hist"], counts)
+        assert value["clipped"] == clipped and value["nonfinite"] == 0
+        np.testing.assert_allclose(value["edges"], np.linspace(*range, bins + 1))
+        for layer, g in zip(cp.get_output()[step]["layers"]["GradHist1d"], grads):
+            np.testing.assert_array_equal(layer["hist"], histogram(g, bins, range)[0])

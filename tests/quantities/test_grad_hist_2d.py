@@ -1,0 +1,38 @@
+"""GradHist2d against numpy.histogram2d of brute-force individual gradients and parameters."""
+
+import numpy as np
+import pytest
+import torch
+
+import problems
+from cockpit_lite.quantities import GradHist2d
+
+
+def histogram2d(individual, param, bins, range):
+    """Pairs (g̃_{n,d}, θ_d) for every sample n; out-of-range values in the edge bins."""
+    x = individual.reshape(individual.shape[0], -1).numpy()
+    y = np.broadcast_to(param.reshape(1, -1).numpy(), x.shape)
+    counts, _, _ = np.histogram2d(
+        np.clip(x, *range[0]).ravel(), np.clip(y, *range[1]).ravel(), bins=bins, range=range
+    )
+    return counts.astype(np.int64)
+
+
+@pytest.mark.parametrize("case", problems.CASES, ids=problems.case_id)
+@pytest.mark.parametrize("bins,range", [((40, 50), ((-1.0, 1.0), (-2.0, 2.0))), ((5, 3), ((-0.1, 0.1), (-0.3, 0.2)))])
+def test_matches_numpy(case, bins, range):
+    problem = problems.make(*case)
+    cp, snapshots = problems.run(problem, [GradHist2d(bins=bins, range=range, per_layer=True)])
+    for step, snapshot in snapshots.items():
+        grads = problems.individual_gradients(problem, snapshot)
+        value = cp.get_output()[step]["GradHist2d"]
+        layers = [histogram2d(g, p, bins, range) for g, p in zip(grads, snapshot.params)]
+        np.testing.assert_array_equal(value["hist"], sum(layers))
+        for recorded, expected in zip(cp.get_output()[step]["layers"]["GradHist2d"], layers):
+            np.testing.assert_array_equal(recorded["hist"], expected)
+        for edges, b, r in zip(value["edges"], bins, range):
+            np.testing.assert_allclose(edges, np.linspace(*r, b + 1))
+        pairs = torch.cat([g.reshape(g.shape[0], -1) for g in grads], 1)
+        params = torch.cat([p.reshape(-1) for p in snapshot.params]).expand_as(pairs)
+        outside = lambda v, r: (v < r[0]) | (v > r[1])  # noqa: E731
+        assert value["clipped"] == int((outside(pairs, range[0]) | outside(params, range[1])).sum())

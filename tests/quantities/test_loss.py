@@ -1,0 +1,15 @@
+"""Loss against a recomputation of the mini-batch loss."""
+
+import pytest
+
+import problems
+from cockpit_lite.quantities import Loss
+
+
+def reference(problem, snapshots, step):
+    return problems.loss(problem, snapshots[step])
+
+
+@pytest.mark.parametrize("case", problems.CASES[:4], ids=problems.case_id)
+def test_matches_recomputed_loss(case):
+    problems.check(Loss(), reference, case, layers=False)

@@ -1,0 +1,22 @@
+"""TICDiag against brute-force individual gradients and Hessian diagonal."""
+
+import pytest
+import torch
+
+import problems
+from cockpit_lite.quantities import TICDiag
+
+EPSILON = 1e-7
+
+
+def reference(problem, snapshots, step):
+    grads = problems.individual_gradients(problem, snapshots[step])
+    second_moment = torch.cat([(g.reshape(g.shape[0], -1) ** 2).mean(0) for g in grads])
+    diagonal = problems.hessian(problem, snapshots[step]).diagonal()
+    parts = [(second_moment[b] / (diagonal[b] + EPSILON)).sum() for b in problems.layer_blocks(problem)]
+    return sum(parts), parts
+
+
+@pytest.mark.parametrize("case", problems.CASES, ids=problems.case_id)
+def test_matches_brute_force(case):
+    problems.check(TICDiag(epsilon=EPSILON), reference, case)
