@@ -57,6 +57,7 @@ def _bce_with_logits_loss(node):
 
 LOSS_NODES = {
     "NllLossBackward0": _nll_loss,
+    "NllLoss2DBackward0": _nll_loss,
     "MseLossBackward0": _mse_loss,
     "BinaryCrossEntropyWithLogitsBackward0": _bce_with_logits_loss,
 }
@@ -94,11 +95,13 @@ def individual_losses_from_graph(loss):
 
 
 def normalise_individual_losses(losses, loss):
-    """Bring user-given per-sample losses to the convention ``mean_n ℓ_n = loss``.
+    """Bring user-given unreduced losses to the convention ``mean_n ℓ_n = loss``.
 
-    ``losses`` of shape ``[B, ...]`` are averaged over the trailing axes (the
-    per-sample loss of an element-wise loss such as MSE). If they sum rather than
-    average to ``loss`` (``reduction="sum"``), they are multiplied by ``B``.
+    ``losses`` has shape ``[B, ...]`` (``reduction="none"`` of the same loss
+    function). If their mean is ``loss`` (``reduction="mean"``), ``ℓ_n`` is the mean
+    over sample n's entries; if their sum is ``loss`` (``reduction="sum"``),
+    ``ℓ_n = B ×`` the sum over sample n's entries. Without a finite ``loss`` to
+    compare with, the mean is assumed.
 
     Raises:
         ValueError: if they reduce to ``loss`` by neither mean nor sum.
@@ -106,18 +109,18 @@ def normalise_individual_losses(losses, loss):
     losses = torch.as_tensor(losses).detach()
     if losses.dim() == 0:
         raise ValueError("info['individual_losses'] must have one entry per sample, got a scalar")
-    per_sample = losses.reshape(losses.shape[0], -1).mean(1)
-    if loss is None:
-        return per_sample
-    loss = loss.detach().to(per_sample.dtype)
+    entries = losses.reshape(losses.shape[0], -1)
+    if loss is None or not torch.isfinite(loss).all():
+        return entries.mean(1)
+    loss = loss.detach().to(entries.dtype)
     tol = dict(rtol=1e-4, atol=1e-6)
-    if torch.allclose(per_sample.mean(), loss, **tol):
-        return per_sample
-    if torch.allclose(per_sample.sum(), loss, **tol):
-        return per_sample * per_sample.shape[0]
+    if torch.allclose(entries.mean(), loss, **tol):
+        return entries.mean(1)
+    if torch.allclose(entries.sum(), loss, **tol):
+        return entries.sum(1) * entries.shape[0]
     raise ValueError(
         "info['individual_losses'] reduce to neither the loss (mean) nor to it by "
-        f"summing: mean {per_sample.mean().item():.6g}, sum {per_sample.sum().item():.6g}, "
+        f"summing: mean {entries.mean().item():.6g}, sum {entries.sum().item():.6g}, "
         f"loss {loss.item():.6g}. Pass lossfunc(output, target) with reduction='none' "
         "for the same batch."
     )

@@ -185,6 +185,10 @@ def case_id(case):
     return "-".join(str(c) for c in case)
 
 
+MAX_RELATIVE_ERRORS = {}
+"""Quantity name → largest relative error against brute force seen in this test session."""
+
+
 def assert_close(actual, expected, rtol=1e-6, atol=1e-12, what=""):
     """Compare a recorded value (float or list) with a reference (tensor, float or list)."""
     actual = torch.as_tensor(actual, dtype=torch.float64)
@@ -193,6 +197,10 @@ def assert_close(actual, expected, rtol=1e-6, atol=1e-12, what=""):
         dtype=torch.float64,
     )
     assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    if what and actual.numel():
+        error = float(((actual - expected).abs() / expected.abs().clamp(min=1e-12)).max())
+        name = what.split(",")[0]
+        MAX_RELATIVE_ERRORS[name] = max(MAX_RELATIVE_ERRORS.get(name, 0.0), error)
     torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
 
 

@@ -1,0 +1,360 @@
+"""The orchestrator: observer effect, cleanup, API contract, bad input."""
+
+import math
+import warnings
+import weakref
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import problems
+from cockpit_lite import Cockpit, configuration, extend, log, quantities, schedules, transforms
+from cockpit_lite.backend import UnsupportedLayerError
+from backpack import extensions
+
+
+def train(model_fn, steps, level=None, seed=0, batch=8):
+    """Train a float32 model with SGD; with a Cockpit at ``level`` unless None. Returns the parameters."""
+    torch.manual_seed(seed)
+    model, lossfunc = model_fn(), nn.CrossEntropyLoss()
+    if level is not None:
+        model, lossfunc = extend(model), extend(lossfunc)
+        cp = Cockpit(model.parameters(), quantities=configuration(level))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = torch.Generator().manual_seed(1)
+    for step in range(steps):
+        x = torch.randn(batch, 1, 6, 6, generator=data)
+        y = torch.randint(0, 3, (batch,), generator=data)
+        opt.zero_grad()
+        loss = lossfunc(model(x), y)
+        if level is None:
+            loss.backward()
+        else:
+            with cp(step, info={"loss": loss, "optimizer": opt}):
+                loss.backward(create_graph=cp.create_graph(step))
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def cnn_with_dropout():
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Dropout(0.3), nn.Flatten(), nn.Linear(64, 3)
+    )
+
+
+def mlp():
+    return nn.Sequential(nn.Flatten(), nn.Linear(36, 16), nn.Sigmoid(), nn.Linear(16, 3))
+
+
+@pytest.mark.parametrize("model_fn", [mlp, cnn_with_dropout], ids=["mlp", "cnn_dropout"])
+def test_observer_effect_is_zero_bit_for_bit(model_fn):
+    """20 SGD steps with the full configuration give exactly the parameters of plain training.
+
+    The dropout model consumes the global random state in every forward pass, so
+    any random number drawn by the Cockpit would change the result.
+    """
+    plain = train(model_fn, 20)
+    observed = train(model_fn, 20, level="full")
+    for a, b in zip(plain, observed):
+        assert torch.equal(a, b)
+
+
+def test_nothing_is_left_on_the_model_after_the_block():
+    problem = problems.make("cnn", 4)
+    model = problem.model
+    hooks_before = [(len(m._forward_hooks), len(m._backward_hooks)) for m in model.modules()]
+    attributes_before = [set(vars(p)) for p in model.parameters()]
+    cp, _ = problems.run(problem, configuration("full"))
+    assert [(len(m._forward_hooks), len(m._backward_hooks)) for m in model.modules()] == hooks_before
+    assert [set(vars(p)) for p in model.parameters()] == attributes_before
+    for p in model.parameters():
+        assert p.grad.grad_fn is None  # the graph kept for HessMaxEV is released
+    from backpack.context import CTX
+
+    assert not CTX.get_active_exts()
+    assert not any(hasattr(m, "output") or hasattr(m, "input0") for m in model.modules())
+
+
+def test_individual_gradients_are_dropped_layer_by_layer(monkeypatch):
+    """When a layer's transforms run, the previous layer's individual gradients are gone."""
+    alive = []
+
+    class Probe(transforms.Transform):
+        key = "probe"
+
+        def __call__(self, per_sample):
+            assert all(ref() is None for ref in alive), "an earlier layer's grad_batch is still alive"
+            alive.append(weakref.ref(per_sample.grad_batch))
+            return per_sample.grad.sum()
+
+    class ProbeQuantity(quantities.SingleStepQuantity):
+        TRANSFORMS = (Probe,)
+
+        def compute(self, step, data):
+            return quantities.Output(sum(data.per_sample("probe")))
+
+    problem = problems.make("cnn", 3, steps=1)
+    problems.run(problem, [ProbeQuantity()])
+    assert len(alive) == len(list(problem.model.parameters()))
+
+
+def test_user_extensions_are_computed_and_left_on_the_parameters():
+    problem = problems.make("mlp", 3, steps=1)
+    x, y = problem.batches[0]
+    opt = torch.optim.SGD(problem.model.parameters(), lr=0.1)
+    cp = Cockpit(problem.model, [quantities.HessTrace(), quantities.NormTest()])
+    loss = problem.lossfunc(problem.model(x), y)
+    with cp(0, extensions.BatchGrad(), extensions.DiagHessian(), info={"loss": loss, "optimizer": opt}):
+        loss.backward()
+    for p in problem.model.parameters():
+        assert p.grad_batch.shape == (3, *p.shape)
+        torch.testing.assert_close(p.grad_batch.sum(0), p.grad)
+        assert p.diag_h.shape == p.shape
+    trace = cp.get_output()[0]["HessTrace"]
+    assert trace == pytest.approx([float(p.diag_h.sum()) for p in problem.model.parameters()])
+
+
+def test_nothing_due_means_no_backpack(monkeypatch):
+    import cockpit_lite.cockpit
+
+    entered = []
+    monkeypatch.setattr(cockpit_lite.cockpit, "backpack", lambda *exts: entered.append(exts))
+    problem = problems.make("mlp", 3, steps=2)
+    cp, _ = problems.run(problem, [quantities.NormTest(track_schedule=schedules.linear(5, offset=2))])
+    assert cp.get_output() == {} and entered == []
+    assert not cp.create_graph(0)
+
+
+def test_step_must_increase():
+    problem = problems.make("mlp", 3)
+    cp = Cockpit(problem.model, [quantities.GradNorm()])
+    cp(3)
+    for bad in (3, 2):
+        with pytest.raises(ValueError, match="must increase"):
+            cp(bad)
+    with pytest.raises(ValueError, match="integer"):
+        cp(4.0)
+
+
+def test_create_graph_only_at_due_steps():
+    problem = problems.make("mlp", 3)
+    cp = Cockpit(problem.model, [quantities.HessMaxEV(track_schedule=schedules.linear(3))])
+    assert [cp.create_graph(s) for s in range(5)] == [True, False, False, True, False]
+
+
+def test_missing_info_key_names_key_and_quantity_before_backward():
+    problem = problems.make("mlp", 3)
+    cp = Cockpit(problem.model, [quantities.Loss()])
+    with pytest.raises(ValueError, match=r"Loss needs info\['loss'\] at step 0"):
+        cp(0, info={})
+    with pytest.raises(ValueError, match="scalar tensor"):
+        cp(1, info={"loss": 1.0})
+
+
+def test_batch_size_is_derived_and_checked():
+    problem = problems.make("mlp", 3, steps=1)
+    x, y = problem.batches[0]
+    cp = Cockpit(problem.model, [quantities.NormTest()])
+    loss = problem.lossfunc(problem.model(x), y)
+    with pytest.raises(ValueError, match="batch size 3"):
+        with cp(0, info={"loss": loss, "batch_size": 4}):
+            loss.backward()
+
+
+def test_model_not_extended():
+    model = nn.Sequential(nn.Linear(4, 3))
+    cp = Cockpit(model, [quantities.NormTest()])
+    loss = extend(nn.CrossEntropyLoss())(model(torch.randn(3, 4)), torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match=r"cockpit_lite.extend\(model\)"):
+        with cp(0, info={"loss": loss}):
+            loss.backward()
+
+
+def test_loss_not_extended_for_second_order():
+    model = extend(nn.Sequential(nn.Linear(4, 3)))
+    cp = Cockpit(model, [quantities.HessTrace()])
+    loss = nn.CrossEntropyLoss()(model(torch.randn(3, 4)), torch.tensor([0, 1, 2]))
+    with pytest.raises(AssertionError) as info:
+        with cp(0, info={"loss": loss}):
+            loss.backward()
+    assert "HessTrace" in str(info.value.__notes__) and "extend(torch.nn.CrossEntropyLoss())" in str(info.value.__notes__)
+
+
+def test_batchnorm_in_train_mode_is_refused_with_advice():
+    model = extend(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 3)))
+    cp = Cockpit(model.named_parameters(), configuration("economy"))
+    x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = extend(nn.CrossEntropyLoss())(model(x), y)
+    with pytest.raises(UnsupportedLayerError, match=r"BatchNorm1d.*1\.weight.*NormTest.*eval"):
+        with cp(0, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+    assert all(not hasattr(p, "grad_batch") for p in model.parameters())
+    model.eval()  # in eval mode BatchNorm is a per-sample affine map: supported
+    loss = extend(nn.CrossEntropyLoss())(model(x), y)
+    opt.zero_grad()
+    with cp(1, info={"loss": loss, "optimizer": opt}):
+        loss.backward()
+    assert math.isfinite(cp.get_output()[1]["NormTest"])
+
+
+def test_unsupported_layer_names_layer_quantities_and_workaround():
+    model = extend(nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 3)))
+    x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+    lossfunc = extend(nn.CrossEntropyLoss())
+    cp = Cockpit(model.named_parameters(), [quantities.GradVariance()])
+    loss = lossfunc(model(x), y)
+    with pytest.raises(UnsupportedLayerError, match=r"LayerNorm.*1\.weight, 1\.bias.*GradVariance.*leave"):
+        with cp(0, info={"loss": loss}):
+            loss.backward()
+    # the workaround from the message: leave the layer's parameters out
+    model.zero_grad()
+    tracked = [(n, p) for n, p in model.named_parameters() if not n.startswith("1.")]
+    cp = Cockpit(tracked, [quantities.GradVariance()])
+    loss = lossfunc(model(x), y)
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    assert len(cp.get_output()[0]["GradVariance"]) == 4
+
+
+def test_in_place_activation_is_refused_by_extend():
+    with pytest.raises(ValueError, match=r"1 \(ReLU\(inplace=True\)\).*inplace=False"):
+        extend(nn.Sequential(nn.Linear(3, 3), nn.ReLU(inplace=True)))
+
+
+def test_module_used_twice():
+    shared = nn.Linear(4, 4)
+    model = extend(nn.Sequential(shared, nn.ReLU(), shared, nn.Linear(4, 3)))
+    cp = Cockpit(model, [quantities.NormTest()])
+    loss = extend(nn.CrossEntropyLoss())(model(torch.randn(3, 4)), torch.tensor([0, 1, 2]))
+    with pytest.raises(AttributeError) as info:
+        with cp(0, info={"loss": loss}):
+            loss.backward()
+    assert "more than once" in str(info.value.__notes__)
+
+
+def test_frozen_parameters_are_left_out_with_a_warning():
+    model = extend(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 3)))
+    model[0].weight.requires_grad_(False)
+    with pytest.warns(UserWarning, match=r"1 parameter\(s\) with requires_grad=False.*0\.weight"):
+        cp = Cockpit(model, configuration("economy"))
+    assert cp.names == ["0.bias", "2.weight", "2.bias"]
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    for step in range(2):
+        opt.zero_grad()
+        loss = extend(nn.CrossEntropyLoss())(model(torch.randn(3, 4)), torch.tensor([0, 1, 2]))
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+        opt.step()
+    assert len(cp.get_output()[0]["GradNorm"]) == 3
+    model.requires_grad_(False)
+    with pytest.raises(ValueError, match="none of the parameters"):
+        Cockpit(model.parameters())
+
+
+def test_unused_parameter_counts_as_zero_gradient():
+    model = extend(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 3)))
+    spare = nn.Parameter(torch.ones(2))
+    cp = Cockpit(list(model.parameters()) + [spare], [quantities.GradVariance(), quantities.GradNorm()])
+    loss = extend(nn.CrossEntropyLoss())(model(torch.randn(3, 4)), torch.tensor([0, 1, 2]))
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    entry = cp.get_output()[0]
+    assert entry["GradVariance"][-1] == 0 and entry["GradNorm"][-1] == 0
+
+
+def nan_run(strict):
+    """Train 4 steps; a sample of step 1 is NaN and the user skips that update (as AMP does)."""
+    problem = problems.make("mlp", 4, steps=4)
+    opt = torch.optim.SGD(problem.model.parameters(), lr=0.1)
+    cp = Cockpit(problem.model, configuration("full"), strict=strict)
+    for step, (x, y) in enumerate(problem.batches):
+        opt.zero_grad()
+        if step == 1:
+            x = x.clone()
+            x[0, 0] = float("nan")
+        loss = problem.lossfunc(problem.model(x), y)
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward(create_graph=cp.create_graph(step))
+        if torch.isfinite(loss):
+            opt.step()
+    return cp.get_output()
+
+
+def test_nan_loss_is_recorded_and_flagged_and_training_goes_on():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        record = nan_run(strict=False)
+    assert record[1]["flags"][:2] == ["nonfinite_loss", "nonfinite_grad"] or set(record[1]["flags"]) >= {
+        "nonfinite_loss",
+        "nonfinite_grad",
+    }
+    assert math.isnan(record[1]["Loss"]) and math.isnan(record[1]["NormTest"])
+    assert record[1]["GradHist1d"]["nonfinite"] > 0
+    for step in (0, 2):  # α of step 0 spans the NaN step; step 2 → 3 is clean again
+        assert "flags" not in record[2] and math.isfinite(record[2]["NormTest"])
+    assert math.isfinite(record[2]["Alpha"]) and math.isfinite(record[3]["HessMaxEV"])
+
+
+def test_nan_loss_raises_in_strict_mode_after_recording():
+    with pytest.raises(FloatingPointError, match="step 1: nonfinite_loss"):
+        nan_run(strict=True)
+
+
+def test_a_failing_quantity_is_flagged_not_fatal():
+    class Broken(quantities.SingleStepQuantity):
+        def compute(self, step, data):
+            raise RuntimeError("boom")
+
+    problem = problems.make("mlp", 3, steps=1)
+    x, y = problem.batches[0]
+    cp = Cockpit(problem.model, [Broken(), quantities.GradNorm()])
+    loss = problem.lossfunc(problem.model(x), y)
+    with pytest.warns(UserWarning, match="Broken failed at step 0"):
+        with cp(0, info={"loss": loss}):
+            loss.backward()
+    entry = cp.get_output()[0]
+    assert math.isnan(entry["Broken"]) and "Broken: RuntimeError: boom" in entry["flags"]
+    assert len(entry["GradNorm"]) == 4
+
+
+def test_json_lines_log_and_cockpit_layout_json(tmp_path):
+    problem = problems.make("mlp", 3, steps=3)
+    cp, _ = problems.run(problem, configuration("economy"), log=tmp_path / "run.jsonl")
+    cp.log(2, 0, 1.0, 1.1, 1.2, 0.5, 0.4, 0.3, 0.1)
+    cp.close()
+    header, record = log.read_jsonl(tmp_path / "run.jsonl")
+    assert header["params"][0] == {"name": "0.weight", "shape": [5, 6]}
+    assert header["quantities"] == [q.name for q in cp.quantities]
+    assert record.keys() == cp.get_output().keys()
+    for step, entry in cp.get_output().items():
+        assert entry.keys() == record[step].keys()
+        assert record[step]["NormTest" if "NormTest" in entry else "train_loss"] == pytest.approx(
+            entry["NormTest" if "NormTest" in entry else "train_loss"]
+        )
+    np.testing.assert_array_equal(record[0]["GradHist1d"]["hist"], cp.get_output()[0]["GradHist1d"]["hist"])
+    path = cp.write(tmp_path / "out" / "run")
+    assert path.endswith("run.json")
+    again = log.read_json(path)
+    assert again[1]["Alpha"] == pytest.approx(cp.get_output()[1]["Alpha"])
+    assert again[2]["test_accuracy"] == 0.3
+
+
+def test_configuration_levels_are_supersets():
+    names = {level: {q.name for q in configuration(level)} for level in ("economy", "business", "full")}
+    assert names["economy"] < names["business"] < names["full"]
+    assert {"Alpha", "GradHist1d", "MeanGSNR", "GradVariance"} <= names["economy"]
+    assert names["business"] - names["economy"] == {"TICDiag", "TICTrace", "HessTrace"}
+    assert names["full"] - names["business"] == {"HessMaxEV", "GradHist2d"}
+    with pytest.raises(ValueError, match="economy"):
+        configuration("first")
+
+
+def test_each_quantity_class_once():
+    problem = problems.make("mlp", 3)
+    with pytest.raises(ValueError, match="tracked already"):
+        Cockpit(problem.model, [quantities.GradNorm(), quantities.GradNorm()])
+    with pytest.raises(ValueError, match="Quantity instances"):
+        Cockpit(problem.model, [quantities.GradNorm])
