@@ -1,0 +1,7 @@
+"""``python -m instruments``: see ``instruments.cli``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,146 @@
+"""Drawing building blocks shared by the gauges (not a gauge itself)."""
+
+import numpy as np
+
+from .. import data, style
+
+
+def missing(record):
+    """A predicate factory: ``missing(record)(*keys)`` -> list of untracked keys."""
+    present = set()
+    for entry in record.values():
+        present.update(entry)
+    return lambda *keys: [k for k in keys if k not in present]
+
+
+def hint(keys):
+    """How one would get ``keys`` into a record (for "not tracked" messages)."""
+    epoch = [k for k in keys if k in data.log.EPOCH_KEYS]
+    levels = [data.LEVELS.get(k) for k in keys if k not in epoch]
+    if epoch and not levels:
+        return "log it with cockpit.log(...)"
+    order = ["economy", "business", "full"]
+    known = [lv for lv in levels if lv in order]
+    if known and len(known) == len(levels):
+        level = max(known, key=order.index)
+        return f"in configuration('{level}')"
+    return "add the quantity to the cockpit"
+
+
+def not_tracked(ax, title, keys):
+    """Draw the "not tracked" panel for a gauge whose quantities are absent."""
+    style.set_title(ax, title)
+    keys = list(keys)
+    style.note(ax, "not tracked\n" + ", ".join(keys) + " missing from the record\n(" + hint(keys) + ")")
+
+
+def no_finite(ax, title, keys):
+    """Draw the panel for a quantity that is tracked but has no finite value."""
+    style.set_title(ax, title)
+    style.note(ax, "tracked, but no finite value yet\n(" + ", ".join(keys) + " is NaN/Inf at every step)",
+               color=style.FLAG)
+
+
+def draw_error(ax, title, error):
+    """Draw a panel that failed (the dashboard keeps going)."""
+    ax.clear()
+    style.set_title(ax, title)
+    style.note(ax, f"could not draw:\n{type(error).__name__}: {str(error)[:80]}", color=style.FLAG)
+
+
+def raw_and_smooth(ax, xs, ys, color, label=None, smooth=True, marker_size=2.5, linewidth=1.6, raw="dots",
+                   linestyle="-"):
+    """Raw values (dots, or a thin line) plus a bold smoothed line (``data.smooth``). NaNs skipped."""
+    xs, ys = data.finite(np.asarray(xs, float), np.asarray(ys, float))
+    if len(xs) == 0:
+        return None
+    if raw == "dots" or len(xs) == 1:
+        ax.plot(xs, ys, linestyle="none", marker="o", markersize=marker_size,
+                color=color, alpha=0.45, markeredgewidth=0, label=None if smooth and len(xs) > 2 else label)
+    else:
+        ax.plot(xs, ys, color=color, alpha=0.35, linewidth=0.8, label=None if smooth and len(xs) > 2 else label)
+    if smooth and len(xs) > 2:
+        (line,) = ax.plot(xs, data.smooth(ys), color=color, linewidth=linewidth, label=label, linestyle=linestyle)
+        return line
+    return None
+
+
+def layer_lines(ax, xs, matrix, colors=None, linewidth=0.8, alpha=0.85):
+    """Thin lines, one per layer (column of ``matrix``)."""
+    if matrix.size == 0:
+        return []
+    colors = colors or style.layer_colors(matrix.shape[1])
+    lines = []
+    for j in range(matrix.shape[1]):
+        column = matrix[:, j]
+        mask = np.isfinite(column)
+        if mask.any():
+            marker = "o" if mask.sum() < 3 else None
+            (line,) = ax.plot(xs[mask], column[mask], color=colors[j], linewidth=linewidth, alpha=alpha,
+                              marker=marker, markersize=2.5)
+            lines.append(line)
+    return lines
+
+
+def total_line(ax, xs, ys, label="total", color=style.TOTAL, linewidth=2.0):
+    """The bold total line (markers when the quantity is sparse)."""
+    xs, ys = data.finite(np.asarray(xs, float), np.asarray(ys, float))
+    if len(xs) == 0:
+        return None
+    marker = "o" if len(xs) <= 12 else None
+    (line,) = ax.plot(xs, ys, color=color, linewidth=linewidth, marker=marker, markersize=3.5, label=label)
+    return line
+
+
+def largest_layer(matrix, names, absolute=True):
+    """``(name, value)`` of the layer with the largest last finite value, or ``(None, nan)``."""
+    if matrix.size == 0:
+        return None, float("nan")
+    last = np.full(matrix.shape[1], np.nan)
+    for j in range(matrix.shape[1]):
+        column = matrix[:, j]
+        column = column[np.isfinite(column)]
+        if column.size:
+            last[j] = column[-1]
+    if not np.isfinite(last).any():
+        return None, float("nan")
+    score = np.abs(last) if absolute else last
+    j = int(np.nanargmax(score))
+    return style.short_name(names[j]) if j < len(names) else f"param_{j}", float(last[j])
+
+
+def layer_names(record, options):
+    """Layer names from the options (``params=[...]``) padded to the record's layer count."""
+    n = data.n_layers(record)
+    names = list(options.get("params") or [])
+    if len(names) < n:
+        names += [f"param_{i}" for i in range(len(names), n)]
+    return names
+
+
+def finish_time_axes(ax, options, ylabel=None):
+    """Shared look of a panel whose x axis is the training step."""
+    style.style_axes(ax, ylabel=ylabel)
+    style.step_axis(ax, options.get("log_steps", False), label=options.get("step_label", True))
+    span = options.get("step_range")
+    if span is not None:  # align the step axes of all panels of a layout
+        first, last = span
+        pad = max(0.5, 0.02 * (last - first))
+        ax.set_xlim(first - (0 if options.get("log_steps") else pad), last + pad)
+
+
+def layered(record, ax, key, options, ylabel=None, layers=True, yscale="auto", color=style.TOTAL, label="total"):
+    """Draw a per-layer quantity: thin coloured line per layer plus the bold total.
+
+    Returns ``(xs, totals, matrix, names)`` (finite totals only) for the title.
+    """
+    xs, totals = data.finite(*data.series(record, key))
+    lx, matrix = data.layer_series(record, key)
+    names = layer_names(record, options)
+    if layers and matrix.size and matrix.shape[1] > 1:
+        layer_lines(ax, lx, matrix)
+    total_line(ax, xs, totals, label=label, color=color)
+    shown = [totals] + ([matrix] if layers and matrix.size else [])
+    style.auto_yscale(ax, *shown, scale=yscale)
+    finish_time_axes(ax, options, ylabel=ylabel)
+    return xs, totals, matrix, names

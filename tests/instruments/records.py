@@ -1,0 +1,163 @@
+"""Synthetic but realistic records for the instrument tests (no torch needed).
+
+``full_record`` has every quantity over 60 steps on realistic schedules (dense,
+every k steps, logarithmic), per-layer values and per-layer histograms, a NaN loss
+flagged at one step and epoch keys every 20 steps. ``economy_record`` has only what
+``configuration("economy")`` tracks. ``write_jsonl`` writes a record the way a
+training run does (the two-step quantities one line later).
+"""
+
+import math
+
+import numpy as np
+
+from cockpit_lite.log import JSONLinesWriter
+
+PARAMS = [
+    {"name": "conv1.weight", "shape": [16, 3, 3, 3]},
+    {"name": "conv1.bias", "shape": [16]},
+    {"name": "conv2.weight", "shape": [32, 16, 3, 3]},
+    {"name": "conv2.bias", "shape": [32]},
+    {"name": "fc.weight", "shape": [10, 512]},
+    {"name": "fc.bias", "shape": [10]},
+]
+NAMES = [p["name"] for p in PARAMS]
+N_LAYERS = len(PARAMS)
+NAN_STEP = 33
+EPOCH_STEPS = (0, 20, 40, 59)
+LOG_STEPS = (0, 1, 2, 3, 5, 8, 13, 21, 34, 55)
+
+ECONOMY = ("Alpha", "Distance", "GradHist1d", "GradNorm", "InnerTest", "Loss", "NormTest", "OrthoTest",
+           "UpdateSize", "MeanGSNR", "GradVariance")
+
+
+def _hist1d(values, bins=100, lo=-2.0, hi=2.0):
+    clipped = int(((values < lo) | (values > hi)).sum())
+    hist, edges = np.histogram(np.clip(values, lo, hi), bins=bins, range=(lo, hi))
+    return {"hist": hist.astype(np.int64), "edges": edges, "clipped": clipped, "nonfinite": 0}
+
+
+def _hist2d(grads, params, bins=(40, 50), ranges=((-1.0, 1.0), (-2.0, 2.0))):
+    (glo, ghi), (plo, phi) = ranges
+    clipped = int(((grads < glo) | (grads > ghi) | (params < plo) | (params > phi)).sum())
+    hist, xedges, yedges = np.histogram2d(np.clip(grads, glo, ghi), np.clip(params, plo, phi), bins=bins,
+                                          range=ranges)
+    return {"hist": hist.astype(np.int64), "edges": [xedges, yedges], "clipped": clipped, "nonfinite": 0}
+
+
+def _layer_samples(rng, step, n=4000):
+    """Per-layer (gradient elements, parameter values) samples at ``step``."""
+    out = []
+    for j in range(N_LAYERS):
+        scale = 0.05 * (1 + j) * math.exp(-step / 40) + 0.01
+        grads = rng.laplace(0.0, scale, size=n)
+        if j == 4 and step > 45:  # the last layer's gradients grow heavy tails late in training
+            grads[:40] *= 60
+        params = rng.normal(0.0, 0.3 + 0.1 * j, size=n) if j % 2 == 0 else rng.normal(0.05 * step / 60, 0.02, n)
+        out.append((grads, params))
+    return out
+
+
+def full_record(n_steps=60, seed=0):
+    """Every quantity, realistic schedules, per-layer values, a flagged NaN loss."""
+    rng = np.random.default_rng(seed)
+    record = {}
+    distance = np.zeros(N_LAYERS)
+    t0 = 1_700_000_000.0
+    for step in range(n_steps):
+        e = record.setdefault(step, {})
+        decay = math.exp(-step / 20)
+        loss = 2.3 * decay + 0.15 + 0.08 * rng.standard_normal()
+        e["Loss"] = float("nan") if step == NAN_STEP else float(loss)
+        if step == NAN_STEP:
+            e["flags"] = ["nonfinite_loss"]
+        e["Time"] = t0 + 0.25 * step + 0.01 * rng.random()
+        layer_scale = np.array([1.0, 0.1, 0.7, 0.05, 0.4, 0.02])
+        grad_norm = layer_scale * (0.3 + 2 * decay) * np.exp(0.1 * rng.standard_normal(N_LAYERS))
+        e["GradNorm"] = grad_norm.tolist()
+        e["Distance"] = distance.tolist()
+        update = layer_scale * 0.05 * (0.3 + decay) * np.exp(0.2 * rng.standard_normal(N_LAYERS))
+        distance = distance + update * (0.6 + 0.4 * rng.random(N_LAYERS))
+        if step < n_steps - 1:  # known one step later
+            e["UpdateSize"] = update.tolist()
+            alpha = 0.3 + 0.5 * rng.standard_normal()
+            if step in (7, 19):
+                alpha = -1.0  # concave fits
+            if step == 25:
+                alpha = 4.2  # an outlier beyond the clipping range
+            e["Alpha"] = float(alpha)
+        norm_test = 0.4 + 1.6 * (1 - decay) + 0.1 * rng.random()
+        e["NormTest"] = float(norm_test)
+        e["InnerTest"] = float(0.5 * norm_test + 0.05 * rng.random())
+        e["OrthoTest"] = float(1.3 * norm_test + 0.1 * rng.random())
+        gsnr = 2.0 * decay + 0.05
+        e["MeanGSNR"] = float(gsnr * math.exp(0.1 * rng.standard_normal()))
+        e["GradVariance"] = (layer_scale**2 * 40 * (0.5 + decay) * np.exp(0.1 * rng.standard_normal(N_LAYERS))).tolist()
+        e["EarlyStopping"] = float(-2.0 * decay + 0.4 + 0.2 * rng.standard_normal())
+        layers = {
+            "NormTest": (norm_test * np.exp(0.3 * rng.standard_normal(N_LAYERS))).tolist(),
+            "MeanGSNR": (gsnr * np.exp(0.5 * rng.standard_normal(N_LAYERS))).tolist(),
+        }
+        if step % 2 == 0:
+            e["CABS"] = float(32 + 200 * (1 - decay) + 10 * rng.standard_normal())
+        if step % 5 == 0:
+            samples = _layer_samples(rng, step)
+            per_layer = [_hist1d(g) for g, _ in samples]
+            e["GradHist1d"] = _hist1d(np.concatenate([g for g, _ in samples]))
+            layers["GradHist1d"] = per_layer
+            trace = layer_scale * 50 * (1.5 - decay) - (5.0 if step == 0 else 0.0)
+            e["HessTrace"] = trace.tolist()
+            e["TICDiag"] = float(3.0 + 2 * decay + 0.3 * rng.standard_normal())
+            e["TICTrace"] = float(1.0 + 0.5 * decay + 0.1 * rng.standard_normal())
+            layers["TICDiag"] = (e["TICDiag"] / N_LAYERS * np.exp(0.3 * rng.standard_normal(N_LAYERS))).tolist()
+            if step % 10 == 0:
+                e["GradHist2d"] = _hist2d(np.concatenate([g for g, _ in samples]),
+                                          np.concatenate([p for _, p in samples]))
+                layers["GradHist2d"] = [_hist2d(g, p) for g, p in samples]
+        if step in LOG_STEPS:
+            e["HessMaxEV"] = float(5 + 40 * (1 - decay) + rng.standard_normal())
+        if step == 0:
+            e["Parameters"] = [[[0.1, -0.2], [0.3, 0.0]], [0.0, 0.0]]
+        if step in EPOCH_STEPS:
+            epoch = EPOCH_STEPS.index(step)
+            e.update({
+                "epoch_count": epoch,
+                "train_loss": float(2.3 * decay + 0.12),
+                "valid_loss": float(2.3 * decay + 0.2 + 0.002 * step),
+                "test_loss": float(2.3 * decay + 0.21 + 0.002 * step),
+                "train_accuracy": float(0.1 + 0.85 * (1 - decay)),
+                "valid_accuracy": float(0.1 + 0.78 * (1 - decay)),
+                "test_accuracy": float(0.1 + 0.77 * (1 - decay)),
+                "learning_rate": (0.1, 0.1, 0.03, 0.01)[epoch],
+            })
+        e["layers"] = layers
+    return record
+
+
+def economy_record(n_steps=60, seed=1):
+    """Only the economy quantities (no per-layer histograms, no epoch keys)."""
+    full = full_record(n_steps, seed)
+    out = {}
+    for step, entry in full.items():
+        kept = {k: v for k, v in entry.items() if k in ECONOMY or k == "flags"}
+        layers = {k: v for k, v in entry.get("layers", {}).items() if k in ECONOMY and k != "GradHist1d"}
+        if layers:
+            kept["layers"] = layers
+        out[step] = kept
+    return out
+
+
+def write_jsonl(path, record, params=PARAMS, late=("Alpha", "UpdateSize")):
+    """Write ``record`` as a training run would: one line per step, ``late`` keys one step later."""
+    writer = JSONLinesWriter(path, {"params": params, "quantities": sorted({k for e in record.values() for k in e})})
+    steps = sorted(record)
+    for i, step in enumerate(steps):
+        entry = record[step]
+        writer.append(step, {k: v for k, v in entry.items() if k not in late})
+        if i > 0:
+            previous = steps[i - 1]
+            delayed = {k: v for k, v in record[previous].items() if k in late}
+            if delayed:
+                writer.append(previous, delayed)
+    writer.close()
+    return path

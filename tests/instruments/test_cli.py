@@ -1,0 +1,75 @@
+"""``python -m instruments`` renders logs offline, torn ones included, and compares runs."""
+
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+from conftest import _ROOT
+from matplotlib.image import imread
+
+from instruments import cli
+
+import records
+
+
+def _torn_log(path, record):
+    records.write_jsonl(str(path), record)
+    with open(path, "rb") as file:
+        content = file.read()
+    last_start = content.rstrip(b"\n").rfind(b"\n") + 1
+    cut = last_start + (len(content) - last_start) // 2  # in the middle of the last line
+    with open(path, "wb") as file:
+        file.write(content[:cut])
+    return path
+
+
+def test_torn_log_renders_and_warns_once(tmp_path, full_record, capsys):
+    log = _torn_log(tmp_path / "crashed.jsonl", full_record)
+    out = tmp_path / "dash.png"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli.main([str(log), "-o", str(out), "--dpi", "40"]) == 0
+    torn = [w for w in caught if "incomplete" in str(w.message)]
+    assert len(torn) == 1, [str(w.message) for w in caught]
+    assert imread(out).shape[:2] == (400, 640)
+    assert capsys.readouterr().out.strip() == str(out)
+
+
+def test_default_output_next_to_log(tmp_path, full_record):
+    log = records.write_jsonl(str(tmp_path / "run.jsonl"), records.economy_record())
+    cli.main([log, "--dpi", "30", "--size", "12", "8"])
+    assert imread(tmp_path / "run.png").shape[:2] == (240, 360)
+
+
+def test_compare_cli(tmp_path, full_record, economy_record):
+    a = records.write_jsonl(str(tmp_path / "a.jsonl"), full_record)
+    b = _torn_log(tmp_path / "b.jsonl", economy_record)
+    out = tmp_path / "cmp.png"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli.main([a, str(b), "--compare", "-o", str(out), "--labels", "lr 0.1", "lr 1", "--dpi", "30",
+                  "--rows", "alpha", "grad_norm", "performance"])
+    assert len([w for w in caught if "incomplete" in str(w.message)]) == 1
+    assert os.path.exists(out)
+
+
+def test_several_logs_need_compare(tmp_path, full_jsonl):
+    with pytest.raises(SystemExit):
+        cli.main([full_jsonl, full_jsonl])
+
+
+def test_python_dash_m(tmp_path, full_jsonl):
+    out = tmp_path / "m.png"
+    result = subprocess.run([sys.executable, "-m", "instruments", full_jsonl, "-o", str(out), "--dpi", "30"],
+                            cwd=_ROOT, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == str(out)
+    assert os.path.exists(out)
+
+
+def test_missing_log_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([str(tmp_path / "nope.jsonl")])
+    assert exit_info.value.code == 2
+    assert "no log at" in capsys.readouterr().err

@@ -1,0 +1,95 @@
+"""EpochPlotter writes one PNG per epoch in the background and barely blocks the caller."""
+
+import os
+
+import pytest
+from conftest import FAST
+from matplotlib.image import imread
+
+from instruments import EpochPlotter
+
+
+class LiveCockpit:
+    def __init__(self, record):
+        self.record = record
+
+    def get_output(self):
+        return self.record
+
+
+def test_thread_mode_writes_every_epoch(tmp_path, full_record):
+    live = LiveCockpit({})
+    steps = sorted(full_record)
+    with EpochPlotter(tmp_path, savename="cp", mode="thread", **FAST) as plotter:
+        for epoch in range(2):
+            for step in steps[epoch * 30:(epoch + 1) * 30]:  # "training" appends to the live record
+                live.record[step] = full_record[step]
+            path = plotter.plot(live, epoch=epoch)
+            assert path == os.path.join(tmp_path, f"cp__epoch_{epoch:03d}.png")
+    for epoch in range(2):
+        assert imread(tmp_path / f"cp__epoch_{epoch:03d}.png").shape[:2] == (400, 640)
+    summary = plotter.summary()
+    assert summary["calls"] == 2
+    # queuing a snapshot is far cheaper than rendering
+    assert summary["blocked_max_s"] < 0.5 * summary["render_mean_s"]
+
+
+def test_snapshot_isolates_later_steps(tmp_path, full_record):
+    live = LiveCockpit({s: e for s, e in full_record.items() if s < 10})
+    plotter = EpochPlotter(tmp_path, mode="sync", **FAST)
+    plotter._render = lambda run, path, timing: captured.append(run)  # capture instead of drawing
+    captured = []
+    plotter.plot(live)
+    live.record[10] = full_record[10]
+    live.record[9]["Alpha"] = 99.0
+    assert max(captured[0].record) == 9
+    live.record[9].pop("Alpha")
+
+
+def test_process_mode_is_the_default(tmp_path, full_record):
+    with EpochPlotter(tmp_path, savename="proc", **FAST) as plotter:
+        assert plotter.mode == "process"
+        plotter.plot(full_record, savename_append="_x")
+    assert imread(tmp_path / "proc_x.png").shape[:2] == (400, 640)
+    assert plotter.summary()["blocked_max_s"] < 0.5 * plotter.summary()["render_mean_s"]
+
+
+def test_drawable_keeps_only_what_is_drawn(full_record):
+    from instruments import data
+
+    pruned = data.drawable(full_record)
+    assert "Parameters" not in pruned[0]
+    assert [s for s, e in pruned.items() if "GradHist1d" in e] == [55]
+    assert [s for s, e in pruned.items() if "GradHist2d" in e.get("layers", {})] == [50]
+    assert pruned[3] is full_record[3]  # untouched entries are shared
+    assert "GradHist1d" in full_record[0]  # the original is unchanged
+
+
+def test_background_errors_surface(tmp_path):
+    plotter = EpochPlotter(tmp_path, mode="thread", **FAST)
+    plotter.plot(str(tmp_path / "missing.jsonl"))
+    with pytest.warns(RuntimeWarning, match="failed"):
+        with pytest.raises(FileNotFoundError):
+            plotter.close()
+
+
+def test_sync_mode_and_bad_mode(tmp_path, economy_record):
+    plotter = EpochPlotter(tmp_path, mode="sync", **FAST)
+    path = plotter.plot(economy_record)
+    assert os.path.exists(path) and path.endswith("cockpit__epoch_000.png")
+    with pytest.raises(ValueError):
+        EpochPlotter(tmp_path, mode="fork")
+
+
+def test_incremental_snapshot(full_record):
+    from instruments import data
+
+    live = {s: dict(e) for s, e in full_record.items() if s < 10}
+    first = data.snapshot(live)
+    live[9]["Alpha"] = 0.5  # a two-step quantity arriving one step late
+    live[10] = dict(full_record[10])
+    second = data.snapshot(live, previous=first)
+    assert sorted(second) == list(range(11))
+    assert second[9]["Alpha"] == 0.5 and second[10] is not live[10]
+    assert second[0] is first[0]  # settled steps are not copied again
+    assert second[9] is not live[9]

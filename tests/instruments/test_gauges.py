@@ -1,0 +1,144 @@
+"""Every gauge draws from every record; missing quantities say so; titles carry the numbers."""
+
+import math
+
+import numpy as np
+import pytest
+from figure_text import not_tracked, texts
+from matplotlib.figure import Figure
+
+import records
+from instruments import GAUGES, draw_gauge
+from instruments import data, style
+
+ECONOMY_MISSING = ("max_ev", "hess_trace", "tic", "histogram_2d", "cabs", "early_stopping", "hyperparameters")
+
+
+@pytest.mark.parametrize("name", list(GAUGES))
+def test_every_gauge_draws(name, any_record, ax, names):
+    GAUGES[name].draw(any_record, ax, params=names)
+    assert ax.get_title(), f"{name} left its title empty"
+    ax.figure.canvas.draw()  # layout and render must not fail either
+
+
+@pytest.mark.parametrize("name", list(GAUGES))
+def test_every_gauge_says_not_tracked_on_an_empty_record(name, ax):
+    draw_gauge(name, {0: {"Time": 1.0}, 1: {"Time": 2.0}}, ax)
+    assert not_tracked(ax)
+    assert ax.get_title()
+
+
+@pytest.mark.parametrize("name", ECONOMY_MISSING)
+def test_economy_record_marks_untracked_gauges(name, economy_record, ax):
+    GAUGES[name].draw(economy_record, ax)
+    shown = "\n".join(texts(ax))
+    assert "not tracked" in shown
+    for key in GAUGES[name].keys[:1]:
+        assert key in shown  # names the missing quantity
+
+
+def test_not_tracked_hint_names_configuration(economy_record, ax):
+    draw_gauge("max_ev", economy_record, ax)
+    assert "configuration('full')" in "\n".join(texts(ax))
+
+
+@pytest.mark.parametrize("name", ["alpha", "grad_norm", "distance", "gradient_tests", "histogram_1d", "performance",
+                                  "mean_gsnr", "grad_variance"])
+def test_economy_gauges_are_drawn(name, economy_record, ax):
+    draw_gauge(name, economy_record, ax)
+    assert not not_tracked(ax)
+
+
+def test_all_nan_quantity_is_reported(ax):
+    record = {s: {"GradNorm": [math.nan, math.nan]} for s in range(5)}
+    draw_gauge("grad_norm", record, ax)
+    assert any("no finite value" in t for t in texts(ax))
+
+
+def test_alpha_title_and_outliers(full_record, ax):
+    draw_gauge("alpha", full_record, ax)
+    xs, alpha = data.finite(*data.series(full_record, "Alpha"))
+    recent = alpha[-math.ceil(len(alpha) * 0.1):]
+    assert ax.get_title() == f"α, last 10%: median {np.median(recent):.2f}"
+    assert "1 ▶" in texts(ax)  # the 4.2 outlier beyond the clip range
+
+
+def test_alpha_counts_concave_fits(ax):
+    record = {s: {"Alpha": -1.0 if s % 2 else 0.1} for s in range(40)}
+    draw_gauge("alpha", record, ax)
+    assert "50% at −1" in ax.get_title()
+
+
+def test_grad_norm_title_has_total_and_largest_layer(full_record, ax, names):
+    draw_gauge("grad_norm", full_record, ax, params=names)
+    last = full_record[max(full_record)]["GradNorm"]
+    assert style.fmt(math.sqrt(sum(v * v for v in last))) in ax.get_title()
+    assert names[int(np.argmax(last))] in ax.get_title()
+    # one thin line per layer plus the bold total
+    assert len(ax.lines) == records.N_LAYERS + 1
+
+
+def test_per_layer_options(full_record, names):
+    fig = Figure(figsize=(8, 6), dpi=40, layout="constrained")
+    axes = fig.subplots(2, 3).ravel()
+    draw_gauge("histogram_1d", full_record, axes[0], layers=True, params=names)
+    assert len(axes[0].patches) > 0 and "fc.weight" in [t.get_text() for t in axes[0].get_legend().get_texts()]
+    draw_gauge("histogram_1d", full_record, axes[1], layer=4, params=names)
+    assert "fc.weight" in axes[1].get_title()
+    draw_gauge("histogram_2d", full_record, axes[2], layer=1, params=names)
+    assert "conv1.bias" in axes[2].get_title()
+    draw_gauge("histogram_2d", full_record, axes[3], marginals=False, zoom=False)
+    assert axes[3].get_xlim() == (-2.0, 2.0)
+    draw_gauge("gradient_tests", full_record, axes[4], layers="NormTest")
+    draw_gauge("tic", full_record, axes[5], layers=True)
+    fig.canvas.draw()
+
+
+def test_histogram_2d_has_marginals(full_record, ax):
+    draw_gauge("histogram_2d", full_record, ax)
+    assert len(ax.child_axes) == 3
+    assert "@ 50" in ax.get_title()  # last step holding the 2-d histogram
+
+
+def test_performance_marks_flagged_steps(full_record, ax):
+    draw_gauge("performance", full_record, ax)
+    assert f"@ {records.NAN_STEP}" in ax.get_title()
+    assert "non-finite loss" in ax.get_title()
+    ticks = [c for c in ax.collections if c.get_label() == "non-finite loss"]
+    assert len(ticks) == 1
+    assert [segment[0][0] for segment in ticks[0].get_segments()] == [records.NAN_STEP]
+
+
+def test_max_ev_draws_stability_limit(full_record, ax):
+    draw_gauge("max_ev", full_record, ax)
+    assert "2/η 200" in ax.get_title()  # last learning rate 0.01
+    assert "2/η" in [line.get_label() for line in ax.lines]
+
+
+def test_max_ev_far_below_stability_limit(ax):
+    record = {s: {"HessMaxEV": 1.0 + 0.01 * s, "learning_rate": 0.1} for s in range(10)}
+    draw_gauge("max_ev", record, ax)
+    assert "2/η" not in [line.get_label() for line in ax.lines]  # 20 ≫ 1.1 would squash the curve
+    assert any("off scale" in t.get_text() for t in ax.texts)
+    assert ax.get_ylim()[1] < 5
+
+
+def test_auto_log_scale():
+    fig = Figure()
+    ax = fig.add_subplot()
+    assert style.auto_yscale(ax, np.array([1e-3, 1.0])) == "log"
+    assert style.auto_yscale(ax, np.array([1.0, 2.0])) == "linear"
+    assert style.auto_yscale(ax, np.array([-1e-4, 10.0, 1e3, -5e2, 3e-4, 2.0])) == "symlog"
+
+
+def test_smooth_has_no_lag():
+    ramp = np.arange(100.0)
+    smoothed = data.smooth(ramp)
+    assert abs(smoothed[50] - 50) < 1e-9 and smoothed[-1] == 99  # centred: no lag
+    assert np.isnan(data.smooth([np.nan, np.nan])).all()
+
+
+def test_smooth_is_local():
+    values = np.r_[np.ones(200), np.exp(np.arange(1, 30))]  # a run that explodes at the end
+    smoothed = data.smooth(values)
+    assert np.allclose(smoothed[:150], 1.0)  # the explosion does not bend the early curve
