@@ -40,7 +40,8 @@ class StepData:
             results = self._per_sample.get(index)
             if results is None:
                 zeros = torch.zeros((self.batch_size, *param.shape), dtype=param.dtype, device=param.device)
-                results = _transforms.run([self._transforms[key]], zeros, param, index)
+                per_sample = _transforms.PerSample(param, index, grad_batch=zeros)
+                results = _transforms.run([self._transforms[key]], per_sample)
             values.append(results[key])
         return values
 

@@ -21,22 +21,37 @@ from cockpit_lite import histogram
 
 
 class PerSample:
-    """The individual gradients of one parameter, and intermediates shared by transforms.
+    """The individual gradients of one parameter, and the primitives transforms are built from.
+
+    Either ``grad_batch`` (``[B, *shape]``, BackPACK's contributions) is given, or
+    ``factors = (a, δ)`` with ``a`` of shape ``[B, L, I]`` (layer inputs) and ``δ`` of
+    shape ``[B, L, O]`` (gradients w.r.t. the layer outputs), such that
+    ``grad_batch[n] = Σ_l δ[n, l] a[n, l]ᵀ`` (a Linear layer's weight, ``L`` the
+    flattened sequence axes). Then norms, dot products and second moments come from
+    the factors at a fraction of the cost ("ghost" norms), and the ``[B, O, I]``
+    tensor is built only if a transform needs its elements (histograms).
 
     Attributes:
-        grad_batch: ``[B, *shape]`` contributions to the reduced loss (detached).
         param: the parameter tensor.
         index: position of the parameter in the Cockpit's parameter list.
     """
 
-    def __init__(self, grad_batch, param, index):
-        self.grad_batch = grad_batch
+    def __init__(self, param, index, grad_batch=None, factors=None):
         self.param = param
         self.index = index
+        self._factors = factors
+        if grad_batch is not None:
+            self.grad_batch = grad_batch
 
     @property
     def batch_size(self):
-        return self.grad_batch.shape[0]
+        return (self._factors[0] if self._factors is not None else self.grad_batch).shape[0]
+
+    @cached_property
+    def grad_batch(self):
+        """``[B, *shape]`` contributions to the reduced loss (built from the factors if needed)."""
+        a, delta = self._factors
+        return torch.einsum("nlo,nli->noi", delta, a).reshape(self.batch_size, *self.param.shape)
 
     @cached_property
     def flat(self):
@@ -46,7 +61,36 @@ class PerSample:
     @cached_property
     def grad(self):
         """The gradient ``g = Σ_n grad_batch[n]`` of this parameter, shape ``[D]``."""
+        if self._factors is not None:
+            a, delta = self._factors
+            return (delta.reshape(-1, delta.shape[-1]).T @ a.reshape(-1, a.shape[-1])).reshape(-1)
         return self.flat.sum(0)
+
+    def dots(self, vector):
+        """``grad_batch[n]ᵀ v`` for every sample, shape ``[B]`` (``v`` of shape ``[D]``)."""
+        if self._factors is not None:
+            a, delta = self._factors  # Σ_l δ_lᵀ V a_l
+            matrix = vector.reshape(delta.shape[-1], a.shape[-1])
+            return ((delta @ matrix) * a).sum((1, 2))
+        return self.flat @ vector
+
+    def squared_norms(self):
+        """``‖grad_batch[n]‖²`` for every sample, shape ``[B]``."""
+        if self._single_position():
+            a, delta = self._factors  # ‖δ aᵀ‖² = ‖δ‖² ‖a‖²
+            return (delta[:, 0] ** 2).sum(1) * (a[:, 0] ** 2).sum(1)
+        return torch.linalg.vector_norm(self.flat, dim=1) ** 2
+
+    def sum_of_squares(self):
+        """``Σ_n grad_batch[n]²`` elementwise, shape ``[D]``."""
+        if self._single_position():
+            a, delta = self._factors  # Σ_n δ_{n,o}² a_{n,i}²
+            return ((delta[:, 0] ** 2).T @ (a[:, 0] ** 2)).reshape(-1)
+        return self.flat.square().sum(0)
+
+    def _single_position(self):
+        """Factors without sequence axes, where the ghost formulas are exact and cheapest."""
+        return self._factors is not None and self._factors[0].shape[1] == 1
 
 
 class Transform:
@@ -64,8 +108,7 @@ class BatchL2(Transform):
     key = "batch_l2"
 
     def __call__(self, per_sample):
-        b = per_sample.batch_size
-        return (per_sample.flat**2).sum(1) * b**2
+        return per_sample.squared_norms() * per_sample.batch_size**2
 
 
 class BatchDotGrad(Transform):
@@ -74,7 +117,7 @@ class BatchDotGrad(Transform):
     key = "batch_dot_grad"
 
     def __call__(self, per_sample):
-        return (per_sample.flat @ per_sample.grad) * per_sample.batch_size
+        return per_sample.dots(per_sample.grad) * per_sample.batch_size
 
 
 class SumGradSquared(Transform):
@@ -83,8 +126,8 @@ class SumGradSquared(Transform):
     key = "sum_grad_squared"
 
     def __call__(self, per_sample):
-        b = per_sample.batch_size
-        return (per_sample.grad_batch**2).sum(0) * b**2
+        values = per_sample.sum_of_squares() * per_sample.batch_size**2
+        return values.reshape(per_sample.param.shape)
 
 
 class BatchDotDirection(Transform):
@@ -100,8 +143,8 @@ class BatchDotDirection(Transform):
         self._direction = direction
 
     def __call__(self, per_sample):
-        direction = self._direction(per_sample).reshape(-1).to(per_sample.flat.dtype)
-        return (per_sample.flat @ direction) * per_sample.batch_size
+        direction = self._direction(per_sample).reshape(-1).to(per_sample.param.dtype)
+        return per_sample.dots(direction) * per_sample.batch_size
 
 
 class GradHistogram1d(Transform):
@@ -135,12 +178,15 @@ class GradHistogram2d(Transform):
         )
 
 
-def run(transforms, grad_batch, param, index):
-    """Compute every transform on one parameter's individual gradients.
+def run(transforms, per_sample):
+    """Compute every transform on one parameter's ``PerSample``.
+
+    Histograms run last, so that the other transforms can use the cheaper factored
+    forms before the individual gradients are built for the histograms.
 
     Returns:
         dict ``{transform.key: value}``.
     """
+    ordered = sorted(transforms, key=lambda t: isinstance(t, (GradHistogram1d, GradHistogram2d)))
     with torch.no_grad():
-        per_sample = PerSample(grad_batch.detach(), param, index)
-        return {t.key: t(per_sample) for t in transforms}
+        return {t.key: t(per_sample) for t in ordered}

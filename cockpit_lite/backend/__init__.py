@@ -86,17 +86,12 @@ _ADVICE = (
     ),
     (
         AttributeError,
-        "has no attribute 'output'",
-        "A module was called more than once in one forward pass (shared weights), which "
-        "BackPACK cannot handle; the quantities {quantities} need BackPACK. Use a "
-        "separate module per call or leave the shared parameters out of the Cockpit.",
-    ),
-    (
-        AttributeError,
-        "has no attribute 'input0'",
-        "A module's stored input is missing: was the model (or loss) extended with "
-        "cockpit_lite.extend / backpack.extend before the forward pass, and called "
-        "once? The quantities {quantities} need BackPACK.",
+        "has no attribute '",
+        "BackPACK lost a layer's stored input or output: a module was called more "
+        "than once in one forward pass (shared weights), or the model was run again "
+        "(or extended) between the forward pass and backward. The quantities "
+        "{quantities} need BackPACK: use a separate module per call, leave shared "
+        "parameters out of the Cockpit, and call backward right after the forward pass.",
     ),
     (
         NotImplementedError,

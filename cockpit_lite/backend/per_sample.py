@@ -7,7 +7,10 @@ transform on them (``cockpit_lite.transforms``) and lets them go. Peak extra mem
 therefore ``B ×`` (largest parameter), never ``B ×`` (model).
 
 Layer support is one table, ``INDIVIDUAL_GRADIENTS``: layer type → the rule that
-produces its individual gradients. A tracked parameter of a layer that is not in the
+produces its individual gradients (as a ``cockpit_lite.transforms.PerSample``). Most
+layers use BackPACK's ``BatchGrad`` rule; a Linear layer's weight keeps its
+individual gradients factored (layer inputs and output gradients), so that norms,
+dot products and second moments never build the ``[B, out, in]`` tensor. A tracked parameter of a layer that is not in the
 table, or of a layer whose individual gradients are meaningless (BatchNorm in
 training mode mixes the samples of a batch), raises ``UnsupportedLayerError`` naming
 the layer, the quantities that need individual gradients and what still works.
@@ -45,23 +48,54 @@ from backpack.extensions.firstorder.batch_grad import (
 )
 
 from cockpit_lite import transforms as _transforms
+from cockpit_lite.transforms import PerSample
+
+class BackPACKRule:
+    """Individual gradients by BackPACK's ``BatchGrad`` rule for the layer type."""
+
+    def __init__(self, batch_grad):
+        self._batch_grad = batch_grad
+
+    def supports(self, name):
+        """Whether the rule knows the parameter called ``name``."""
+        return hasattr(self._batch_grad, name)
+
+    def per_sample(self, ext, module, g_inp, g_out, name, param, index):
+        grad_batch = getattr(self._batch_grad, name)(ext, module, g_inp, g_out, None)
+        return PerSample(param, index, grad_batch=grad_batch.detach())
+
+
+class LinearRule(BackPACKRule):
+    """Linear: the weight's individual gradients ``Σ_l δ_l a_lᵀ`` stay factored as ``(a, δ)``."""
+
+    def __init__(self):
+        super().__init__(linear.BatchGradLinear())
+
+    def per_sample(self, ext, module, g_inp, g_out, name, param, index):
+        if name != "weight":
+            return super().per_sample(ext, module, g_inp, g_out, name, param, index)
+        inputs, grad_outputs = module.input0.detach(), g_out[0].detach()
+        b = inputs.shape[0]
+        factors = (inputs.reshape(b, -1, inputs.shape[-1]), grad_outputs.reshape(b, -1, grad_outputs.shape[-1]))
+        return PerSample(param, index, factors=factors)
+
 
 INDIVIDUAL_GRADIENTS = {
-    Linear: linear.BatchGradLinear(),
-    Conv1d: conv1d.BatchGradConv1d(),
-    Conv2d: conv2d.BatchGradConv2d(),
-    Conv3d: conv3d.BatchGradConv3d(),
-    ConvTranspose1d: conv_transpose1d.BatchGradConvTranspose1d(),
-    ConvTranspose2d: conv_transpose2d.BatchGradConvTranspose2d(),
-    ConvTranspose3d: conv_transpose3d.BatchGradConvTranspose3d(),
-    BatchNorm1d: batchnorm_nd.BatchGradBatchNormNd(),
-    BatchNorm2d: batchnorm_nd.BatchGradBatchNormNd(),
-    BatchNorm3d: batchnorm_nd.BatchGradBatchNormNd(),
-    RNN: rnn.BatchGradRNN(),
-    LSTM: rnn.BatchGradLSTM(),
-    Embedding: embedding.BatchGradEmbedding(),
+    Linear: LinearRule(),
+    Conv1d: BackPACKRule(conv1d.BatchGradConv1d()),
+    Conv2d: BackPACKRule(conv2d.BatchGradConv2d()),
+    Conv3d: BackPACKRule(conv3d.BatchGradConv3d()),
+    ConvTranspose1d: BackPACKRule(conv_transpose1d.BatchGradConvTranspose1d()),
+    ConvTranspose2d: BackPACKRule(conv_transpose2d.BatchGradConvTranspose2d()),
+    ConvTranspose3d: BackPACKRule(conv_transpose3d.BatchGradConvTranspose3d()),
+    BatchNorm1d: BackPACKRule(batchnorm_nd.BatchGradBatchNormNd()),
+    BatchNorm2d: BackPACKRule(batchnorm_nd.BatchGradBatchNormNd()),
+    BatchNorm3d: BackPACKRule(batchnorm_nd.BatchGradBatchNormNd()),
+    RNN: BackPACKRule(rnn.BatchGradRNN()),
+    LSTM: BackPACKRule(rnn.BatchGradLSTM()),
+    Embedding: BackPACKRule(embedding.BatchGradEmbedding()),
 }
-"""Layer type → BackPACK rule with one method per parameter name returning ``grad_batch``."""
+"""Layer type → rule producing a parameter's ``PerSample`` by name."""
 
 
 class UnsupportedLayerError(NotImplementedError):
@@ -105,12 +139,12 @@ class PerSampleTransforms(BackpropExtension):
             return
         rule = self._rule(module, [name for name, _ in tracked])
         for name, param in tracked:
-            grad_batch = getattr(rule, name)(self, module, g_inp, g_out, None)
             index = self.param_index[id(param)]
-            self.results[index] = _transforms.run(self.transforms, grad_batch, param, index)
+            per_sample = rule.per_sample(self, module, g_inp, g_out, name, param, index)
+            self.results[index] = _transforms.run(self.transforms, per_sample)
             if self.batch_size is None:
-                self.batch_size = grad_batch.shape[0]
-            del grad_batch
+                self.batch_size = per_sample.batch_size
+            del per_sample
 
     def _rule(self, module, param_names):
         """Return the individual-gradient rule for ``module`` or raise a helpful error."""
@@ -127,7 +161,7 @@ class PerSampleTransforms(BackpropExtension):
                 "them with GroupNorm/LayerNorm-free alternatives, or leave their "
                 "parameters out of the Cockpit's parameter list."
             )
-        missing = [n for n in param_names if rule is None or not hasattr(rule, n)]
+        missing = [n for n in param_names if rule is None or not rule.supports(n)]
         if missing:
             supported = ", ".join(sorted(t.__name__ for t in INDIVIDUAL_GRADIENTS))
             raise UnsupportedLayerError(

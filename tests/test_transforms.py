@@ -1,0 +1,64 @@
+"""Per-sample primitives: the factored (ghost) forms against explicit individual gradients."""
+
+import pytest
+import torch
+
+from cockpit_lite import transforms
+
+B, O, I = 5, 3, 4
+
+
+def factored_and_explicit(positions, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(B, positions, I, generator=g, dtype=torch.float64)
+    delta = torch.randn(B, positions, O, generator=g, dtype=torch.float64)
+    param = torch.zeros(O, I, dtype=torch.float64)
+    explicit = torch.stack([sum(torch.outer(delta[n, l], a[n, l]) for l in range(positions)) for n in range(B)])
+    return (
+        transforms.PerSample(param, 0, factors=(a, delta)),
+        transforms.PerSample(param, 0, grad_batch=explicit),
+        explicit.reshape(B, -1),
+    )
+
+
+@pytest.mark.parametrize("positions", [1, 7])
+def test_factored_primitives_equal_explicit_individual_gradients(positions):
+    factored, materialised, flat = factored_and_explicit(positions)
+    vector = torch.randn(O * I, dtype=torch.float64)
+    for per_sample in (factored, materialised):
+        torch.testing.assert_close(per_sample.grad, flat.sum(0))
+        torch.testing.assert_close(per_sample.dots(vector), flat @ vector)
+        torch.testing.assert_close(per_sample.squared_norms(), (flat**2).sum(1))
+        torch.testing.assert_close(per_sample.sum_of_squares(), (flat**2).sum(0))
+    torch.testing.assert_close(factored.grad_batch.reshape(B, -1), flat)
+
+
+def test_transforms_scale_contributions_to_individual_gradients():
+    """g̃_n = B · grad_batch[n]."""
+    _, per_sample, flat = factored_and_explicit(2)
+    individual = B * flat
+    g = individual.mean(0)
+    torch.testing.assert_close(transforms.BatchL2()(per_sample), (individual**2).sum(1))
+    torch.testing.assert_close(transforms.BatchDotGrad()(per_sample), individual @ g)
+    torch.testing.assert_close(transforms.SumGradSquared()(per_sample).reshape(-1), (individual**2).sum(0))
+    direction = torch.randn(O * I, dtype=torch.float64)
+    dot = transforms.BatchDotDirection("d", lambda ps: direction)
+    torch.testing.assert_close(dot(per_sample), individual @ direction)
+
+
+def test_histograms_run_after_the_cheap_transforms():
+    factored, _, _ = factored_and_explicit(1)
+    order = []
+
+    class Spy(transforms.GradHistogram1d):
+        def __call__(self, per_sample):
+            order.append(("hist", "grad_batch" in vars(per_sample)))
+            return super().__call__(per_sample)
+
+    class Norms(transforms.BatchL2):
+        def __call__(self, per_sample):
+            order.append(("norms", "grad_batch" in vars(per_sample)))
+            return super().__call__(per_sample)
+
+    transforms.run([Spy(10, (-1, 1)), Norms()], factored)
+    assert order == [("norms", False), ("hist", False)]
