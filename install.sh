@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Create .venv (if missing) and install cockpit-lite with its demo and test dependencies.
+# torch comes first and stays pinned while the rest installs: an unpinned torch, or one
+# dragged in by torchvision (a dependency of BackPACK that cockpit-lite never imports),
+# would pull a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")"
+TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
+[ -x .venv/bin/python ] || python3 -m venv .venv
+PIP=".venv/bin/python -m pip"
+$PIP install -q --upgrade pip
+$PIP install -q "torch==${TORCH_VERSION}"
+constraint="$(mktemp)"
+trap 'rm -f "$constraint"' EXIT
+echo "torch==${TORCH_VERSION}" > "$constraint"
+# the original Cockpit, for the comparison tests and benchmarks, needs setuptools<81
+$PIP install -q -c "$constraint" -e ".[test,demo,compare]" "setuptools<81"
