@@ -35,32 +35,31 @@ def lanczos_max_eig(matvec, v0, rtol=1e-3, maxiter=100, keep=3):
         (rows of a matrix, normalised, the first belongs to the estimate) and the
         number of products used. A non-finite product returns NaN at once.
     """
-    q = v0 / v0.norm()
-    basis = [q]
+    basis = v0.new_empty((maxiter + 1, v0.numel()))  # rows q_1, q_2, ...: no copy per iteration
+    basis[0] = v0 / v0.norm()
     alphas, betas = [], []
-    theta, ritz = None, v0[None] / v0.norm()
     for k in range(1, maxiter + 1):
+        q, done = basis[k - 1], basis[:k]
         w = matvec(q)
         if not bool(torch.isfinite(w).all()):
-            return torch.tensor(float("nan"), dtype=v0.dtype), ritz, k
-        alpha = torch.dot(w, q)
-        stacked = torch.stack(basis)
-        w = w - stacked.T @ (stacked @ w)
-        w = w - stacked.T @ (stacked @ w)  # second pass: full re-orthogonalisation
+            return torch.tensor(float("nan"), dtype=v0.dtype), basis[:1].clone(), k
+        alphas.append(torch.dot(w, q))
+        norm = w.norm()
+        w -= done.T @ (done @ w)  # full re-orthogonalisation,
+        if w.norm() < 0.7 * norm:  # twice if cancellation lost accuracy (Daniel et al., 1976)
+            w -= done.T @ (done @ w)
         beta = w.norm()
-        alphas.append(alpha)
         t = torch.diag(torch.stack(alphas))
         if betas:
             off = torch.stack(betas)
             t = t + torch.diag(off, 1) + torch.diag(off, -1)
         evals, evecs = torch.linalg.eigh(t.double().cpu())
         theta, s = evals[-1], evecs[:, -1]
-        top = evecs[:, -min(keep, k):].flip(1).to(stacked)
-        ritz = (stacked.T @ top).T
+        scale = abs(float(theta))
         residual = abs(float(beta) * float(s[-1]))
-        if residual <= rtol * abs(float(theta)) or float(beta) <= 1e-12 * abs(float(theta)):
+        if residual <= rtol * scale or float(beta) <= 1e-12 * scale:
             break
         betas.append(beta)
-        q = w / beta
-        basis.append(q)
+        basis[k] = w / beta
+    ritz = evecs[:, -min(keep, k):].flip(1).to(basis).T @ basis[:k]
     return theta.to(v0.dtype), ritz / ritz.norm(dim=1, keepdim=True), k
