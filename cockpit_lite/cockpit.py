@@ -16,9 +16,10 @@ Per step, ``with cp(step, *extra_extensions, info={...}): loss.backward(...)``:
 Steps where nothing is due enter no context at all: no hooks, no extensions.
 """
 
+import math
 import numbers
 import warnings
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 
 import numpy as np
 import torch
@@ -26,7 +27,7 @@ from backpack import backpack
 from backpack.extensions.backprop_extension import BackpropExtension
 
 from cockpit_lite import log as _log
-from cockpit_lite.backend import PerSampleTransforms, add_advice
+from cockpit_lite.backend import PerSampleTransforms, add_advice, uses_random_numbers
 from cockpit_lite.info import StepInfo
 from cockpit_lite.quantities.base import Output, Quantity
 from cockpit_lite.step import StepData
@@ -206,10 +207,8 @@ class _StepContext:
     def __enter__(self):
         if not (self.due or self.extensions):
             return self
-        params = self.cockpit.params
-        devices = sorted({p.device.index for p in params if p.device.type == "cuda"})
-        self._stack.enter_context(torch.random.fork_rng(devices=devices))
-        torch.manual_seed(hash((self.cockpit.seed, self.step)) % 2**63)
+        if any(uses_random_numbers(e) for e in self.extensions if e.savefield in self.added_savefields):
+            self._stack.enter_context(_private_random_state(self.cockpit.params, (self.cockpit.seed, self.step)))
         self._stack.enter_context(warnings.catch_warnings())
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
         # create_graph=True: the Cockpit detaches the gradients after use, breaking the cycle
@@ -256,16 +255,16 @@ class _StepContext:
         outputs = []
         for quantity, _ in self.due:
             outputs.extend((quantity, out) for out in self._compute(quantity, data))
-        finite = [torch.isfinite(g).all() for g in data.grads]
         loss = self.info.get("loss")
+        checks = [torch.stack(torch._foreach_norm(data.grads, float("inf"))).amax()]  # NaN/Inf propagate
         if torch.is_tensor(loss):
-            finite.insert(0, torch.isfinite(loss.detach()).all())
-        host_outputs, finite = _to_host(([(o.value, o.layers) for _, o in outputs], finite))
+            checks.append(loss.detach().sum())
+        host_outputs, checks = _to_host(([(o.value, o.layers) for _, o in outputs], checks))
 
         flags = []
-        if torch.is_tensor(loss) and not finite.pop(0):
+        if len(checks) > 1 and not math.isfinite(checks[1]):
             flags.append(NONFINITE_LOSS)
-        if not all(finite):
+        if not math.isfinite(checks[0]):
             flags.append(NONFINITE_GRAD)
         by_step = {}
         for (quantity, out), (value, layers) in zip(outputs, host_outputs):
@@ -337,6 +336,22 @@ class _StepContext:
                     setattr(param, field, value.detach())
             if self.create_graph and param.grad is not None and param.grad.grad_fn is not None:
                 param.grad = param.grad.detach()
+
+
+@contextmanager
+def _private_random_state(params, key):
+    """Run with the random state of the parameters' devices seeded from ``key``, then restore it.
+
+    BackPACK's Monte-Carlo curvature draws random numbers; this keeps them
+    reproducible per step and leaves the user's random streams untouched.
+    """
+    devices = sorted({p.device.index or 0 for p in params if p.device.type == "cuda"})
+    seed = hash(key) % 2**63
+    with torch.random.fork_rng(devices=devices):
+        torch.default_generator.manual_seed(seed)
+        for index in devices:
+            torch.cuda.default_generators[index].manual_seed(seed)
+        yield
 
 
 def _named_trainable(params):

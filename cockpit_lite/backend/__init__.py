@@ -20,7 +20,17 @@ __all__ = [
     "UnsupportedLayerError",
     "add_advice",
     "extend",
+    "uses_random_numbers",
 ]
+
+RANDOM_EXTENSIONS = (DiagGGNMC,)
+"""BackPACK extensions that draw random numbers (Monte-Carlo sampling)."""
+
+
+def uses_random_numbers(extension):
+    """Whether a BackPACK extension draws from the global random number generators."""
+    return isinstance(extension, RANDOM_EXTENSIONS)
+
 
 CURVATURES = {
     "diag_h": DiagHessian,
