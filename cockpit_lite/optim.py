@@ -12,6 +12,7 @@ later.
 """
 
 import copy
+import functools
 import inspect
 
 import torch
@@ -56,10 +57,17 @@ class UpdatePredictor:
 
 def _constructor_kwargs(optimizer, hyper):
     """Keep only the hyperparameters the optimizer's constructor accepts."""
-    parameters = inspect.signature(type(optimizer).__init__).parameters
+    accepted = _accepted_keywords(type(optimizer))
+    return hyper if accepted is None else {k: v for k, v in hyper.items() if k in accepted}
+
+
+@functools.lru_cache(maxsize=None)
+def _accepted_keywords(optimizer_class):
+    """Keyword names of the constructor (``None``: it takes ``**kwargs``)."""
+    parameters = inspect.signature(optimizer_class.__init__).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return hyper
-    return {k: v for k, v in hyper.items() if k in parameters}
+        return None
+    return frozenset(parameters)
 
 
 def plain_sgd_learning_rate(optimizer, quantity):
