@@ -7,8 +7,9 @@ private copy: a fresh optimizer of the same class and hyperparameters, over a cl
 of the parameter, with a copy of its state. This works for every element-wise
 optimizer in ``torch.optim`` (SGD with momentum, Nesterov and weight decay, Adam,
 AdamW, RMSprop, Adagrad, ...) and never touches the real parameters, gradients or
-optimizer state. ``Alpha`` checks the prediction against the real update one step
-later.
+optimizer state. Plain SGD (no momentum, weight decay or ``maximize``), the common
+case, takes a shortcut with the same arithmetic as its step, ``θ + (−η) g``.
+``Alpha`` checks the prediction against the real update one step later.
 """
 
 import copy
@@ -43,9 +44,13 @@ class UpdatePredictor:
                 f"the optimizer passed in info['optimizer'] does not update a tracked "
                 f"parameter of shape {tuple(param.shape)}"
             )
+        grad = grad.detach().reshape(param.shape).to(param.dtype)
+        if _is_plain_sgd_group(self.optimizer, group):
+            with torch.no_grad():
+                return (param.detach().add(grad, alpha=-group["lr"]) - param.detach()).reshape(-1)
         with torch.no_grad():
             clone = param.detach().clone().requires_grad_(True)
-            clone.grad = grad.detach().reshape(param.shape).to(param.dtype).clone()
+            clone.grad = grad.clone()
             hyper = {k: v for k, v in group.items() if k != "params"}
             shadow = type(self.optimizer)([clone], **_constructor_kwargs(self.optimizer, hyper))
             state = self.optimizer.state.get(param)
@@ -53,6 +58,17 @@ class UpdatePredictor:
                 shadow.state[clone] = copy.deepcopy(state)
         shadow.step()
         return (clone.detach() - param.detach()).reshape(-1)
+
+
+def _is_plain_sgd_group(optimizer, group):
+    """SGD whose step is ``θ ← θ − η g`` for this group."""
+    return (
+        type(optimizer) is torch.optim.SGD
+        and group["momentum"] == 0
+        and group["weight_decay"] == 0
+        and not group.get("maximize", False)
+        and not torch.is_tensor(group["lr"])
+    )
 
 
 def _constructor_kwargs(optimizer, hyper):
@@ -71,19 +87,15 @@ def _accepted_keywords(optimizer_class):
 
 
 def plain_sgd_learning_rate(optimizer, quantity):
-    """Return the learning rate of a plain SGD optimizer (no momentum, damping, weight decay).
+    """Return the learning rate of a plain SGD optimizer (no momentum, weight decay, maximize).
 
     Raises:
         ValueError: for any other optimizer, or several learning rates, naming ``quantity``.
     """
-    plain = isinstance(optimizer, torch.optim.SGD) and all(
-        g["momentum"] == 0 and g["dampening"] == 0 and g["weight_decay"] == 0 and not g["nesterov"]
-        for g in optimizer.param_groups
-    )
-    if not plain:
+    if not all(_is_plain_sgd_group(optimizer, g) for g in optimizer.param_groups):
         raise ValueError(
             f"{quantity} is defined for plain SGD (torch.optim.SGD without momentum, "
-            f"dampening, weight decay or Nesterov); got {type(optimizer).__name__}. "
+            f"weight decay or maximize); got {type(optimizer).__name__}. "
             f"Leave {quantity} out for this optimizer."
         )
     rates = {float(g["lr"]) for g in optimizer.param_groups}

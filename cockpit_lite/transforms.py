@@ -19,6 +19,9 @@ import torch
 
 from cockpit_lite import histogram
 
+CHUNK_ELEMENTS = 1 << 20
+"""Individual-gradient elements built at a time for histograms of factored layers (4 MiB in float32)."""
+
 
 class PerSample:
     """The individual gradients of one parameter, and the primitives transforms are built from.
@@ -88,6 +91,22 @@ class PerSample:
             return ((delta[:, 0] ** 2).T @ (a[:, 0] ** 2)).reshape(-1)
         return self.flat.square().sum(0)
 
+    def element_chunks(self, max_elements=CHUNK_ELEMENTS):
+        """The individual gradients as ``[c, *shape]`` pieces of consecutive samples.
+
+        A factored layer's pieces are built one at a time from the factors (about
+        ``max_elements`` elements each, cache-sized), so the whole ``[B, O, I]``
+        tensor never exists; otherwise ``grad_batch`` is the only piece.
+        """
+        if self._factors is None or "grad_batch" in self.__dict__:
+            yield self.grad_batch
+            return
+        a, delta = self._factors
+        step = max(1, max_elements // self.param.numel())
+        for start in range(0, self.batch_size, step):
+            part = torch.einsum("nlo,nli->noi", delta[start : start + step], a[start : start + step])
+            yield part.reshape(-1, *self.param.shape)
+
     def _single_position(self):
         """Factors without sequence axes, where the ghost formulas are exact and cheapest."""
         return self._factors is not None and self._factors[0].shape[1] == 1
@@ -155,8 +174,9 @@ class GradHistogram1d(Transform):
         self.key = ("grad_hist_1d", self.bins, self.range)
 
     def __call__(self, per_sample):
-        return histogram.histogram1d(
-            per_sample.grad_batch, self.bins, self.range, scale=float(per_sample.batch_size)
+        return _accumulate(
+            histogram.histogram1d(chunk, self.bins, self.range, scale=float(per_sample.batch_size))
+            for chunk in per_sample.element_chunks()
         )
 
 
@@ -169,13 +189,19 @@ class GradHistogram2d(Transform):
         self.key = ("grad_hist_2d", self.bins, self.range)
 
     def __call__(self, per_sample):
-        return histogram.histogram2d(
-            per_sample.grad_batch,
-            per_sample.param.detach(),
-            self.bins,
-            self.range,
-            scale=float(per_sample.batch_size),
+        param = per_sample.param.detach()
+        return _accumulate(
+            histogram.histogram2d(chunk, param, self.bins, self.range, scale=float(per_sample.batch_size))
+            for chunk in per_sample.element_chunks()
         )
+
+
+def _accumulate(results):
+    """Sum the ``(counts, clipped, nonfinite)`` triples of several histogram calls."""
+    total = None
+    for result in results:
+        total = result if total is None else tuple(t + r for t, r in zip(total, result))
+    return total
 
 
 def run(transforms, per_sample):
