@@ -1,0 +1,51 @@
+"""Individual-gradient rules against BackPACK's BatchGrad and a per-sample autograd loop."""
+
+import pytest
+import torch
+from backpack import backpack
+from torch import nn
+
+from cockpit_lite import extend
+from cockpit_lite.backend.per_sample import PerSampleTransforms
+from cockpit_lite.transforms import Transform
+
+CONVS = {
+    "plain": dict(kernel_size=3),
+    "padded_strided": dict(kernel_size=3, padding=1, stride=2),
+    "dilated_rect": dict(kernel_size=(2, 3), dilation=(2, 1), padding=(1, 0)),
+    "grouped": dict(kernel_size=3, groups=2, padding=1),
+    "same_padding": dict(kernel_size=3, padding="same"),
+    "reflect": dict(kernel_size=3, padding=1, padding_mode="reflect"),
+}
+
+
+class Keep(Transform):
+    """Record the individual gradients themselves (for the test only)."""
+
+    key = "keep"
+
+    def __call__(self, per_sample):
+        return per_sample.grad_batch.clone()
+
+
+LAYERS = {"1d": (nn.Conv1d, (7,)), "2d": (nn.Conv2d, (7, 6)), "3d": (nn.Conv3d, (5, 4, 5))}
+
+
+@pytest.mark.parametrize("config", CONVS, ids=str)
+@pytest.mark.parametrize("dim", LAYERS, ids=str)
+def test_conv_rule_matches_a_sample_loop(config, dim):
+    """Per-sample loop with autograd; BackPACK's BatchGrad is wrong for "same" and reflect padding."""
+    layer_type, size = LAYERS[dim]
+    kwargs = dict(CONVS[config])
+    if dim != "2d":
+        kwargs = {k: (v[0] if isinstance(v, tuple) else v) for k, v in kwargs.items()}
+    torch.manual_seed(0)
+    model = extend(nn.Sequential(layer_type(4, 6, **kwargs).double(), nn.Flatten()))
+    x = torch.randn(3, 4, *size, dtype=torch.float64)
+    params = list(model.parameters())
+    ext = PerSampleTransforms([Keep()], {id(p): i for i, p in enumerate(params)}, ["w", "b"], ["Test"])
+    with backpack(ext):
+        (model(x) ** 2).sum().backward()
+    for index, p in enumerate(params):
+        loop = torch.stack([torch.autograd.grad((model(x[n : n + 1]) ** 2).sum(), p)[0] for n in range(3)])
+        torch.testing.assert_close(ext.results[index]["keep"], loop)
