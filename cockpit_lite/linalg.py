@@ -35,7 +35,7 @@ def lanczos_max_eig(matvec, v0, rtol=1e-3, maxiter=100, keep=3):
         (rows of a matrix, normalised, the first belongs to the estimate) and the
         number of products used. A non-finite product returns NaN at once.
     """
-    basis = v0.new_empty((maxiter + 1, v0.numel()))  # rows q_1, q_2, ...: no copy per iteration
+    basis = v0.new_empty((min(maxiter + 1, 16), v0.numel()))  # rows q_1, q_2, ...; grows by doubling
     basis[0] = v0 / v0.norm()
     alphas, betas = [], []
     for k in range(1, maxiter + 1):
@@ -60,6 +60,8 @@ def lanczos_max_eig(matvec, v0, rtol=1e-3, maxiter=100, keep=3):
         if residual <= rtol * scale or float(beta) <= 1e-12 * scale:
             break
         betas.append(beta)
+        if k == basis.shape[0]:
+            basis = torch.cat([basis, torch.empty_like(basis[: min(k, maxiter + 1 - k)])])
         basis[k] = w / beta
     ritz = evecs[:, -min(keep, k):].flip(1).to(basis).T @ basis[:k]
     return theta.to(v0.dtype), ritz / ritz.norm(dim=1, keepdim=True), k
