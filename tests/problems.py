@@ -11,8 +11,7 @@ can be computed afterwards, at the same point, by brute force:
   ``torch.linalg.eigvalsh``.
 """
 
-import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -92,8 +91,6 @@ class Snapshot:
     params: list
     x: torch.Tensor
     y: torch.Tensor
-    lr: float = 0.1
-    extra: dict = field(default_factory=dict)
 
 
 def run(problem, quantities, lr=0.1, optimizer=None, steps=None, first_step=0, **cockpit_kwargs):
@@ -105,7 +102,7 @@ def run(problem, quantities, lr=0.1, optimizer=None, steps=None, first_step=0, *
     batches = problem.batches[: steps or len(problem.batches)]
     for offset, (x, y) in enumerate(batches):
         step = first_step + offset
-        snapshots[step] = Snapshot([p.detach().clone() for p in params], x, y, lr)
+        snapshots[step] = Snapshot([p.detach().clone() for p in params], x, y)
         opt.zero_grad()
         loss = problem.lossfunc(problem.model(x), y)
         with cp(step, info={"loss": loss, "optimizer": opt}):
@@ -170,11 +167,6 @@ def layer_blocks(problem):
     sizes = [p.numel() for p in problem.model.parameters()]
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     return [slice(s, s + n) for s, n in zip(starts, sizes)]
-
-
-def clone_problem(problem):
-    """A deep copy (independent model and parameters)."""
-    return copy.deepcopy(problem)
 
 
 CASES = [(name, b, red) for name in NAMES for b in BATCH_SIZES for red in REDUCTIONS]
