@@ -1,5 +1,6 @@
 """``Alpha``: where on the local 1-d loss parabola the optimizer's step landed."""
 
+import math
 import warnings
 
 import numpy as np
@@ -97,7 +98,9 @@ class Alpha(Quantity):
         t = float(update.norm())
         flags = []
         predicted = start["predicted"]
-        if t == 0.0:
+        if not math.isfinite(t):
+            flags.append("Alpha: the update is not finite (the parameters diverged)")
+        elif t == 0.0:
             flags.append("Alpha: the parameters did not change between the two steps")
         elif any(p is None for p in predicted) or not _parallel(torch.cat(predicted), update):
             flags.append(

@@ -11,7 +11,12 @@ class GradHist1d(GradHistogram):
     ``bins`` equal bins over ``range`` (default 100 over (−2, 2)); values outside the
     range are counted in the edge bins and reported in ``"clipped"``, NaN/Inf are
     left out and reported in ``"nonfinite"`` (see ``cockpit_lite.histogram``).
-    ``per_layer=True`` also records one histogram per parameter tensor.
+    ``per_layer=True`` also records one histogram per parameter tensor. With the
+    default (even) number of bins, 0 is an edge and exact zeros (common: inactive
+    ReLU units, zero inputs) land in the bin just right of it; an odd number of bins
+    centres a bin on 0. Values are on the scale of the individual gradients, so one
+    range may suit some layers poorly: ``per_layer`` with a narrower range shows the
+    small ones.
     """
 
     TRANSFORM = GradHistogram1d

@@ -95,3 +95,17 @@ def test_needs_optimizer_before_backward():
     loss = problem.lossfunc(problem.model(x), y)
     with pytest.raises(ValueError, match=r"Alpha needs info\['optimizer'\]"):
         cp(0, info={"loss": loss})
+
+
+def test_diverged_update_is_named():
+    problem = problems.make("mlp", 4, steps=2)
+    cp = problems.Cockpit(problem.model, [Alpha()])
+    opt = torch.optim.SGD(problem.model.parameters(), lr=float("inf"))
+    for step, (x, y) in enumerate(problem.batches):
+        opt.zero_grad()
+        loss = problem.lossfunc(problem.model(x), y)
+        with cp(step, info={"loss": loss, "optimizer": opt, "individual_losses": torch.ones(4) * loss}):
+            loss.backward()
+        opt.step()
+    entry = cp.get_output()[0]
+    assert np.isnan(entry["Alpha"]) and "not finite" in entry["flags"][0]
