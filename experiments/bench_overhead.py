@@ -167,12 +167,14 @@ def main(argv=None):
     if args.quick:
         args.repeats, args.steps = 2, 2
     torch.set_num_threads(1)
-    try:
-        import cockpit  # noqa: F401
+    with_peer = False
+    if not args.no_peer:
+        try:
+            import cockpit  # noqa: F401
 
-        with_peer = not args.no_peer
-    except ImportError:
-        with_peer = False
+            with_peer = True
+        except ImportError:
+            print("cockpit-for-pytorch is not installed: the original Cockpit is left out")
     results = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -144,6 +144,13 @@ def write_json(path, obj):
     return path
 
 
+def report(out, name, summary):
+    """Write ``summary`` to ``OUT/NAME.json``, print where the figure and numbers are, return it."""
+    path = write_json(os.path.join(out, f"{name}.json"), summary)
+    print(f"figure: {summary['figure']}\nnumbers: {path}")
+    return summary
+
+
 def new_figure(width, height):
     """A pyplot-free ``Figure`` (safe headless and in threads), constrained layout."""
     from matplotlib.figure import Figure

@@ -273,9 +273,7 @@ def main(argv=None):
         "conclusion": conclusion,
         "figure": png,
     }
-    path = common.write_json(os.path.join(args.out, f"{NAME}.json"), summary)
-    print(f"figure: {png}\nnumbers: {path}")
-    return summary
+    return common.report(args.out, NAME, summary)
 
 
 if __name__ == "__main__":

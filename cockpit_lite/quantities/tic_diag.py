@@ -1,11 +1,10 @@
 """``TICDiag``: Takeuchi information criterion with a diagonal curvature (Thomas et al., 2020)."""
 
 from cockpit_lite.quantities.base import Output
-from cockpit_lite.quantities.curvature import CurvatureQuantity
-from cockpit_lite.transforms import SumGradSquared
+from cockpit_lite.quantities.tic import TIC
 
 
-class TICDiag(CurvatureQuantity):
+class TICDiag(TIC):
     """``Σ_d [(1/B) Σ_n g̃_{n,d}²] / (C_dd + ε)``, ε = ``epsilon``; ``C`` the curvature.
 
     The gradient's uncentred second moment weighted by the inverse diagonal
@@ -13,16 +12,9 @@ class TICDiag(CurvatureQuantity):
     parameter tensor (the total is the sum of the layers).
     """
 
-    TRANSFORMS = (SumGradSquared,)
-
-    def __init__(self, track_schedule=None, verbose=False, curvature="diag_h", epsilon=1e-7):
-        super().__init__(track_schedule, verbose, curvature)
-        self.epsilon = epsilon
-
     def compute(self, step, data):
-        b = data.batch_size
         parts = [
-            (sgs / b / (c + self.epsilon)).sum()
-            for sgs, c in zip(data.per_sample(SumGradSquared.key), data.curvature(self.curvature))
+            (moment / (c + self.epsilon)).sum()
+            for moment, c in zip(self.second_moments(data), data.curvature(self.curvature))
         ]
         return Output(sum(parts), parts)
