@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import problems
+from cockpit_lite import schedules
 from cockpit_lite.quantities import NormTest
 
 
@@ -23,3 +24,8 @@ def reference(problem, snapshots, step):
 @pytest.mark.parametrize("case", problems.CASES, ids=problems.case_id)
 def test_matches_brute_force(case):
     problems.check(NormTest(), reference, case)
+
+
+def test_logarithmic_schedule():
+    quantity = NormTest(track_schedule=schedules.logarithmic(0, 0.7, steps=3))
+    problems.check(quantity, reference, ("cnn", 5, "sum"), steps=7, schedule_steps=[0, 1, 2, 5])
