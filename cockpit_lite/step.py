@@ -1,5 +1,7 @@
 """``StepData``: everything a quantity may read after one step's backward pass."""
 
+from functools import cached_property
+
 import torch
 
 from cockpit_lite import transforms as _transforms
@@ -28,6 +30,11 @@ class StepData:
         ]
         self._per_sample = per_sample
         self._transforms = {t.key: t for t in transforms}
+
+    @cached_property
+    def grad_squared_norms(self):
+        """``‖g‖²`` of every parameter (shared by the gradient tests)."""
+        return [(g**2).sum() for g in self.grads]
 
     def per_sample(self, key):
         """Per-parameter values of the transform with ``key`` (see ``cockpit_lite.transforms``).

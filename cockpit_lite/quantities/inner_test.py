@@ -19,7 +19,7 @@ class InnerTest(SingleStepQuantity):
     def compute(self, step, data):
         b = data.batch_size
         dots = data.per_sample(BatchDotGrad.key)
-        grad_l2 = [(g**2).sum() for g in data.grads]
+        grad_l2 = data.grad_squared_norms
 
         def statistic(projections, g2):
             return (projections.var() / (b * g2**2)).sqrt()

@@ -24,6 +24,6 @@ class NormTest(SingleStepQuantity):
         total, layers = total_and_layers(
             statistic,
             [l2.sum() for l2 in data.per_sample(BatchL2.key)],
-            [(g**2).sum() for g in data.grads],
+            data.grad_squared_norms,
         )
         return Output(total, layers)

@@ -20,7 +20,7 @@ class OrthoTest(SingleStepQuantity):
         b = data.batch_size
         l2 = data.per_sample(BatchL2.key)
         dots = data.per_sample(BatchDotGrad.key)
-        grad_l2 = [(g**2).sum() for g in data.grads]
+        grad_l2 = data.grad_squared_norms
 
         def statistic(sum_l2, projections, g2):
             spread = (sum_l2 - (projections**2).sum() / g2).clamp(min=0)
