@@ -31,21 +31,34 @@ class Keep(Transform):
 LAYERS = {"1d": (nn.Conv1d, (7,)), "2d": (nn.Conv2d, (7, 6)), "3d": (nn.Conv3d, (5, 4, 5))}
 
 
-@pytest.mark.parametrize("config", CONVS, ids=str)
-@pytest.mark.parametrize("dim", LAYERS, ids=str)
-def test_conv_rule_matches_a_sample_loop(config, dim):
-    """Per-sample loop with autograd; BackPACK's BatchGrad is wrong for "same" and reflect padding."""
-    layer_type, size = LAYERS[dim]
-    kwargs = dict(CONVS[config])
-    if dim != "2d":
-        kwargs = {k: (v[0] if isinstance(v, tuple) else v) for k, v in kwargs.items()}
-    torch.manual_seed(0)
-    model = extend(nn.Sequential(layer_type(4, 6, **kwargs).double(), nn.Flatten()))
-    x = torch.randn(3, 4, *size, dtype=torch.float64)
+def assert_rule_matches_a_sample_loop(layer, x):
+    """Every parameter's individual gradients against autograd on one sample at a time."""
+    model = extend(nn.Sequential(layer, nn.Flatten()))
     params = list(model.parameters())
     ext = PerSampleTransforms([Keep()], {id(p): i for i, p in enumerate(params)}, ["w", "b"], ["Test"])
     with backpack(ext):
         (model(x) ** 2).sum().backward()
     for index, p in enumerate(params):
-        loop = torch.stack([torch.autograd.grad((model(x[n : n + 1]) ** 2).sum(), p)[0] for n in range(3)])
+        loop = torch.stack([torch.autograd.grad((model(x[n : n + 1]) ** 2).sum(), p)[0] for n in range(len(x))])
         torch.testing.assert_close(ext.results[index]["keep"], loop)
+
+
+@pytest.mark.parametrize("config", CONVS, ids=str)
+@pytest.mark.parametrize("dim", LAYERS, ids=str)
+def test_conv_rule_matches_a_sample_loop(config, dim):
+    """BackPACK's BatchGrad is wrong for "same" and reflect padding; ours must not be."""
+    layer_type, size = LAYERS[dim]
+    kwargs = dict(CONVS[config])
+    if dim != "2d":
+        kwargs = {k: (v[0] if isinstance(v, tuple) else v) for k, v in kwargs.items()}
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, *size, dtype=torch.float64)
+    assert_rule_matches_a_sample_loop(layer_type(4, 6, **kwargs).double(), x)
+
+
+@pytest.mark.parametrize("sequence", [(), (5,), (2, 3)], ids=str)
+def test_linear_rule_matches_a_sample_loop(sequence):
+    """Weight (factored) and bias, also for inputs with sequence axes ``[B, *L, I]``."""
+    torch.manual_seed(0)
+    x = torch.randn(3, *sequence, 4, dtype=torch.float64)
+    assert_rule_matches_a_sample_loop(nn.Linear(4, 6).double(), x)
