@@ -123,7 +123,7 @@ def histogram1d(values, bins, range, scale=None, out=None):
     ``out``, which is returned as ``counts``); ``clipped`` and ``nonfinite`` are 0-d
     int64 tensors on the same device.
     """
-    return _histogram([values], [_Axis(bins, range, scale)], out)
+    return _histogram([values], [_axis(bins, range, scale)], out)
 
 
 def histogram2d(x, y, bins, range, scale=None, out=None):
@@ -139,7 +139,7 @@ def histogram2d(x, y, bins, range, scale=None, out=None):
     """
     bx, by = bins
     xrange, yrange = range
-    return _histogram([x, y], [_Axis(bx, xrange, scale), _Axis(by, yrange, None)], out)
+    return _histogram([x, y], [_axis(bx, xrange, scale), _axis(by, yrange, None)], out)
 
 
 class _Axis:
@@ -165,14 +165,37 @@ class _Axis:
         self.kmin = 2 * self.shift - 2 * self.bins - 1
         self.kmax = 2 * self.shift + 2
 
+        self._constants = {}
+
     def codes(self, values, out, scratch):
         """Write the clamped codes ``K`` of ``values`` (NaN if non-finite) into ``out``."""
-        if self.pivot != 0.0:
-            torch.sub(values, _constant(self.pivot, out), out=out)
+        pivot, offset = self.constants(out.dtype, out.device)
+        if pivot is not None:
+            torch.sub(values, pivot, out=out)
             values = out
-        torch.add(_constant(self.offset, out), values, alpha=self.slope, out=out)
+        torch.add(offset, values, alpha=self.slope, out=out)
         torch.floor(out, out=scratch)
         return out.ceil_().sub_(scratch, alpha=3).clamp_(self.kmin, self.kmax)
+
+    def constants(self, dtype, device):
+        """``(pivot, offset)`` as one-element tensors (they take part in type promotion,
+        unlike Python scalars); ``pivot`` is ``None`` when it is 0."""
+        key = (dtype, device)
+        if key not in self._constants:
+            pivot = None if self.pivot == 0.0 else _constant(self.pivot, dtype, device)
+            self._constants[key] = (pivot, _constant(self.offset, dtype, device))
+        return self._constants[key]
+
+
+def _axis(bins, range, scale):
+    """The ``_Axis`` of ``bins`` over ``range`` with ``scale``, cached for hashable arguments."""
+    try:
+        return _cached_axis(bins, tuple(range), scale)
+    except TypeError:  # unhashable: build it (and let it check the arguments)
+        return _Axis(bins, range, scale)
+
+
+_cached_axis = functools.lru_cache(maxsize=64)(lambda bins, range, scale: _Axis(bins, range, scale))
 
 
 @functools.lru_cache(maxsize=8)
@@ -196,9 +219,9 @@ def _fold_map(bins, device):
     return torch.cat([flat_bin + total * clipped, drop])
 
 
-def _constant(value, like):
+def _constant(value, dtype, device):
     """A one-element tensor: it takes part in type promotion, unlike a Python scalar."""
-    return torch.full((1,), value, dtype=like.dtype, device=like.device)
+    return torch.full((1,), value, dtype=dtype, device=device)
 
 
 def _histogram(coords, axes, out):
@@ -222,18 +245,20 @@ def _histogram(coords, axes, out):
 
     # flat slot + magic = base - sum_d weights[d] * K_d. Operands smaller than
     # `shape` are folded into `base` once, at their own shape.
-    base = torch.full((1,), magic + sum(w * a.kmax for w, a in zip(weights, axes)),
-                      dtype=dtype, device=device)
+    base = _constant(magic + sum(w * a.kmax for w, a in zip(weights, axes)), dtype, device)
     full = [d for d, c in enumerate(coords) if c.numel() == numel]
     if not full:
         full = [max(range(len(coords)), key=lambda d: coords[d].numel())]
+    folded = len(full) < len(coords)
     for d, c in enumerate(coords):
         if d not in full:
             k = axes[d].codes(c, torch.empty(c.shape, dtype=dtype, device=device),
                               torch.empty(c.shape, dtype=dtype, device=device))
             base = torch.add(base, k, alpha=-weights[d])
-    base = base.expand(shape)
-    expanded = [coords[d].expand(shape) for d in full]
+    if folded:
+        base = base.expand(shape)
+    if len(coords) > 1:
+        coords = [coords[d].expand(shape) for d in full]
 
     if device.type == "cpu":
         block = _CPU_BLOCK * torch.get_num_threads()
@@ -246,12 +271,13 @@ def _histogram(coords, axes, out):
     accumulate = _accumulator(device)
     for index in _blocks(shape, block) if numel else ():
         flat = None
-        for d, values, buffer in zip(full, expanded, buffers):
-            values = values[index]
+        for d, values, buffer in zip(full, coords, buffers):
+            if index:
+                values = values[index]
             n = values.numel()
             k = axes[d].codes(values, buffer[:n].view(values.shape), scratch[:n].view(values.shape))
-            if flat is None:
-                flat = torch.add(base[index], k, alpha=-weights[d], out=k)
+            if flat is None:  # a one-element base broadcasts
+                flat = torch.sub(base[index] if folded else base, k, alpha=weights[d], out=k)
             else:
                 flat.sub_(k, alpha=weights[d])
         flat.nan_to_num_(nan=magic + drop)
