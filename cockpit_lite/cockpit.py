@@ -235,6 +235,8 @@ class _StepContext:
     def _collect(self):
         cockpit = self.cockpit
         params = cockpit.params
+        if self.per_sample is not None:
+            self.per_sample.finish()
         self._check_backward(params)
         batch_size = self.per_sample.batch_size if self.per_sample is not None else None
         given = self.info.get("batch_size")
@@ -382,15 +384,17 @@ def _named_trainable(params):
 
 
 def _to_host(tree):
-    """Move every tensor in a nested structure to the host in one transfer per device and dtype.
+    """Replace every tensor in a nested structure (lists, tuples, dicts) by its host value.
 
-    0-d tensors become Python numbers, larger tensors numpy arrays.
+    0-d tensors become Python numbers, larger tensors numpy arrays. The tensors of one
+    device and dtype are concatenated and moved in one transfer and cut apart on the
+    host, so a step costs a few tensor operations however many values it records.
     """
     found = []
 
     def collect(node):
         if torch.is_tensor(node):
-            found.append(node.detach())
+            found.append(node)
         elif isinstance(node, (list, tuple)):
             for item in node:
                 collect(item)
@@ -403,22 +407,22 @@ def _to_host(tree):
     for index, tensor in enumerate(found):
         groups.setdefault((tensor.device, tensor.dtype), []).append(index)
     host = [None] * len(found)
-    for (device, _), indices in groups.items():
-        if device.type == "cpu":
+    with torch.no_grad():
+        for (_, dtype), indices in groups.items():
+            flat = torch.cat([found[i].reshape(-1) for i in indices]).cpu()
+            if dtype == torch.bfloat16:  # numpy has no bfloat16
+                flat = flat.float()
+            flat, offset = flat.numpy(), 0
             for i in indices:
-                host[i] = found[i]
-            continue
-        flat = torch.cat([found[i].reshape(-1) for i in indices]).cpu()
-        offset = 0
-        for i in indices:
-            n = found[i].numel()
-            host[i] = flat[offset : offset + n].reshape(found[i].shape)
-            offset += n
+                shape = found[i].shape
+                n = found[i].numel()
+                host[i] = flat[offset].item() if not shape else flat[offset : offset + n].reshape(shape)
+                offset += n
     values = iter(host)
 
     def rebuild(node):
         if torch.is_tensor(node):
-            return _plain(next(values))
+            return next(values)
         if isinstance(node, list):
             return [rebuild(item) for item in node]
         if isinstance(node, tuple):

@@ -22,6 +22,13 @@ from cockpit_lite import histogram
 CHUNK_ELEMENTS = 1 << 20
 """Individual-gradient elements built at a time for histograms of factored layers (4 MiB in float32)."""
 
+BATCH_ELEMENTS = 1 << 16
+"""A parameter with at most this many individual-gradient elements (``B ×`` its size) is
+gathered with others for a batchable transform (see ``Batch``)."""
+
+BATCH_FLUSH_ELEMENTS = 1 << 18
+"""A batch is computed as soon as it holds this many elements (1 MiB in float32)."""
+
 
 class PerSample:
     """The individual gradients of one parameter, and the primitives transforms are built from.
@@ -113,9 +120,16 @@ class PerSample:
 
 
 class Transform:
-    """Base class. ``key`` identifies equal transforms; ``__call__`` computes one parameter's value."""
+    """Base class. ``key`` identifies equal transforms; ``__call__`` computes one parameter's value.
+
+    A transform whose fixed cost per call outweighs its work on small parameters may
+    also define ``batch(per_samples) -> list of values``, which must equal
+    ``[self(p) for p in per_samples]``; ``run`` then gathers small parameters
+    across layers (``Batch``) and computes them together.
+    """
 
     key = None
+    batch = None
 
     def __call__(self, per_sample):
         raise NotImplementedError
@@ -179,6 +193,13 @@ class GradHistogram1d(Transform):
             for chunk in per_sample.element_chunks()
         )
 
+    def batch(self, per_samples):
+        scale = float(per_samples[0].batch_size)
+        counts, clipped, nonfinite = histogram.histogram1d_batch(
+            [p.grad_batch for p in per_samples], self.bins, self.range, scale=scale
+        )
+        return list(zip(counts.unbind(), clipped.unbind(), nonfinite.unbind()))
+
 
 class GradHistogram2d(Transform):
     """2-d histogram of pairs ``(g̃_{n,d}, θ_d)``: ``(counts, clipped, nonfinite)``."""
@@ -204,15 +225,57 @@ def _accumulate(results):
     return total
 
 
-def run(transforms, per_sample):
+class Batch:
+    """Small parameters gathered for the batchable transforms of one step.
+
+    ``add`` keeps a parameter's ``PerSample`` (and with it its individual gradients)
+    until the batch holds ``BATCH_FLUSH_ELEMENTS`` elements or ``flush`` is called
+    at the end of the backward pass; then the transform's ``batch`` computes them
+    all and the values land in the result dicts that ``run`` returned.
+    """
+
+    def __init__(self):
+        self._pending = {}  # key -> (transform, [(per_sample, results)], elements)
+
+    def add(self, transform, per_sample, results):
+        _, entries, elements = self._pending.setdefault(transform.key, (transform, [], 0))
+        entries.append((per_sample, results))
+        elements += per_sample.param.numel() * per_sample.batch_size
+        self._pending[transform.key] = (transform, entries, elements)
+        if elements >= BATCH_FLUSH_ELEMENTS:
+            self._compute(transform.key)
+
+    def flush(self):
+        """Compute everything still pending."""
+        for key in list(self._pending):
+            self._compute(key)
+
+    def _compute(self, key):
+        transform, entries, _ = self._pending.pop(key)
+        with torch.no_grad():
+            values = transform.batch([per_sample for per_sample, _ in entries])
+        for (_, results), value in zip(entries, values):
+            results[key] = value
+
+
+def run(transforms, per_sample, batch=None):
     """Compute every transform on one parameter's ``PerSample``.
 
     Histograms run last, so that the other transforms can use the cheaper factored
-    forms before the individual gradients are built for the histograms.
+    forms before the individual gradients are built for the histograms. With a
+    ``Batch``, a batchable transform of a small parameter is left to the batch,
+    which adds its value to the returned dict when it computes.
 
     Returns:
         dict ``{transform.key: value}``.
     """
     ordered = sorted(transforms, key=lambda t: isinstance(t, (GradHistogram1d, GradHistogram2d)))
+    small = per_sample.param.numel() * per_sample.batch_size <= BATCH_ELEMENTS
+    results = {}
     with torch.no_grad():
-        return {t.key: t(per_sample) for t in ordered}
+        for t in ordered:
+            if batch is not None and small and t.batch is not None:
+                batch.add(t, per_sample, results)
+            else:
+                results[t.key] = t(per_sample)
+    return results

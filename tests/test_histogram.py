@@ -355,3 +355,30 @@ def test_cuda_no_host_sync():
         histogram1d(x, 40, (-1, 1))
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_batch_equals_numpy_per_tensor(device, dtype):
+    """``histogram1d_batch`` gives each tensor's own histogram: no count crosses to a neighbour."""
+    special = torch.tensor([0.0, -0.0, 2.0, -2.0, 1e-30, -1e-30, 5.0, -7.0, float("nan"), float("inf"), -float("inf")])
+    tensors = [
+        randn(5, 7, std=0.3, seed=1),
+        special,
+        torch.empty(0),
+        randn(3, std=4.0, seed=2),
+        randn(2, 3, 4, std=1.0, seed=3),
+        torch.full((9,), float("nan")),
+    ]
+    tensors = [t.to(dtype=dtype, device=device) for t in tensors]
+    counts, clipped, nonfinite = histogram.histogram1d_batch(tensors, 16, (-2, 2), scale=0.5)
+    assert counts.shape == (len(tensors), 16) and clipped.shape == nonfinite.shape == (len(tensors),)
+    for i, t in enumerate(tensors):
+        check((counts[i], clipped[i], nonfinite[i]), reference1d(t, 16, (-2, 2), scale=0.5), device)
+
+
+def test_batch_rejects_nothing_and_integers():
+    with pytest.raises(ValueError):
+        histogram.histogram1d_batch([], 4, (-1, 1))
+    with pytest.raises(TypeError):
+        histogram.histogram1d_batch([torch.zeros(3), torch.zeros(3, dtype=torch.int64)], 4, (-1, 1))

@@ -62,3 +62,28 @@ def test_histograms_run_after_the_cheap_transforms():
 
     transforms.run([Spy(10, (-1, 1)), Norms()], factored)
     assert order == [("norms", False), ("hist", False)]
+
+
+def test_batched_histograms_equal_one_call_per_parameter(monkeypatch):
+    """Small parameters wait in the batch; their values equal the direct calls once it computes."""
+    monkeypatch.setattr(transforms, "BATCH_FLUSH_ELEMENTS", 3 * B * O * I)
+    hist = transforms.GradHistogram1d(20, (-1, 1))
+    batch = transforms.Batch()
+    explicit, results = [], []
+    for seed in range(7):
+        _, per_sample, _ = factored_and_explicit(1, seed=seed)
+        results.append(transforms.run([hist, transforms.BatchL2()], per_sample, batch))
+        explicit.append(per_sample)
+        assert transforms.BatchL2.key in results[-1]
+        assert (hist.key in results[-1]) == (seed % 3 == 2)  # full after every third parameter
+    batch.flush()
+    for per_sample, result in zip(explicit, results):
+        for value, expected in zip(result[hist.key], hist(per_sample)):
+            torch.testing.assert_close(value, expected, rtol=0, atol=0)
+
+
+def test_large_parameters_skip_the_batch(monkeypatch):
+    monkeypatch.setattr(transforms, "BATCH_ELEMENTS", B * O * I - 1)
+    _, per_sample, _ = factored_and_explicit(1)
+    hist = transforms.GradHistogram1d(20, (-1, 1))
+    assert hist.key in transforms.run([hist], per_sample, transforms.Batch())

@@ -156,8 +156,9 @@ class PerSampleTransforms(BackpropExtension):
     """Compute due transforms of every tracked parameter's individual gradients in backprop.
 
     Results are written to ``self.results[index][transform.key]`` (``index`` = the
-    parameter's position in the Cockpit's list); ``self.batch_size`` is set by the
-    first layer reached. Nothing is stored on the parameters.
+    parameter's position in the Cockpit's list), complete once ``finish()`` has run
+    after the backward pass; ``self.batch_size`` is set by the first layer reached.
+    Nothing is stored on the parameters.
     """
 
     def __init__(self, transforms, param_index, names, needed_by):
@@ -175,6 +176,7 @@ class PerSampleTransforms(BackpropExtension):
         self.needed_by = tuple(needed_by)
         self.results = {}
         self.batch_size = None
+        self._batch = _transforms.Batch()
 
     def expects_backpropagation_quantities(self):
         return False
@@ -191,10 +193,14 @@ class PerSampleTransforms(BackpropExtension):
         for name, param in tracked:
             index = self.param_index[id(param)]
             per_sample = rule.per_sample(self, module, g_inp, g_out, name, param, index)
-            self.results[index] = _transforms.run(self.transforms, per_sample)
+            self.results[index] = _transforms.run(self.transforms, per_sample, self._batch)
             if self.batch_size is None:
                 self.batch_size = per_sample.batch_size
             del per_sample
+
+    def finish(self):
+        """Compute the values left to the batch (call once, after the backward pass)."""
+        self._batch.flush()
 
     def _rule(self, module, param_names):
         """Return the individual-gradient rule for ``module`` or raise a helpful error."""
