@@ -114,6 +114,32 @@ class PerSample:
             part = torch.einsum("nlo,nli->noi", delta[start : start + step], a[start : start + step])
             yield part.reshape(-1, *self.param.shape)
 
+    def nonzero_element_chunks(self, max_elements=CHUNK_ELEMENTS):
+        """``element_chunks`` with (some) exact zeros left out: returns ``(zeros, chunks)``.
+
+        ``chunks`` iterates over tensors of individual-gradient elements and ``zeros``
+        counts the exact zeros that are in none of them. A factored layer without
+        sequence axes on the CPU leaves out the rows ``δ_{n,o} a_nᵀ`` with
+        ``δ_{n,o} = 0`` (the units a ReLU switched off, often half of them), which
+        are never built; a sample whose input is not finite keeps all its rows
+        (``0 · ∞`` is NaN). Elsewhere ``zeros`` is 0 (on a GPU, finding the rows
+        would wait for the device).
+        """
+        if not self._single_position() or self.param.device.type != "cpu" or "grad_batch" in vars(self):
+            return 0, self.element_chunks(max_elements)
+        a, delta = self._factors[0][:, 0], self._factors[1][:, 0]  # [B, I], [B, O]
+        keep = (delta != 0) | ~torch.isfinite(a).all(1, keepdim=True)
+        samples, units = keep.nonzero().unbind(1)
+        values = delta[samples, units]
+        step = max(1, max_elements // a.shape[1])
+
+        def chunks():
+            for start in range(0, len(values), step):
+                rows = a.index_select(0, samples[start : start + step])
+                yield rows.mul_(values[start : start + step, None])
+
+        return (delta.numel() - len(values)) * a.shape[1], chunks()
+
     def _single_position(self):
         """Factors without sequence axes, where the ghost formulas are exact and cheapest."""
         return self._factors is not None and self._factors[0].shape[1] == 1
@@ -188,10 +214,13 @@ class GradHistogram1d(Transform):
         self.key = ("grad_hist_1d", self.bins, self.range)
 
     def __call__(self, per_sample):
-        return _accumulate(
-            histogram.histogram1d(chunk, self.bins, self.range, scale=float(per_sample.batch_size))
-            for chunk in per_sample.element_chunks()
-        )
+        scale = float(per_sample.batch_size)
+        zeros, chunks = per_sample.nonzero_element_chunks()
+        parts = [histogram.histogram1d(chunk, self.bins, self.range, scale=scale) for chunk in chunks]
+        if zeros:  # the left-out exact zeros go where a zero goes
+            zero = per_sample.param.new_zeros(1)
+            parts.append(tuple(c * zeros for c in histogram.histogram1d(zero, self.bins, self.range, scale=scale)))
+        return _accumulate(parts)
 
     def batch(self, per_samples):
         scale = float(per_samples[0].batch_size)

@@ -87,3 +87,25 @@ def test_large_parameters_skip_the_batch(monkeypatch):
     _, per_sample, _ = factored_and_explicit(1)
     hist = transforms.GradHistogram1d(20, (-1, 1))
     assert hist.key in transforms.run([hist], per_sample, transforms.Batch())
+
+
+@pytest.mark.parametrize("range_", [(-1, 1), (0.25, 1)], ids=["zero inside", "zero clipped"])
+def test_histogram_leaves_out_zero_rows_exactly(range_):
+    """Rows of switched-off units are counted as zeros without being built; 0 · ∞ still counts as NaN."""
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(B, 1, I, generator=g, dtype=torch.float64)
+    a[1, 0, 2] = float("inf")  # sample 1: all its rows must be built
+    delta = torch.randn(B, 1, O, generator=g, dtype=torch.float64)
+    delta[delta < 0.3] = 0.0
+    param = torch.zeros(O, I, dtype=torch.float64)
+    factored = transforms.PerSample(param, 0, factors=(a, delta))
+    explicit = torch.einsum("nlo,nli->noi", delta, a)
+    left_out = int((delta[[0, 2, 3, 4]] == 0).sum()) * I
+    zeros, chunks = transforms.PerSample(param, 0, factors=(a, delta)).nonzero_element_chunks(max_elements=2 * I)
+    assert zeros == left_out > 0 and sum(c.numel() for c in chunks) == explicit.numel() - left_out
+
+    hist = transforms.GradHistogram1d(8, range_)
+    expected = hist(transforms.PerSample(param, 0, grad_batch=explicit))
+    for value, reference in zip(hist(factored), expected):
+        torch.testing.assert_close(value, reference, rtol=0, atol=0)
+    assert expected[2] == O  # every product with the infinite input: ±∞, or NaN where δ = 0
