@@ -104,20 +104,37 @@ def peak_memory(problem, name):
     """Extra peak resident memory (bytes) of 4 steps of configuration ``name``.
 
     Measured in a fresh process: the high-water mark of the resident set after the
-    steps minus the one after building the model, optimizer, data and cockpit.
+    steps minus the one after building the model, optimizer, data and cockpit. On
+    Linux it is the process's own ``VmHWM``: ``getrusage``'s ``ru_maxrss`` starts a
+    child at its parent's resident set, which would hide the child's growth behind
+    a large benchmark process.
     """
     code = (
-        "import resource, sys, warnings; warnings.simplefilter('ignore');"
+        "import sys, warnings; warnings.simplefilter('ignore');"
         "from experiments import bench_overhead as b; import torch; torch.set_num_threads(1);"
         f"runner = b.configurations({problem!r}, True, {name.startswith('Cockpit')!r})[{name!r}]();"
-        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
+        "base = b.high_water_mark();"
         "[runner.run_step() for _ in range(4)];"
-        "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)"
+        "print(b.high_water_mark() - base)"
     )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     return int(out.stdout.split()[-1])
+
+
+def high_water_mark():
+    """Peak resident set of this process in bytes (``VmHWM`` where ``/proc`` has it)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def configurations(problem, with_quantities, with_peer):

@@ -9,3 +9,13 @@ def test_quick_mlp(capsys, tmp_path):
     printed = capsys.readouterr().out
     assert "plain" in printed and "lite economy" in printed
     assert out.exists()
+
+
+def test_memory_is_the_child_process_own_growth():
+    """A parent much larger than the child must not hide the child's growth (``ru_maxrss`` does)."""
+    import torch
+
+    ballast = torch.ones(300 * 2**20 // 4)  # 300 MiB resident in this (parent) process
+    assert ballast[-1] == 1
+    grown = bench_overhead.peak_memory("mlp", "lite economy")
+    assert 2**20 < grown < 300 * 2**20
