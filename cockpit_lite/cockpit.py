@@ -2,18 +2,20 @@
 
 Per step, ``with cp(step, *extra_extensions, info={...}): loss.backward(...)``:
 
-1. *Before backward* (``cp(...)``): every quantity states its ``Needs`` for this step
-   (or ``None``); missing ``info`` keys raise here. The needs are merged: transforms
-   by key, BackPACK extensions by type (the user's own extensions win and stay on
-   the parameters afterwards).
-2. *During backward*: BackPACK runs the merged extensions; the per-sample extension
-   reduces individual gradients layer by layer and drops them.
+1. *Before backward* (``cp(...)``, after the forward pass): every quantity states its
+   ``Needs`` for this step (or ``None``); missing ``info`` keys raise here. The needs
+   are merged: transforms by key, BackPACK extensions by type (the user's own
+   extensions win and stay on the parameters afterwards). The per-sample engine
+   (``cockpit_lite.engine``) plans the step from the forward pass it watched.
+2. *During backward*: the engine reduces individual gradients layer by layer and drops
+   them; BackPACK runs the curvature extensions, if any are due.
 3. *After backward* (``__exit__``): each due quantity computes from a ``StepData``
    bundle; all values move to the host in one transfer; the record and the JSON-lines
    log get the step; BackPACK buffers the Cockpit added are deleted and gradients that
-   carry a graph because the Cockpit asked for one are detached.
+   carry a graph because the Cockpit asked for one are detached. The engine is armed
+   to watch the next forward pass only if something is due at the next step.
 
-Steps where nothing is due enter no context at all: no hooks, no extensions.
+Steps where nothing is due run without any hook: no forward hooks, no extensions.
 """
 
 import math
@@ -27,7 +29,8 @@ from backpack import backpack
 from backpack.extensions.backprop_extension import BackpropExtension
 
 from cockpit_lite import log as _log
-from cockpit_lite.backend import PerSampleTransforms, add_advice, uses_random_numbers
+from cockpit_lite.backend import add_advice, backpack_untouched, uses_random_numbers
+from cockpit_lite.engine import Engine
 from cockpit_lite.info import StepInfo
 from cockpit_lite.quantities.base import Output, Quantity
 from cockpit_lite.step import StepData
@@ -42,11 +45,13 @@ class Cockpit:
     def __init__(self, params, quantities=None, log=None, strict=False, seed=0):
         """
         Args:
-            params: what to track: a ``torch.nn.Module`` (its named parameters), an
-                iterable of parameters (e.g. ``model.parameters()``) or of
-                ``(name, parameter)`` pairs (``model.named_parameters()``). Names label
-                the per-layer values. Parameters with ``requires_grad=False`` are left
-                out with a warning.
+            params: what to track: a ``torch.nn.Module`` (its named parameters; the
+                recommended form: individual gradients then come from fast layer rules),
+                an iterable of parameters (e.g. ``model.parameters()``) or of
+                ``(name, parameter)`` pairs (``model.named_parameters()``); without the
+                module, individual gradients take the exact but slower global path of
+                ``cockpit_lite.engine``. Names label the per-layer values. Parameters
+                with ``requires_grad=False`` are left out with a warning.
             quantities: list of ``Quantity`` objects, e.g. ``configuration("full")``.
             log: path of a JSON-lines log, appended and flushed after every step
                 (``None``: keep the record in memory only).
@@ -58,7 +63,17 @@ class Cockpit:
         Raises:
             ValueError: if no parameter requires a gradient.
         """
+        self.model = params if isinstance(params, torch.nn.Module) else None
+        if self.model is not None and type(self.model).__name__ == "OptimizedModule":
+            raise ValueError(
+                "cockpit-lite cannot watch a torch.compile'd model (its hooks would be "
+                "compiled away or break the graph). Fix: give the Cockpit the original "
+                "module, Cockpit(model, ...), and use it uncompiled on the tracked steps "
+                "(compiled = torch.compile(model) shares its parameters, for the other steps)."
+            )
         self.names, self.params = _named_trainable(params)
+        self.engine = Engine(self.model, self.params, self.names)
+        self._jumped = False
         self.quantities = []
         for quantity in quantities or []:
             self.add(quantity)
@@ -145,7 +160,8 @@ class Cockpit:
         self._record(global_step, {k: _plain(v) for k, v in values.items()})
 
     def close(self):
-        """Close the JSON-lines log (if any)."""
+        """End tracking: remove the engine's forward hooks and close the JSON-lines log (if any)."""
+        self.engine.arm(False)
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -174,7 +190,15 @@ class _StepContext:
                 raise ValueError(f"extra extensions must be BackPACK extension instances, got {ext!r}")
         self.cockpit = cockpit
         self.step = step
-        self.info = StepInfo(info, step)
+        if last is not None and step != last + 1:
+            cockpit._jumped = True  # step numbers are not consecutive: keep watching every forward
+        self.info = StepInfo(info, step, batch_size=cockpit.engine.batch_size(), model=cockpit.model)
+        shape = cockpit.engine.input_shape()
+        if self.info.get("batch_size") is not None and shape is not None and int(self.info.get("batch_size")) not in shape:
+            raise ValueError(
+                f"info['batch_size'] is {self.info.get('batch_size')} but the model's input at "
+                f"step {step} has shape {shape}: pass the number of samples of this forward pass"
+            )
         self.due = [(q, n) for q in cockpit.quantities if (n := q.needs(step, self.info)) is not None]
         self.create_graph = cockpit.create_graph(step)
         self.user_savefields = {ext.savefield for ext in extensions}
@@ -187,19 +211,13 @@ class _StepContext:
             for ext in needs.extensions:
                 exts.setdefault(type(ext), ext)
         self.transforms = list(transforms.values())
-        self.per_sample = None
-        if self.transforms:
-            self.per_sample = PerSampleTransforms(
-                self.transforms,
-                {id(p): i for i, p in enumerate(cockpit.params)},
-                cockpit.names,
-                [q.name for q, n in self.due if n.transforms],
-            )
-            exts[PerSampleTransforms] = self.per_sample
+        self.needed_by = [q.name for q, n in self.due if n.transforms]
         self.extensions = list(exts.values())
         self.added_savefields = {
             e.savefield for e in self.extensions if e.savefield not in self.user_savefields
         }
+        self.grads_before = None
+        self.results, self.batch_size, self.engine_flags = {}, None, []
         self._stack = ExitStack()
         self._backpack = None
         cockpit._last_step = step
@@ -207,6 +225,13 @@ class _StepContext:
     def __enter__(self):
         if not (self.due or self.extensions):
             return self
+        params = self.cockpit.params
+        self.grads_before = [None if p.grad is None else p.grad.detach().clone() for p in params]
+        if self.transforms:
+            with backpack_untouched():
+                self.cockpit.engine.begin(
+                    self.transforms, self.info, self.info.batch_size, self.grads_before, self.needed_by
+                )
         if any(uses_random_numbers(e) for e in self.extensions if e.savefield in self.added_savefields):
             self._stack.enter_context(_private_random_state(self.cockpit.params, (self.cockpit.seed, self.step)))
         self._stack.enter_context(warnings.catch_warnings())
@@ -219,15 +244,23 @@ class _StepContext:
         return self
 
     def __exit__(self, exc_type, exc, traceback):
+        cockpit = self.cockpit
         if self._backpack is not None:  # leave BackPACK before computing (HVPs must not trigger it)
             self._backpack.__exit__(exc_type, exc, traceback)
         try:
+            if self.transforms:
+                with backpack_untouched():
+                    self.results, self.batch_size, self.engine_flags = cockpit.engine.finish()
             if exc is not None:
-                add_advice(exc, [q.name for q, _ in self.due])
+                if self._backpack is not None:
+                    add_advice(exc, [q.name for q, _ in self.due])
                 return False
             if self.due:
                 self._collect()
         finally:
+            cockpit.engine.forget()
+            nxt = self.step + 1
+            cockpit.engine.arm(cockpit._jumped or any(q.observes(nxt) for q in cockpit.quantities))
             self._cleanup()
             self._stack.close()
         return False
@@ -235,10 +268,8 @@ class _StepContext:
     def _collect(self):
         cockpit = self.cockpit
         params = cockpit.params
-        if self.per_sample is not None:
-            self.per_sample.finish()
         self._check_backward(params)
-        batch_size = self.per_sample.batch_size if self.per_sample is not None else None
+        batch_size = self.batch_size if self.batch_size is not None else self.info.batch_size
         given = self.info.get("batch_size")
         if given is not None and batch_size is not None and int(given) != batch_size:
             raise ValueError(
@@ -246,13 +277,8 @@ class _StepContext:
                 f"batch size {batch_size} at step {self.step}"
             )
         data = StepData(
-            self.step,
-            params,
-            cockpit.names,
-            self.info,
-            self.per_sample.results if self.per_sample is not None else {},
-            batch_size,
-            self.transforms,
+            self.step, params, cockpit.names, self.info, self.results, batch_size,
+            self.transforms, self.grads_before,
         )
         outputs = []
         for quantity, _ in self.due:
@@ -263,7 +289,7 @@ class _StepContext:
             checks.append(loss.detach().sum())
         host_outputs, checks = _to_host(([(o.value, o.layers) for _, o in outputs], checks))
 
-        flags = []
+        flags = list(self.engine_flags)
         if len(checks) > 1 and not math.isfinite(checks[1]):
             flags.append(NONFINITE_LOSS)
         if not math.isfinite(checks[0]):
@@ -280,6 +306,8 @@ class _StepContext:
                 print(f"[cockpit-lite | step {self.step}] {quantity.name}: {value}")
         if flags:
             by_step.setdefault(self.step, {}).setdefault(_log.FLAGS, []).extend(flags)
+        if self.transforms and batch_size is not None:
+            by_step.setdefault(self.step, {})[_log.BATCH] = {"size": int(batch_size), "accumulated": data.accumulated}
         for step in sorted(by_step):
             cockpit._record(step, by_step[step])
         if flags and cockpit.strict:
@@ -302,20 +330,20 @@ class _StepContext:
 
     def _check_backward(self, params):
         """Raise if the backward pass did not give what the due quantities need."""
-        if self.per_sample is not None:
+        if self.transforms:
             missing = [
                 name
                 for i, (name, p) in enumerate(zip(self.cockpit.names, params))
-                if p.grad is not None and i not in self.per_sample.results
+                if p.grad is not None and i not in self.results
+                and (self.grads_before[i] is None or not torch.equal(p.grad, self.grads_before[i]))
             ]
             if missing:
                 raise ValueError(
-                    f"step {self.step}: no individual gradients for parameters "
-                    f"{', '.join(missing)}, which {', '.join(self.per_sample.needed_by)} "
-                    "need. Extend the model before the forward pass "
-                    "(model = cockpit_lite.extend(model)); parameters used outside a "
-                    "layer (a bare nn.Parameter in forward) are not supported: leave "
-                    "them out of the Cockpit's parameter list."
+                    f"step {self.step}: the parameters {', '.join(missing)} got a gradient "
+                    "but the engine saw no use of them in the forward pass, so "
+                    f"{', '.join(self.needed_by)} cannot be computed. Run the forward pass "
+                    "of the model given to the Cockpit, with gradients enabled, before "
+                    "entering cp(step)."
                 )
         if self.create_graph and not any(
             p.grad is not None and p.grad.grad_fn is not None for p in params

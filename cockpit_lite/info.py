@@ -64,15 +64,24 @@ LOSS_NODES = {
 """Autograd node name of a loss function → ``node -> (unreduced losses, mean denominator)``."""
 
 
-def individual_losses_from_graph(loss):
-    """Derive the per-sample losses ``ℓ_n`` (``mean_n ℓ_n = loss``) from ``loss``'s autograd graph.
+def contributions_from_graph(loss, batch_size=None, keep_graph=False):
+    """Each sample's term ``c_n`` of the reduced loss (``Σ_n c_n = loss``), from its autograd graph.
 
     For a mean-reduced loss ``L = Σ_{n,k} e_{n,k} / Z`` (``Z`` the element count, or the
-    total class weight of NLL) the contribution of sample ``n`` is
-    ``c_n = Σ_k e_{n,k} / Z``; for a sum ``Z = 1``. Then ``ℓ_n = B c_n``.
+    total class weight of NLL) ``c_n = Σ_k e_{n,k} / Z``; for a sum ``Z = 1``. A sample
+    is one index of the batch axis: when the loss was evaluated on ``batch_size × T``
+    rows (token losses of sequences flattened batch-major, ``logits.view(-1, V)``),
+    the ``T`` rows of each sequence are summed.
+
+    Args:
+        loss: the mini-batch loss tensor.
+        batch_size: the number of samples ``B`` (``None``: one per row of the loss input).
+        keep_graph: return ``c`` attached to the forward graph (for the exact global path
+            of ``cockpit_lite.engine``); otherwise detached.
 
     Raises:
-        ValueError: if the graph does not end in a supported loss function.
+        ValueError: if the graph does not end in a supported loss function, or its rows
+            are not a multiple of ``batch_size``.
     """
     node = loss.grad_fn
     while type(node).__name__ == "BackwardHookFunctionBackward":  # an extended loss module
@@ -86,19 +95,44 @@ def individual_losses_from_graph(loss):
             f"'sum' (its autograd node is {type(node).__name__}). Pass them yourself: "
             "info={'individual_losses': lossfunc_with_reduction_none(output, target), ...}"
         )
-    with torch.no_grad():
+    with torch.set_grad_enabled(keep_graph):
         elements, denominator = derive(node)
-        per_sample = elements.reshape(elements.shape[0], -1).sum(1)
+        per_row = elements.reshape(elements.shape[0], -1).sum(1)
         if reduction == _MEAN:
-            per_sample = per_sample / denominator
-        return per_sample * per_sample.shape[0]
+            per_row = per_row / denominator
+        return per_sequence(per_row, batch_size)
 
 
-def normalise_individual_losses(losses, loss):
+def per_sequence(per_row, batch_size):
+    """Sum ``[B·T]`` per-row values to ``[B]`` per-sample values (rows batch-major).
+
+    Raises:
+        ValueError: if the number of rows is not a multiple of ``batch_size``.
+    """
+    if batch_size is None or per_row.shape[0] == batch_size:
+        return per_row
+    if per_row.shape[0] % batch_size:
+        raise ValueError(
+            f"the loss has {per_row.shape[0]} rows, which is not a multiple of the batch "
+            f"size {batch_size}: cannot tell which rows belong to which sample. Pass "
+            "info['individual_losses'] with one loss per sample (sum each sequence's "
+            "token losses) and info['batch_size']."
+        )
+    return per_row.reshape(batch_size, -1).sum(1)
+
+
+def individual_losses_from_graph(loss, batch_size=None):
+    """Derive the per-sample losses ``ℓ_n = B c_n`` (``mean_n ℓ_n = loss``) from ``loss``'s autograd graph."""
+    contributions = contributions_from_graph(loss, batch_size)
+    return contributions * contributions.shape[0]
+
+
+def normalise_individual_losses(losses, loss, batch_size=None, keep_graph=False):
     """Bring user-given unreduced losses to the convention ``mean_n ℓ_n = loss``.
 
     ``losses`` has shape ``[B, ...]`` (``reduction="none"`` of the same loss
-    function). If their mean is ``loss`` (``reduction="mean"``), ``ℓ_n`` is the mean
+    function), or ``[B·T]`` token losses of ``B`` sequences (flattened batch-major),
+    which are grouped per sequence first. If their mean is ``loss`` (``reduction="mean"``), ``ℓ_n`` is the mean
     over sample n's entries; if their sum is ``loss`` (``reduction="sum"``),
     ``ℓ_n = B ×`` the sum over sample n's entries. Without a finite ``loss`` to
     compare with, the mean is assumed.
@@ -106,17 +140,26 @@ def normalise_individual_losses(losses, loss):
     Raises:
         ValueError: if they reduce to ``loss`` by neither mean nor sum.
     """
-    losses = torch.as_tensor(losses).detach()
+    losses = torch.as_tensor(losses)
+    if not keep_graph:
+        losses = losses.detach()
     if losses.dim() == 0:
         raise ValueError("info['individual_losses'] must have one entry per sample, got a scalar")
+    if batch_size is not None and losses.shape[0] != batch_size:
+        if losses.numel() % batch_size:
+            raise ValueError(
+                f"info['individual_losses'] has {losses.numel()} entries for a batch of "
+                f"{batch_size} samples; pass one loss per sample (or per token of each sequence)"
+            )
+        losses = losses.reshape(batch_size, -1)
     entries = losses.reshape(losses.shape[0], -1)
     if loss is None or not torch.isfinite(loss).all():
         return entries.mean(1)
     loss = loss.detach().to(entries.dtype)
     tol = dict(rtol=1e-4, atol=1e-6)
-    if torch.allclose(entries.mean(), loss, **tol):
+    if torch.allclose(entries.detach().mean(), loss, **tol):
         return entries.mean(1)
-    if torch.allclose(entries.sum(), loss, **tol):
+    if torch.allclose(entries.detach().sum(), loss, **tol):
         return entries.sum(1) * entries.shape[0]
     raise ValueError(
         "info['individual_losses'] reduce to neither the loss (mean) nor to it by "
@@ -129,12 +172,23 @@ def normalise_individual_losses(losses, loss):
 class StepInfo:
     """Read access to one step's ``info``, deriving and validating keys on request."""
 
-    def __init__(self, info, step):
+    def __init__(self, info, step, batch_size=None, model=None):
+        """
+        Args:
+            info: the user's dict.
+            step: the global step.
+            batch_size: the number of samples the engine saw in the forward pass (used
+                to group token losses per sequence), if known.
+            model: the ``torch.nn.Module`` the Cockpit tracks, if it was given one.
+        """
         if info is not None and not isinstance(info, dict):
             raise TypeError(f"info must be a dict, got {type(info).__name__}")
         self.step = step
+        self.model = model
         self._given = dict(info or {})
         self._cache = {}
+        given = self._given.get("batch_size")
+        self.batch_size = int(given) if given is not None else batch_size
 
     def __contains__(self, key):
         return key in self._given
@@ -159,8 +213,8 @@ class StepInfo:
         if key == "individual_losses":
             try:
                 if key in self._given:
-                    return normalise_individual_losses(self._given[key], self._given.get("loss"))
-                return individual_losses_from_graph(self.require("loss", quantity))
+                    return normalise_individual_losses(self._given[key], self._given.get("loss"), self.batch_size)
+                return individual_losses_from_graph(self.require("loss", quantity), self.batch_size)
             except ValueError as error:
                 raise ValueError(f"{where}: {error}") from None
         if key not in self._given:
@@ -173,3 +227,26 @@ class StepInfo:
         if key == "optimizer" and not isinstance(value, torch.optim.Optimizer):
             raise ValueError(f"{where} as a torch.optim.Optimizer, got {type(value).__name__}")
         return value
+
+    def contributions(self, needed_by):
+        """``c_n`` (``Σ_n c_n = loss``) attached to the forward graph, for the exact global path.
+
+        From ``info["individual_losses"]`` when they were passed with their graph, else
+        derived from the loss's graph.
+
+        Raises:
+            ValueError: naming the fix, when neither is possible.
+        """
+        given = self._given.get("individual_losses")
+        try:
+            if torch.is_tensor(given) and given.grad_fn is not None:
+                losses = normalise_individual_losses(given, self._given.get("loss"), self.batch_size, keep_graph=True)
+                return losses / losses.shape[0]
+            return contributions_from_graph(self.require("loss", needed_by), self.batch_size, keep_graph=True)
+        except ValueError as error:
+            raise ValueError(
+                f"{needed_by} need(s) the individual gradients of parameters that only the exact "
+                f"global path can reach at step {self.step}, which needs each sample's loss with "
+                f"its graph: {error} (pass info['individual_losses'] = loss_fn(output, target) "
+                "with reduction='none', not detached)"
+            ) from None

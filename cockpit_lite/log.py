@@ -23,7 +23,20 @@ A record is ``{step: {key: value}}`` with integer steps. Keys are
   of every quantity whose main value is not already a per-parameter list;
 - ``"flags"``: a list of strings naming what went wrong at this step (for example
   ``"nonfinite_loss"``), absent when nothing did;
+- ``"batch"``: ``{"size": B, "accumulated": bool}`` at steps with individual-gradient
+  statistics: the number of samples they describe, and whether the optimizer's
+  gradient also holds earlier backward passes (gradient accumulation; then every
+  quantity of the step describes this backward pass's micro-batch alone);
 - the epoch-level keys written by ``Cockpit.log`` (``EPOCH_KEYS``).
+
+Individual gradients
+--------------------
+Sample n's individual gradient is ``g̃_n = B · ∇_θ c_n``, where ``c_n`` is sample n's
+term of the reduced loss (``Σ_n c_n = L``: ``ℓ_n / B`` for ``reduction="mean"``, ``ℓ_n``
+for ``"sum"``) and the derivative goes through the whole graph: with BatchNorm in
+training mode it includes the path through the batch statistics. Hence
+``g = mean_n g̃_n`` on every model. A sample is one index of the batch axis; a
+sequence model's token losses are summed per sequence.
 
 On disk
 -------
@@ -54,6 +67,7 @@ FORMAT_VERSION = 1
 
 LAYERS = "layers"
 FLAGS = "flags"
+BATCH = "batch"
 EPOCH_KEYS = (
     "epoch_count",
     "train_loss",
@@ -64,7 +78,7 @@ EPOCH_KEYS = (
     "test_accuracy",
     "learning_rate",
 )
-RESERVED_KEYS = (LAYERS, FLAGS) + EPOCH_KEYS
+RESERVED_KEYS = (LAYERS, FLAGS, BATCH) + EPOCH_KEYS
 
 
 def layer_values(entry, name):

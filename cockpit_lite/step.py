@@ -16,17 +16,24 @@ class StepData:
         names: their names.
         info: the step's ``StepInfo``.
         batch_size: B, from the individual gradients (``None`` when none were computed).
-        grads: detached gradients, zeros for a parameter that got none.
+        grads: detached gradients of this backward pass, zeros for a parameter that got
+            none. Under gradient accumulation (a gradient was present before the backward
+            pass), the gradient of this backward pass alone, so that every quantity
+            describes the same (micro-)batch.
     """
 
-    def __init__(self, step, params, names, info, per_sample, batch_size, transforms):
+    def __init__(self, step, params, names, info, per_sample, batch_size, transforms, grads_before=None):
         self.step = step
         self.params = params
         self.names = names
         self.info = info
         self.batch_size = batch_size
+        before = grads_before or [None] * len(params)
+        self.accumulated = any(b is not None for b in before)
         self.grads = [
-            torch.zeros_like(p) if p.grad is None else p.grad.detach() for p in params
+            torch.zeros_like(p) if p.grad is None
+            else p.grad.detach() if b is None else p.grad.detach() - b
+            for p, b in zip(params, before)
         ]
         self._per_sample = per_sample
         self._transforms = {t.key: t for t in transforms}

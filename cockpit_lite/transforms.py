@@ -33,40 +33,70 @@ BATCH_FLUSH_ELEMENTS = 1 << 18
 class PerSample:
     """The individual gradients of one parameter, and the primitives transforms are built from.
 
-    Either ``grad_batch`` (``[B, *shape]``, BackPACK's contributions) is given, or
-    ``factors = (a, δ)`` with ``a`` of shape ``[B, L, I]`` (layer inputs) and ``δ`` of
-    shape ``[B, L, O]`` (gradients w.r.t. the layer outputs), such that
-    ``grad_batch[n] = Σ_l δ[n, l] a[n, l]ᵀ`` (a Linear layer's weight, ``L`` the
-    flattened sequence axes). Then norms, dot products and second moments come from
-    the factors at a fraction of the cost ("ghost" norms), and the ``[B, O, I]``
-    tensor is built only if a transform needs its elements (histograms).
+    One of three forms (``K`` samples, ``K = B`` except for the chunks of
+    ``cockpit_lite.engine.global_path``):
+
+    - ``grad_batch``: ``[K, *shape]``, each sample's contribution to the reduced loss;
+    - ``factors = (a, δ)`` with ``a`` of shape ``[K, L, I]`` (layer inputs) and ``δ`` of
+      shape ``[K, L, O]`` (gradients w.r.t. the layer outputs), such that
+      ``grad_batch[n] = Σ_l δ[n, l] a[n, l]ᵀ`` (a Linear layer's weight, ``L`` the
+      flattened non-batch axes). Norms, dot products and second moments come from the
+      factors ("ghost" norms); ``[K, O, I]`` is built only if a transform needs its
+      elements (histograms);
+    - ``rows = (values, samples, index, K)``: ``grad_batch[samples[u], index[u]] =
+      values[u]`` and zero elsewhere, each ``(sample, index)`` pair once (an Embedding
+      weight: only the looked-up rows are non-zero).
 
     Attributes:
         param: the parameter tensor.
         index: position of the parameter in the Cockpit's parameter list.
+        batch_size: ``B``, the number of samples of the whole batch (the scale of
+            ``g̃_n = B · grad_batch[n]``).
+        grad_before: the gradient the optimizer had before this backward pass
+            (gradient accumulation), or ``None``.
     """
 
-    def __init__(self, param, index, grad_batch=None, factors=None):
+    def __init__(self, param, index, grad_batch=None, factors=None, rows=None, batch_size=None, grad_before=None):
         self.param = param
         self.index = index
         self._factors = factors
+        self._rows = rows
+        self.grad_before = grad_before
         if grad_batch is not None:
             self.grad_batch = grad_batch
+        self.batch_size = self.num_samples if batch_size is None else int(batch_size)
 
     @property
-    def batch_size(self):
-        return (self._factors[0] if self._factors is not None else self.grad_batch).shape[0]
+    def num_samples(self):
+        """``K``, the number of samples held here."""
+        if self._factors is not None:
+            return self._factors[0].shape[0]
+        if self._rows is not None and "grad_batch" not in vars(self):
+            return self._rows[3]
+        return self.grad_batch.shape[0]
+
+    @property
+    def optimizer_grad(self):
+        """The gradient the optimizer will see: this pass's ``g`` plus ``grad_before``."""
+        if self.grad_before is None:
+            return self.grad
+        return self.grad + self.grad_before.reshape(-1).to(self.grad.dtype)
 
     @cached_property
     def grad_batch(self):
-        """``[B, *shape]`` contributions to the reduced loss (built from the factors if needed)."""
+        """``[K, *shape]`` contributions to the reduced loss (built from the factors or rows if needed)."""
+        if self._rows is not None:
+            values, samples, index, k = self._rows
+            dense = values.new_zeros((k, self.param.shape[0], values.shape[1]))
+            dense[samples, index] = values
+            return dense.reshape(k, *self.param.shape)
         a, delta = self._factors
-        return torch.einsum("nlo,nli->noi", delta, a).reshape(self.batch_size, *self.param.shape)
+        return torch.einsum("nlo,nli->noi", delta, a).reshape(self.num_samples, *self.param.shape)
 
     @cached_property
     def flat(self):
-        """``grad_batch`` as ``[B, D]``."""
-        return self.grad_batch.reshape(self.batch_size, -1)
+        """``grad_batch`` as ``[K, D]``."""
+        return self.grad_batch.reshape(self.num_samples, -1)
 
     @cached_property
     def grad(self):
@@ -74,6 +104,9 @@ class PerSample:
         if self._factors is not None:
             a, delta = self._factors
             return (delta.reshape(-1, delta.shape[-1]).T @ a.reshape(-1, a.shape[-1])).reshape(-1)
+        if self._sparse():
+            values, _, index, _ = self._rows
+            return values.new_zeros((self.param.shape[0], values.shape[1])).index_add_(0, index, values).reshape(-1)
         return self.flat.sum(0)
 
     def dots(self, vector):
@@ -82,6 +115,10 @@ class PerSample:
             a, delta = self._factors  # Σ_l δ_lᵀ V a_l
             matrix = vector.reshape(delta.shape[-1], a.shape[-1])
             return ((delta @ matrix) * a).sum((1, 2))
+        if self._sparse():
+            values, samples, index, k = self._rows
+            row_dots = (values * vector.reshape(self.param.shape[0], -1)[index]).sum(1)
+            return values.new_zeros(k).index_add_(0, samples, row_dots)
         return self.flat @ vector
 
     def squared_norms(self):
@@ -89,6 +126,9 @@ class PerSample:
         if self._single_position():
             a, delta = self._factors  # ‖δ aᵀ‖² = ‖δ‖² ‖a‖²
             return (delta[:, 0] ** 2).sum(1) * (a[:, 0] ** 2).sum(1)
+        if self._sparse():
+            values, samples, _, k = self._rows
+            return values.new_zeros(k).index_add_(0, samples, values.square().sum(1))
         return torch.linalg.vector_norm(self.flat, dim=1) ** 2
 
     def sum_of_squares(self):
@@ -96,6 +136,10 @@ class PerSample:
         if self._single_position():
             a, delta = self._factors  # Σ_n δ_{n,o}² a_{n,i}²
             return ((delta[:, 0] ** 2).T @ (a[:, 0] ** 2)).reshape(-1)
+        if self._sparse():
+            values, _, index, _ = self._rows
+            squares = values.new_zeros((self.param.shape[0], values.shape[1]))
+            return squares.index_add_(0, index, values.square()).reshape(-1)
         return self.flat.square().sum(0)
 
     def element_chunks(self, max_elements=CHUNK_ELEMENTS):
@@ -110,7 +154,7 @@ class PerSample:
             return
         a, delta = self._factors
         step = max(1, max_elements // self.param.numel())
-        for start in range(0, self.batch_size, step):
+        for start in range(0, self.num_samples, step):
             part = torch.einsum("nlo,nli->noi", delta[start : start + step], a[start : start + step])
             yield part.reshape(-1, *self.param.shape)
 
@@ -125,6 +169,9 @@ class PerSample:
         (``0 · ∞`` is NaN). Elsewhere ``zeros`` is 0 (on a GPU, finding the rows
         would wait for the device).
         """
+        if self._sparse():  # only the looked-up rows are non-zero
+            values = self._rows[0]
+            return self.num_samples * self.param.numel() - values.numel(), iter((values,))
         if not self._single_position() or self.param.device.type != "cpu" or "grad_batch" in vars(self):
             return 0, self.element_chunks(max_elements)
         a, delta = self._factors[0][:, 0], self._factors[1][:, 0]  # [B, I], [B, O]
@@ -139,6 +186,10 @@ class PerSample:
                 yield rows.mul_(values[start : start + step, None])
 
         return (delta.numel() - len(values)) * a.shape[1], chunks()
+
+    def _sparse(self):
+        """Rows form, not yet materialised."""
+        return self._rows is not None and "grad_batch" not in vars(self)
 
     def _single_position(self):
         """Factors without sequence axes, where the ghost formulas are exact and cheapest."""
@@ -156,14 +207,23 @@ class Transform:
 
     key = None
     batch = None
+    per_sample_output = False
+    """Whether the value has one entry per sample (concatenated across chunks of samples)."""
 
     def __call__(self, per_sample):
         raise NotImplementedError
+
+    def combine(self, values):
+        """The value of a whole batch from the values of consecutive chunks of its samples."""
+        if self.per_sample_output:
+            return torch.cat(values)
+        return values[0] if len(values) == 1 else sum(values[1:], values[0])
 
 
 class BatchL2(Transform):
     """Squared norms of the individual gradients, ``‖g̃_n‖² = B² ‖grad_batch[n]‖²``, shape ``[B]``."""
 
+    per_sample_output = True
     key = "batch_l2"
 
     def __call__(self, per_sample):
@@ -173,6 +233,7 @@ class BatchL2(Transform):
 class BatchDotGrad(Transform):
     """Projections of the individual gradients on the gradient, ``g̃_nᵀ g``, shape ``[B]``."""
 
+    per_sample_output = True
     key = "batch_dot_grad"
 
     def __call__(self, per_sample):
@@ -197,6 +258,7 @@ class BatchDotDirection(Transform):
     unique to the direction.
     """
 
+    per_sample_output = True
     def __init__(self, key, direction):
         self.key = key
         self._direction = direction
@@ -222,6 +284,9 @@ class GradHistogram1d(Transform):
             parts.append(tuple(c * zeros for c in histogram.histogram1d(zero, self.bins, self.range, scale=scale)))
         return _accumulate(parts)
 
+    def combine(self, values):
+        return _accumulate(values)
+
     def batch(self, per_samples):
         scale = float(per_samples[0].batch_size)
         counts, clipped, nonfinite = histogram.histogram1d_batch(
@@ -244,6 +309,9 @@ class GradHistogram2d(Transform):
             histogram.histogram2d(chunk, param, self.bins, self.range, scale=float(per_sample.batch_size))
             for chunk in per_sample.element_chunks()
         )
+
+    def combine(self, values):
+        return _accumulate(values)
 
 
 def _accumulate(results):
@@ -269,7 +337,7 @@ class Batch:
     def add(self, transform, per_sample, results):
         _, entries, elements = self._pending.setdefault(transform.key, (transform, [], 0))
         entries.append((per_sample, results))
-        elements += per_sample.param.numel() * per_sample.batch_size
+        elements += per_sample.param.numel() * per_sample.num_samples
         self._pending[transform.key] = (transform, entries, elements)
         if elements >= BATCH_FLUSH_ELEMENTS:
             self._compute(transform.key)
@@ -299,7 +367,7 @@ def run(transforms, per_sample, batch=None):
         dict ``{transform.key: value}``.
     """
     ordered = sorted(transforms, key=lambda t: isinstance(t, (GradHistogram1d, GradHistogram2d)))
-    small = per_sample.param.numel() * per_sample.batch_size <= BATCH_ELEMENTS
+    small = per_sample.param.numel() * per_sample.num_samples <= BATCH_ELEMENTS
     results = {}
     with torch.no_grad():
         for t in ordered:

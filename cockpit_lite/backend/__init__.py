@@ -1,24 +1,19 @@
-"""BackPACK glue: extending models, the per-sample extension, curvature buffers, error advice.
+"""BackPACK glue: extending models, curvature buffers, error advice.
 
 Nothing outside ``cockpit_lite.cockpit`` and ``cockpit_lite.quantities`` imports this
 package; ``instruments`` never does.
 """
 
-import backpack
-from backpack.extensions import DiagGGNExact, DiagGGNMC, DiagHessian
+from contextlib import contextmanager
 
-from cockpit_lite.backend.per_sample import (
-    INDIVIDUAL_GRADIENTS,
-    PerSampleTransforms,
-    UnsupportedLayerError,
-)
+import backpack
+from backpack.context import CTX
+from backpack.extensions import DiagGGNExact, DiagGGNMC, DiagHessian
 
 __all__ = [
     "CURVATURES",
-    "INDIVIDUAL_GRADIENTS",
-    "PerSampleTransforms",
-    "UnsupportedLayerError",
     "add_advice",
+    "backpack_untouched",
     "extend",
     "uses_random_numbers",
 ]
@@ -51,6 +46,23 @@ def curvature_extension(name, quantity):
             f"{quantity}: unknown curvature {name!r}; choose one of {sorted(CURVATURES)}"
         )
     return CURVATURES[name]()
+
+
+@contextmanager
+def backpack_untouched():
+    """Run autograd work of cockpit-lite's own (VJPs, re-run layers) past BackPACK's hooks.
+
+    On an extended model, BackPACK's backward hooks would delete the inputs and outputs
+    it stored in the forward pass (which its curvature extensions still need in the
+    user's backward pass), and its forward hooks would store new ones.
+    """
+    retain = CTX.get_retain_graph()
+    CTX.set_retain_graph(True)
+    try:
+        with backpack.disable():
+            yield
+    finally:
+        CTX.set_retain_graph(retain)
 
 
 def extend(module, use_converter=False):

@@ -66,12 +66,15 @@ class Alpha(Quantity):
             pending = self._pending = {}
 
             def predicted_update(per_sample):
-                update = predict(per_sample.param, per_sample.grad)
-                pending[per_sample.index] = update
-                return update
+                if per_sample.index not in pending:  # once per parameter (chunks of samples share it)
+                    pending[per_sample.index] = predict(per_sample.param, per_sample.optimizer_grad)
+                return pending[per_sample.index]
 
             transforms.append(BatchDotDirection(("Alpha", "start"), predicted_update))
         return Needs(transforms=tuple(transforms))
+
+    def observes(self, step):
+        return self.is_due(step) or self.is_due(step - 1)
 
     def compute(self, step, data):
         output = None

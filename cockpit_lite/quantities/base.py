@@ -73,6 +73,10 @@ class Quantity:
         """Whether the backward pass at ``step`` must keep its graph for this quantity."""
         return False
 
+    def observes(self, step):
+        """Whether the engine must watch the forward pass of ``step`` (per-sample transforms)."""
+        return False
+
     def compute(self, step, data):
         """Compute the value(s) of this step from ``data`` (a ``StepData``)."""
         raise NotImplementedError
@@ -100,6 +104,9 @@ class SingleStepQuantity(Quantity):
 
     def _needs(self, step, info):
         return Needs(transforms=tuple(t() for t in self.TRANSFORMS))
+
+    def observes(self, step):
+        return bool(self.TRANSFORMS) and self.is_due(step)
 
 
 def total_and_layers(statistic, *per_layer_parts):

@@ -21,6 +21,9 @@ class GradHistogram(SingleStepQuantity):
     def _needs(self, step, info):
         return Needs(transforms=(self._transform,))
 
+    def observes(self, step):
+        return self.is_due(step)
+
     def compute(self, step, data):
         parts = data.per_sample(self._transform.key)
         edge_arrays = self._edges()

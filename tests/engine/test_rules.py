@@ -1,12 +1,11 @@
-"""Individual-gradient rules against BackPACK's BatchGrad and a per-sample autograd loop."""
+"""Individual-gradient rules against a per-sample autograd loop."""
 
 import pytest
 import torch
-from backpack import backpack
 from torch import nn
 
-from cockpit_lite import extend
-from cockpit_lite.backend.per_sample import PerSampleTransforms
+from cockpit_lite.engine import Engine
+from cockpit_lite.info import StepInfo
 from cockpit_lite.transforms import Transform
 
 CONVS = {
@@ -23,6 +22,7 @@ class Keep(Transform):
     """Record the individual gradients themselves (for the test only)."""
 
     key = "keep"
+    per_sample_output = True
 
     def __call__(self, per_sample):
         return per_sample.grad_batch.clone()
@@ -31,16 +31,26 @@ class Keep(Transform):
 LAYERS = {"1d": (nn.Conv1d, (7,)), "2d": (nn.Conv2d, (7, 6)), "3d": (nn.Conv3d, (5, 4, 5))}
 
 
+def engine_individual_gradients(model, x):
+    """``grad_batch`` of every parameter for the loss ``Σ model(x)²``, from the engine."""
+    params = list(model.parameters())
+    engine = Engine(model, params, [str(i) for i in range(len(params))])
+    loss = (model(x) ** 2).sum()
+    info = StepInfo({"loss": loss}, 0, batch_size=engine.batch_size(), model=model)
+    engine.begin([Keep()], info, info.batch_size, [None] * len(params), ["Test"])
+    loss.backward()
+    results, _, flags = engine.finish()
+    assert not flags, flags
+    return [results[i]["keep"] for i in range(len(params))]
+
+
 def assert_rule_matches_a_sample_loop(layer, x):
     """Every parameter's individual gradients against autograd on one sample at a time."""
-    model = extend(nn.Sequential(layer, nn.Flatten()))
-    params = list(model.parameters())
-    ext = PerSampleTransforms([Keep()], {id(p): i for i, p in enumerate(params)}, ["w", "b"], ["Test"])
-    with backpack(ext):
-        (model(x) ** 2).sum().backward()
-    for index, p in enumerate(params):
+    model = nn.Sequential(layer, nn.Flatten())
+    got = engine_individual_gradients(model, x)
+    for index, p in enumerate(model.parameters()):
         loop = torch.stack([torch.autograd.grad((model(x[n : n + 1]) ** 2).sum(), p)[0] for n in range(len(x))])
-        torch.testing.assert_close(ext.results[index]["keep"], loop)
+        torch.testing.assert_close(got[index], loop)
 
 
 @pytest.mark.parametrize("config", CONVS, ids=str)

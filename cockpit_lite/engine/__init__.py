@@ -1,0 +1,399 @@
+"""The per-sample engine: exact individual-gradient statistics on any model, without BackPACK.
+
+Definition (the record's, see ``cockpit_lite.log``): sample n's individual gradient is
+``g̃_n = B · ∇_θ c_n``, with ``c_n`` sample n's term of the reduced loss and the
+derivative taken through the whole graph. ``Σ_n c_n = L``, so ``g = mean_n g̃_n`` on
+every model, BatchNorm in training mode included. A sample is one index of the batch
+axis; a sequence's token losses are summed.
+
+How a step runs:
+
+1. *Arming.* The engine watches the model's forward pass only when the coming step is
+   due (``arm``/``disarm``, decided by the Cockpit at the end of the previous step):
+   ``cockpit_lite.engine.capture`` records each call of the modules that own tracked
+   parameters (and their ancestors and the BatchNorm layers) and hooks the gradient of
+   each call's output. Untracked steps run without any hook.
+2. *Planning* (``begin``, when the step's context is entered, after the forward pass,
+   before the user's backward): every tracked parameter is routed to the calls that
+   used it (a parameter of a module that was never called, like the ``out_proj`` of
+   ``nn.MultiheadAttention``, belongs to its nearest called ancestor; a tied parameter
+   to every module holding it). Each call gets its layer's rule
+   (``cockpit_lite.engine.rules``): fast factored rules for Linear, ConvNd, Embedding
+   and the normalisation layers, computed inside the backward pass as soon as the
+   call's output gradient arrives, and a ``torch.func`` re-run for every other module,
+   computed after the backward pass. Parameters that no rule can serve exactly go to
+   the *global path* (``cockpit_lite.engine.global_path``, batched vector-Jacobian
+   products of the individual losses, computed right here while the graph exists):
+   parameters used before a layer that mixes the samples (BatchNorm in training mode),
+   parameters of modules that draw random numbers or call sub-modules of their own,
+   and every parameter when the Cockpit was given parameters without their model.
+3. *During backward*: per call, the rule's individual gradients go through the due
+   transforms (``cockpit_lite.transforms``) and are dropped. A parameter with several
+   uses sums its uses per sample first.
+4. *Finish*: the re-run rules, the sums of multi-use parameters, and a check of every
+   parameter served by rules: the rules' gradient ``Σ_n grad_batch[n]`` must equal the
+   gradient autograd accumulated in this backward pass (a use the capture did not see,
+   e.g. a weight read by a parent's code as well as by its own layer, fails it). A
+   failed parameter's values become NaN with a flag and a warning, and it takes the
+   global path from the next step on.
+"""
+
+import warnings
+
+import torch
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from cockpit_lite import transforms as _transforms
+from cockpit_lite.engine import global_path
+from cockpit_lite.engine.capture import ForwardCapture
+from cockpit_lite.engine.rules import GENERIC, UnsupportedCall, mixes_samples, rule_for
+from cockpit_lite.engine.rules.base import first_tensor
+
+GRAD_CHECK_RTOL = {torch.float64: 1e-6, torch.float32: 1e-3}
+"""Largest relative difference between the rules' gradient and autograd's before a
+parameter is declared served wrongly (low-precision dtypes: ``LOW_PRECISION_RTOL``)."""
+LOW_PRECISION_RTOL = 5e-2
+
+
+class Engine:
+    """Individual-gradient statistics of the tracked parameters of one model (see the module docstring)."""
+
+    def __init__(self, model, params, names):
+        """
+        Args:
+            model: the ``torch.nn.Module`` holding ``params``, or ``None`` (then every
+                parameter takes the global path).
+            params, names: the tracked parameters and their names.
+        """
+        self.model = model
+        self.params = params
+        self.names = names
+        self.index = {id(p): i for i, p in enumerate(params)}
+        self.force_global = set()
+        self._warned = set()
+        self._step = None
+        self.capture = None
+        if model is not None:
+            self._owners, self._parents, modules = _ownership(model, self.index)
+            self.capture = ForwardCapture(modules, self._on_grad)
+            self.capture.arm()
+
+    # -- arming -------------------------------------------------------------------------
+
+    def arm(self, on):
+        """Watch the next forward pass (``on``) or not."""
+        if self.capture is None:
+            return
+        if on:
+            self.capture.arm()
+        else:
+            self.capture.disarm()
+
+    def forget(self):
+        """Drop what the capture recorded (the step ends)."""
+        if self.capture is not None:
+            self.capture.clear()
+
+    def input_shape(self):
+        """Shape of the model's first input in the observed forward pass, or ``None``."""
+        if self.capture is None:
+            return None
+        for call in self.capture.calls:
+            if call.module is self.model:
+                inputs = first_tensor(list(call.args) + list(call.kwargs.values()))
+                return None if inputs is None or inputs.dim() == 0 else tuple(inputs.shape)
+        return None
+
+    def batch_size(self):
+        """``B`` of the observed forward pass (the model's first input), or ``None``.
+
+        The batch axis is the first one, except for a model with ``batch_first=False``
+        (a bare ``nn.LSTM`` or ``nn.Transformer``); other sequence-first models must pass
+        ``info["batch_size"]``.
+        """
+        shape = self.input_shape()
+        if shape is None:
+            return None
+        seq_first = not getattr(self.model, "batch_first", True) and len(shape) > 1
+        return shape[1 if seq_first else 0]
+
+    # -- one step -----------------------------------------------------------------------
+
+    def begin(self, transforms, info, batch_size, grads_before, needed_by):
+        """Plan the step and run the global path (before the user's backward pass).
+
+        Args:
+            transforms: the due ``Transform`` objects.
+            info: the step's ``StepInfo``.
+            batch_size: ``B`` (from ``info`` or the forward pass), or ``None``.
+            grads_before: per parameter, the gradient present before this backward
+                pass (gradient accumulation) or ``None``.
+            needed_by: names of the quantities that need the transforms (for messages).
+        """
+        state = _Step(transforms, batch_size, grads_before, needed_by)
+        calls = self.capture.calls if self.capture is not None else []
+        if self.model is not None and not calls:
+            self._warn_once(
+                "unobserved",
+                "cockpit-lite did not see this step's forward pass (the step number "
+                "jumped past the step it was prepared for, or the forward ran under "
+                "no_grad): all individual gradients take the exact but slow global "
+                "path. Enter cp(step) at every step, with consecutive step numbers.",
+            )
+        routes = self._routes(calls, state) if calls else {}
+        global_indices = [i for i in range(len(self.params)) if routes.get(i) == "global" or (i not in routes and not calls)]
+        if state.batch_size is None and not global_indices:
+            raise ValueError(
+                "cockpit-lite cannot tell the batch size: pass info['batch_size'] "
+                "(the number of samples of the forward pass)"
+            )
+        for index, uses in routes.items():
+            if uses == "global":
+                continue
+            state.uses[index] = len(uses)
+            for call, name in uses:
+                state.calls.setdefault(call, []).append((name, self.params[index], index))
+        state.global_indices = global_indices
+        self._step = state
+        if global_indices:
+            self._run_global(state, info, global_indices)
+
+    def finish(self):
+        """Complete the step after backward: returns ``(results, batch_size, flags)``.
+
+        ``results[index][transform.key]`` holds the values of every parameter that took part.
+        """
+        state, self._step = self._step, None
+        if state is None:
+            return {}, None, []
+        try:
+            with torch.no_grad():
+                for call, tracked in state.calls.items():
+                    if id(call) not in state.done:
+                        self._run_rule(state, call, tracked)
+                for index, dense in state.dense.items():
+                    state.ready(index, _transforms.PerSample(
+                        self.params[index], index, grad_batch=dense, batch_size=state.batch_size,
+                        grad_before=state.grads_before[index],
+                    ))
+                state.batch.flush()
+                self._check_gradients(state)
+        finally:
+            self.forget()
+        return state.results, state.batch_size, state.flags
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _routes(self, calls, state):
+        """``{index: [(call, name in the module), ...] | "global"}`` for the parameters that took part."""
+        by_module = {}
+        for call in calls:
+            by_module.setdefault(call.module, []).append(call)
+        mixing = [c for c in calls if mixes_samples(c.module)]
+        routes = {}
+        for index, param in enumerate(self.params):
+            if index in self.force_global:
+                routes[index] = "global"
+                continue
+            uses = []
+            for module, name in self._owners.get(index, ()):
+                while module not in by_module and module in self._parents:
+                    module, child = self._parents[module]
+                    name = f"{child}.{name}"
+                uses += [(call, name) for call in by_module.get(module, ())]
+            if not uses:
+                continue
+            if any(self._needs_global(call, name, calls, mixing, state) for call, name in uses):
+                routes[index] = "global"
+            else:
+                routes[index] = uses
+        return routes
+
+    def _needs_global(self, call, name, calls, mixing, state):
+        if any(call.end < m.start or call.contains(m) for m in mixing if m is not call):
+            return True  # a later layer mixes the samples: δ_n is not ∂c_n/∂output
+        rule = GENERIC if "." in name else rule_for(call.module)
+        if rule is GENERIC and any(call.contains(c) for c in calls):
+            return True  # the module calls sub-modules of its own (their δ would be needed)
+        if state.batch_size is None:
+            return True
+        try:
+            rule.check(call, state.batch_size)
+        except UnsupportedCall:
+            return True
+        return False
+
+    def _on_grad(self, call, position, grad):
+        state = self._step
+        if state is None:
+            return
+        call.grads[position] = grad
+        if grad.dtype in (torch.float16, torch.bfloat16):
+            state.low_precision = True
+        tracked = state.calls.get(call)
+        if tracked is None or id(call) in state.done or len(call.grads) < len(call.leaves):
+            return
+        rule = rule_for(call.module)
+        if rule is not GENERIC and all("." not in name for name, _, _ in tracked):
+            with torch.no_grad():
+                self._run_rule(state, call, tracked)
+
+    def _run_rule(self, state, call, tracked):
+        state.done.add(id(call))
+        rule = rule_for(call.module) if all("." not in name for name, _, _ in tracked) else GENERIC
+        if not call.leaves:
+            return
+        self.capture.paused = True
+        try:
+            per_sample = rule.per_sample(call, tracked, state.batch_size)
+        except UnsupportedCall as error:
+            for _, _, index in tracked:
+                self._fail(state, index, f"{call.name or type(call.module).__name__}: {error}")
+            return
+        finally:
+            self.capture.paused = False
+        for name, param, index in tracked:
+            part = per_sample.pop(name)  # dropped as soon as its transforms ran
+            part.batch_size = state.batch_size
+            part.grad_before = state.grads_before[index]
+            if state.uses.get(index, 1) > 1:
+                dense = part.grad_batch
+                state.dense[index] = dense if index not in state.dense else state.dense[index] + dense
+            else:
+                state.ready(index, part)
+            del part
+
+    def _run_global(self, state, info, indices):
+        contributions = info.contributions(", ".join(state.needed_by))
+        if state.batch_size is None:
+            state.batch_size = contributions.shape[0]
+        elif contributions.shape[0] != state.batch_size:
+            raise ValueError(
+                f"the loss has {contributions.shape[0]} samples but the forward pass had "
+                f"{state.batch_size}; pass info['batch_size']"
+            )
+        params = [self.params[i] for i in indices]
+        with torch.enable_grad():
+            totals = torch.autograd.grad(contributions.sum(), params, retain_graph=True, allow_unused=True)
+        totals = [torch.zeros_like(p) if g is None else g.detach() for g, p in zip(totals, params)]
+        parts = {i: [] for i in indices}
+        for samples, grads in global_path.individual_gradients(contributions, params):
+            with torch.no_grad():
+                for index, grad_batch, total in zip(indices, grads, totals):
+                    per_sample = _transforms.PerSample(
+                        self.params[index], index, grad_batch=grad_batch, batch_size=state.batch_size,
+                        grad_before=state.grads_before[index],
+                    )
+                    per_sample.grad = total.reshape(-1)
+                    parts[index].append(_transforms.run(state.transforms, per_sample))
+        for index, chunks in parts.items():
+            state.results[index] = {
+                t.key: t.combine([chunk[t.key] for chunk in chunks]) for t in state.transforms
+            }
+            state.served[index] = None  # exact by construction: not checked
+
+    def _check_gradients(self, state):
+        for index, engine_grad in state.served.items():
+            if engine_grad is None or index in state.failed:
+                continue
+            param = self.params[index]
+            if param.grad is None:
+                continue
+            true = param.grad.detach()
+            if state.grads_before[index] is not None:
+                true = true - state.grads_before[index]
+            true = true.reshape(-1).to(engine_grad.dtype)
+            low = param.dtype not in GRAD_CHECK_RTOL or engine_grad.dtype not in GRAD_CHECK_RTOL or state.low_precision
+            rtol = LOW_PRECISION_RTOL if low else GRAD_CHECK_RTOL[param.dtype]
+            scale = float(true.norm())
+            error = float((engine_grad - true).norm())
+            if error > rtol * scale + 1e-30 and torch.isfinite(true).all():
+                self._fail(
+                    state, index,
+                    f"the individual gradients sum to a gradient {error / max(scale, 1e-30):.2g} "
+                    "(relative) away from autograd's: the parameter is used somewhere the engine "
+                    "did not see (e.g. read by a parent module's own code as well)",
+                )
+
+    def _fail(self, state, index, reason):
+        """Mark a parameter's values of this step NaN; it takes the global path from now on."""
+        state.failed.add(index)
+        self.force_global.add(index)
+        name = self.names[index]
+        state.flags.append(f"individual gradients of {name} unavailable at this step: {reason}")
+        self._warn_once(
+            ("failed", index),
+            f"cockpit-lite: individual gradients of {name} could not be formed by a layer rule "
+            f"({reason}); this step's values involving it are NaN, and from the next step on it "
+            "takes the exact global path (slower).",
+        )
+        if index not in state.results:  # values of the right shapes, from zeros
+            param = self.params[index]
+            zeros = param.new_zeros((1, *param.shape))
+            state.results[index] = _transforms.run(state.transforms, _transforms.PerSample(param, index, grad_batch=zeros))
+        state.results[index] = {k: _nan_like(v) for k, v in state.results[index].items()}
+
+    def _warn_once(self, key, message):
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, stacklevel=4)
+
+
+class _Step:
+    """What one step's engine collects."""
+
+    def __init__(self, transforms, batch_size, grads_before, needed_by):
+        self.transforms = tuple(transforms)
+        self.batch_size = batch_size
+        self.grads_before = grads_before
+        self.needed_by = tuple(needed_by)
+        self.calls = {}  # call -> [(name, param, index)]
+        self.uses = {}
+        self.done = set()
+        self.dense = {}
+        self.results = {}
+        self.served = {}  # index -> the rules' gradient (None: the global path)
+        self.failed = set()
+        self.flags = []
+        self.low_precision = False
+        self.global_indices = []
+        self.batch = _transforms.Batch()
+
+    def ready(self, index, per_sample):
+        """Run the transforms on a parameter's complete individual gradients."""
+        self.results[index] = _transforms.run(self.transforms, per_sample, self.batch)
+        self.served[index] = per_sample.grad
+
+
+def _nan_like(value):
+    if torch.is_tensor(value):
+        return torch.full_like(value, float("nan"), dtype=value.dtype if value.is_floating_point() else torch.float64)
+    if isinstance(value, tuple):
+        return tuple(_nan_like(v) for v in value)
+    return value
+
+
+def _ownership(model, index):
+    """``(owners, parents, modules)``.
+
+    ``owners[i]``: the ``(module, attribute name)`` pairs holding tracked parameter ``i``
+    (several for a tied parameter); ``parents[module] = (parent, name in parent)``;
+    ``modules``: ``{module: name}`` to watch (owners, their ancestors and BatchNorm layers).
+    """
+    owners, parents, names = {}, {}, {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        names.setdefault(module, name)
+        for child_name, child in module.named_children():
+            parents.setdefault(child, (module, child_name))
+        for attribute, param in module._parameters.items():
+            if param is not None and id(param) in index:
+                owners.setdefault(index[id(param)], []).append((module, attribute))
+    watched = {model}
+    for pairs in owners.values():
+        for module, _ in pairs:
+            while module is not None and module not in watched:
+                watched.add(module)
+                module = parents.get(module, (None, None))[0]
+    watched |= {m for m in names if isinstance(m, _BatchNorm)}
+    return owners, parents, {m: names[m] for m in names if m in watched}
+

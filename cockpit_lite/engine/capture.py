@@ -1,0 +1,125 @@
+"""Forward capture: which modules ran, on what, in which order, for the step about to be tracked.
+
+``ForwardCapture`` puts a forward pre-hook and a forward hook on a set of modules. For
+every call made with gradients enabled it keeps a ``Call``: the module, references to
+its inputs and output (tensors autograd keeps alive anyway), the start and end
+positions of the call among all calls (so that nesting and order are known), and it
+registers a gradient hook on each output tensor that reports the gradient w.r.t. that
+output (``δ``) during the backward pass. Nothing is copied and nothing is computed.
+
+The Cockpit installs the hooks only before a forward pass whose step is due (it
+*arms* the capture at the end of the previous step, see ``cockpit_lite.engine``), so a
+step where nothing is due runs without any hook.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+
+@dataclass(eq=False)
+class Call:
+    """One call of a module during the forward pass.
+
+    Attributes:
+        module: the module.
+        name: its name in the model (``""`` for the model itself).
+        args, kwargs: the inputs it was called with.
+        output: what it returned.
+        leaves: the output's tensors that require a gradient (pytree leaves).
+        leaf_positions: their positions among the output's pytree leaves.
+        start, end: positions of the call's beginning and end in the sequence of all
+            beginnings and ends (a call nested in another starts after it and ends before).
+        grads: ``{leaf position: δ}``, filled during the backward pass.
+    """
+
+    module: torch.nn.Module
+    name: str
+    args: tuple
+    kwargs: dict
+    output: Any
+    start: int
+    end: int = -1
+    leaves: list = field(default_factory=list)
+    leaf_positions: list = field(default_factory=list)
+    grads: dict = field(default_factory=dict)
+
+    def contains(self, other):
+        """Whether ``other`` ran inside this call."""
+        return self.start < other.start and other.end < self.end
+
+
+class ForwardCapture:
+    """Hooks on ``modules`` that record ``Call`` objects (see the module docstring)."""
+
+    def __init__(self, modules, on_grad):
+        """
+        Args:
+            modules: ``{module: name}`` of the modules to watch.
+            on_grad: ``on_grad(call, leaf position, δ)``, called during the backward pass.
+        """
+        self.modules = modules
+        self.on_grad = on_grad
+        self.calls = []
+        self.paused = False
+        self._open = {}
+        self._counter = 0
+        self._module_handles = []
+        self._tensor_handles = []
+
+    @property
+    def armed(self):
+        return bool(self._module_handles)
+
+    def arm(self):
+        """Install the module hooks (no-op if installed)."""
+        if self.armed:
+            return
+        for module in self.modules:
+            self._module_handles.append(module.register_forward_pre_hook(self._pre, with_kwargs=True))
+            self._module_handles.append(module.register_forward_hook(self._post, with_kwargs=True))
+
+    def disarm(self):
+        """Remove the module hooks and forget every call."""
+        for handle in self._module_handles:
+            handle.remove()
+        self._module_handles = []
+        self.clear()
+
+    def clear(self):
+        """Forget the recorded calls and remove their gradient hooks."""
+        for handle in self._tensor_handles:
+            handle.remove()
+        self._tensor_handles = []
+        self.calls = []
+        self._open = {}
+        self._counter = 0
+
+    def _pre(self, module, args, kwargs):
+        if self.paused or not torch.is_grad_enabled():
+            return None
+        self._open.setdefault(module, []).append(self._counter)
+        self._counter += 1
+        return None
+
+    def _post(self, module, args, kwargs, output):
+        starts = self._open.get(module)
+        if self.paused or not starts:
+            return None
+        call = Call(module, self.modules[module], args, kwargs, output, starts.pop(), self._counter)
+        self._counter += 1
+        for position, leaf in enumerate(pytree.tree_leaves(output)):
+            if torch.is_tensor(leaf) and leaf.requires_grad:
+                call.leaves.append(leaf)
+                call.leaf_positions.append(position)
+                self._tensor_handles.append(leaf.register_hook(self._grad_hook(call, len(call.leaves) - 1)))
+        self.calls.append(call)
+        return None
+
+    def _grad_hook(self, call, position):
+        def hook(grad):
+            self.on_grad(call, position, grad)
+
+        return hook

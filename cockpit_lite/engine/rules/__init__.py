@@ -1,0 +1,65 @@
+"""Individual-gradient rules: layer type → how a call's individual gradients are formed.
+
+A rule turns one ``Call`` of a module (its inputs, and the gradient ``δ`` w.r.t. its
+output from the ordinary backward pass) into the individual gradients of the
+module's own parameters, one ``cockpit_lite.transforms.PerSample`` per parameter.
+Sample ``n``'s part of ``δ`` is ``∂c_n/∂output`` as long as nothing after the module
+mixes the samples of the batch (the engine sends parameters upstream of a BatchNorm
+in training mode to the exact global path instead).
+
+``RULES`` maps a layer type (exact type, so that a subclass with its own ``forward``
+is never mistaken for its parent) to a fast rule computed inside the backward pass,
+right when ``δ`` arrives. Every other module uses ``GENERIC``: the module is re-run
+per sample with ``torch.func`` at the end of the backward pass.
+"""
+
+import torch
+from torch import nn
+from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
+
+from cockpit_lite.engine.rules.base import UnsupportedCall
+from cockpit_lite.engine.rules.conv import ConvRule
+from cockpit_lite.engine.rules.embedding import EmbeddingRule
+from cockpit_lite.engine.rules.generic import GenericRule
+from cockpit_lite.engine.rules.linear import LinearRule
+from cockpit_lite.engine.rules.norm import BatchNormRule, GroupNormRule, LayerNormRule, RMSNormRule
+
+__all__ = ["GENERIC", "RULES", "UnsupportedCall", "rule_for"]
+
+RULES = {
+    nn.Linear: LinearRule(),
+    NonDynamicallyQuantizableLinear: LinearRule(),
+    nn.Conv1d: ConvRule(),
+    nn.Conv2d: ConvRule(),
+    nn.Conv3d: ConvRule(),
+    nn.Embedding: EmbeddingRule(),
+    nn.LayerNorm: LayerNormRule(),
+    nn.GroupNorm: GroupNormRule(),
+    nn.BatchNorm1d: BatchNormRule(),
+    nn.BatchNorm2d: BatchNormRule(),
+    nn.BatchNorm3d: BatchNormRule(),
+    nn.SyncBatchNorm: BatchNormRule(),
+}
+if hasattr(nn, "RMSNorm"):  # torch >= 2.4
+    RULES[nn.RMSNorm] = RMSNormRule()
+
+GENERIC = GenericRule()
+
+
+def rule_for(module):
+    """The rule for ``module``'s own parameters."""
+    return RULES.get(type(module), GENERIC)
+
+
+def mixes_samples(module):
+    """Whether ``module`` (when called) makes each sample's output depend on the others.
+
+    BatchNorm normalises with the statistics of the batch in training mode (and
+    always without running statistics).
+    """
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    return isinstance(module, _BatchNorm) and (module.training or not module.track_running_stats)
+
+
+del torch

@@ -1,0 +1,102 @@
+"""Normalisation layers: elementwise affine maps of a normalised input ``x̂``.
+
+For ``y = γ ⊙ x̂ + β`` (``γ``, ``β`` broadcast over the non-parameter axes), sample n's
+gradients are ``Σ δ_n ⊙ x̂_n`` and ``Σ δ_n`` over every axis of sample n that the
+parameter is broadcast along. ``x̂`` is recomputed from the recorded input with the
+statistics the layer used: per sample (LayerNorm, RMSNorm, GroupNorm), of the batch
+(BatchNorm in training mode) or the running ones (BatchNorm in eval mode).
+"""
+
+import torch
+
+from cockpit_lite.engine.rules.base import Rule, UnsupportedCall, batch_axis, compute_dtype, output_grad
+from cockpit_lite.transforms import PerSample
+
+
+class _AffineNorm(Rule):
+    def check(self, call, batch_size):
+        inputs = call.args[0] if call.args else None
+        if not torch.is_tensor(inputs):
+            raise UnsupportedCall("called without a positional input")
+        self.axis(call.module, inputs, batch_size)
+
+    def per_sample(self, call, tracked, batch_size):
+        inputs, delta = call.args[0], output_grad(call)
+        dtype = compute_dtype(inputs, delta, tracked[0][1])
+        x = inputs.detach().to(dtype)
+        axis = self.axis(call.module, x, batch_size)
+        x_hat = self.normalised(call.module, x).movedim(axis, 0)
+        d = delta.detach().to(dtype).movedim(axis, 0)
+        out = {}
+        for name, param, index in tracked:
+            part = d * x_hat if name == "weight" else d
+            out[name] = PerSample(param, index, grad_batch=self.reduce(part, param))
+        return out
+
+
+class _TrailingNorm(_AffineNorm):
+    """Parameters over the trailing ``normalized_shape`` axes; the batch axis is before them."""
+
+    def axis(self, module, x, batch_size):
+        trailing = len(module.normalized_shape)
+        return batch_axis(x[(...,) + (0,) * trailing], batch_size)
+
+    def reduce(self, part, param):
+        return part.reshape(part.shape[0], -1, *param.shape).sum(1)
+
+
+class LayerNormRule(_TrailingNorm):
+    """LayerNorm: ``x̂ = (x − mean) / sqrt(var + ε)`` over the last ``normalized_shape`` axes."""
+
+    def normalised(self, module, x):
+        dims = tuple(range(-len(module.normalized_shape), 0))
+        mean = x.mean(dims, keepdim=True)
+        var = x.var(dims, unbiased=False, keepdim=True)
+        return (x - mean) * torch.rsqrt(var + module.eps)
+
+
+class RMSNormRule(_TrailingNorm):
+    """RMSNorm: ``x̂ = x / sqrt(mean(x²) + ε)`` over the last ``normalized_shape`` axes."""
+
+    def normalised(self, module, x):
+        dims = tuple(range(-len(module.normalized_shape), 0))
+        eps = module.eps if module.eps is not None else torch.finfo(x.dtype).eps
+        return x * torch.rsqrt(x.square().mean(dims, keepdim=True) + eps)
+
+
+class _ChannelNorm(_AffineNorm):
+    """Parameters over the channel axis 1 of ``[B, C, ...]`` inputs."""
+
+    def axis(self, module, x, batch_size):
+        if x.dim() < 2 or x.shape[0] != batch_size:
+            raise UnsupportedCall(f"{type(module).__name__} input without a leading batch axis of size {batch_size}")
+        return 0
+
+    def reduce(self, part, param):
+        return part.reshape(part.shape[0], part.shape[1], -1).sum(2)
+
+
+class GroupNormRule(_ChannelNorm):
+    """GroupNorm: ``x̂`` normalised per sample over each group of channels and all positions."""
+
+    def normalised(self, module, x):
+        grouped = x.reshape(x.shape[0], module.num_groups, -1)
+        mean = grouped.mean(2, keepdim=True)
+        var = grouped.var(2, unbiased=False, keepdim=True)
+        return ((grouped - mean) * torch.rsqrt(var + module.eps)).reshape(x.shape)
+
+
+class BatchNormRule(_ChannelNorm):
+    """BatchNorm: ``x̂`` normalised per channel with the batch statistics (training mode, or
+    no running statistics) or the running ones (eval mode)."""
+
+    def normalised(self, module, x):
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        if module.training or not module.track_running_stats:
+            dims = (0,) + tuple(range(2, x.dim()))
+            mean = x.mean(dims, keepdim=True)
+            var = x.var(dims, unbiased=False, keepdim=True)
+        else:
+            mean = module.running_mean.to(x.dtype).reshape(shape)
+            var = module.running_var.to(x.dtype).reshape(shape)
+        return (x - mean) * torch.rsqrt(var + module.eps)
