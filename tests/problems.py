@@ -5,17 +5,21 @@ and a few batches. ``run`` trains it for some SGD steps with a Cockpit and keeps
 a snapshot (parameters before the step, batch) of every step, so that references
 can be computed afterwards, at the same point, by brute force:
 
-- individual gradients by a loop over samples with ``torch.autograd.grad``
-  (``g̃_n = B ∇c_n``, ``c_n`` sample n's term of the reduced loss);
+- individual gradients by a loop of ``torch.autograd.grad`` over the samples' terms
+  ``c_n`` of the reduced loss of *one* forward pass of the whole batch (``g̃_n = B ∇c_n``;
+  with BatchNorm in training mode the path through the batch statistics is included,
+  and dropout masks are replayed from the random state the training step started with);
 - the Hessian by ``torch.autograd.functional.hessian``, its top eigenvalue by
   ``torch.linalg.eigvalsh``.
 """
 
+import copy
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+import models
 from cockpit_lite import Cockpit, extend
 
 NAMES = ("mlp", "cnn", "mse")
@@ -43,11 +47,16 @@ def _regression():
     return nn.Sequential(nn.Linear(4, 3), nn.Sigmoid(), nn.Linear(3, 2))
 
 
+def _inputs(shape):
+    return lambda g, b: torch.randn(b, *shape, generator=g, dtype=torch.float64)
+
+
 BUILDERS = {
-    # name: (model, loss class, input shape, target maker)
-    "mlp": (_mlp, nn.CrossEntropyLoss, (6,), lambda g, b: torch.randint(0, 3, (b,), generator=g)),
-    "cnn": (_cnn, nn.CrossEntropyLoss, (1, 6, 6), lambda g, b: torch.randint(0, 3, (b,), generator=g)),
-    "mse": (_regression, nn.MSELoss, (4,), lambda g, b: torch.randn(b, 2, generator=g, dtype=torch.float64)),
+    # name: (model, loss class, input maker, target maker)
+    "mlp": (_mlp, nn.CrossEntropyLoss, _inputs((6,)), lambda g, b: torch.randint(0, 3, (b,), generator=g)),
+    "cnn": (_cnn, nn.CrossEntropyLoss, _inputs((1, 6, 6)), lambda g, b: torch.randint(0, 3, (b,), generator=g)),
+    "mse": (_regression, nn.MSELoss, _inputs((4,)), lambda g, b: torch.randn(b, 2, generator=g, dtype=torch.float64)),
+    **models.REALISTIC,
 }
 
 
@@ -60,29 +69,35 @@ class Problem:
     lossfunc: nn.Module
     batches: list
 
-    def fresh_model(self, params):
-        """A non-extended copy of the model holding copies of ``params``."""
-        model = BUILDERS[self.name][0]().double()
+    def fresh_model(self, params, state=None):
+        """A non-extended copy of the model holding copies of ``params`` (and buffers ``state``)."""
+        model = BUILDERS[self.name][0]().double().train(self.model.training)
+        if state is not None:
+            model.load_state_dict(state)
         with torch.no_grad():
             for p, value in zip(model.parameters(), params):
                 p.copy_(value)
         return model
 
-    def loss_of(self, model, x, y):
-        return BUILDERS[self.name][1](reduction=self.reduction)(model(x), y)
+    def loss_of(self, model, x, y, reduction=None):
+        return BUILDERS[self.name][1](reduction=reduction or self.reduction)(model(x), y)
+
+    def contributions(self, model, x, y):
+        """``c_n``: each sample's term of the reduced loss, from one forward pass (with graph)."""
+        elements = self.loss_of(model, x, y, reduction="none")
+        per_sample = elements.reshape(x.shape[0], -1).sum(1)
+        return per_sample / elements.numel() if self.reduction == "mean" else per_sample
 
 
 def make(name, batch_size, reduction="mean", steps=3, seed=0):
-    """Build a float64 problem with ``steps`` batches."""
-    build, loss_cls, shape, target = BUILDERS[name]
+    """Build a float64 problem with ``steps`` batches (plain problems BackPACK-extended, for curvature)."""
+    build, loss_cls, inputs, target = BUILDERS[name]
     torch.manual_seed(seed)
-    model = extend(build().double())
-    lossfunc = extend(loss_cls(reduction=reduction))
+    model, lossfunc = build().double(), loss_cls(reduction=reduction)
+    if name in NAMES:
+        model, lossfunc = extend(model), extend(lossfunc)
     g = torch.Generator().manual_seed(seed + 1)
-    batches = [
-        (torch.randn(batch_size, *shape, generator=g, dtype=torch.float64), target(g, batch_size))
-        for _ in range(steps)
-    ]
+    batches = [(inputs(g, batch_size), target(g, batch_size)) for _ in range(steps)]
     return Problem(name, reduction, batch_size, model, lossfunc, batches)
 
 
@@ -91,6 +106,8 @@ class Snapshot:
     params: list
     x: torch.Tensor
     y: torch.Tensor
+    state: dict = None
+    rng: torch.Tensor = None
 
 
 def run(problem, quantities, lr=0.1, optimizer=None, steps=None, first_step=0, **cockpit_kwargs):
@@ -102,7 +119,8 @@ def run(problem, quantities, lr=0.1, optimizer=None, steps=None, first_step=0, *
     batches = problem.batches[: steps or len(problem.batches)]
     for offset, (x, y) in enumerate(batches):
         step = first_step + offset
-        snapshots[step] = Snapshot([p.detach().clone() for p in params], x, y)
+        state = copy.deepcopy(problem.model.state_dict())
+        snapshots[step] = Snapshot([p.detach().clone() for p in params], x, y, state, torch.get_rng_state())
         opt.zero_grad()
         loss = problem.lossfunc(problem.model(x), y)
         with cp(step, info={"loss": loss, "optimizer": opt}):
@@ -111,39 +129,51 @@ def run(problem, quantities, lr=0.1, optimizer=None, steps=None, first_step=0, *
     return cp, snapshots
 
 
+def _replayed_model(problem, snapshot):
+    """The model as it was at the snapshot (parameters and buffers)."""
+    return problem.fresh_model(snapshot.params, snapshot.state)
+
+
 def individual_gradients(problem, snapshot):
-    """Brute force ``g̃_n`` for every sample: list (per parameter) of ``[B, *shape]`` tensors."""
-    model = problem.fresh_model(snapshot.params)
+    """Brute force ``g̃_n = B ∇c_n`` for every sample: list (per parameter) of ``[B, *shape]`` tensors.
+
+    One forward pass of the whole batch (dropout masks replayed), then one
+    ``torch.autograd.grad`` per sample's term ``c_n``.
+    """
+    model = _replayed_model(problem, snapshot)
+    params = list(model.parameters())
     b = snapshot.x.shape[0]
+    with torch.random.fork_rng(devices=[]):
+        if snapshot.rng is not None:
+            torch.set_rng_state(snapshot.rng)
+        contributions = problem.contributions(model, snapshot.x, snapshot.y)
     per_sample = []
     for n in range(b):
-        loss = problem.loss_of(model, snapshot.x[n : n + 1], snapshot.y[n : n + 1])
-        scale = b if problem.reduction == "sum" else 1.0
-        per_sample.append([g * scale for g in torch.autograd.grad(loss, list(model.parameters()))])
+        grads = torch.autograd.grad(contributions[n], params, retain_graph=True, allow_unused=True)
+        per_sample.append([b * (torch.zeros_like(p) if g is None else g) for g, p in zip(grads, params)])
     return [torch.stack(parts) for parts in zip(*per_sample)]
 
 
 def individual_losses(problem, snapshot):
-    """Brute force ``ℓ_n`` with ``mean_n ℓ_n = L``."""
-    model = problem.fresh_model(snapshot.params)
-    b = snapshot.x.shape[0]
-    scale = b if problem.reduction == "sum" else 1.0
-    with torch.no_grad():
-        return torch.stack(
-            [problem.loss_of(model, snapshot.x[n : n + 1], snapshot.y[n : n + 1]) * scale for n in range(b)]
-        )
+    """Brute force ``ℓ_n = B c_n`` with ``mean_n ℓ_n = L``."""
+    model = _replayed_model(problem, snapshot)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        if snapshot.rng is not None:
+            torch.set_rng_state(snapshot.rng)
+        return problem.contributions(model, snapshot.x, snapshot.y) * snapshot.x.shape[0]
 
 
 def gradient(problem, snapshot):
     """The mini-batch gradient, per parameter."""
-    model = problem.fresh_model(snapshot.params)
-    loss = problem.loss_of(model, snapshot.x, snapshot.y)
-    return list(torch.autograd.grad(loss, list(model.parameters())))
+    return [g.mean(0) for g in individual_gradients(problem, snapshot)]
 
 
 def loss(problem, snapshot):
-    with torch.no_grad():
-        return problem.loss_of(problem.fresh_model(snapshot.params), snapshot.x, snapshot.y)
+    model = _replayed_model(problem, snapshot)  # built first: building draws random numbers
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        if snapshot.rng is not None:
+            torch.set_rng_state(snapshot.rng)
+        return problem.loss_of(model, snapshot.x, snapshot.y)
 
 
 def hessian(problem, snapshot):
@@ -170,7 +200,13 @@ def layer_blocks(problem):
 
 
 CASES = [(name, b, red) for name in NAMES for b in BATCH_SIZES for red in REDUCTIONS]
-"""(problem name, batch size, reduction): every model, an even and an odd batch, both reductions."""
+"""(problem name, batch size, reduction): the plain models (BackPACK curvature works on them),
+an even and an odd batch, both reductions."""
+
+REALISTIC_CASES = [(name, 4, red) for name in models.REALISTIC for red in REDUCTIONS]
+"""The realistic models of ``tests/models.py`` (first-order quantities), both reductions."""
+
+FIRST_ORDER_CASES = CASES + REALISTIC_CASES
 
 
 def case_id(case):
@@ -244,3 +280,27 @@ def ggn(problem, snapshot):
         lambda f: lossfunc(f.reshape(outputs.shape), snapshot.y), outputs.reshape(-1)
     )
     return jacobian.T @ output_hessian @ jacobian
+
+
+EDGE_TOLERANCE = 1e-12
+"""Individual-gradient elements within this distance (relative to the largest one) of a bin
+edge may land on either side: the engine and the brute force reach them by different
+float64 roundings (a mathematically zero element is ±1e-18 in one and 0 in the other)."""
+
+
+def assert_counts_match(actual, count, values):
+    """``actual`` equals ``count(values)`` up to values within ``EDGE_TOLERANCE`` of an edge.
+
+    Every bin must lie between the counts of the values shifted down and up by the
+    tolerance (and the exact count), and the totals must agree, so only elements that
+    sit on an edge can move, and only to a neighbouring bin.
+    """
+    import numpy as np
+
+    eps = EDGE_TOLERANCE * float(values.abs().max()) if values.numel() else 0.0
+    variants = np.stack([np.asarray(count(values + shift)) for shift in (0.0, -eps, eps)])
+    actual = np.asarray(actual)
+    assert actual.sum() == variants[0].sum(), f"total count {actual.sum()} != {variants[0].sum()}"
+    low, high = variants.min(0), variants.max(0)
+    bad = (actual < low) | (actual > high)
+    assert not bad.any(), f"counts differ beyond edge rounding at bins {np.argwhere(bad).tolist()}: {actual[bad]} vs {variants[0][bad]}"

@@ -31,7 +31,7 @@ def reference(problem, snapshots, step):
     return -1.0 if mu[2] < 0 else 2 * t / (-mu[1] / mu[2]) - 1
 
 
-@pytest.mark.parametrize("case", problems.CASES, ids=problems.case_id)
+@pytest.mark.parametrize("case", problems.FIRST_ORDER_CASES, ids=problems.case_id)
 def test_matches_brute_force(case):
     problems.check(Alpha(), reference, case, steps=4, layers=False, schedule_steps=[0, 1, 2])
 

@@ -22,6 +22,6 @@ def reference(problem, snapshots, step):
     return cabs(torch.cat(flat, 1), loss), [cabs(f, loss) for f in flat]
 
 
-@pytest.mark.parametrize("case", problems.CASES, ids=problems.case_id)
+@pytest.mark.parametrize("case", problems.FIRST_ORDER_CASES, ids=problems.case_id)
 def test_matches_brute_force(case):
     problems.check(CABS(), reference, case, lr=LR)

@@ -12,7 +12,7 @@ def reference(problem, snapshots, step):
     return [(p - p0).norm() for p, p0 in zip(snapshots[step].params, snapshots[first].params)]
 
 
-@pytest.mark.parametrize("case", problems.CASES[::3], ids=problems.case_id)
+@pytest.mark.parametrize("case", problems.FIRST_ORDER_CASES[::3], ids=problems.case_id)
 def test_matches_snapshots(case):
     problems.check(Distance(), reference, case, layers=False)
 

@@ -14,7 +14,7 @@ def histogram(values, bins, range):
     return counts, int(((values < range[0]) | (values > range[1])).sum())
 
 
-@pytest.mark.parametrize("case", problems.CASES, ids=problems.case_id)
+@pytest.mark.parametrize("case", problems.FIRST_ORDER_CASES, ids=problems.case_id)
 @pytest.mark.parametrize("bins,range", [(100, (-2.0, 2.0)), (7, (-0.05, 0.03))])
 def test_matches_numpy(case, bins, range):
     problem = problems.make(*case)
@@ -23,8 +23,8 @@ def test_matches_numpy(case, bins, range):
         grads = problems.individual_gradients(problem, snapshot)
         value = cp.get_output()[step]["GradHist1d"]
         counts, clipped = histogram(torch.cat([g.reshape(-1) for g in grads]), bins, range)
-        np.testing.assert_array_equal(value["hist"], counts)
+        problems.assert_counts_match(value["hist"], lambda v: histogram(v, bins, range)[0], torch.cat([g.reshape(-1) for g in grads]))
         assert value["clipped"] == clipped and value["nonfinite"] == 0
         np.testing.assert_allclose(value["edges"], np.linspace(*range, bins + 1))
         for layer, g in zip(cp.get_output()[step]["layers"]["GradHist1d"], grads):
-            np.testing.assert_array_equal(layer["hist"], histogram(g, bins, range)[0])
+            problems.assert_counts_match(layer["hist"], lambda v: histogram(v, bins, range)[0], g)

@@ -18,7 +18,7 @@ def histogram2d(individual, param, bins, range):
     return counts.astype(np.int64)
 
 
-@pytest.mark.parametrize("case", problems.CASES, ids=problems.case_id)
+@pytest.mark.parametrize("case", problems.FIRST_ORDER_CASES, ids=problems.case_id)
 @pytest.mark.parametrize("bins,range", [((40, 50), ((-1.0, 1.0), (-2.0, 2.0))), ((5, 3), ((-0.1, 0.1), (-0.3, 0.2)))])
 def test_matches_numpy(case, bins, range):
     problem = problems.make(*case)
@@ -27,9 +27,11 @@ def test_matches_numpy(case, bins, range):
         grads = problems.individual_gradients(problem, snapshot)
         value = cp.get_output()[step]["GradHist2d"]
         layers = [histogram2d(g, p, bins, range) for g, p in zip(grads, snapshot.params)]
-        np.testing.assert_array_equal(value["hist"], sum(layers))
-        for recorded, expected in zip(cp.get_output()[step]["layers"]["GradHist2d"], layers):
-            np.testing.assert_array_equal(recorded["hist"], expected)
+        flat = torch.cat([g.reshape(g.shape[0], -1) for g in grads], 1)
+        theta = torch.cat([p.reshape(-1) for p in snapshot.params])
+        problems.assert_counts_match(value["hist"], lambda v: histogram2d(v, theta, bins, range), flat)
+        for recorded, g, p in zip(cp.get_output()[step]["layers"]["GradHist2d"], grads, snapshot.params):
+            problems.assert_counts_match(recorded["hist"], lambda v: histogram2d(v, p, bins, range), g)
         for edges, b, r in zip(value["edges"], bins, range):
             np.testing.assert_allclose(edges, np.linspace(*r, b + 1))
         pairs = torch.cat([g.reshape(g.shape[0], -1) for g in grads], 1)
