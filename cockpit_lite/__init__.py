@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Cockpit": ("cockpit_lite.cockpit", "Cockpit"),
-    "configuration": ("cockpit_lite.configuration", "configuration"),
+    "configuration": ("cockpit_lite.utils.configuration", "configuration"),
     "extend": ("cockpit_lite.backend", "extend"),
     "quantities": ("cockpit_lite.quantities", None),
     "schedules": ("cockpit_lite.schedules", None),

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from cockpit_lite import Cockpit, configuration, extend, quantities
-from cockpit_lite.configuration import quantities_cls_for_configuration
+from cockpit_lite.utils.configuration import quantities_cls_for_configuration
 
 BATCH = 64
 LEVELS = ("economy", "business", "full")
