@@ -19,6 +19,8 @@ missing and cannot be derived raises ``ValueError`` naming the key, the quantity
 and the fix. The orchestrator asks before the backward pass runs.
 """
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -100,7 +102,27 @@ def contributions_from_graph(loss, batch_size=None, keep_graph=False):
         per_row = elements.reshape(elements.shape[0], -1).sum(1)
         if reduction == _MEAN:
             per_row = per_row / denominator
+        if batch_size is None:
+            batch_size = _flattened_batch(node, per_row.shape[0])
         return per_sequence(per_row, batch_size)
+
+
+_VIEWS = {"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "LogSoftmaxBackward0", "FlattenBackward0"}
+
+
+def _flattened_batch(node, rows):
+    """The batch size of loss inputs flattened from ``[B, T, ..., C]`` (``logits.view(-1, C)``).
+
+    Follows the loss input's graph up through log-softmax and views to the shape it had
+    before the flattening; ``None`` when the rows were not flattened (one row per sample).
+    """
+    current = node.next_functions[0][0] if node.next_functions else None
+    while current is not None and type(current).__name__ in _VIEWS:
+        sizes = getattr(current, "_saved_self_sym_sizes", None)
+        if sizes is not None and len(sizes) >= 3 and math.prod(sizes[:-1]) == rows:
+            return int(sizes[0])
+        current = current.next_functions[0][0] if current.next_functions else None
+    return None
 
 
 def per_sequence(per_row, batch_size):

@@ -110,11 +110,15 @@ class Snapshot:
     rng: torch.Tensor = None
 
 
-def run(problem, quantities, lr=0.1, optimizer=None, steps=None, first_step=0, **cockpit_kwargs):
-    """Train ``problem`` with a Cockpit; return ``(cockpit, snapshots by step)``."""
+def run(problem, quantities, lr=0.1, optimizer=None, steps=None, first_step=0, params_only=False, **cockpit_kwargs):
+    """Train ``problem`` with a Cockpit; return ``(cockpit, snapshots by step)``.
+
+    ``params_only``: give the Cockpit ``model.parameters()`` (Cockpit's style) instead of the model.
+    """
     params = list(problem.model.parameters())
     opt = optimizer(params) if optimizer else torch.optim.SGD(params, lr=lr)
-    cp = Cockpit(problem.model, quantities=quantities, strict=True, **cockpit_kwargs)
+    tracked = params if params_only else problem.model
+    cp = Cockpit(tracked, quantities=quantities, strict=True, **cockpit_kwargs)
     snapshots = {}
     batches = problem.batches[: steps or len(problem.batches)]
     for offset, (x, y) in enumerate(batches):

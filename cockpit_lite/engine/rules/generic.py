@@ -11,6 +11,9 @@ cannot run a module (an operation without a batching rule) the samples are run i
 loop instead. A module that draws random numbers (dropout inside it) cannot be re-run
 faithfully: ``UnsupportedCall``, and the engine uses the exact global path.
 
+The re-run uses the math kernel of scaled-dot-product attention (vmap has batching rules
+for its operations, not for the fused CPU kernel); the user's own forward pass is untouched.
+
 Batch axes: the recurrent layers and attention follow their ``batch_first``; any
 other tensor's batch axis is its first axis of the batch size (none: shared by all
 samples, e.g. an attention mask).
@@ -21,6 +24,7 @@ import inspect
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils import _pytree as pytree
 
 from cockpit_lite.engine.rules.base import Rule, UnsupportedCall, batch_axis, compute_dtype, output_grad
@@ -64,7 +68,8 @@ class GenericRule(Rule):
             outputs = pytree.tree_leaves(functional_call(module, theta, args, kwargs))
             return sum((g * outputs[p]).sum() for p, g in zip(positions, grads))
 
-        with torch.enable_grad(), torch.autocast(inputs[0].device.type if inputs else "cpu", enabled=False):
+        device = inputs[0].device.type if inputs else "cpu"
+        with torch.enable_grad(), torch.autocast(device, enabled=False), sdpa_kernel(SDPBackend.MATH):
             grads = None
             if type(module) not in self._loop:
                 try:
