@@ -49,12 +49,19 @@ each step ends, so a crash loses at most the step in flight; ``read`` skips a to
 last line and warns once.
 
 *JSON* (``.json``): ``{str(step): {key: value}}``, the layout of Cockpit's
-``write`` (quantity class names as keys), written by ``Cockpit.write``.
+``write`` (quantity class names as keys), written by ``Cockpit.write``. Arrays in it
+are encoded as json_tricks encodes them (``{"__ndarray__": [...], "dtype": ...,
+"shape": [...]}``), so that the original Cockpit's ``CockpitPlotter`` reads the file;
+``read_json`` reads such files written by the original Cockpit too (also
+json_tricks' compact ``"b64:"`` / ``"b64.gz:"`` array strings).
 
 Values on disk are plain JSON; non-finite floats are written as ``NaN`` /
-``Infinity`` (Python's JSON dialect) and histogram arrays as nested lists.
+``Infinity`` (Python's JSON dialect) and histogram arrays in the JSON-lines log as
+nested lists.
 """
 
+import base64
+import gzip
 import json
 import math
 import os
@@ -117,28 +124,66 @@ def merge(record, step, entries):
             target[key] = value
 
 
-def to_jsonable(value):
-    """Convert a record value (numpy arrays, numpy scalars, nesting) to plain JSON types."""
+def to_jsonable(value, tagged_arrays=False):
+    """Convert a record value (numpy arrays, numpy scalars, nesting) to plain JSON types.
+
+    Args:
+        value: a record value.
+        tagged_arrays: encode arrays as json_tricks does, ``{"__ndarray__": list,
+            "dtype": str, "shape": list}`` (what Cockpit's plotter reads), instead of
+            as nested lists.
+    """
     if isinstance(value, dict):
-        return {str(k): to_jsonable(v) for k, v in value.items()}
+        return {str(k): to_jsonable(v, tagged_arrays) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [to_jsonable(v) for v in value]
+        return [to_jsonable(v, tagged_arrays) for v in value]
     if isinstance(value, np.ndarray):
+        if tagged_arrays:
+            tagged = {"__ndarray__": value.tolist(), "dtype": str(value.dtype), "shape": list(value.shape)}
+            if value.ndim > 1:
+                tagged["Corder"] = True  # tolist() is in C order whatever the memory layout
+            return tagged
         return value.tolist()
     if isinstance(value, np.generic):
         return value.item()
     return value
 
 
+def _tagged_array(tagged):
+    """The array of a json_tricks ``{"__ndarray__": ...}`` dict (list or ``b64[.gz]:`` data)."""
+    data, dtype = tagged["__ndarray__"], np.dtype(tagged.get("dtype", "float64"))
+    shape = tuple(tagged.get("shape", ()))
+    order = "C" if tagged.get("Corder", True) else "F"
+    if isinstance(data, str):
+        prefix, _, payload = data.partition(":")
+        if prefix not in ("b64", "b64.gz"):
+            raise ValueError(f"unknown json_tricks array encoding {prefix!r} (expected b64 or b64.gz)")
+        raw = base64.standard_b64decode(payload)
+        if prefix == "b64.gz":
+            raw = gzip.decompress(raw)
+        if tagged.get("endian") in ("little", "big"):
+            dtype = dtype.newbyteorder("<" if tagged["endian"] == "little" else ">")
+        return np.frombuffer(raw, dtype=dtype).reshape(shape, order=order).copy()
+    if order == "F":  # json_tricks lists a Fortran-ordered array's transpose
+        return np.asarray(data, dtype=dtype).reshape(shape[::-1]).T.copy()
+    return np.asarray(data, dtype=dtype).reshape(shape)
+
+
 def from_jsonable(value):
-    """Inverse of ``to_jsonable`` for the record layout: histograms become arrays."""
+    """Inverse of ``to_jsonable`` for the record layout: histograms become arrays.
+
+    json_tricks' ``{"__ndarray__": ...}`` dicts (Cockpit's ``write``) become arrays
+    wherever they are.
+    """
     if isinstance(value, dict):
+        if "__ndarray__" in value:
+            return _tagged_array(value)
         out = {k: from_jsonable(v) for k, v in value.items()}
         if "hist" in out:
             out["hist"] = np.asarray(out["hist"])
             edges = out.get("edges")
             if edges is not None:
-                if len(edges) and isinstance(edges[0], list):
+                if isinstance(edges, list) and len(edges) and np.ndim(edges[0]) == 1:
                     out["edges"] = [np.asarray(e, dtype=float) for e in edges]
                 else:
                     out["edges"] = np.asarray(edges, dtype=float)
@@ -224,7 +269,7 @@ def write_json(path, record):
     folder = os.path.dirname(os.fspath(path))
     if folder:
         os.makedirs(folder, exist_ok=True)
-    data = {str(step): to_jsonable(entry) for step, entry in sorted(record.items())}
+    data = {str(step): to_jsonable(entry, tagged_arrays=True) for step, entry in sorted(record.items())}
     with open(path, "w", encoding="utf-8") as file:
         json.dump(data, file, indent=1)
 

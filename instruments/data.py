@@ -85,14 +85,18 @@ def _normalise(record):
 
 
 def resolve_path(path):
-    """Return an existing log path for ``path`` (trying ``.jsonl`` and ``.json``)."""
+    """Return an existing log file for ``path`` (trying ``.jsonl`` and ``.json``).
+
+    Only files count: Cockpit's scripts save their figures into a folder named like
+    the log (``savedir=logpath``), so ``logpath`` may be a folder next to ``logpath.json``.
+    """
     path = os.fspath(path)
-    if os.path.exists(path):
+    if os.path.isfile(path):
         return path
     for ext in (".jsonl", ".json"):
-        if os.path.exists(path + ext):
+        if os.path.isfile(path + ext):
             return path + ext
-    raise FileNotFoundError(f"no log at {path!r} (also tried .jsonl and .json)")
+    raise FileNotFoundError(f"no log at {path!r} (no such file, also tried .jsonl and .json)")
 
 
 def load(source, name=None, discard=None):

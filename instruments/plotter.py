@@ -2,23 +2,24 @@
 
 A Cockpit script ports by changing its import::
 
-    from instruments import CockpitPlotter
+    from instruments import CockpitPlotter      # or: from cockpit_lite import CockpitPlotter
     plotter = CockpitPlotter()
-    plotter.plot(cockpit, show_plot=False, save_plot=True, savedir="runs", savename_append="__epoch_03")
+    plotter.plot(cockpit, show_plot=False, save_plot=True, savedir="runs", savename_append="epoch_03")
+    # -> runs/cockpit__primary__epoch_03.png, as Cockpit names it
 
 Differences from Cockpit's plotter (all deliberate):
 
 - ``source`` may be a live cockpit (any object with ``get_output()``), a record
   dict, or a path to a ``.jsonl`` / ``.json`` log (a path without extension is
   tried with ``.jsonl`` and ``.json``, as Cockpit passed the log path without
-  ``.json``).
-- File name: ``savedir / (savename + savename_append + "." + format)``.
-  ``savename_append`` is appended verbatim (Cockpit inserted ``"__"`` and a
-  ``"__primary"`` screen tag). Defaults: ``savedir`` is the log's folder for a path
-  source and the current directory otherwise (Cockpit raised instead);
-  ``savename`` is the log's file name without extension for a path source and
-  ``"cockpit"`` otherwise; the format is PNG (``savefig_kwargs["format"]``
-  overrides it). ``plot`` returns the path it saved (or ``None``).
+  ``.json``; only files count, so a folder of the same name does not get in the way).
+- File names are Cockpit's: ``savedir / (savename + "__primary" + ("__" +
+  savename_append) + "." + format)``, ``savename`` defaulting to ``"cockpit"`` and
+  the format to PNG (``savefig_kwargs["format"]`` overrides it). ``savedir``
+  defaults, as in Cockpit, to the log path without its extension for a path source
+  (Cockpit used the path it was given as the folder), and to the current directory
+  for any other source (Cockpit raised instead). ``plot`` returns the path it saved
+  (or ``None``).
 - ``secondary_screen=True`` adds the per-layer histogram row to the one figure
   (mean GSNR, CABS and early stopping are always on the main dashboard).
 - ``show_plot=True`` needs an interactive matplotlib backend; with a
@@ -26,6 +27,9 @@ Differences from Cockpit's plotter (all deliberate):
   With ``show_plot=False`` pyplot is never imported, so plotting is thread-safe.
 - ``debug=True`` re-raises a failing gauge's exception instead of drawing an
   error message in its panel.
+- ``build_animation(logpath)`` renders its frames from the log in hindsight (Cockpit
+  assembled PNGs that had to be saved during training under one naming pattern);
+  the GIF goes where Cockpit put it, ``logpath`` without extension + ``"__primary.gif"``.
 """
 
 import os
@@ -74,7 +78,7 @@ class CockpitPlotter:
         block=False,
         save_plot=False,
         savedir=None,
-        savename=None,
+        savename="cockpit",
         savename_append=None,
         savefig_kwargs=None,
         show_log_iter=False,
@@ -88,10 +92,11 @@ class CockpitPlotter:
             source: live cockpit, record dict, or path to a ``.jsonl``/``.json`` log.
             show_plot: show the figure (interactive backends only).
             block: with ``show_plot``, block until the window is closed.
-            save_plot: save the figure to ``savedir/savename+savename_append.png``.
-            savedir: folder to save into (default: the log's folder, else ".").
-            savename: file name without extension (default: the log's name, else "cockpit").
-            savename_append: appended verbatim to ``savename``, e.g. ``"__epoch_03"``.
+            save_plot: save the figure to ``savedir/savename__primary__savename_append.png``.
+            savedir: folder to save into (default: the log path without extension
+                for a path source, else ".").
+            savename: file name stem (default ``"cockpit"``).
+            savename_append: appended to the name after ``"__"``, e.g. ``"epoch_03"``.
             savefig_kwargs: passed to ``Figure.savefig`` (``format``, ``dpi``, ...).
             show_log_iter: symlog step axes.
             discard: drop the steps after this one.
@@ -135,17 +140,15 @@ class CockpitPlotter:
             return self._save(run, source, savedir, savename, savename_append, savefig_kwargs)
         return None
 
-    def save_path(self, source, savedir=None, savename=None, savename_append=None, fmt=None):
+    def save_path(self, source, savedir=None, savename="cockpit", savename_append=None, fmt=None):
         """The file ``plot(..., save_plot=True)`` writes for these arguments (see module docs)."""
-        is_path = isinstance(source, (str, os.PathLike))
         if savedir is None:
-            savedir = os.path.dirname(os.path.abspath(data.resolve_path(source))) if is_path else "."
-        if savename is None:
-            if is_path:
-                savename = os.path.splitext(os.path.basename(data.resolve_path(source)))[0]
+            if isinstance(source, (str, os.PathLike)):
+                savedir = os.path.splitext(data.resolve_path(source))[0]
             else:
-                savename = "cockpit"
-        return os.path.join(savedir, f"{savename}{savename_append or ''}.{fmt or self.save_format}")
+                savedir = "."
+        append = "" if savename_append is None else f"__{savename_append}"
+        return os.path.join(os.fspath(savedir), f"{savename}__primary{append}.{fmt or self.save_format}")
 
     def _save(self, run, source, savedir, savename, savename_append, savefig_kwargs):
         kwargs = dict(savefig_kwargs or {})
@@ -155,4 +158,49 @@ class CockpitPlotter:
             os.makedirs(folder, exist_ok=True)
         kwargs.setdefault("dpi", self.dpi)
         self.fig.savefig(path, **kwargs)
+        return path
+
+    def build_animation(self, logpath, duration=200, loop=0, steps=None, max_frames=20):
+        """Write an animated GIF of the dashboard growing over the run (Cockpit's signature).
+
+        Frame ``k`` is the dashboard of the steps up to ``steps[k]``, drawn from the log
+        in hindsight, so nothing has to be saved during training.
+
+        Args:
+            logpath: path of the log (``.jsonl`` / ``.json``, or without extension).
+            duration: milliseconds per frame.
+            loop: how often the GIF repeats (0: forever).
+            steps: the last step of each frame; default: the steps where
+                ``Cockpit.log`` recorded an epoch, or else up to ``max_frames`` steps
+                evenly spread over the run.
+            max_frames: the number of frames when ``steps`` is not given and no epoch
+                was logged.
+
+        Returns:
+            The GIF's path: ``logpath`` without extension + ``"__primary.gif"``.
+        """
+        import io
+
+        from PIL import Image
+
+        run = data.load(logpath)
+        if steps is None:
+            steps = sorted(s for s, entry in run.record.items() if "epoch_count" in entry)
+            if not steps:
+                ordered = sorted(run.record)
+                picks = {round(i * (len(ordered) - 1) / max(max_frames - 1, 1)) for i in range(min(max_frames, len(ordered)))}
+                steps = [ordered[i] for i in sorted(picks)]
+        if not steps:
+            raise ValueError(f"{logpath}: the log holds no step to animate")
+        frames = []
+        for step in steps:
+            frame = data.load(run, discard=step)
+            fig = Dashboard(figsize=self.figsize, dpi=self.dpi, layerwise=self._secondary_screen,
+                            **self.dashboard_options).draw(frame)
+            buffer = io.BytesIO()
+            fig.savefig(buffer, format="png", dpi=self.dpi)
+            buffer.seek(0)
+            frames.append(Image.open(buffer).convert("RGB"))
+        path = os.path.splitext(data.resolve_path(logpath))[0] + "__primary.gif"
+        frames[0].save(path, format="GIF", append_images=frames[1:], save_all=True, duration=duration, loop=loop)
         return path

@@ -32,8 +32,8 @@ def _plot(source, tmp_path, **kwargs):
 
 
 def test_live_cockpit(tmp_path, full_record, names):
-    plotter, path = _plot(LiveCockpit(full_record, names), tmp_path, savedir=tmp_path, savename_append="__epoch_03")
-    assert path == os.path.join(tmp_path, "cockpit__epoch_03.png")
+    plotter, path = _plot(LiveCockpit(full_record, names), tmp_path, savedir=tmp_path, savename_append="epoch_03")
+    assert path == os.path.join(tmp_path, "cockpit__primary__epoch_03.png")  # Cockpit's name
     assert os.path.exists(path)
     legend = [t.get_text() for t in plotter.fig.legends[0].get_texts()]
     assert legend[1] == names[0]
@@ -44,12 +44,12 @@ def test_record_dict_with_string_steps(tmp_path, economy_record):
     plotter = CockpitPlotter(**FAST)
     assert plotter.plot(source, show_plot=False) is None
     assert any(t.startswith("α, last 10%") for t in all_titles(plotter.fig))
-    assert plotter.save_path(source, savedir=tmp_path, savename="econ") == os.path.join(tmp_path, "econ.png")
+    assert plotter.save_path(source, savedir=tmp_path, savename="econ") == os.path.join(tmp_path, "econ__primary.png")
 
 
-def test_jsonl_path_defaults_next_to_the_log(tmp_path, full_jsonl):
+def test_jsonl_path_defaults_to_a_folder_named_like_the_log(tmp_path, full_jsonl):
     plotter, path = _plot(full_jsonl, tmp_path)
-    assert path == os.path.join(tmp_path, "run.png")
+    assert path == os.path.join(tmp_path, "run", "cockpit__primary.png")  # Cockpit: savedir = the log path
     assert imread(path).shape[:2] == (400, 640)
     legend = [t.get_text() for t in plotter.fig.legends[0].get_texts()]
     assert legend[1:] == records.NAMES  # names from the log header
@@ -60,12 +60,46 @@ def test_json_path_and_path_without_extension(tmp_path, full_record):
     plotter = CockpitPlotter(**FAST)
     plotter.plot(str(tmp_path / "old"), show_plot=False)  # Cockpit passes the log path without ".json"
     assert any(t.startswith("λmax") for t in all_titles(plotter.fig))
-    assert plotter.save_path(str(tmp_path / "old")) == os.path.join(tmp_path, "old.png")
-    assert plotter.save_path(str(tmp_path / "old.json"), fmt="pdf") == os.path.join(tmp_path, "old.pdf")
+    assert plotter.save_path(str(tmp_path / "old")) == os.path.join(tmp_path, "old", "cockpit__primary.png")
+    assert plotter.save_path(str(tmp_path / "old.json"), fmt="pdf") == os.path.join(tmp_path, "old", "cockpit__primary.pdf")
+
+
+def test_log_path_next_to_a_folder_of_the_same_name(tmp_path, full_record):
+    """Cockpit's advanced example saves figures into ``logpath/`` and then plots ``logpath``
+    (which is ``logpath.json``): the folder must not be taken for the log."""
+    logpath = str(tmp_path / "cockpit_output")
+    plotter, first = _plot(full_record, tmp_path, savedir=logpath, savename_append="10")
+    assert first == os.path.join(logpath, "cockpit__primary__10.png")
+    write_json(logpath + ".json", full_record)
+    _, final = _plot(logpath, tmp_path, savedir=logpath, savename_append="_final")
+    assert final == os.path.join(logpath, "cockpit__primary___final.png")
+    assert os.path.isfile(final)
+
+
+def test_build_animation_from_the_log_in_hindsight(tmp_path, full_record):
+    from PIL import Image
+
+    write_json(tmp_path / "run.json", full_record)
+    path = CockpitPlotter(**FAST).build_animation(str(tmp_path / "run"), duration=100, steps=[5, 30, 59])
+    assert path == str(tmp_path / "run__primary.gif")
+    with Image.open(path) as gif:
+        assert gif.n_frames == 3
+        assert gif.info["duration"] == 100
+        first = gif.convert("RGB").tobytes()
+        gif.seek(2)
+        assert gif.convert("RGB").tobytes() != first  # later frames show more steps
+
+
+def test_build_animation_defaults_to_the_logged_epochs(tmp_path, full_record):
+    from PIL import Image
+
+    write_json(tmp_path / "run.json", full_record)
+    with Image.open(CockpitPlotter(**FAST).build_animation(str(tmp_path / "run.json"))) as gif:
+        assert gif.n_frames == len(records.EPOCH_STEPS)
 
 
 def test_live_cockpit_default_savedir_is_cwd(economy_record):
-    assert CockpitPlotter().save_path(LiveCockpit(economy_record)) == os.path.join(".", "cockpit.png")
+    assert CockpitPlotter().save_path(LiveCockpit(economy_record)) == os.path.join(".", "cockpit__primary.png")
 
 
 def test_discard_and_title(full_record):
