@@ -19,6 +19,7 @@ _LAZY = {
     "schedules": ("cockpit_lite.schedules", None),
     "histogram": ("cockpit_lite.histogram", None),
     "log": ("cockpit_lite.log", None),
+    "checks": ("cockpit_lite.checks", None),
 }
 
 __all__ = sorted(_LAZY)
