@@ -1,0 +1,147 @@
+"""What the rules share: the run so far, updated once per step before the rules look at it.
+
+``History`` is fed the record step by step (in step order) and keeps the few running
+summaries several rules need (the loss at initialisation, per-layer gradient and
+update ratios), so that no rule recomputes them and no rule needs the whole record.
+"""
+
+import math
+import statistics
+
+import numpy as np
+
+from cockpit_lite import log as _log
+
+#: Per-parameter lists whose network total is the root of the sum of squares.
+RSS = ("GradNorm", "ParamNorm", "UpdateSize")
+
+
+def module_of(param_name):
+    """``"encoder.3.weight"`` -> ``"encoder.3"`` (``""`` for a bare parameter of the model)."""
+    return param_name.rsplit(".", 1)[0] if "." in param_name else param_name
+
+
+def finite(value):
+    return _log.is_finite_number(value)
+
+
+def rss(values):
+    arr = np.asarray(values, dtype=float)
+    return float(np.sqrt(np.sum(arr**2))) if arr.size else math.nan
+
+
+class History:
+    """The run so far (see the module docstring).
+
+    Args:
+        names: the tracked parameters' names, in record order (``None``: ``param_i``).
+        shapes: their shapes (``None``: a tensor counts as a weight unless its name ends
+            in ``bias``).
+    """
+
+    def __init__(self, names=None, shapes=None):
+        self.names = list(names) if names else None
+        self.shapes = [tuple(s) for s in shapes] if shapes else None
+        self.step = None
+        self.losses = []          # (step, loss), non-finite kept
+        self.ratios = []          # (step, ‖Δθ‖/‖θ‖ total), known one step late
+        self.logs = []            # (step, {epoch key: value})
+        self.nonfinite_at = None  # the first step with a non-finite loss
+
+    # -- feeding ---------------------------------------------------------------------------
+
+    def update(self, step, entry):
+        self.step = step
+        if "Loss" in entry:
+            self.losses.append((step, float(entry["Loss"]) if entry["Loss"] is not None else math.nan))
+        bad = "nonfinite_loss" in (entry.get(_log.FLAGS) or []) or (self.losses and self.losses[-1][0] == step
+                                                                     and not math.isfinite(self.losses[-1][1]))
+        if bad and self.nonfinite_at is None:
+            self.nonfinite_at = step
+        norms, update = entry.get("ParamNorm"), entry.get("UpdateSize")
+        if isinstance(norms, (list, tuple, np.ndarray)) and isinstance(update, (list, tuple, np.ndarray)):
+            total = rss(norms)
+            if total > 0 and finite(total):
+                self.ratios.append((step, rss(update) / total))
+        epoch = {k: entry[k] for k in _log.EPOCH_KEYS if k in entry}
+        if epoch:
+            self.logs.append((step, epoch))
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def name(self, index):
+        return self.names[index] if self.names and index < len(self.names) else f"param_{index}"
+
+    def weights(self, n):
+        """Indices of the weight tensors (matrices, kernels, embeddings) among ``n`` parameters."""
+        if self.shapes and len(self.shapes) == n:
+            picked = [i for i, s in enumerate(self.shapes) if len(s) >= 2]
+        else:
+            picked = [i for i in range(n) if not self.name(i).endswith("bias")]
+        return picked or list(range(n))
+
+    @property
+    def loss_ref(self):
+        """L₀: the median of the first 3 finite losses (``nan`` before the first)."""
+        first = [v for _, v in self.losses if math.isfinite(v)][:3]
+        return statistics.median(first) if first else math.nan
+
+    def recent_losses(self, k):
+        return [v for _, v in self.losses[-k:]]
+
+    def median_recent_loss(self, k, finite_only=True):
+        values = [v for v in self.recent_losses(k) if math.isfinite(v) or not finite_only]
+        return statistics.median(values) if values else math.nan
+
+    def median_recent_ratio(self, k):
+        values = [r for _, r in self.ratios[-k:] if math.isfinite(r)]
+        return statistics.median(values) if values else math.nan
+
+    def relative_gradients(self, entry):
+        """``[(index, ‖g‖/‖θ‖)]`` of the weight tensors at this step, or ``None``."""
+        grads, norms = entry.get("GradNorm"), entry.get("ParamNorm")
+        if not isinstance(grads, (list, tuple, np.ndarray)) or not isinstance(norms, (list, tuple, np.ndarray)):
+            return None
+        if len(grads) != len(norms) or len(grads) < 2:
+            return None
+        out = []
+        for i in self.weights(len(grads)):
+            g, p = float(grads[i]), float(norms[i])
+            if finite(g) and finite(p) and p > 0:
+                out.append((i, g / p))
+        return out if len(out) >= 2 else None
+
+
+class Streak:
+    """Counts consecutive records on which a condition holds; remembers where the streak began."""
+
+    def __init__(self, length):
+        self.length = length
+        self.count = 0
+        self.start = None
+        self.first = None
+
+    def see(self, step, holds, evidence=None):
+        """Record one step; returns True when the streak reaches ``length``."""
+        if holds:
+            if self.count == 0:
+                self.start, self.first = step, evidence
+            self.count += 1
+        else:
+            self.count, self.start, self.first = 0, None, None
+        return self.count >= self.length
+
+
+def fmt(value, digits=3):
+    """A number for a message: ``0.000123`` -> ``"0.000123"``, ``nan`` -> ``"nan"``."""
+    return f"{float(value):.{digits}g}" if value is not None else "n/a"
+
+
+def plain(value, digits=4):
+    """A number for the evidence dict (rounded, Python float)."""
+    if value is None:
+        return None
+    value = float(value)
+    if not math.isfinite(value):
+        return value
+    return float(f"{value:.{digits}g}")

@@ -1,0 +1,43 @@
+"""``edge_of_stability``: η λ_max ≥ ``EOS`` (1 + β) for SGD with learning rate η and
+momentum β (Cohen et al. 2021), on ``EOS_RECORDS`` records where ``HessMaxEV`` is tracked."""
+
+from cockpit_lite.diagnosis import thresholds as T
+from cockpit_lite.diagnosis.finding import Finding
+from cockpit_lite.diagnosis.history import Streak, finite, fmt, plain
+from cockpit_lite.diagnosis.rules.base import Rule
+
+
+class EdgeOfStability(Rule):
+    KIND = "edge_of_stability"
+    SIGNALS = ("HessMaxEV", "GradPresence", "learning_rate")
+
+    def __init__(self):
+        self.lr, self.momentum, self.sgd = None, 0.0, True
+        self.count, self.first = 0, None
+
+    def observe(self, step, entry, history):
+        presence = entry.get("GradPresence")
+        if isinstance(presence, dict) and presence.get("lr") is not None:
+            self.lr, self.sgd = presence["lr"], presence.get("optimizer") in (None, "SGD")
+            self.momentum = presence.get("momentum") or 0.0
+        elif finite(entry.get("learning_rate")):
+            self.lr = float(entry["learning_rate"])
+        sharpness = entry.get("HessMaxEV")
+        if not (finite(sharpness) and self.lr and self.sgd):
+            return []
+        product = self.lr * float(sharpness)
+        limit = T.EOS * (1 + self.momentum)
+        if product < limit:
+            return []
+        self.count += 1
+        self.first = self.first if self.first is not None else step
+        if self.count != T.EOS_RECORDS:
+            return []
+        return [Finding(
+            self.KIND, None, self.first, "warning",
+            f"lr * lambda_max = {fmt(self.lr)} * {fmt(sharpness)} = {fmt(product)} >= {fmt(limit)} (the stability "
+            f"limit 2(1+momentum)) at step {self.first}: the step size is at the edge of stability",
+            f"lower the learning rate below {fmt(limit / float(sharpness), 2)} if the loss oscillates; or accept "
+            "it (training at the edge of stability is common) and watch the loss",
+            {"lr": plain(self.lr), "lambda_max": plain(sharpness), "product": plain(product), "limit": plain(limit)},
+        )]

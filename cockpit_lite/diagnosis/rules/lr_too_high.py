@@ -1,0 +1,60 @@
+"""``lr_too_high``: the loss spikes or diverges, or learns and then collapses.
+
+- spike / divergence: the median of the last 3 losses exceeds ``SPIKE`` · L₀;
+- collapse: the 3-median went below (1 − ``LEARNED``) L₀, then climbs back ``COLLAPSE``
+  of the way to L₀ for ``SUSTAIN`` steps;
+- updates of ≥ ``HIGH_RATIO`` of the weights' norm per step (median of the last 3);
+- a non-finite loss whose origin has non-finite parameters (an update diverged).
+"""
+
+import math
+import statistics
+
+from cockpit_lite.diagnosis import thresholds as T
+from cockpit_lite.diagnosis.finding import Finding
+from cockpit_lite.diagnosis.history import Streak, fmt, plain
+from cockpit_lite.diagnosis.rules.base import Rule
+
+SUGGESTION = "lower the learning rate (by 3-10x), add warm-up, or clip the gradient norm"
+
+
+class LrTooHigh(Rule):
+    KIND = "lr_too_high"
+    SIGNALS = ("Loss", "UpdateSize", "ParamNorm", "NonfiniteOrigin")
+
+    def __init__(self):
+        self.best = math.inf
+        self.collapse = Streak(T.SUSTAIN)
+
+    def observe(self, step, entry, history):
+        ref = history.loss_ref
+        origin = entry.get("NonfiniteOrigin")
+        if isinstance(origin, dict) and origin.get("params_nonfinite"):
+            return [self._finding(step, f"the loss became non-finite at step {step} because the parameters of "
+                                  f"{origin.get('module')!r} were already non-finite: an update diverged",
+                                  {"loss_ref": plain(ref), "module": origin.get("module")})]
+        ratio = history.median_recent_ratio(3)
+        if len(history.ratios) >= 3 and ratio >= T.HIGH_RATIO:
+            return [self._finding(history.ratios[-3][0], f"each update changes the weights by {fmt(ratio, 2)} of "
+                                  f"their norm (median of the 3 steps up to {step}; healthy: ~1e-3 to 1e-2)",
+                                  {"update_ratio": plain(ratio), "loss_ref": plain(ref)})]
+        recent = [v for v in history.recent_losses(3) if math.isfinite(v)]
+        if len(recent) < 3 or not math.isfinite(ref) or ref <= 0:
+            return []
+        median = statistics.median(recent)
+        if median > T.SPIKE * ref:
+            return [self._finding(step, f"the loss rose from {fmt(ref)} at the start to {fmt(median)} "
+                                  f"(median of steps up to {step}), {fmt(median / ref, 2)}x its initial value",
+                                  {"loss_ref": plain(ref), "loss": plain(median), "ratio": plain(median / ref)})]
+        self.best = min(self.best, median)
+        learned = self.best < (1 - T.LEARNED) * ref
+        back = median > self.best + T.COLLAPSE * (ref - self.best)
+        if self.collapse.see(step, learned and back, median):
+            return [self._finding(self.collapse.start,
+                                  f"the loss fell from {fmt(ref)} to {fmt(self.best)}, then climbed back to "
+                                  f"{fmt(median)} by step {step}: training collapsed",
+                                  {"loss_ref": plain(ref), "best": plain(self.best), "loss": plain(median)})]
+        return []
+
+    def _finding(self, step, message, evidence):
+        return Finding(self.KIND, None, step, "error", message, SUGGESTION, evidence)

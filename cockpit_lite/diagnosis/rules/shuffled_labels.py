@@ -1,0 +1,44 @@
+"""``shuffled_labels``: held-out accuracy stays at chance (≤ ``CHANCE_FACTOR``/C, C =
+round(exp L₀)) on 2 logs after ``MIN_STEPS``, while the updates are not too small and
+the loss is not diverging: there is nothing in the inputs that predicts the labels."""
+
+import math
+
+from cockpit_lite.diagnosis import thresholds as T
+from cockpit_lite.diagnosis.finding import Finding
+from cockpit_lite.diagnosis.history import Streak, finite, fmt, plain
+from cockpit_lite.diagnosis.rules.base import Rule
+
+
+class ShuffledLabels(Rule):
+    KIND = "shuffled_labels"
+    SIGNALS = ("valid_accuracy", "test_accuracy", "Loss", "UpdateSize", "ParamNorm")
+
+    def __init__(self):
+        self.streak = Streak(2)
+
+    def observe(self, step, entry, history):
+        accuracy = entry.get("valid_accuracy", entry.get("test_accuracy"))
+        if not finite(accuracy):
+            return []
+        ref = history.loss_ref
+        if len(history.losses) < T.MIN_STEPS or not finite(ref) or ref <= 0:
+            self.streak.see(step, False)
+            return []
+        classes = max(2, round(math.exp(min(ref, 20.0))))
+        chance = 1.0 / classes
+        loss = history.median_recent_loss(5)
+        ratio = history.median_recent_ratio(5)
+        moving = not finite(ratio) or ratio >= T.LOW_RATIO
+        holds = float(accuracy) <= T.CHANCE_FACTOR * chance and moving and loss <= 1.1 * ref
+        if not self.streak.see(step, holds, float(accuracy)):
+            return []
+        return [Finding(
+            self.KIND, None, self.streak.start, "error",
+            f"held-out accuracy is {fmt(100 * float(accuracy), 3)}% at step {step} (chance for ~{classes} classes: "
+            f"{fmt(100 * chance, 3)}%) while training moves the weights and the loss goes "
+            f"{fmt(ref)} -> {fmt(loss)}: the labels look independent of the inputs",
+            "check that inputs and labels are shuffled together (same permutation / same dataset index) and that "
+            "the label column is the right one",
+            {"accuracy": plain(accuracy), "chance": plain(chance), "classes": classes, "loss": plain(loss)},
+        )]

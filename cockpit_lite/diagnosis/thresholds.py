@@ -1,0 +1,49 @@
+"""Every threshold of the diagnosis rules, documented once.
+
+Thresholds are relative wherever the quantity allows it: a layer against the other
+layers, a run against its own first steps, the loss against its value at
+initialisation (``L₀``, the median of the first 3 finite mini-batch losses; ≈ ln C for
+a C-class classifier at a sane initialisation). "Sustained" means on that many
+consecutive records, so that one noisy mini-batch cannot raise a finding.
+
+| rule | signal | threshold | why |
+|---|---|---|---|
+| lr_too_high | Loss | median of the last 3 losses > ``SPIKE`` · L₀ (2) | a healthy run never gets far above its starting loss; a divergent step size doubles it within a few steps |
+| lr_too_high | Loss | learned ≥ ``LEARNED`` (30 %) of L₀, then the 3-median climbs back ``COLLAPSE`` (60 %) of the way to L₀, sustained ``SUSTAIN`` | "learns and then collapses" (dead units, a blown-up step); mini-batch noise on digits moves the 3-median by < 20 % of the gained loss |
+| lr_too_high | UpdateSize, ParamNorm | median ‖Δθ‖/‖θ‖ of the last 3 steps ≥ ``HIGH_RATIO`` (0.5) | measured: healthy SGD/Adam runs ≤ 0.11 per step (shallow sigmoid net at SGD 0.5); Adam at 0.3 gives 3.5 |
+| lr_too_high | NonfiniteOrigin | non-finite loss with non-finite parameters | an update made the weights Inf/NaN: divergence, not a bug in one op |
+| lr_too_low | Loss, UpdateSize, ParamNorm | after ``MIN_STEPS`` (10): loss fell < ``LOW_DROP`` (2 %) of L₀ **and** median ‖Δθ‖/‖θ‖ < ``LOW_RATIO`` (3e-4), every layer getting a gradient | healthy SGD/Adam runs move weights by 1e-3 – 1e-2 of their norm per step (Karpathy's 1e-3 rule); both conditions together separate a too small step from a hard problem |
+| exploding_gradients | GradNorm, ParamNorm | per weight tensor r = ‖g‖/‖θ‖: r(first) / max r(last two) ≥ ``EXPLODE_RATIO`` (50), or total ‖g‖ ≥ ``EXPLODE_GROWTH`` (100) × its first value, sustained | measured on the healthy suite: first/last within 0.1 – 8.1 (transformer), 33 BatchNorm blocks without residuals ~180 (Yang et al. 2019), ‖g‖ never above 10× its start; in a homogeneous (ReLU, no normalisation) net every layer's r scales alike, so growth towards the input shows in saturating or normalised deep nets (tanh in the chaotic phase: ×χ per layer) |
+| vanishing_gradients | GradNorm, ParamNorm | r(first) / max r(last two weight tensors) ≤ ``VANISH_RATIO`` (1e-3), sustained | measured: healthy nets ≥ 0.03; 8 sigmoid layers give ~1e-5 (each layer multiplies by ≤ 0.25) |
+| dead_relu | ActivationStats.dead | ≥ ``DEAD`` (50 %) of a ReLU module's units never fire in a batch, sustained | SageMaker Debugger's DeadRelu threshold; healthy nets measured < 25 % (digits' always-zero border pixels included) |
+| saturated_activations | ActivationStats.saturated | ≥ ``SATURATED`` (50 %) of tanh/sigmoid outputs in the flat tails (derivative < 2 % of its peak), sustained | healthy tanh/sigmoid layers measured < 10 % early in training |
+| unnormalized_inputs | InputStats | max(\\|mean\\|, std) of the first input ≥ ``INPUT_SCALE`` (10), 2 records | standardised or [0, 1] inputs have scale ≤ 1, a 0..255 image ~100: an order of magnitude on each side |
+| missing_zero_grad | GradPresence | gradients non-zero when backward starts **and** the optimizer stepped since the previous backward, 2 records | deliberate gradient accumulation never steps between its micro-batches |
+| shuffled_labels | valid/test accuracy (``cp.log``), Loss, UpdateSize | held-out accuracy ≤ ``CHANCE_FACTOR`` (1.6) / C, C = round(exp L₀), at 2 logs after ``MIN_STEPS``, while the step size is not too small and the loss not diverging | labels independent of the inputs leave nothing to generalise; any real signal lifts digits above 16 % within 10 steps |
+| nan_loss | Loss / flags, NonfiniteOrigin | the first non-finite loss | none needed |
+| noise_dominates | GradVariance (tr Σ), GradNorm, batch size (or NormTest²) | median of B_simple / B = tr Σ / (B ‖g‖²) ≥ ``NOISE_RATIO`` (10) over 5 records | McCandlish et al. 2018: below the noise scale B_simple, a step makes less progress than the same samples would in one batch; 10× means the batch is an order of magnitude too small |
+| edge_of_stability | HessMaxEV, GradPresence (lr, momentum) | η λ_max ≥ 2 (1 + β) (SGD, momentum β), 2 records | Cohen et al. 2021: gradient descent on a quadratic of curvature λ diverges for η > 2/λ; heavy-ball momentum moves the limit to 2(1+β)/λ |
+| overfitting | train/valid loss (``cp.log``) | held-out loss ≥ (1 + ``OVERFIT_RISE``) (25 %) above its minimum while the training loss fell ≥ ``OVERFIT_FALL`` (20 %) since, 2 logs | a diverging gap, not noise between two evaluations |
+"""
+
+SUSTAIN = 3
+MIN_STEPS = 10
+SPIKE = 2.0
+LEARNED = 0.3
+COLLAPSE = 0.6
+LOW_DROP = 0.02
+LOW_RATIO = 3e-4
+EXPLODE_RATIO = 50.0
+EXPLODE_GROWTH = 100.0
+HIGH_RATIO = 0.5
+VANISH_RATIO = 1e-3
+DEAD = 0.5
+SATURATED = 0.5
+INPUT_SCALE = 10.0
+CHANCE_FACTOR = 1.6
+NOISE_RATIO = 10.0
+NOISE_WINDOW = 5
+OVERFIT_RISE = 0.25
+OVERFIT_FALL = 0.2
+EOS = 2.0
+EOS_RECORDS = 2

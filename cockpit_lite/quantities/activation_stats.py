@@ -1,0 +1,118 @@
+"""``ActivationStats``: statistics of every activation module's output, from forward hooks.
+
+For each activation module (``ACTIVATIONS``), over the outputs ``y`` of the training
+forward pass of the step (calls with gradients enabled; a module called several times
+averages its calls):
+
+- ``mean`` and ``std`` of all entries of ``y``;
+- ``zeros``: fraction of entries exactly 0;
+- ``dead`` (ReLU family): fraction of units that never fired in the batch,
+  ``1 − mean_u 1[∃n: y_{n,u} > 0]``, a unit being one position of ``y[n]`` (a feature,
+  or a channel at one pixel);
+- ``saturated`` (tanh / sigmoid family): fraction of entries in the flat tails,
+  ``|y| > 0.99`` for tanh (pre-activation ``|x| > 2.65``), ``y < 0.01`` or ``y > 0.99``
+  for sigmoid (``|x| > 4.6``), where the derivative is below 2 % of its maximum.
+
+The value is ``{module name: {"type": class name, "mean", "std", "zeros", "dead",
+"saturated"}}`` in the order the modules ran (``None`` where a statistic does not
+apply). The hooks reduce on the device and keep 0-d tensors; they go to the host
+with the step's other values. No BackPACK, no ``extend``: works on any model with
+activation *modules* (a functional ``F.relu`` is not seen).
+"""
+
+import torch
+from torch import nn
+
+from cockpit_lite.quantities.base import Needs, Output, Quantity
+
+RELU = (nn.ReLU, nn.ReLU6)
+TANH = (nn.Tanh, nn.Hardtanh, nn.Softsign)
+SIGMOID = (nn.Sigmoid, nn.Hardsigmoid)
+ACTIVATIONS = RELU + TANH + SIGMOID + (nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Softplus, nn.Mish)
+"""The module types that are watched."""
+
+SATURATION = 0.99
+"""Tanh: ``|y| > SATURATION``; sigmoid: ``y`` within ``1 − SATURATION`` of 0 or 1."""
+
+
+class ActivationStats(Quantity):
+    """Per activation module: mean, std, fraction of zeros, of dead units, of saturated entries."""
+
+    def __init__(self, track_schedule=None, verbose=False):
+        super().__init__(track_schedule, verbose)
+        self._handles = []
+        self._sums = {}
+        self._next = 0
+
+    def bind(self, cockpit):
+        model = cockpit.model
+        if model is None:
+            return
+        for name, module in model.named_modules():
+            if isinstance(module, ACTIVATIONS):
+                self._handles.append(module.register_forward_hook(self._hook(name, module)))
+
+    def unbind(self):
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._sums = {}
+
+    def _hook(self, name, module):
+        kind = "relu" if isinstance(module, RELU) else "tanh" if isinstance(module, TANH) else (
+            "sigmoid" if isinstance(module, SIGMOID) else None)
+
+        def hook(mod, args, output):
+            if not torch.is_grad_enabled() or not self.is_due(self._next):
+                return None
+            if not torch.is_tensor(output) or not output.is_floating_point() or output.dim() == 0:
+                return None
+            with torch.no_grad():
+                self._add(name, type(mod).__name__, kind, _statistics(output.detach(), kind))
+            return None
+
+        return hook
+
+    def _add(self, name, type_name, kind, stats):
+        if name in self._sums:
+            _, _, total, count = self._sums[name]
+            self._sums[name] = (type_name, kind, total + stats, count + 1)
+        else:
+            self._sums[name] = (type_name, kind, stats, 1)
+
+    def needs(self, step, info):
+        self._next = step + 1
+        if not self.is_due(step):
+            self._sums = {}
+            return None
+        return Needs()
+
+    def compute(self, step, data):
+        sums, self._sums = self._sums, {}
+        if not sums:
+            return None
+        value = {}
+        for name, (type_name, kind, total, count) in sums.items():
+            mean = total / count
+            value[name] = {
+                "type": type_name, "mean": mean[0], "std": mean[1], "zeros": mean[2],
+                "dead": mean[3] if kind == "relu" else None,
+                "saturated": mean[4] if kind in ("tanh", "sigmoid") else None,
+            }
+        return Output(value)
+
+
+def _statistics(y, kind):
+    """``[mean, std, zeros, dead, saturated]`` of ``y`` as one tensor (0 where one does not apply)."""
+    y32 = y.float()
+    zero = y32.new_zeros(())
+    std, mean = torch.std_mean(y32) if y32.numel() > 1 else (zero, y32.mean())
+    zeros = (y32 == 0).float().mean()
+    dead = saturated = zero
+    if kind == "relu" and y32.dim() > 1:
+        dead = 1.0 - (y32 > 0).any(0).float().mean()
+    elif kind == "tanh":
+        saturated = (y32.abs() > SATURATION).float().mean()
+    elif kind == "sigmoid":
+        saturated = ((y32 - 0.5).abs() > SATURATION - 0.5).float().mean()
+    return torch.stack([mean, std, zeros, dead, saturated])

@@ -1,0 +1,189 @@
+"""``NonfiniteOrigin``: where the first non-finite value of a step's forward pass appeared.
+
+Forward hooks on every module of the model keep a reference to each module's output
+(tensors autograd keeps alive for the backward pass anyway) in the order the calls
+*end*, so a module ends before the module that contains it. Before the backward pass
+(``needs``), the loss is checked once; when it is finite the references are dropped
+and nothing is recorded. When it is not, still before the backward pass (the
+autograd graph still holds its saved tensors):
+
+- ``module``: ``"input"`` if the model's first input is non-finite, else the first
+  module (in that order) whose output is non-finite, else ``"loss_fn"`` (the model's
+  output is finite, the loss is not);
+- ``op``: the operation that made the first non-finite value. The autograd graph of
+  that output (of the loss for ``"loss_fn"``) is walked towards the inputs; a node is
+  a *creator* when its saved inputs are finite and its result (saved, or recomputed
+  from the saved inputs for ``OPS``) is not; the creator deepest in the graph (the
+  earliest in the computation) names the op (``LogBackward0`` → ``"log"``). Without a
+  creator (e.g. a matrix product overflowing, or parameters that are non-finite
+  already) it is the output node's own op;
+- ``params_nonfinite``: whether the module's own parameters were non-finite already
+  (a previous update diverged).
+
+Nothing is re-run. The graph walk happens at the first ``MAX_ANALYSED`` non-finite
+steps only; later ones record ``module`` alone.
+"""
+
+import re
+
+import torch
+
+from cockpit_lite.quantities.base import Needs, Output, Quantity
+
+MAX_ANALYSED = 3
+MAX_NODES = 20000
+
+OPS = {
+    "LogBackward0": ("log", lambda n: torch.log(n._saved_self)),
+    "Log2Backward0": ("log", lambda n: torch.log2(n._saved_self)),
+    "Log10Backward0": ("log", lambda n: torch.log10(n._saved_self)),
+    "Log1pBackward0": ("log", lambda n: torch.log1p(n._saved_self)),
+    "DivBackward0": ("div", lambda n: n._saved_self / n._saved_other),
+    "MulBackward0": ("mul", lambda n: n._saved_self * n._saved_other),
+    "PowBackward0": ("pow", lambda n: torch.pow(n._saved_self, n._saved_exponent)),
+    "XlogyBackward0": ("log", lambda n: torch.xlogy(n._saved_self, n._saved_other)),
+}
+"""Autograd nodes that do not save their result: ``name -> (op, recompute from saved inputs)``."""
+
+LABELS = {"ExpBackward0": "exp", "SqrtBackward0": "sqrt", "RsqrtBackward0": "rsqrt",
+          "ReciprocalBackward0": "div", "PowBackward1": "pow"}
+"""Op names of nodes that save their result."""
+
+
+class NonfiniteOrigin(Quantity):
+    """The module (or ``"loss_fn"`` / ``"input"``) and op of the first non-finite value."""
+
+    def __init__(self, track_schedule=None, verbose=False):
+        super().__init__(track_schedule, verbose)
+        self._handles = []
+        self._outputs = []
+        self._input = None
+        self._value = None
+        self._analysed = 0
+        self._names = {}
+
+    def bind(self, cockpit):
+        model = cockpit.model
+        if model is None:
+            return
+        self._handles.append(model.register_forward_pre_hook(self._pre))
+        for name, module in model.named_modules():
+            self._names[module] = name
+            self._handles.append(module.register_forward_hook(self._post(name)))
+
+    def unbind(self):
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._outputs = []
+        self._input = None
+
+    def _pre(self, module, args):
+        if torch.is_grad_enabled():
+            self._outputs = []
+            self._input = next((a for a in args if torch.is_tensor(a) and a.is_floating_point()), None)
+
+    def _post(self, name):
+        def hook(module, args, output):
+            if torch.is_grad_enabled():
+                tensor = output if torch.is_tensor(output) else next(
+                    (o for o in (output if isinstance(output, (tuple, list)) else ()) if torch.is_tensor(o)), None)
+                if tensor is not None and tensor.is_floating_point():
+                    self._outputs.append((name, module, tensor))
+
+        return hook
+
+    def needs(self, step, info):
+        outputs, inputs = self._outputs, self._input
+        self._outputs, self._input, self._value = [], None, None
+        if not self.is_due(step):
+            return None
+        loss = info.get("loss")
+        if not torch.is_tensor(loss) or bool(torch.isfinite(loss.detach()).all()):
+            return Needs()
+        self._value = self._locate(loss, outputs, inputs)
+        return Needs()
+
+    def _locate(self, loss, outputs, inputs):
+        finite = [bool(f) for f in torch.stack([torch.isfinite(t.detach()).all() for _, _, t in outputs]).tolist()] \
+            if outputs else []
+        module, node, params_bad = "loss_fn", loss.grad_fn, False
+        if inputs is not None and not bool(torch.isfinite(inputs).all()):
+            module, node = "input", None
+        else:
+            bad = next((i for i, ok in enumerate(finite) if not ok), None)
+            if bad is not None:
+                name, mod, tensor = outputs[bad]
+                module, node = name, tensor.grad_fn
+                params_bad = not all(bool(torch.isfinite(p).all()) for p in mod.parameters(recurse=True))
+        value = {"module": module, "op": "input" if module == "input" else None, "params_nonfinite": params_bad}
+        if node is not None and self._analysed < MAX_ANALYSED:
+            self._analysed += 1
+            value["op"] = creator_op(node)
+        return value
+
+    def compute(self, step, data):
+        value, self._value = self._value, None
+        return None if value is None else Output(value)
+
+
+def creator_op(root):
+    """Name of the op that created the first non-finite value in the graph below ``root``."""
+    deepest, depth_of = None, -1
+    frontier, seen, depth = [root], {root}, 0
+    while frontier and len(seen) < MAX_NODES:
+        nxt = []
+        for node in frontier:
+            if _creates_nonfinite(node) and depth > depth_of:
+                deepest, depth_of = node, depth
+            for child, _ in getattr(node, "next_functions", ()):
+                if child is not None and child not in seen:
+                    seen.add(child)
+                    nxt.append(child)
+        frontier, depth = nxt, depth + 1
+    return op_name(deepest if deepest is not None else root)
+
+
+def op_name(node):
+    """``LogBackward0`` -> ``"log"`` (the labels of ``OPS``/``LABELS``, else the node name)."""
+    name = type(node).__name__
+    if name in OPS:
+        return OPS[name][0]
+    if name in LABELS:
+        return LABELS[name]
+    return re.sub(r"Backward\d*$", "", name).lower()
+
+
+def _saved(node):
+    values = {}
+    for attr in dir(node):
+        if attr.startswith("_saved_"):
+            try:
+                value = getattr(node, attr)
+            except RuntimeError:  # freed
+                continue
+            if torch.is_tensor(value):
+                values[attr] = value
+    return values
+
+
+def _nonfinite(tensor):
+    return tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())
+
+
+def _creates_nonfinite(node):
+    """Whether ``node``'s saved inputs are finite and its result is not."""
+    name = type(node).__name__
+    if name not in OPS and name not in LABELS and not hasattr(node, "_saved_result"):
+        return False
+    saved = _saved(node)
+    result = saved.pop("_saved_result", None)
+    if any(_nonfinite(t) for t in saved.values()):
+        return False
+    if result is None and name in OPS:
+        try:
+            with torch.no_grad():
+                result = OPS[name][1](node)
+        except (AttributeError, RuntimeError, TypeError):
+            return False
+    return result is not None and torch.is_tensor(result) and _nonfinite(result)

@@ -1,0 +1,16 @@
+"""``ParamNorm``: the norm of every parameter tensor."""
+
+import torch
+
+from cockpit_lite.quantities.base import Output, SingleStepQuantity
+
+
+class ParamNorm(SingleStepQuantity):
+    """Per parameter tensor ``‖θ‖₂`` (a list in parameter order), at the step's start.
+
+    With ``UpdateSize`` it gives the update-to-parameter ratio ``‖θ_{t+1} − θ_t‖ / ‖θ_t‖``
+    per layer (Karpathy's rule of thumb: about 1e-3 for a healthy learning rate).
+    """
+
+    def compute(self, step, data):
+        return Output(list(torch._foreach_norm([p.detach() for p in data.params])))
