@@ -42,7 +42,7 @@ NONFINITE_GRAD = "nonfinite_grad"
 class Cockpit:
     """Collect quantities during training (API compatible with Cockpit's ``Cockpit``)."""
 
-    def __init__(self, params, quantities=None, log=None, strict=False, seed=0):
+    def __init__(self, params, quantities=None, log=None, strict=False, seed=0, sinks=()):
         """
         Args:
             params: what to track: a ``torch.nn.Module`` (its named parameters; the
@@ -59,6 +59,11 @@ class Cockpit:
                 not finite, or when a quantity fails.
             seed: seed of the Cockpit's own random numbers (BackPACK's Monte-Carlo
                 curvature); the user's random number generators are never touched.
+            sinks: objects with ``write(step, entries, names)`` and ``close()`` that
+                get every recorded part of a step (host values, as in the record;
+                ``names`` are the parameter names), e.g.
+                ``cockpit_lite.integrations.tensorboard.TensorBoardSink``. A failing
+                sink warns (raises with ``strict=True``).
 
         Raises:
             ValueError: if no parameter requires a gradient.
@@ -82,6 +87,7 @@ class Cockpit:
         self.seed = seed
         self._last_step = None
         self._writer = None
+        self.sinks = list(sinks)
         if log is not None:
             header = {
                 "params": [
@@ -101,6 +107,11 @@ class Cockpit:
             raise ValueError(
                 f"quantities must be cockpit_lite.quantities.Quantity instances, got {quantity!r}"
             )
+        if not hasattr(quantity, "output"):
+            raise ValueError(
+                f"{type(quantity).__name__}.__init__ did not call Quantity.__init__: "
+                "call super().__init__(track_schedule, verbose) in it"
+            )
         if any(q.name == quantity.name for q in self.quantities):
             raise ValueError(f"{quantity.name} is tracked already; each class can be tracked once")
         self.quantities.append(quantity)
@@ -112,7 +123,7 @@ class Cockpit:
         """
         return any(q.create_graph(global_step) for q in self.quantities)
 
-    def __call__(self, global_step, *extensions, info=None):
+    def __call__(self, global_step, *extensions, info=None, debug=False):
         """Return the context to run one step's ``loss.backward()`` in.
 
         Args:
@@ -121,12 +132,14 @@ class Cockpit:
                 parameters for the caller.
             info: dict with ``"loss"``, ``"optimizer"``, optionally
                 ``"individual_losses"`` and ``"batch_size"`` (see ``cockpit_lite.info``).
+            debug: print what the step computes (due quantities, transforms,
+                extensions) and what it recorded (as Cockpit's ``debug``).
 
         Raises:
             ValueError: for a step that does not increase, a malformed extension, or a
                 missing ``info`` key that a due quantity needs.
         """
-        return _StepContext(self, global_step, extensions, info)
+        return _StepContext(self, global_step, extensions, info, debug)
 
     def get_output(self):
         """The record ``{step: {quantity name: value, ...}}`` (see ``cockpit_lite.log``)."""
@@ -160,22 +173,31 @@ class Cockpit:
         self._record(global_step, {k: _plain(v) for k, v in values.items()})
 
     def close(self):
-        """End tracking: remove the engine's forward hooks and close the JSON-lines log (if any)."""
+        """End tracking: remove the engine's forward hooks, close the JSON-lines log and the sinks."""
         self.engine.arm(False)
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        for sink in self.sinks:
+            sink.close()
 
     def _record(self, step, entries):
         _log.merge(self.output, step, entries)
         if self._writer is not None:
             self._writer.append(step, entries)
+        for sink in self.sinks:
+            try:
+                sink.write(step, entries, self.names)
+            except Exception as error:
+                if self.strict:
+                    raise
+                warnings.warn(f"sink {type(sink).__name__} failed at step {step}: {error!r}", stacklevel=3)
 
 
 class _StepContext:
     """Runs one step: plan before backward, collect and record after it."""
 
-    def __init__(self, cockpit, step, extensions, info):
+    def __init__(self, cockpit, step, extensions, info, debug=False):
         if not isinstance(step, numbers.Integral) or isinstance(step, bool):
             raise ValueError(f"global_step must be an integer, got {step!r}")
         step = int(step)
@@ -190,6 +212,7 @@ class _StepContext:
                 raise ValueError(f"extra extensions must be BackPACK extension instances, got {ext!r}")
         self.cockpit = cockpit
         self.step = step
+        self.debug = debug
         if last is not None and step != last + 1:
             cockpit._jumped = True  # step numbers are not consecutive: keep watching every forward
         self.info = StepInfo(info, step, batch_size=cockpit.engine.batch_size(), model=cockpit.model)
@@ -221,6 +244,12 @@ class _StepContext:
         self._stack = ExitStack()
         self._backpack = None
         cockpit._last_step = step
+        if debug:
+            print(
+                f"[cockpit-lite | step {step}] due: {[q.name for q, _ in self.due]}; transforms: "
+                f"{[t.key for t in self.transforms]}; extensions: {[type(e).__name__ for e in self.extensions]}; "
+                f"create_graph: {self.create_graph}"
+            )
 
     def __enter__(self):
         if not (self.due or self.extensions):
@@ -298,6 +327,7 @@ class _StepContext:
         for (quantity, out), (value, layers) in zip(outputs, host_outputs):
             entries = by_step.setdefault(self.step if out.step is None else out.step, {})
             entries[quantity.name] = value
+            quantity.output[self.step if out.step is None else out.step] = value
             if layers is not None:
                 entries.setdefault(_log.LAYERS, {})[quantity.name] = layers
             if out.flags:
@@ -310,6 +340,8 @@ class _StepContext:
             by_step.setdefault(self.step, {})[_log.BATCH] = {"size": int(batch_size), "accumulated": data.accumulated}
         for step in sorted(by_step):
             cockpit._record(step, by_step[step])
+            if self.debug:
+                print(f"[cockpit-lite | step {self.step}] recorded at step {step}: {sorted(by_step[step])}")
         if flags and cockpit.strict:
             raise FloatingPointError(
                 f"step {self.step}: {', '.join(flags)} (recorded; strict=True stops here)"

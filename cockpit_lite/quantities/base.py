@@ -44,8 +44,34 @@ class Output:
     flags: list = field(default_factory=list)
 
 
+#: Methods of Cockpit's quantity interface that cockpit-lite never calls: a subclass
+#: overriding one would silently record its parent's value under its own name.
+COCKPIT_ONLY_METHODS = (
+    "_compute", "_compute_start", "_compute_end", "extensions", "extension_hooks",
+    "protected_savefields", "track", "should_compute",
+)
+
+
 class Quantity:
-    """Base class: a schedule and the two-phase interface above."""
+    """Base class: a schedule and the two-phase interface above.
+
+    A custom quantity subclasses ``Quantity`` (or ``SingleStepQuantity``) and defines
+    ``needs`` (or ``TRANSFORMS`` / ``_needs``) and ``compute``; see the README section
+    "Custom quantities". Its values land in the record under its class name.
+    """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cockpit_style = [name for name in COCKPIT_ONLY_METHODS if name in vars(cls)]
+        if cockpit_style:
+            raise TypeError(
+                f"{cls.__name__} defines {', '.join(cockpit_style)}: methods of the original "
+                "Cockpit's quantity interface, which cockpit-lite never calls (the parent's "
+                "value would be recorded under this name). Fix: declare what a step needs in "
+                "needs(step, info) -> Needs (per-sample transforms from cockpit_lite.transforms, "
+                "BackPACK extensions) and compute the value in compute(step, data) -> Output "
+                "from the StepData bundle; see the README section 'Custom quantities'."
+            )
 
     def __init__(self, track_schedule=None, verbose=False):
         """
@@ -55,6 +81,11 @@ class Quantity:
         """
         self._track_schedule = track_schedule or schedules.linear(1)
         self._verbose = verbose
+        self.output = {}
+
+    def get_output(self):
+        """This quantity's recorded values, ``{step: value}`` (as Cockpit's ``Quantity.get_output``)."""
+        return self.output
 
     @property
     def name(self):

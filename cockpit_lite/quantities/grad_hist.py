@@ -7,24 +7,54 @@ class GradHistogram(SingleStepQuantity):
     """A histogram accumulated over all tracked parameters, optionally kept per layer.
 
     Subclasses set ``TRANSFORM`` (a ``cockpit_lite.transforms`` histogram class
-    taking ``bins, range``) and ``_edges()``.
+    taking ``bins, range``), ``_edges()`` and ``_axes(range)`` / ``_with_axis(range,
+    axis, limits)`` (how the range splits into the axes that ``adapt`` policies move).
+
+    ``adapt``: one ``cockpit_lite.quantities.bin_adaptation`` policy per axis (or
+    ``None`` for a fixed axis), on its own schedule; at a step where one is due, the
+    histogram (if due) uses the current range and the new limits apply afterwards.
     """
 
     TRANSFORM = None
 
-    def __init__(self, track_schedule=None, verbose=False, bins=None, range=None, per_layer=False):
+    def __init__(self, track_schedule=None, verbose=False, bins=None, range=None, per_layer=False, adapt=()):
         super().__init__(track_schedule, verbose)
         self._transform = self.TRANSFORM(bins, range)
         self.bins, self.range = self._transform.bins, self._transform.range
         self.per_layer = per_layer
+        self._adapt = [(axis, policy) for axis, policy in enumerate(adapt) if policy is not None]
+
+    def _adapting(self, step):
+        return [(axis, policy) for axis, policy in self._adapt if policy.is_due(step)]
+
+    def needs(self, step, info):
+        adapting = self._adapting(step)
+        if not adapting:
+            return super().needs(step, info)
+        transforms = (self._transform,) if self.is_due(step) else ()
+        for _, policy in adapting:
+            transforms += policy.transforms()
+        return Needs(transforms=transforms)
 
     def _needs(self, step, info):
         return Needs(transforms=(self._transform,))
 
     def observes(self, step):
-        return self.is_due(step)
+        return self.is_due(step) or any(policy.transforms() for _, policy in self._adapting(step))
 
     def compute(self, step, data):
+        out = self._histogram(data) if self.is_due(step) else None
+        adapting = self._adapting(step)
+        if adapting:
+            new_range = self.range
+            for axis, policy in adapting:
+                current = self._axes(self.range)[axis]
+                new_range = self._with_axis(new_range, axis, policy.limits(step, data, current))
+            self._transform = self.TRANSFORM(self.bins, new_range)
+            self.range = self._transform.range
+        return out
+
+    def _histogram(self, data):
         parts = data.per_sample(self._transform.key)
         edge_arrays = self._edges()
 

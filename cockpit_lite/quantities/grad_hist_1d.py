@@ -16,13 +16,22 @@ class GradHist1d(GradHistogram):
     ReLU units, zero inputs) land in the bin just right of it; an odd number of bins
     centres a bin on 0. Values are on the scale of the individual gradients, so one
     range may suit some layers poorly: ``per_layer`` with a narrower range shows the
-    small ones.
+    small ones. ``adapt``: a bin adaptation policy (``bin_adaptation.GradAbsMax``, as
+    in Cockpit) that moves the range on its own schedule.
     """
 
     TRANSFORM = GradHistogram1d
 
-    def __init__(self, track_schedule=None, verbose=False, bins=100, range=(-2, 2), per_layer=False):
-        super().__init__(track_schedule, verbose, bins, range, per_layer)
+    def __init__(self, track_schedule=None, verbose=False, bins=100, range=(-2, 2), adapt=None, per_layer=False):
+        super().__init__(track_schedule, verbose, bins, range, per_layer, adapt=(adapt,))
 
     def _edges(self):
         return edges(self.bins, self.range)
+
+    @staticmethod
+    def _axes(range):
+        return (range,)
+
+    @staticmethod
+    def _with_axis(range, axis, limits):
+        return limits

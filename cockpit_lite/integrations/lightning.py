@@ -1,0 +1,173 @@
+"""``CockpitCallback``: track a ``LightningModule``'s training with ``Trainer(callbacks=[...])``.
+
+    from cockpit_lite.integrations.lightning import CockpitCallback
+    trainer = lightning.Trainer(max_epochs=3, callbacks=[CockpitCallback()])
+    trainer.fit(module, loader)
+
+Needs ``lightning`` (``pip install "cockpit-lite[lightning]"``). How it hooks in:
+
+- ``on_before_backward`` enters the Cockpit's step context (``cp(step, info={"loss",
+  "optimizer"})``) and ``on_after_backward`` leaves it, so the Cockpit sees exactly the
+  backward pass Lightning runs (automatic optimization, or ``self.manual_backward``).
+- The step is ``trainer.global_step``, the number of optimizer steps so far. With
+  ``accumulate_grad_batches=k`` only the last backward pass before each optimizer step
+  is tracked (the record's ``batch.accumulated`` is then true and every quantity
+  describes that micro-batch, see ``cockpit_lite.log``).
+- Lightning backpropagates ``loss / k`` under accumulation: the quantities describe that
+  objective, so ``Loss`` is the micro-batch loss divided by ``k`` and gradient norms
+  are those the optimizer sums (the gradient tests and ``Alpha`` do not depend on the
+  scale). The individual losses are derived from the loss ``training_step`` returned.
+- Gradient clipping configured in the ``Trainer`` runs after ``on_after_backward``: the
+  quantities describe the unclipped gradients; ``Alpha`` stays exact under clipping by
+  norm when the update is proportional to the gradient (plain SGD); with momentum or
+  Adam, clipping changes the update in a way the prediction cannot know, and Alpha is
+  NaN with a flag.
+- The scalar quantities go to every logger of the trainer (``logger.log_metrics``,
+  tags ``cockpit/<name>``; per-parameter values with ``log_layers=True``); a
+  JSON-lines log ``cockpit.jsonl`` and one dashboard per epoch,
+  ``cockpit__primary__epoch_<n>.png``, go to ``dirpath`` (default
+  ``<trainer.log_dir or default_root_dir>/cockpit``).
+- Quantities that need the backward graph (``HessMaxEV``) need
+  ``loss.backward(create_graph=True)``: override ``LightningModule.backward`` to pass it
+  (``callback.create_graph(trainer.global_step)`` says when), otherwise the step raises
+  a ``ValueError`` naming the fix.
+"""
+
+import os
+
+import torch
+
+from cockpit_lite.info import contributions_from_graph
+from cockpit_lite.integrations import require
+from cockpit_lite.integrations.sinks import Sink, scalars
+
+_pl = require("lightning.pytorch", "lightning")
+
+
+class _LoggerSink(Sink):
+    """Send the scalars of each recorded step to the trainer's loggers."""
+
+    def __init__(self, trainer, layers):
+        self.trainer = trainer
+        self.layers = layers
+
+    def write(self, step, entries, names):
+        metrics = {f"cockpit/{tag}": value for tag, value in scalars(entries, names) if self.layers or "/" not in tag}
+        if metrics:
+            for logger in self.trainer.loggers:
+                logger.log_metrics(metrics, step=step)
+
+
+class CockpitCallback(_pl.Callback):
+    """Collect cockpit quantities during ``Trainer.fit``.
+
+    Args:
+        quantities: list of quantities; default ``configuration("economy")``.
+        dirpath: folder of the JSON-lines log and the dashboards (see module docs).
+        dashboards: draw a dashboard at the end of every training epoch.
+        log_layers: also send the per-parameter values to the loggers.
+        sinks: more sinks (e.g. ``TensorBoardSink``), passed to the Cockpit.
+        **cockpit_kwargs: passed to ``Cockpit`` (``strict``, ``seed``).
+
+    After ``fit``, ``callback.cockpit`` is the ``Cockpit`` (its record in
+    ``callback.cockpit.get_output()``) and ``callback.dashboard_paths`` the saved files.
+    """
+
+    def __init__(self, quantities=None, dirpath=None, dashboards=True, log_layers=False, sinks=(), **cockpit_kwargs):
+        self._quantities = quantities
+        self.dirpath = dirpath
+        self.dashboards = dashboards
+        self.log_layers = log_layers
+        self._sinks = list(sinks)
+        self._cockpit_kwargs = cockpit_kwargs
+        self.cockpit = None
+        self.dashboard_paths = []
+        self._context = None
+        self._batch_idx = 0
+        self._returned_loss = None
+
+    def create_graph(self, global_step):
+        """Whether the backward pass at ``global_step`` must keep its graph (``HessMaxEV``)."""
+        return self.cockpit is not None and self.cockpit.create_graph(global_step)
+
+    def on_fit_start(self, trainer, pl_module):
+        from cockpit_lite import Cockpit, configuration
+
+        if self.dirpath is None:
+            self.dirpath = os.path.join(trainer.log_dir or trainer.default_root_dir, "cockpit")
+        quantities = configuration("economy") if self._quantities is None else self._quantities
+        self.cockpit = Cockpit(
+            pl_module, quantities, log=os.path.join(self.dirpath, "cockpit.jsonl"),
+            sinks=[_LoggerSink(trainer, self.log_layers), *self._sinks], **self._cockpit_kwargs,
+        )
+        training_step = pl_module.training_step
+
+        def remembering_training_step(*args, **kwargs):
+            output = training_step(*args, **kwargs)
+            self._returned_loss = output.get("loss") if isinstance(output, dict) else output
+            return output
+
+        pl_module.training_step = remembering_training_step  # removed again in teardown
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._batch_idx = batch_idx
+
+    def _steps_after_this_backward(self, trainer):
+        """Whether the optimizer steps after this backward pass (the last of an accumulation window)."""
+        if not pl_module_is_automatic(trainer):
+            return True
+        k = trainer.accumulate_grad_batches
+        last = trainer.num_training_batches
+        return (self._batch_idx + 1) % k == 0 or (self._batch_idx + 1) == last
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        if self.cockpit is None or not self._steps_after_this_backward(trainer):
+            return
+        info = {"loss": loss, "optimizer": trainer.optimizers[0] if trainer.optimizers else None}
+        returned, self._returned_loss = self._returned_loss, None
+        if torch.is_tensor(returned) and returned.grad_fn is not None and returned is not loss:
+            try:  # the loss Lightning scaled (loss / k) is no longer a loss function's node
+                contributions = contributions_from_graph(returned, keep_graph=True)  # with graph: the global path may need it
+                info["individual_losses"] = contributions * (contributions.shape[0] * (loss / returned).detach())
+            except ValueError:
+                pass  # a loss of its own kind: quantities that need individual losses say so
+        self._context = self.cockpit(trainer.global_step, info=info)
+        self._context.__enter__()
+
+    def on_after_backward(self, trainer, pl_module):
+        context, self._context = self._context, None
+        if context is not None:
+            context.__exit__(None, None, None)
+
+    def on_exception(self, trainer, pl_module, exception):
+        context, self._context = self._context, None
+        if context is not None:
+            context.__exit__(type(exception), exception, exception.__traceback__)
+        self._close()
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if not self.dashboards or self.cockpit is None or not self.cockpit.get_output():
+            return
+        if trainer.is_global_zero:
+            from instruments import CockpitPlotter
+
+            path = CockpitPlotter().plot(
+                self.cockpit, show_plot=False, save_plot=True, savedir=self.dirpath,
+                savename_append=f"epoch_{trainer.current_epoch:03d}",
+            )
+            self.dashboard_paths.append(path)
+
+    def on_fit_end(self, trainer, pl_module):
+        self._close()
+
+    def teardown(self, trainer, pl_module, stage):
+        vars(pl_module).pop("training_step", None)
+
+    def _close(self):
+        if self.cockpit is not None:
+            self.cockpit.close()
+
+
+def pl_module_is_automatic(trainer):
+    """Whether the trainer's module uses automatic optimization."""
+    return trainer.lightning_module.automatic_optimization

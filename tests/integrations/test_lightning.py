@@ -1,0 +1,113 @@
+"""CockpitCallback with the real Lightning Trainer: accumulation, clipping, loggers, dashboards."""
+
+import csv
+import math
+import glob
+import os
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("lightning", reason="the lightning extra is not installed (pip install 'cockpit-lite[lightning]')")
+import lightning.pytorch as pl  # noqa: E402
+
+from cockpit_lite import quantities  # noqa: E402
+from cockpit_lite.integrations.lightning import CockpitCallback  # noqa: E402
+
+BATCH, BATCHES = 6, 4
+
+
+class Module(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+        self.seen = {}  # batch_idx of the current epoch -> (parameters before, batch)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.seen[(self.current_epoch, batch_idx)] = ([p.detach().clone() for p in self.parameters()], x, y)
+        return nn.functional.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.3)  # clipping scales its update uniformly
+
+
+def _loader():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(BATCH * BATCHES, 5, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (BATCH * BATCHES,), generator=g)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=BATCH)
+
+
+def _fit(tmp_path, callbacks):
+    module = Module()
+    trainer = pl.Trainer(
+        max_epochs=2, accumulate_grad_batches=2, gradient_clip_val=0.05, accelerator="cpu", devices=1,
+        logger=pl.loggers.CSVLogger(tmp_path), enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=tmp_path, callbacks=callbacks, log_every_n_steps=1,
+    )
+    trainer.fit(module, _loader())
+    return module, trainer
+
+
+def _net(params):
+    net = Module().net
+    with torch.no_grad():
+        for p, value in zip(net.parameters(), params):
+            p.copy_(value)
+    return net
+
+
+def _individual_gradients(module, params, x, y):
+    """Brute force: one forward pass, a loop of autograd.grad over the samples' losses (g̃_n = ∇ℓ_n)."""
+    net = _net(params)
+    losses = nn.functional.cross_entropy(net(x), y, reduction="none")
+    rows = [torch.autograd.grad(losses[n], list(net.parameters()), retain_graph=True) for n in range(len(y))]
+    return [torch.stack([r[i] for r in rows]) for i in range(len(params))]
+
+
+def test_callback_tracks_the_optimizer_steps(tmp_path):
+    callback = CockpitCallback([quantities.Loss(), quantities.GradNorm(), quantities.NormTest(), quantities.Alpha()])
+    module, trainer = _fit(tmp_path, [callback])
+    record = callback.cockpit.get_output()
+    assert sorted(s for s in record if "NormTest" in record[s]) == list(range(trainer.global_step)) == [0, 1, 2, 3]
+    for step in range(4):
+        epoch, batch_idx = divmod(2 * step + 1, BATCHES)  # the last micro-batch before optimizer step `step`
+        params, x, y = module.seen[(epoch, batch_idx)]
+        individual = _individual_gradients(module, params, x, y)
+        flat = torch.cat([g.reshape(BATCH, -1) for g in individual], 1)
+        g = flat.mean(0)
+        norm_test = torch.sqrt(((flat - g) ** 2).sum() / ((BATCH - 1) * BATCH * (g**2).sum()))
+        entry = record[step]
+        assert entry["batch"] == {"size": BATCH, "accumulated": True}
+        assert entry["NormTest"] == pytest.approx(norm_test.item(), rel=1e-9)
+        # the gradient of what Lightning backpropagates, loss / 2 (accumulate_grad_batches=2),
+        # of this micro-batch alone, before the trainer clipped the accumulated one
+        assert entry["GradNorm"] == pytest.approx([i.mean(0).norm().item() / 2 for i in individual], rel=1e-9)
+        assert entry["Loss"] == pytest.approx(nn.functional.cross_entropy(_net(params)(x), y).item() / 2, rel=1e-9)
+    assert all(not entry.get("flags") for entry in record.values())  # Alpha exact under clipping by norm
+    assert all(math.isfinite(record[s]["Alpha"]) for s in range(3))
+
+    with open(glob.glob(os.path.join(trainer.logger.log_dir, "metrics.csv"))[0]) as file:
+        rows = [r for r in csv.DictReader(file) if r.get("cockpit/NormTest")]
+    assert [float(r["cockpit/NormTest"]) for r in rows] == pytest.approx([record[s]["NormTest"] for s in range(4)])
+
+    assert [os.path.basename(p) for p in callback.dashboard_paths] == [
+        "cockpit__primary__epoch_000.png", "cockpit__primary__epoch_001.png"]
+    assert all(os.path.isfile(p) for p in callback.dashboard_paths)
+    assert os.path.isfile(os.path.join(callback.dirpath, "cockpit.jsonl"))
+
+
+def test_training_is_not_disturbed(tmp_path):
+    tracked, _ = _fit(tmp_path / "a", [CockpitCallback(dashboards=False)])
+    plain, _ = _fit(tmp_path / "b", [])
+    for p, q in zip(tracked.parameters(), plain.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_graph_quantity_without_create_graph_names_the_fix(tmp_path):
+    callback = CockpitCallback([quantities.HessMaxEV()], dashboards=False)
+    with pytest.raises(ValueError, match="create_graph"):
+        _fit(tmp_path, [callback])
