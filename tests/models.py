@@ -119,6 +119,27 @@ class GPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
+class ViTLike(nn.Module):
+    """Shared tensors broadcast into the batch: a class token (expand + cat), positions from an
+    Embedding of ``arange`` (added with broadcasting), a learned scale; attention without dropout."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.patch = nn.Linear(3, d)
+        self.cls = nn.Parameter(0.1 * torch.randn(1, 1, d))
+        self.pos = nn.Embedding(SEQ + 1, d)
+        self.gamma = nn.Parameter(torch.rand(d) + 0.5)
+        self.attn = nn.MultiheadAttention(d, 2, batch_first=True)
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, 3)
+
+    def forward(self, x):
+        tokens = torch.cat([self.cls.expand(x.shape[0], -1, -1), self.patch(x)], 1)
+        h = tokens + self.pos(torch.arange(tokens.shape[1])).unsqueeze(0)
+        h = h + self.attn(h, h, h, need_weights=False)[0] * self.gamma
+        return self.head(self.norm(h)[:, 0])
+
+
 class LSTMReadout(nn.Module):
     """2-layer bidirectional LSTM read out through its last output and its final hidden states."""
 
@@ -177,6 +198,7 @@ REALISTIC = {
     "transformer": (lambda: Encoder(0.0), nn.CrossEntropyLoss, _features((SEQ, 3)), _classes),
     "transformer_dropout": (lambda: Encoder(0.2), nn.CrossEntropyLoss, _features((SEQ, 3)), _classes),
     "gpt": (GPT, TokenCrossEntropy, _tokens, _tokens),
+    "vit_like": (ViTLike, nn.CrossEntropyLoss, _features((SEQ, 3)), _classes),
     "lstm": (LSTMReadout, nn.CrossEntropyLoss, _features((SEQ, 3)), _classes),
     "gru": (GRUSeqFirst, nn.CrossEntropyLoss, _features((SEQ, 3)), _classes),
     "mlp_inplace": (

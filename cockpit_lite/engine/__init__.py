@@ -44,8 +44,8 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from cockpit_lite import transforms as _transforms
-from cockpit_lite.engine import global_path
-from cockpit_lite.engine.capture import ForwardCapture
+from cockpit_lite.engine import broadcast, global_path
+from cockpit_lite.engine.capture import Call, ForwardCapture
 from cockpit_lite.engine.rules import GENERIC, UnsupportedCall, mixes_samples, rule_for
 from cockpit_lite.engine.rules.base import first_tensor
 
@@ -131,7 +131,10 @@ class Engine:
             needed_by: names of the quantities that need the transforms (for messages).
         """
         state = _Step(transforms, batch_size, grads_before, needed_by)
+        graph = _Graph(info)
         calls = self.capture.calls if self.capture is not None else []
+        if calls and graph.ready():  # only the forward passes this loss came from
+            calls = [c for c in calls if any(graph.reaches(leaf) for leaf in c.leaves)]
         if self.model is not None and not calls:
             self._warn_once(
                 "unobserved",
@@ -140,7 +143,7 @@ class Engine:
                 "no_grad): all individual gradients take the exact but slow global "
                 "path. Enter cp(step) at every step, with consecutive step numbers.",
             )
-        routes = self._routes(calls, state) if calls else {}
+        routes = self._routes(calls, state, graph) if calls else {}
         global_indices = [i for i in range(len(self.params)) if routes.get(i) == "global" or (i not in routes and not calls)]
         if state.batch_size is None and not global_indices:
             raise ValueError(
@@ -151,8 +154,15 @@ class Engine:
             if uses == "global":
                 continue
             state.uses[index] = len(uses)
-            for call, name in uses:
-                state.calls.setdefault(call, []).append((name, self.params[index], index))
+            for call, name, path in uses:
+                if path is None:
+                    state.calls.setdefault(call, []).append((name, self.params[index], index))
+                elif call is None:  # a shared parameter used outside any layer
+                    state.paths.append(broadcast.Path(*path, self._leaf_result(state, index)))
+                else:  # a layer whose output every sample shares
+                    state.broadcast.setdefault(call, []).append((name, self.params[index], index))
+                    if len(state.broadcast[call]) == 1:
+                        state.paths.append(broadcast.Path(*path, self._broadcast_result(state, call)))
         state.global_indices = global_indices
         self._step = state
         if global_indices:
@@ -179,13 +189,16 @@ class Engine:
                 state.batch.flush()
                 self._check_gradients(state)
         finally:
+            for path in state.paths:
+                path.remove()
             self.forget()
         return state.results, state.batch_size, state.flags
 
     # -- internals ----------------------------------------------------------------------
 
-    def _routes(self, calls, state):
-        """``{index: [(call, name in the module), ...] | "global"}`` for the parameters that took part."""
+    def _routes(self, calls, state, graph):
+        """``{index: [(call, name in the module, broadcast path), ...] | "global"}`` for the
+        parameters that took part (path ``None``: the call's rule on its own output gradient)."""
         by_module = {}
         for call in calls:
             by_module.setdefault(call.module, []).append(call)
@@ -203,25 +216,56 @@ class Engine:
                 uses += [(call, name) for call in by_module.get(module, ())]
             if not uses:
                 continue
-            if any(self._needs_global(call, name, calls, mixing, state) for call, name in uses):
-                routes[index] = "global"
-            else:
-                routes[index] = uses
+            routed = []
+            for call, name in uses:
+                route = self._route(call, name, param, calls, mixing, state, graph)
+                if route is None:
+                    break
+                routed.append(route)
+            routes[index] = routed if len(routed) == len(uses) else "global"
         return routes
 
-    def _needs_global(self, call, name, calls, mixing, state):
+    def _route(self, call, name, param, calls, mixing, state, graph):
+        """How one use of a parameter is served: ``(call, name, path)``, or ``None`` (global)."""
         if any(call.end < m.start or call.contains(m) for m in mixing if m is not call):
-            return True  # a later layer mixes the samples: δ_n is not ∂c_n/∂output
+            return None  # a later layer mixes the samples: δ_n is not ∂c_n/∂output
+        if state.batch_size is None:
+            return None
         rule = GENERIC if "." in name else rule_for(call.module)
         if rule is GENERIC and any(call.contains(c) for c in calls):
-            return True  # the module calls sub-modules of its own (their δ would be needed)
-        if state.batch_size is None:
-            return True
+            if "." in name or mixing:  # own code around sub-module calls: only a shared parameter it uses
+                return None
+            path = graph.path_from_parameter(param, state.batch_size)
+            return None if path is None else (None, name, path)
+        if call.leaves and all(_no_batch_axis(leaf, state.batch_size) for leaf in call.leaves):
+            if len(call.leaves) != 1:
+                return None
+            path = graph.path_from_tensor(call.leaves[0], state.batch_size)
+            return None if path is None else (call, name, path)
         try:
             rule.check(call, state.batch_size)
         except UnsupportedCall:
-            return True
-        return False
+            return None
+        return (call, name, None)
+
+    def _leaf_result(self, state, index):
+        def done(grad_batch):
+            self._accept(state, index, _transforms.PerSample(self.params[index], index, grad_batch=grad_batch))
+
+        return done
+
+    def _broadcast_result(self, state, call):
+        def done(delta):
+            virtual = Call(
+                call.module, call.name,
+                tuple(_expand(a, state.batch_size) for a in call.args),
+                {k: _expand(v, state.batch_size) for k, v in call.kwargs.items()},
+                None, call.start, call.end,
+            )
+            virtual.leaves, virtual.leaf_positions, virtual.grads = [delta], [0], {0: delta}
+            self._run_rule(state, virtual, state.broadcast[call])
+
+        return done
 
     def _on_grad(self, call, position, grad):
         state = self._step
@@ -254,14 +298,18 @@ class Engine:
             self.capture.paused = False
         for name, param, index in tracked:
             part = per_sample.pop(name)  # dropped as soon as its transforms ran
-            part.batch_size = state.batch_size
-            part.grad_before = state.grads_before[index]
-            if state.uses.get(index, 1) > 1:
-                dense = part.grad_batch
-                state.dense[index] = dense if index not in state.dense else state.dense[index] + dense
-            else:
-                state.ready(index, part)
+            self._accept(state, index, part)
             del part
+
+    def _accept(self, state, index, part):
+        """One use's individual gradients of parameter ``index``."""
+        part.batch_size = state.batch_size
+        part.grad_before = state.grads_before[index]
+        if state.uses.get(index, 1) > 1:
+            dense = part.grad_batch
+            state.dense[index] = dense if index not in state.dense else state.dense[index] + dense
+        else:
+            state.ready(index, part)
 
     def _run_global(self, state, info, indices):
         contributions = info.contributions(", ".join(state.needed_by))
@@ -348,6 +396,8 @@ class _Step:
         self.grads_before = grads_before
         self.needed_by = tuple(needed_by)
         self.calls = {}  # call -> [(name, param, index)]
+        self.broadcast = {}  # call whose output all samples share -> [(name, param, index)]
+        self.paths = []
         self.uses = {}
         self.done = set()
         self.dense = {}
@@ -363,6 +413,50 @@ class _Step:
         """Run the transforms on a parameter's complete individual gradients."""
         self.results[index] = _transforms.run(self.transforms, per_sample, self.batch)
         self.served[index] = per_sample.grad
+
+
+class _Graph:
+    """The autograd graph of the step's loss, walked once, on demand (``cockpit_lite.engine.broadcast``)."""
+
+    def __init__(self, info):
+        self._info = info
+        self._users = None
+
+    def ready(self):
+        """Whether the loss has a graph (walked on the first call)."""
+        if self._users is None:
+            loss = self._info.get("loss")
+            self._root = getattr(loss, "grad_fn", None)
+            self._users = broadcast.consumers(self._root) if self._root is not None else {}
+            self._accumulators = broadcast.accumulators(self._users)
+        return self._root is not None
+
+    def reaches(self, tensor):
+        """Whether the loss depends on ``tensor``."""
+        return tensor.grad_fn is self._root or (tensor.grad_fn, tensor.output_nr) in self._users
+
+    def path_from_parameter(self, param, batch_size):
+        if not self.ready() or id(param) not in self._accumulators:
+            return None
+        found = broadcast.plan(self._users, (self._accumulators[id(param)], 0), batch_size)
+        return None if found is None else (found, param.shape, batch_size)
+
+    def path_from_tensor(self, tensor, batch_size):
+        if not self.ready() or tensor.grad_fn is None:
+            return None
+        found = broadcast.plan(self._users, (tensor.grad_fn, tensor.output_nr), batch_size)
+        return None if found is None else (found, tensor.shape, batch_size)
+
+
+def _no_batch_axis(tensor, batch_size):
+    return batch_size > 1 and batch_size not in tuple(tensor.shape)
+
+
+def _expand(value, batch_size):
+    """A shared input as if every sample had passed it (a new leading batch axis)."""
+    if torch.is_tensor(value) and _no_batch_axis(value, batch_size):
+        return value.expand(batch_size, *value.shape)
+    return value
 
 
 def _nan_like(value):

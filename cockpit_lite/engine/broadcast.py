@@ -1,0 +1,150 @@
+"""Per-sample gradients of tensors that every sample shares: broadcast into the batch.
+
+A learned positional table (``x + self.pos[:T]``, or ``self.pos_emb(torch.arange(T))``),
+a class token (``self.cls.expand(B, -1, -1)``) or a learned scale has no batch axis of
+its own: the batch appears at the first operation that combines it with batched data
+(the *batch node* of the autograd graph). Sample n's gradient w.r.t. the shared tensor
+is that node's backward applied to sample n's part of the node's output gradient,
+carried back through the shape-only operations in between (slices, views, unsqueezes).
+
+``plan`` finds the path in the graph before the backward pass (the forward output
+shape of every node is in its input metadata); ``Path`` registers a pre-hook on the
+batch node and computes the per-sample gradients there, during the user's backward
+pass, while the nodes on the path still hold their saved tensors. An addition (the
+common case) is vectorised; any other batch node is called once per sample.
+"""
+
+import torch
+
+MAX_DEPTH = 8
+"""Nodes followed from the shared tensor before giving up (the global path takes over)."""
+
+
+def consumers(root):
+    """``{(node, output index): [(consumer node, its input position), ...]}`` of the graph below ``root``."""
+    users, seen, stack = {}, {root}, [root]
+    while stack:
+        node = stack.pop()
+        for position, (child, index) in enumerate(node.next_functions):
+            if child is None:
+                continue
+            users.setdefault((child, index), []).append((node, position))
+            if child not in seen:
+                seen.add(child)
+                stack.append(child)
+    return users
+
+
+def accumulators(users):
+    """``{id(parameter): its AccumulateGrad node}`` among the graph's nodes."""
+    found = {}
+    for node, _ in users:
+        variable = getattr(node, "variable", None)
+        if variable is not None:
+            found[id(variable)] = node
+    return found
+
+
+def _batch_axis(shape, batch_size):
+    for axis, size in enumerate(shape):
+        if size == batch_size:
+            return axis
+    return None
+
+
+def plan(users, start, batch_size):
+    """The path from ``start = (node, output index)`` down to its batch node, or ``None``.
+
+    Returns a list of ``(node, input position)`` from the first consumer to the batch
+    node (the first whose output has an axis of size ``batch_size``); every node before
+    it must have a single consumer and a single output.
+    """
+    path, current = [], start
+    for _ in range(MAX_DEPTH):
+        following = users.get(current)
+        if not following or len(following) != 1:
+            return None
+        node, position = following[0]
+        metadata = node._input_metadata
+        if len(metadata) != 1:
+            return None
+        path.append((node, position))
+        if _batch_axis(metadata[0].shape, batch_size) is not None:
+            return path
+        current = (node, 0)
+    return None
+
+
+class Path:
+    """Per-sample gradients at the start of a planned path, computed in the batch node's pre-hook."""
+
+    def __init__(self, path, start_shape, batch_size, on_result):
+        """
+        Args:
+            path: from ``plan``.
+            start_shape: shape of the shared tensor.
+            batch_size: ``B``.
+            on_result: called with the ``[B, *start_shape]`` per-sample gradients.
+        """
+        self.path = path
+        self.start_shape = tuple(start_shape)
+        self.batch_size = batch_size
+        self.on_result = on_result
+        node = path[-1][0]
+        self.handle = node.register_prehook(self._hook)
+
+    def remove(self):
+        self.handle.remove()
+
+    def _shape_below(self, k):
+        """Forward output shape of the node below step ``k`` of the path (the start for k = 0)."""
+        return self.start_shape if k == 0 else tuple(self.path[k - 1][0]._input_metadata[0].shape)
+
+    def _hook(self, grad_outputs):
+        grad = grad_outputs[0]
+        if grad is None:
+            return None
+        node, position = self.path[-1]
+        axis = _batch_axis(grad.shape, self.batch_size)
+        below = self._shape_below(len(self.path) - 1)
+        with torch.no_grad():
+            name = type(node).__name__
+            if name in ("AddBackward0", "SubBackward0"):
+                sign = -1.0 if (name == "SubBackward0" and position == 1) else 1.0
+                scale = sign * (float(node._saved_alpha) if position == 1 else 1.0)
+                per_sample = _sum_to_per_sample(grad, axis, below) * scale
+            else:
+                per_sample = torch.stack([
+                    _sum_to(_call(node, _only_sample(grad, axis, n), position), below)
+                    for n in range(self.batch_size)
+                ])
+            for k in range(len(self.path) - 2, -1, -1):  # the shape-only nodes, back to the start
+                step, step_position = self.path[k]
+                target = self._shape_below(k)
+                per_sample = torch.stack([_sum_to(_call(step, g, step_position), target) for g in per_sample])
+        self.on_result(per_sample)
+        return None
+
+
+def _call(node, grad, position):
+    """The gradient a node's backward gives its input ``position`` (a node with one input returns a tensor)."""
+    result = node(grad)
+    return result if torch.is_tensor(result) else result[position]
+
+
+def _only_sample(grad, axis, n):
+    masked = torch.zeros_like(grad)
+    masked.select(axis, n).copy_(grad.select(axis, n))
+    return masked
+
+
+def _sum_to(grad, shape):
+    return grad if tuple(grad.shape) == tuple(shape) else grad.sum_to_size(shape)
+
+
+def _sum_to_per_sample(grad, axis, shape):
+    """``[B, *shape]``: each sample's slice of ``grad`` summed to ``shape`` (broadcast rules)."""
+    padded = (1,) * (grad.dim() - len(shape)) + tuple(shape)
+    dims = [d for d in range(grad.dim()) if d != axis and padded[d] == 1 and grad.shape[d] != 1]
+    reduced = grad.sum(dims, keepdim=True) if dims else grad
+    return reduced.movedim(axis, 0).reshape(grad.shape[axis], *shape)
