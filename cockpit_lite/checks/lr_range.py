@@ -15,7 +15,8 @@ smoothed loss, divided by 10. The minimum sits at the edge of instability (a
 little more and the loss rises), so one decade below it is still where the loss
 falls fast but safely away from the edge; unlike the steepest point of the curve,
 which depends on a derivative of a noisy curve, the minimum is stable across
-seeds. No suggestion (None) when the loss never fell below its start.
+seeds. No suggestion (None) when the smoothed loss never fell ``FLAT = 1%`` below
+its start (no descent to speak of).
 """
 
 import csv
@@ -28,6 +29,7 @@ from .isolation import endless, forked_rng, fresh_optimizer, model_copy
 
 SMOOTHING = 0.9
 DIVERGENCE = 4.0
+FLAT = 0.01
 RULE = "min/10: one tenth of the learning rate at the minimum of the smoothed loss"
 
 
@@ -124,8 +126,8 @@ def _suggest(lrs, losses, smoothed, diverged):
     finite = [(s, i) for i, s in enumerate(smoothed) if math.isfinite(s)]
     lowest, at = min(finite)
     notes = []
-    if at == 0:
-        notes.append("the smoothed loss never fell below its start: lower start, or check the model")
+    if lowest > (1 - FLAT) * smoothed[0]:
+        notes.append("the smoothed loss never fell 1% below its start: lower start, or check the model")
         return LRRangeResult(lrs, losses, smoothed, None, None, diverged, notes=notes)
     if not diverged:
         notes.append("the loss had not diverged at the end of the sweep: raise end to see the edge")

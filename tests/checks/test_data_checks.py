@@ -1,0 +1,65 @@
+"""The data checks: duplicates (exact and near-exact), imbalance, normalization, non-finite values."""
+
+import torch
+from check_cases import CASES
+
+from cockpit_lite import checks
+
+DATA = ["data_duplicates", "data_imbalance", "data_normalization", "data_nonfinite"]
+
+
+def _report(case, data=None, **options):
+    options = {**case.options, **options}
+    if data is not None:
+        options["data"] = data
+    return checks.run(case.model, case.loss_fn, case.batch, **options, checks=DATA)
+
+
+def test_near_exact_duplicates_are_found():
+    case = CASES["regression_mlp"]()
+    data = dict(case.options["data"])
+    data["x_test"] = data["x_test"].clone()
+    data["x_test"][:3] = data["x_train"][:3].double().add(1e-9).float()  # a float64 round trip
+    result = _report(case, data)["data_duplicates"]
+    assert result.value == 3 and "test indices [0, 1, 2]" in result.message
+
+
+def test_without_data_two_checks_look_at_the_batch_and_two_are_skipped():
+    case = CASES["digits_mlp"]()
+    report = _report(case, data={})
+    assert report.skipped == ["data_duplicates", "data_imbalance"]
+    assert "the batch" in report["data_nonfinite"].message and report["data_normalization"].passed
+
+
+def test_imbalance_ratio_and_a_missing_class():
+    case = CASES["digits_mlp"]()
+    data = dict(case.options["data"])
+    data["y_train"] = data["y_train"].clamp_max(8)  # no label 9 left
+    result = _report(case, data)["data_imbalance"]
+    assert result.value == float("inf") and result.passed is False
+
+
+def test_normalization_names_the_fix():
+    case = CASES["regression_mlp"]()
+    data = dict(case.options["data"])
+    data["x_train"] = data["x_train"].clone()
+    data["x_train"][:, 2] *= 1e4  # one column in other units
+    result = _report(case, data)["data_normalization"]
+    assert result.passed is False and "feature 2" in result.message and "each feature" in result.fix
+    data = dict(case.options["data"], x_test=case.options["data"]["x_test"] * 3 + 2)  # test split not normalised
+    result = _report(case, data)["data_normalization"]
+    assert result.passed is False and "not scaled like x_train" in result.message
+
+
+def test_token_inputs_are_not_normalised():
+    assert _report(CASES["causal_transformer"]())["data_normalization"].status == "skipped"
+
+
+def test_nonfinite_targets_are_counted():
+    case = CASES["regression_mlp"]()
+    data = dict(case.options["data"])
+    data["y_test"] = data["y_test"].clone()
+    data["y_test"][0] = float("inf")
+    result = _report(case, data)["data_nonfinite"]
+    assert result.value == 1 and "y_test 1" in result.message
+    assert torch.isfinite(case.options["data"]["y_test"]).all()  # the user's data untouched

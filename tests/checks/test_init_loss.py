@@ -1,0 +1,22 @@
+"""``init_loss``: compared with ln C, one-sided, skipped for regression."""
+
+import math
+
+from check_cases import BROKEN, CASES
+
+from cockpit_lite import checks
+
+
+def _result(case):
+    return checks.run(case.model, case.loss_fn, case.batch, **case.options, checks=["init_loss"])["init_loss"]
+
+
+def test_healthy_ratio_is_near_one_and_large_logits_fail():
+    assert abs(_result(CASES["digits_mlp"]()).value - 1) < 0.1
+    broken = _result(BROKEN["huge_init"]())
+    assert broken.passed is False and broken.value > 3 and "scale the last layer down" in broken.fix
+    assert f"{math.log(10):.3g}" in broken.message
+
+
+def test_regression_is_skipped():
+    assert _result(CASES["regression_mlp"]()).status == "skipped"

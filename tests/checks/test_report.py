@@ -1,0 +1,35 @@
+"""``CheckResult`` and ``Report``: three outcomes, readable text, one AssertionError for all failures."""
+
+import pytest
+
+from cockpit_lite.checks import CheckResult, Report
+
+
+def _report():
+    return Report([
+        CheckResult("a", True, 1.0, "<= 2", "fine"),
+        CheckResult("b", False, 3.0, "<= 2", "too big", "make it smaller"),
+        CheckResult.skip("c", "does not apply"),
+    ], seconds=0.5)
+
+
+def test_statuses_and_lookup():
+    report = _report()
+    assert (report.passed, report.failed, report.skipped) == (["a"], ["b"], ["c"])
+    assert report["c"].status == "skipped" and report["c"].passed is None
+    assert not report.ok and len(report) == 3 and "a" in report
+    with pytest.raises(KeyError, match="has a, b, c"):
+        report["d"]
+
+
+def test_text_has_one_line_per_check_and_the_fix_under_failures():
+    text = str(_report())
+    assert text.splitlines()[0].startswith("pre-flight checks: 1 passed, 1 failed, 1 skipped")
+    assert "FAIL  b" in text and "fix: make it smaller" in text and "SKIP  c" in text and "does not apply" in text
+
+
+def test_raise_if_failed_lists_every_failure():
+    with pytest.raises(AssertionError, match="b: too big Fix: make it smaller"):
+        _report().raise_if_failed()
+    ok = Report([CheckResult("a", True)])
+    assert ok.raise_if_failed() is ok
