@@ -1,0 +1,114 @@
+"""Track a Hugging Face ``Trainer``: ``CockpitTrainer`` (or ``CockpitTrainerMixin`` for your own subclass).
+
+    from cockpit_lite.integrations.huggingface import CockpitTrainer
+    trainer = CockpitTrainer(model=model, args=args, train_dataset=data)   # Trainer's arguments
+    trainer.train()
+    trainer.cockpit.get_output()
+
+Needs ``transformers`` and ``accelerate`` (``pip install "cockpit-lite[hf]"``).
+
+Why a ``Trainer`` mixin and not a ``TrainerCallback``: a Cockpit step must be entered
+after the forward pass and before ``loss.backward()`` (it plans the step from the
+forward pass and must see the backward pass). ``TrainerCallback`` has no event there:
+``on_step_begin`` comes before the forward pass, ``on_pre_optimizer_step`` and
+``on_optimizer_step`` after the backward pass (and after clipping), and a callback
+gets neither the loss nor the backward call. The mixin wraps the one call the
+``Trainer`` makes, ``self.accelerator.backward(loss)`` inside ``training_step``, for
+the duration of that step; everything else about training is the ``Trainer``'s own.
+
+- The step is ``state.global_step`` (optimizer steps so far). With
+  ``gradient_accumulation_steps=k`` only the last micro-batch before each optimizer
+  step is tracked (``batch.accumulated`` is true in the record), and the quantities
+  describe the loss the ``Trainer`` backpropagates (for a causal LM with labels: the
+  sum of token losses over the tokens of all ``k`` micro-batches).
+- ``max_grad_norm`` clipping runs after the backward pass: the quantities see the
+  unclipped gradients.
+- A dashboard per epoch (``cockpit__primary__epoch_<n>.png``) and a JSON-lines log
+  ``cockpit.jsonl`` go to ``cockpit_dir`` (default ``<output_dir>/cockpit``); only the
+  main process writes them.
+- ``Alpha`` needs each sample's loss: a causal LM's loss is a sum divided by the token
+  count, which cannot be re-evaluated per sample from the graph; leave ``Alpha`` out
+  or override ``compute_loss`` to return it (and use ``lr_scheduler_type="constant"``:
+  a scheduler between two steps makes ``Alpha`` NaN, flagged).
+"""
+
+import os
+
+from cockpit_lite.integrations import require
+
+_transformers = require("transformers", "hf")
+require("accelerate", "hf")
+
+
+class CockpitTrainerMixin:
+    """Adds a ``Cockpit`` to a ``transformers.Trainer`` subclass (put it first in the bases).
+
+    Keyword arguments (all others go to the ``Trainer``):
+        cockpit_quantities: list of quantities (default ``configuration("economy")``
+            without ``Alpha``, see the module docs).
+        cockpit_dir: folder of the log and dashboards.
+        cockpit_dashboards: draw a dashboard at the end of every epoch.
+        cockpit_sinks: sinks passed to the Cockpit (e.g. ``TensorBoardSink``).
+        cockpit_kwargs: dict passed to ``Cockpit`` (``strict``, ``seed``).
+    """
+
+    def __init__(self, *args, cockpit_quantities=None, cockpit_dir=None, cockpit_dashboards=True, cockpit_sinks=(),
+                 cockpit_kwargs=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        from cockpit_lite import Cockpit, configuration
+
+        if cockpit_quantities is None:
+            cockpit_quantities = [q for q in configuration("economy") if q.name != "Alpha"]
+        self.cockpit_dir = cockpit_dir or os.path.join(self.args.output_dir, "cockpit")
+        main = self.is_world_process_zero()
+        self.cockpit = Cockpit(
+            self.model, cockpit_quantities, log=os.path.join(self.cockpit_dir, "cockpit.jsonl") if main else None,
+            sinks=list(cockpit_sinks), **(cockpit_kwargs or {}),
+        )
+        self.dashboard_paths = []
+        self.add_callback(_Dashboards(self, cockpit_dashboards and main))
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if not self.accelerator.sync_gradients:  # an earlier micro-batch of the accumulation window
+            return super().training_step(model, inputs, num_items_in_batch)
+        accelerator = self.accelerator
+        backward = accelerator.backward
+        optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # accelerate's wrapper holds it
+        step = self.state.global_step
+
+        def tracked_backward(loss, **kwargs):
+            with self.cockpit(step, info={"loss": loss, "optimizer": optimizer}):
+                backward(loss, **kwargs)
+
+        accelerator.backward = tracked_backward
+        try:
+            return super().training_step(model, inputs, num_items_in_batch)
+        finally:
+            del accelerator.backward  # the instance attribute; the class's method again
+
+    def _cockpit_dashboard(self, epoch):
+        from instruments import CockpitPlotter
+
+        if self.cockpit.get_output():
+            path = CockpitPlotter().plot(self.cockpit, show_plot=False, save_plot=True, savedir=self.cockpit_dir,
+                                         savename_append=f"epoch_{epoch:03d}")
+            self.dashboard_paths.append(path)
+
+
+class _Dashboards(_transformers.TrainerCallback):
+    """Draws the dashboard at each epoch's end and closes the Cockpit when training ends."""
+
+    def __init__(self, trainer, draw):
+        self.trainer = trainer
+        self.draw = draw
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if self.draw:
+            self.trainer._cockpit_dashboard(round(state.epoch or 0) - 1)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.trainer.cockpit.close()
+
+
+class CockpitTrainer(CockpitTrainerMixin, _transformers.Trainer):
+    """``transformers.Trainer`` with a Cockpit (see ``CockpitTrainerMixin`` for the extra arguments)."""

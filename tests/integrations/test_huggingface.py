@@ -1,0 +1,110 @@
+"""CockpitTrainer with the real transformers Trainer on a tiny GPT-2 (random weights, nothing downloaded).
+
+GPT-2 uses its own ``Conv1D`` layer (transposed weights) and ties the output head to the
+token embedding; its first-order quantities are checked against a brute-force float64
+reference: one forward pass, a loop of ``torch.autograd.grad`` over each sequence's
+term of the loss the Trainer backpropagates.
+"""
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="the hf extra is not installed (pip install 'cockpit-lite[hf]')")
+pytest.importorskip("accelerate", reason="the hf extra is not installed (pip install 'cockpit-lite[hf]')")
+import transformers  # noqa: E402
+
+from cockpit_lite import quantities  # noqa: E402
+from cockpit_lite.integrations.huggingface import CockpitTrainer  # noqa: E402
+
+B, T, VOCAB = 4, 8, 97
+
+
+def _model():
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=16,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(config).double()
+
+
+class _Tokens(torch.utils.data.Dataset):
+    def __init__(self, n):
+        g = torch.Generator().manual_seed(1)
+        self.ids = torch.randint(0, VOCAB, (n, T), generator=g)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+class _Recording(CockpitTrainer):
+    """Keeps each tracked step's parameters and batch for the reference."""
+
+    seen = None
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        self.seen = self.seen or {}
+        self.seen[self.state.global_step] = ([p.detach().clone() for p in model.parameters()],
+                                             inputs["input_ids"].clone(), num_items_in_batch)
+        return super().training_step(model, inputs, num_items_in_batch)
+
+
+def _args(tmp_path, **kwargs):
+    return transformers.TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=B, num_train_epochs=1, learning_rate=1e-2,
+        lr_scheduler_type="constant", report_to="none", save_strategy="no", use_cpu=True, disable_tqdm=True,
+        logging_strategy="no", dataloader_num_workers=0, seed=0, **kwargs,
+    )
+
+
+def _reference(params, ids, num_items):
+    """Per-sequence individual gradients g̃_n = B ∇c_n, c_n = sequence n's summed token losses / num_items."""
+    model = _model()
+    with torch.no_grad():
+        for p, value in zip(model.parameters(), params):
+            p.copy_(value)
+    logits = model(input_ids=ids).logits
+    token_losses = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1), reduction="none").reshape(B, T - 1)
+    contributions = token_losses.sum(1) / num_items
+    rows = [torch.autograd.grad(contributions[n], list(model.parameters()), retain_graph=True) for n in range(B)]
+    return [B * torch.stack([r[i] for r in rows]) for i in range(len(params))]
+
+
+def test_gpt2_first_order_quantities_match_brute_force(tmp_path):
+    trainer = _Recording(
+        model=_model(), args=_args(tmp_path, max_steps=3), train_dataset=_Tokens(3 * B),
+        cockpit_quantities=[quantities.NormTest(), quantities.GradVariance(), quantities.GradNorm()],
+    )
+    trainer.train()
+    record = trainer.cockpit.get_output()
+    assert sorted(record) == [0, 1, 2]
+    assert len(trainer.cockpit.names) == len(list(trainer.model.parameters()))  # the tied head is one tensor
+    for step, (params, ids, num_items) in trainer.seen.items():
+        assert int(num_items) == B * T  # the Trainer counts every label; the shifted loss has B·(T−1) terms
+        individual = _reference(params, ids, num_items)
+        flat = torch.cat([g.reshape(B, -1) for g in individual], 1)
+        g = flat.mean(0)
+        norm_test = torch.sqrt(((flat - g) ** 2).sum() / ((B - 1) * B * (g**2).sum()))
+        variance = [i.reshape(B, -1).var(0, unbiased=True).sum().item() for i in individual]
+        assert record[step]["NormTest"] == pytest.approx(norm_test.item(), rel=1e-6)
+        assert record[step]["GradVariance"] == pytest.approx(variance, rel=1e-6)  # the suite's tolerance (tests/problems.py); LayerNorm biases reach 1.5e-8
+        assert record[step]["GradNorm"] == pytest.approx([i.mean(0).norm().item() for i in individual], rel=1e-6)
+    assert [os.path.basename(p) for p in trainer.dashboard_paths] == ["cockpit__primary__epoch_000.png"]
+
+
+def test_accumulation_tracks_the_last_micro_batch_and_training_is_not_disturbed(tmp_path):
+    tracked = CockpitTrainer(model=_model(), args=_args(tmp_path / "a", max_steps=2, gradient_accumulation_steps=2),
+                             train_dataset=_Tokens(4 * B), cockpit_quantities=[quantities.NormTest()],
+                             cockpit_dashboards=False)
+    tracked.train()
+    plain = transformers.Trainer(model=_model(), args=_args(tmp_path / "b", max_steps=2, gradient_accumulation_steps=2),
+                                 train_dataset=_Tokens(4 * B))
+    plain.train()
+    record = tracked.cockpit.get_output()
+    assert sorted(record) == [0, 1] and all(record[s]["batch"] == {"size": B, "accumulated": True} for s in record)
+    for p, q in zip(tracked.model.parameters(), plain.model.parameters()):
+        assert torch.equal(p, q)
