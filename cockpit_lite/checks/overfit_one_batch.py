@@ -53,7 +53,7 @@ def check(problem):
             break
     steps = len(losses) - 1
     ratio = losses[-1] / reference if reference > 0 else 0.0
-    how = "Adam, lr " + f"{lr:g}" if problem.optimizer is None else type(optimizer).__name__
+    how = f"Adam, lr {lr:g}" if problem.optimizer is None else type(optimizer).__name__
     passed = math.isfinite(ratio) and ratio <= RELATIVE
     if passed:
         message = f"loss {losses[0]:.3g} -> {losses[-1]:.3g} on {len(x)} samples in {steps} steps ({how})"
@@ -62,7 +62,7 @@ def check(problem):
                f"needs <= {RELATIVE:g} x {what} = {target:.3g}")
     if not math.isfinite(losses[-1]):
         fix = "the loss diverged: check the loss and the init scale, or lower the learning rate"
-    elif training.looks_like_probabilities(problem, model(x)):
+    elif training.looks_like_probabilities(problem, problem.initial_output):
         fix = "the model outputs probabilities: remove the softmax, CrossEntropyLoss applies log-softmax itself"
     else:
         fix = ("look for a detached or frozen layer (see nonzero_gradients), targets in the wrong format, "
