@@ -19,6 +19,8 @@ _LAZY = {
     "schedules": ("cockpit_lite.schedules", None),
     "histogram": ("cockpit_lite.histogram", None),
     "log": ("cockpit_lite.log", None),
+    "diagnose": ("cockpit_lite.diagnosis", "diagnose"),
+    "Finding": ("cockpit_lite.diagnosis", "Finding"),
     "checks": ("cockpit_lite.checks", None),
 }
 

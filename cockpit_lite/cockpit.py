@@ -18,6 +18,7 @@ Per step, ``with cp(step, *extra_extensions, info={...}): loss.backward(...)``:
 Steps where nothing is due run without any hook: no forward hooks, no extensions.
 """
 
+import copy
 import math
 import numbers
 import warnings
@@ -28,10 +29,12 @@ import torch
 from backpack import backpack
 from backpack.extensions.backprop_extension import BackpropExtension
 
+from cockpit_lite import diagnosis as _diagnosis
 from cockpit_lite import log as _log
 from cockpit_lite.backend import add_advice, backpack_untouched, uses_random_numbers
 from cockpit_lite.engine import Engine
 from cockpit_lite.info import StepInfo
+from cockpit_lite.quantities import REGISTRY
 from cockpit_lite.quantities.base import Output, Quantity
 from cockpit_lite.step import StepData
 
@@ -42,7 +45,7 @@ NONFINITE_GRAD = "nonfinite_grad"
 class Cockpit:
     """Collect quantities during training (API compatible with Cockpit's ``Cockpit``)."""
 
-    def __init__(self, params, quantities=None, log=None, strict=False, seed=0, sinks=()):
+    def __init__(self, params, quantities=None, log=None, strict=False, seed=0, sinks=(), diagnose=True):
         """
         Args:
             params: what to track: a ``torch.nn.Module`` (its named parameters; the
@@ -64,6 +67,11 @@ class Cockpit:
                 ``names`` are the parameter names), e.g.
                 ``cockpit_lite.integrations.tensorboard.TensorBoardSink``. A failing
                 sink warns (raises with ``strict=True``).
+            diagnose: run the diagnosis rules after every step (``cockpit_lite.diagnosis``):
+                the signals they need (``diagnosis.SIGNALS``) are tracked in addition to
+                ``quantities`` (or alone, when ``quantities`` is ``None``); each new finding
+                is logged once (logger ``"cockpit_lite.diagnosis"``, level WARNING), kept
+                in ``findings`` and written to the log. ``False``: none of that.
 
         Raises:
             ValueError: if no parameter requires a gradient.
@@ -82,6 +90,13 @@ class Cockpit:
         self.quantities = []
         for quantity in quantities or []:
             self.add(quantity)
+        self._diagnosis, self._undiagnosed = None, set()
+        if diagnose:
+            self._diagnosis = _diagnosis.Diagnosis(self.names, [tuple(p.shape) for p in self.params])
+            tracked = {q.name for q in self.quantities}
+            for name in _diagnosis.SIGNALS:
+                if name not in tracked:
+                    self.add(REGISTRY[name]())
         self.output = {}
         self.strict = strict
         self.seed = seed
@@ -115,6 +130,7 @@ class Cockpit:
         if any(q.name == quantity.name for q in self.quantities):
             raise ValueError(f"{quantity.name} is tracked already; each class can be tracked once")
         self.quantities.append(quantity)
+        quantity.bind(self)
 
     def create_graph(self, global_step):
         """Whether ``loss.backward`` must keep the graph at ``global_step`` (``HessMaxEV``).
@@ -171,18 +187,56 @@ class Cockpit:
             train_accuracy, valid_accuracy, test_accuracy, learning_rate,
         )))
         self._record(global_step, {k: _plain(v) for k, v in values.items()})
+        self._diagnose()
 
     def close(self):
         """End tracking: remove the engine's forward hooks, close the JSON-lines log and the sinks."""
         self.engine.arm(False)
+        self._diagnose(final=True)
+        for quantity in self.quantities:
+            quantity.unbind()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
         for sink in self.sinks:
             sink.close()
 
+    @property
+    def findings(self):
+        """The diagnosis findings so far (``list[Finding]``; empty with ``diagnose=False``)."""
+        if self._diagnosis is None:
+            return []
+        self._diagnose()
+        probe = copy.deepcopy(self._diagnosis)  # the newest step may still get values: look, don't settle
+        probe.feed_record({s: self.output[s] for s in self._undiagnosed if s in self.output})
+        return probe.findings
+
+    def report(self):
+        """Print (and return) the diagnosis report: findings, then per-layer statistics."""
+        text = _diagnosis.format_report(self.findings, self.output, self.names)
+        print(text)
+        return text
+
+    def _diagnose(self, final=False):
+        """Feed the settled steps (all but the newest, unless ``final``) to the live diagnosis."""
+        if self._diagnosis is None or not self._undiagnosed:
+            return
+        newest = max(self._undiagnosed)
+        for step in sorted(self._undiagnosed):
+            if step == newest and not final:
+                break
+            self._undiagnosed.discard(step)
+            new, failed = self._diagnosis.feed(step, self.output[step])
+            for finding in new:
+                _diagnosis.LOGGER.warning("cockpit-lite: %s", finding)
+                self._record(finding.step, {_log.FINDINGS: [finding.to_dict()]})
+            if failed:
+                self._record(step, {_log.FLAGS: failed})
+
     def _record(self, step, entries):
         _log.merge(self.output, step, entries)
+        if self._diagnosis is not None and (self._diagnosis.last is None or step > self._diagnosis.last):
+            self._undiagnosed.add(int(step))
         if self._writer is not None:
             self._writer.append(step, entries)
         for sink in self.sinks:
@@ -342,6 +396,7 @@ class _StepContext:
             cockpit._record(step, by_step[step])
             if self.debug:
                 print(f"[cockpit-lite | step {self.step}] recorded at step {step}: {sorted(by_step[step])}")
+        cockpit._diagnose()
         if flags and cockpit.strict:
             raise FloatingPointError(
                 f"step {self.step}: {', '.join(flags)} (recorded; strict=True stops here)"

@@ -27,6 +27,9 @@ A record is ``{step: {key: value}}`` with integer steps. Keys are
   statistics: the number of samples they describe, and whether the optimizer's
   gradient also holds earlier backward passes (gradient accumulation; then every
   quantity of the step describes this backward pass's micro-batch alone);
+- ``"findings"``: a list of dicts (``cockpit_lite.diagnosis.Finding.to_dict()``: kind,
+  layer, step, severity, message, suggestion, evidence), at the step where each finding
+  was first seen, written by the live diagnosis (``diagnose=True``);
 - the epoch-level keys written by ``Cockpit.log`` (``EPOCH_KEYS``).
 
 Individual gradients
@@ -75,6 +78,7 @@ FORMAT_VERSION = 1
 LAYERS = "layers"
 FLAGS = "flags"
 BATCH = "batch"
+FINDINGS = "findings"
 EPOCH_KEYS = (
     "epoch_count",
     "train_loss",
@@ -85,7 +89,7 @@ EPOCH_KEYS = (
     "test_accuracy",
     "learning_rate",
 )
-RESERVED_KEYS = (LAYERS, FLAGS, BATCH) + EPOCH_KEYS
+RESERVED_KEYS = (LAYERS, FLAGS, BATCH, FINDINGS) + EPOCH_KEYS
 
 
 def layer_values(entry, name):
@@ -111,15 +115,15 @@ def layer_values(entry, name):
 def merge(record, step, entries):
     """Merge ``entries`` (a dict of keys to values) into ``record[step]``.
 
-    ``"layers"`` dicts are merged key by key and ``"flags"`` lists are concatenated,
+    ``"layers"`` dicts are merged key by key and ``"flags"`` and ``"findings"`` lists are concatenated,
     so that values of one step arriving in several parts combine.
     """
     target = record.setdefault(int(step), {})
     for key, value in entries.items():
         if key == LAYERS:
             target.setdefault(LAYERS, {}).update(value)
-        elif key == FLAGS:
-            target.setdefault(FLAGS, []).extend(f for f in value if f not in target.get(FLAGS, []))
+        elif key in (FLAGS, FINDINGS):
+            target.setdefault(key, []).extend(f for f in value if f not in target.get(key, []))
         else:
             target[key] = value
 

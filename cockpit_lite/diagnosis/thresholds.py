@@ -9,8 +9,9 @@ consecutive records, so that one noisy mini-batch cannot raise a finding.
 | rule | signal | threshold | why |
 |---|---|---|---|
 | lr_too_high | Loss | median of the last 3 losses > ``SPIKE`` · L₀ (2) | a healthy run never gets far above its starting loss; a divergent step size doubles it within a few steps |
+| lr_too_high | Loss | one loss > ``SPIKE_ONE`` (10) × the first loss | a single mini-batch 10x worse than at initialisation is a blown-up step (Adam at 0.3 on the CNN: 30x); healthy batches stay ≤ 1.5x |
 | lr_too_high | Loss | learned ≥ ``LEARNED`` (30 %) of L₀, then the 3-median climbs back ``COLLAPSE`` (60 %) of the way to L₀, sustained ``SUSTAIN`` | "learns and then collapses" (dead units, a blown-up step); mini-batch noise on digits moves the 3-median by < 20 % of the gained loss |
-| lr_too_high | UpdateSize, ParamNorm | median ‖Δθ‖/‖θ‖ of the last 3 steps ≥ ``HIGH_RATIO`` (0.5) | measured: healthy SGD/Adam runs ≤ 0.11 per step (shallow sigmoid net at SGD 0.5); Adam at 0.3 gives 3.5 |
+| lr_too_high | UpdateSize, ParamNorm | median ‖Δθ‖/‖θ‖ of the last 3 steps ≥ ``HIGH_RATIO`` (0.5) while the 3-median loss stays ≥ 0.9 L₀ | measured: healthy SGD/Adam runs ≤ 0.11 per step (shallow sigmoid net at SGD 0.5); Adam at 0.3 gives 3.5 |
 | lr_too_high | NonfiniteOrigin | non-finite loss with non-finite parameters | an update made the weights Inf/NaN: divergence, not a bug in one op |
 | lr_too_low | Loss, UpdateSize, ParamNorm | after ``MIN_STEPS`` (10): loss fell < ``LOW_DROP`` (2 %) of L₀ **and** median ‖Δθ‖/‖θ‖ < ``LOW_RATIO`` (3e-4), every layer getting a gradient | healthy SGD/Adam runs move weights by 1e-3 – 1e-2 of their norm per step (Karpathy's 1e-3 rule); both conditions together separate a too small step from a hard problem |
 | exploding_gradients | GradNorm, ParamNorm | per weight tensor r = ‖g‖/‖θ‖: r(first) / max r(last two) ≥ ``EXPLODE_RATIO`` (50), or total ‖g‖ ≥ ``EXPLODE_GROWTH`` (100) × its first value, sustained | measured on the healthy suite: first/last within 0.1 – 8.1 (transformer), 33 BatchNorm blocks without residuals ~180 (Yang et al. 2019), ‖g‖ never above 10× its start; in a homogeneous (ReLU, no normalisation) net every layer's r scales alike, so growth towards the input shows in saturating or normalised deep nets (tanh in the chaotic phase: ×χ per layer) |
@@ -21,7 +22,7 @@ consecutive records, so that one noisy mini-batch cannot raise a finding.
 | missing_zero_grad | GradPresence | gradients non-zero when backward starts **and** the optimizer stepped since the previous backward, 2 records | deliberate gradient accumulation never steps between its micro-batches |
 | shuffled_labels | valid/test accuracy (``cp.log``), Loss, UpdateSize | held-out accuracy ≤ ``CHANCE_FACTOR`` (1.6) / C, C = round(exp L₀), at 2 logs after ``MIN_STEPS``, while the step size is not too small and the loss not diverging | labels independent of the inputs leave nothing to generalise; any real signal lifts digits above 16 % within 10 steps |
 | nan_loss | Loss / flags, NonfiniteOrigin | the first non-finite loss | none needed |
-| noise_dominates | GradVariance (tr Σ), GradNorm, batch size (or NormTest²) | median of B_simple / B = tr Σ / (B ‖g‖²) ≥ ``NOISE_RATIO`` (10) over 5 records | McCandlish et al. 2018: below the noise scale B_simple, a step makes less progress than the same samples would in one batch; 10× means the batch is an order of magnitude too small |
+| noise_dominates | GradVariance (tr Σ), GradNorm, batch size (or NormTest²) | over a window of 5 records, B_simple / B = mean tr Σ / (B (mean ‖g‖² − mean tr Σ / B)) ≥ ``NOISE_RATIO`` (10) (‖g‖² of a batch overestimates ‖G‖² by tr Σ / B: subtracted) | measured: healthy digits MLP at B = 64 ≤ 3.8; B = 2 on noisy regression reaches 10 – ∞  McCandlish et al. 2018: below the noise scale B_simple, a step makes less progress than the same samples would in one batch; 10× means the batch is an order of magnitude too small |
 | edge_of_stability | HessMaxEV, GradPresence (lr, momentum) | η λ_max ≥ 2 (1 + β) (SGD, momentum β), 2 records | Cohen et al. 2021: gradient descent on a quadratic of curvature λ diverges for η > 2/λ; heavy-ball momentum moves the limit to 2(1+β)/λ |
 | overfitting | train/valid loss (``cp.log``) | held-out loss ≥ (1 + ``OVERFIT_RISE``) (25 %) above its minimum while the training loss fell ≥ ``OVERFIT_FALL`` (20 %) since, 2 logs | a diverging gap, not noise between two evaluations |
 """
@@ -29,6 +30,7 @@ consecutive records, so that one noisy mini-batch cannot raise a finding.
 SUSTAIN = 3
 MIN_STEPS = 10
 SPIKE = 2.0
+SPIKE_ONE = 10.0
 LEARNED = 0.3
 COLLAPSE = 0.6
 LOW_DROP = 0.02

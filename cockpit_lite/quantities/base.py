@@ -112,6 +112,12 @@ class Quantity:
         """Compute the value(s) of this step from ``data`` (a ``StepData``)."""
         raise NotImplementedError
 
+    def bind(self, cockpit):
+        """Called by ``Cockpit.add``: a signal may install its own (cheap) hooks on ``cockpit.model``."""
+
+    def unbind(self):
+        """Called by ``Cockpit.close``: remove what ``bind`` installed."""
+
     def __repr__(self):
         return f"{self.name}()"
 

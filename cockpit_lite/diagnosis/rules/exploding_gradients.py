@@ -29,7 +29,7 @@ class ExplodingGradients(Rule):
         if self.initial is None and finite(norm) and norm > 0:
             self.initial = norm
         grown = norm / self.initial if self.initial else 1.0
-        growth = first / ref if ref > 0 else float("inf")
+        growth = first / ref if ref > 0 else 0.0  # no gradient at the output end: blocked, not exploding
         holds = growth >= T.EXPLODE_RATIO or (finite(grown) and grown >= T.EXPLODE_GROWTH)
         if not self.streak.see(step, holds):
             return []

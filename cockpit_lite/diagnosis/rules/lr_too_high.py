@@ -1,9 +1,11 @@
 """``lr_too_high``: the loss spikes or diverges, or learns and then collapses.
 
-- spike / divergence: the median of the last 3 losses exceeds ``SPIKE`` · L₀;
+- spike / divergence: the median of the last 3 losses exceeds ``SPIKE`` · L₀, or one
+  loss exceeds ``SPIKE_ONE`` · L₀;
 - collapse: the 3-median went below (1 − ``LEARNED``) L₀, then climbs back ``COLLAPSE``
   of the way to L₀ for ``SUSTAIN`` steps;
-- updates of ≥ ``HIGH_RATIO`` of the weights' norm per step (median of the last 3);
+- updates of ≥ ``HIGH_RATIO`` of the weights' norm per step (median of the last 3) while
+  the loss does not improve (3-median ≥ 0.9 L₀);
 - a non-finite loss whose origin has non-finite parameters (an update diverged).
 """
 
@@ -34,10 +36,17 @@ class LrTooHigh(Rule):
                                   f"{origin.get('module')!r} were already non-finite: an update diverged",
                                   {"loss_ref": plain(ref), "module": origin.get("module")})]
         ratio = history.median_recent_ratio(3)
-        if len(history.ratios) >= 3 and ratio >= T.HIGH_RATIO:
+        stuck = len(history.losses) >= 4 and history.median_recent_loss(3) >= 0.9 * ref
+        if len(history.ratios) >= 3 and ratio >= T.HIGH_RATIO and stuck:
             return [self._finding(history.ratios[-3][0], f"each update changes the weights by {fmt(ratio, 2)} of "
                                   f"their norm (median of the 3 steps up to {step}; healthy: ~1e-3 to 1e-2)",
                                   {"update_ratio": plain(ratio), "loss_ref": plain(ref)})]
+        first = next((v for _, v in history.losses if math.isfinite(v)), math.nan)
+        last = history.losses[-1][1] if history.losses and history.losses[-1][0] == step else math.nan
+        if len(history.losses) >= 2 and first > 0 and last > T.SPIKE_ONE * first:
+            return [self._finding(step, f"the loss spiked to {fmt(last)} at step {step}, "
+                                  f"{fmt(last / first, 2)}x its first value {fmt(first)}",
+                                  {"loss_first": plain(first), "loss": plain(last), "ratio": plain(last / first)})]
         recent = [v for v in history.recent_losses(3) if math.isfinite(v)]
         if len(recent) < 3 or not math.isfinite(ref) or ref <= 0:
             return []

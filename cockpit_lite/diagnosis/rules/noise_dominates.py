@@ -1,8 +1,11 @@
-"""``noise_dominates``: the gradient noise scale B_simple = tr Σ / ‖g‖² (McCandlish et
-al. 2018) is ≥ ``NOISE_RATIO`` times the batch size B, median over ``NOISE_WINDOW``
-records (tr Σ from ``GradVariance``; without it ``NormTest²`` = B_simple / B)."""
+"""``noise_dominates``: the gradient noise scale B_simple = tr Σ / ‖G‖² (McCandlish et
+al. 2018) is ≥ ``NOISE_RATIO`` times the batch size B over ``NOISE_WINDOW`` records.
 
-import statistics
+tr Σ from ``GradVariance`` (unbiased), ‖g‖² of the mini-batch gradient from ``GradNorm``;
+a batch's ‖g‖² overestimates the true ‖G‖² by tr Σ / B, so over the window
+``B_simple = mean tr Σ / (mean ‖g‖² − mean tr Σ / B)`` (∞ when the noise explains all
+of ‖g‖²). Without ``GradVariance``, ``NormTest² = tr Σ / (B ‖g‖²)`` gives the same parts.
+"""
 
 from cockpit_lite.diagnosis import thresholds as T
 from cockpit_lite.diagnosis.finding import Finding
@@ -15,42 +18,47 @@ class NoiseDominates(Rule):
     SIGNALS = ("GradVariance", "GradNorm", "batch", "NormTest")
 
     def __init__(self):
-        self.values = []
+        self.parts = []
+        self.done = False
 
     def observe(self, step, entry, history):
-        ratio = _noise_over_batch(entry)
-        if ratio is None:
+        parts = None if self.done else _parts(entry)
+        if parts is None:
             return []
-        self.values.append((step, ratio))
-        window = self.values[-T.NOISE_WINDOW:]
+        self.parts.append((step, *parts))
+        window = self.parts[-T.NOISE_WINDOW:]
         if len(window) < T.NOISE_WINDOW:
             return []
-        median = statistics.median(v for _, v in window)
-        if median < T.NOISE_RATIO:
+        batch = window[-1][3]
+        trace = sum(w[1] for w in window) / len(window)
+        signal = sum(w[2] for w in window) / len(window) - trace / batch
+        ratio = trace / (signal * batch) if signal > 0 else float("inf")
+        if ratio < T.NOISE_RATIO:
             return []
-        self.values = []
-        batch = (entry.get("batch") or {}).get("size")
-        simple = median * batch if batch else None
+        self.done = True
+        simple = ratio * batch
         return [Finding(
             self.KIND, None, window[0][0], "warning",
-            f"the gradient noise scale B_simple = tr(Sigma)/|g|^2 is {fmt(median, 2)}x the batch size"
-            + (f" ({fmt(simple, 3)} vs B = {batch})" if batch else "")
-            + f" over steps {window[0][0]}-{step}: each step follows mostly noise",
-            f"increase the batch size towards ~{fmt(simple, 2) if simple else 'B_simple'} (or lower the learning "
-            f"rate by ~{fmt(median, 2)}x / accumulate gradients)",
-            {"noise_over_batch": plain(median), "B_simple": plain(simple), "batch_size": batch},
+            f"the gradient noise scale B_simple = tr(Sigma)/|G|^2 is {fmt(ratio, 2)}x the batch size "
+            f"({fmt(simple, 3)} vs B = {batch}) over steps {window[0][0]}-{step}: each step follows mostly noise",
+            f"increase the batch size towards ~{fmt(min(simple, 1e6), 2)} (or accumulate gradients, or lower the "
+            f"learning rate by ~{fmt(min(ratio, 1e6), 2)}x)",
+            {"noise_over_batch": plain(ratio), "B_simple": plain(simple), "batch_size": batch},
         )]
 
 
-def _noise_over_batch(entry):
+def _parts(entry):
+    """``(tr Σ, ‖g‖², B)`` of one record, or ``None``."""
     batch = (entry.get("batch") or {}).get("size")
-    variance, grads = entry.get("GradVariance"), entry.get("GradNorm")
-    if batch and isinstance(variance, (list, tuple)) and isinstance(grads, (list, tuple)):
-        squared = rss(grads) ** 2
-        if squared > 0 and finite(squared):
-            value = sum(float(v) for v in variance) / squared / batch
-            return value if finite(value) else None
-    norm_test = entry.get("NormTest")
-    if finite(norm_test):
-        return float(norm_test) ** 2
-    return None
+    grads = entry.get("GradNorm")
+    if not batch or not isinstance(grads, (list, tuple)):
+        return None
+    squared = rss(grads) ** 2
+    variance, norm_test = entry.get("GradVariance"), entry.get("NormTest")
+    if isinstance(variance, (list, tuple)):
+        trace = sum(float(v) for v in variance)
+    elif finite(norm_test):
+        trace = float(norm_test) ** 2 * batch * squared
+    else:
+        return None
+    return (trace, squared, batch) if finite(trace) and finite(squared) else None
