@@ -110,11 +110,16 @@ class PerSample:
         return self.flat.sum(0)
 
     def dots(self, vector):
-        """``grad_batch[n]ᵀ v`` for every sample, shape ``[B]`` (``v`` of shape ``[D]``)."""
-        if self._factors is not None:
-            a, delta = self._factors  # Σ_l δ_lᵀ V a_l
+        """``grad_batch[n]ᵀ v`` for every sample, shape ``[B]`` (``v`` of shape ``[D]``).
+
+        Factors with sequence axes build ``grad_batch`` (as ``squared_norms`` does): one
+        ``B·L·O·I`` contraction, after which every dot product costs ``B·O·I``, where the
+        factored form would cost ``B·L·O·I`` each time.
+        """
+        if self._single_position() and "grad_batch" not in vars(self):
+            a, delta = self._factors  # δ_nᵀ V a_n
             matrix = vector.reshape(delta.shape[-1], a.shape[-1])
-            return ((delta @ matrix) * a).sum((1, 2))
+            return ((delta[:, 0] @ matrix) * a[:, 0]).sum(1)
         if self._sparse():
             values, samples, index, k = self._rows
             row_dots = (values * vector.reshape(self.param.shape[0], -1)[index]).sum(1)
