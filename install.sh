@@ -14,4 +14,10 @@ constraint="$(mktemp)"
 trap 'rm -f "$constraint"' EXIT
 echo "torch==${TORCH_VERSION}" > "$constraint"
 # the original Cockpit, for the comparison tests and benchmarks, needs setuptools<81
-$PIP install -q -c "$constraint" -e ".[test,demo,compare]" "setuptools<81"
+# the integrations' extras (Lightning, Hugging Face, TensorBoard) are tested too; the
+# constraint keeps lightning and transformers from bringing another torch
+$PIP install -q -c "$constraint" -e ".[test,demo,compare,lightning,hf,tensorboard]" "setuptools<81"
+# the torchvision wheel BackPACK pulls in is built for another torch and fails to load
+# ("operator torchvision::nms does not exist"); cockpit-lite never imports it, but
+# torchmetrics (a Lightning dependency) imports it whenever it is installed: remove it then
+.venv/bin/python -c "import torchvision" 2>/dev/null || $PIP uninstall -y -q torchvision

@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Cockpit": ("cockpit_lite.cockpit", "Cockpit"),
+    "CockpitPlotter": ("instruments.plotter", "CockpitPlotter"),  # Cockpit's `from cockpit import CockpitPlotter`
     "configuration": ("cockpit_lite.utils.configuration", "configuration"),
     "extend": ("cockpit_lite.backend", "extend"),
     "quantities": ("cockpit_lite.quantities", None),

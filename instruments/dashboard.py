@@ -65,13 +65,15 @@ class Dashboard:
         options: ``{gauge name: {option: value}}`` passed to single gauges, e.g.
             ``{"histogram_1d": {"layers": True}}``.
         strict: re-raise a gauge's exception instead of drawing "could not draw".
+        extra: record keys of further (custom) quantities, drawn in a row of their
+            own, one panel each (``gauges.any_quantity``).
 
     After ``draw``, ``self.axes`` maps each gauge name to its Axes and
     ``self.figure`` is the figure.
     """
 
     def __init__(self, figsize=(16, 10), dpi=100, layerwise=False, log_steps=False, title=None, options=None,
-                 strict=False):
+                 strict=False, extra=()):
         self.figsize = tuple(figsize)
         self.dpi = dpi
         self.layerwise = layerwise
@@ -79,6 +81,7 @@ class Dashboard:
         self.title = title
         self.options = dict(options or {})
         self.strict = strict
+        self.extra = tuple(extra)
         self.axes = {}
         self.figure = None
 
@@ -115,6 +118,8 @@ class Dashboard:
         width, height = self.figsize
         if self.layerwise:
             height += 3.2
+        if self.extra:
+            height += 2.6
         if fig is None:
             fig = Figure(figsize=(width, height), dpi=self.dpi, layout="constrained")
         if fig.get_layout_engine() is None or not hasattr(fig.get_layout_engine(), "set"):
@@ -123,7 +128,7 @@ class Dashboard:
         self.axes = {}
         self.figure = fig
 
-        rows = [3.0, 1.15] + ([1.3] if self.layerwise else [])
+        rows = [3.0, 1.15] + ([1.3] if self.layerwise else []) + ([1.0] if self.extra else [])
         outer = fig.subfigures(len(rows), 1, height_ratios=rows, hspace=0.01)
         upper = outer[0].subfigures(1, len(LAYOUT), wspace=0.008)
         for sub, (group, names_in_group) in zip(upper, LAYOUT):
@@ -152,6 +157,22 @@ class Dashboard:
             sub.suptitle("LAYERWISE", fontsize=10, fontweight="bold")  # layerwise_grid names the step
             self.axes["layerwise"] = layerwise_grid(record, sub, params=names, log_steps=self.log_steps,
                                                     marginals=False)
+
+        if self.extra:
+            from .gauges import any_quantity
+
+            sub = outer[-1]
+            sub.set_facecolor(style.GROUP_COLORS.get("MORE QUANTITIES", "white"))
+            sub.suptitle("MORE QUANTITIES", fontsize=10, fontweight="bold")
+            for key, ax in zip(self.extra, sub.subplots(1, len(self.extra), squeeze=False)[0]):
+                try:
+                    any_quantity.gauge(record, ax, key, **common)
+                except Exception as error:
+                    if self.strict:
+                        raise
+                    warnings.warn(f"instruments: panel {key!r} failed: {error!r}", RuntimeWarning, stacklevel=2)
+                    draw_error(ax, key, error)
+                self.axes[key] = ax
 
         if n_layers > 1:
             self._layer_legend(fig, names)
