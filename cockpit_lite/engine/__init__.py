@@ -70,6 +70,7 @@ class Engine:
         self.names = names
         self.index = {id(p): i for i, p in enumerate(params)}
         self.force_global = set()
+        self._global_mode = global_path.Mode()
         self._warned = set()
         self._step = None
         self.capture = None
@@ -91,12 +92,12 @@ class Engine:
 
     def forget(self):
         """Drop what the capture recorded (the step ends)."""
-        if self.capture is not None:
+        if self.capture is not None and (self.capture.calls or self.capture._tensor_handles):
             self.capture.clear()
 
     def input_shape(self):
         """Shape of the model's first input in the observed forward pass, or ``None``."""
-        if self.capture is None:
+        if self.capture is None or not self.capture.calls:
             return None
         for call in self.capture.calls:
             if call.module is self.model:
@@ -325,7 +326,7 @@ class Engine:
             totals = torch.autograd.grad(contributions.sum(), params, retain_graph=True, allow_unused=True)
         totals = [torch.zeros_like(p) if g is None else g.detach() for g, p in zip(totals, params)]
         parts = {i: [] for i in indices}
-        for samples, grads in global_path.individual_gradients(contributions, params):
+        for samples, grads in global_path.individual_gradients(contributions, params, self._global_mode):
             with torch.no_grad():
                 for index, grad_batch, total in zip(indices, grads, totals):
                     per_sample = _transforms.PerSample(
