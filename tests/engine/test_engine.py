@@ -120,7 +120,7 @@ def test_a_use_the_capture_missed_is_caught_then_served_by_the_global_path():
 
 def test_observer_effect_on_realistic_models_is_zero():
     """Economy at every step leaves the training bit-identical (dropout models included)."""
-    for name in ("transformer_dropout", "gpt", "resnet_bn_train", "lstm"):
+    for name in models.REALISTIC:
         results = []
         for tracked in (False, True):
             problem = problems.make(name, 4, steps=3)
