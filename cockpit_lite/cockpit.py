@@ -96,7 +96,7 @@ class Cockpit:
             tracked = {q.name for q in self.quantities}
             for name in _diagnosis.SIGNALS:
                 if name not in tracked:
-                    self.add(REGISTRY[name]())
+                    self.add(REGISTRY[name](**_diagnosis.SIGNAL_OPTIONS.get(name, {})))
         self.output = {}
         self.strict = strict
         self.seed = seed

@@ -118,6 +118,7 @@ def run(problem, quantities, lr=0.1, optimizer=None, steps=None, first_step=0, p
     params = list(problem.model.parameters())
     opt = optimizer(params) if optimizer else torch.optim.SGD(params, lr=lr)
     tracked = params if params_only else problem.model
+    cockpit_kwargs.setdefault("diagnose", False)  # exactly the quantities under test (tests/diagnosis covers the rest)
     cp = Cockpit(tracked, quantities=quantities, strict=True, **cockpit_kwargs)
     snapshots = {}
     batches = problem.batches[: steps or len(problem.batches)]

@@ -23,6 +23,9 @@ SIGNALS = (
 )
 """Quantity class names (``cockpit_lite.quantities.REGISTRY``) the diagnosis collects by default."""
 
+SIGNAL_OPTIONS = {"Loss": {"required": False}}
+"""Constructor arguments of the signals the Cockpit adds (a step without info['loss'] still runs)."""
+
 
 def report(source, names=None):
     """The text report of ``source`` (record dict, Cockpit or log path); see ``format_report``."""
