@@ -114,7 +114,7 @@ class CockpitCallback(_pl.Callback):
 
     def _steps_after_this_backward(self, trainer):
         """Whether the optimizer steps after this backward pass (the last of an accumulation window)."""
-        if not pl_module_is_automatic(trainer):
+        if not trainer.lightning_module.automatic_optimization:  # manual_backward: every call is a step
             return True
         k = trainer.accumulate_grad_batches
         last = trainer.num_training_batches
@@ -166,8 +166,3 @@ class CockpitCallback(_pl.Callback):
     def _close(self):
         if self.cockpit is not None:
             self.cockpit.close()
-
-
-def pl_module_is_automatic(trainer):
-    """Whether the trainer's module uses automatic optimization."""
-    return trainer.lightning_module.automatic_optimization
