@@ -21,6 +21,7 @@ Steps where nothing is due run without any hook: no forward hooks, no extensions
 import copy
 import math
 import numbers
+import time
 import warnings
 from contextlib import ExitStack, contextmanager
 
@@ -29,6 +30,7 @@ import torch
 from backpack import backpack
 from backpack.extensions.backprop_extension import BackpropExtension
 
+from cockpit_lite import budget as _budget
 from cockpit_lite import diagnosis as _diagnosis
 from cockpit_lite import log as _log
 from cockpit_lite.backend import add_advice, backpack_untouched, uses_random_numbers
@@ -45,7 +47,7 @@ NONFINITE_GRAD = "nonfinite_grad"
 class Cockpit:
     """Collect quantities during training (API compatible with Cockpit's ``Cockpit``)."""
 
-    def __init__(self, params, quantities=None, log=None, strict=False, seed=0, sinks=(), diagnose=True):
+    def __init__(self, params, quantities=None, log=None, strict=False, seed=0, sinks=(), diagnose=True, budget=None):
         """
         Args:
             params: what to track: a ``torch.nn.Module`` (its named parameters; the
@@ -72,6 +74,12 @@ class Cockpit:
                 ``quantities`` (or alone, when ``quantities`` is ``None``); each new finding
                 is logged once (logger ``"cockpit_lite.diagnosis"``, level WARNING), kept
                 in ``findings`` and written to the log. ``False``: none of that.
+            budget: an overhead budget, e.g. ``1.25`` or ``cockpit_lite.budget.Budget(1.25,
+                horizon=500)``: the average step time stays within that multiple of the
+                plain step's, by spacing out the expensive quantities on schedules measured
+                on the first steps; it takes over every tracked quantity's schedule and
+                records the plan under ``"budget"`` (see ``cockpit_lite.budget``).
+                ``None``: each quantity keeps its own schedule (every step by default).
 
         Raises:
             ValueError: if no parameter requires a gradient.
@@ -97,6 +105,9 @@ class Cockpit:
             for name in _diagnosis.SIGNALS:
                 if name not in tracked:
                     self.add(REGISTRY[name](**_diagnosis.SIGNAL_OPTIONS.get(name, {})))
+        self.budget = _budget.as_budget(budget)
+        if self.budget is not None:
+            self.budget.take_over(self.quantities)
         self.output = {}
         self.strict = strict
         self.seed = seed
@@ -276,6 +287,10 @@ class _StepContext:
                 f"info['batch_size'] is {self.info.get('batch_size')} but the model's input at "
                 f"step {step} has shape {shape}: pass the number of samples of this forward pass"
             )
+        if cockpit.budget is not None:  # the step's period starts now: the budget times it
+            plan = cockpit.budget.step_started(step, time.perf_counter())
+            if plan is not None:
+                cockpit._record(step, {_log.BUDGET: plan})
         self.due = [(q, n) for q in cockpit.quantities if (n := q.needs(step, self.info)) is not None]
         self.create_graph = cockpit.create_graph(step)
         self.user_savefields = {ext.savefield for ext in extensions}
@@ -370,7 +385,7 @@ class _StepContext:
         checks = [torch.stack(torch._foreach_norm(data.grads, float("inf"))).amax()]  # NaN/Inf propagate
         if torch.is_tensor(loss):
             checks.append(loss.detach().sum())
-        host_outputs, checks = _to_host(([(o.value, o.layers) for _, o in outputs], checks))
+        host_outputs, checks = _to_host(([(o.value, o.layers, o.meta) for _, o in outputs], checks))
 
         flags = list(self.engine_flags)
         if len(checks) > 1 and not math.isfinite(checks[1]):
@@ -378,12 +393,14 @@ class _StepContext:
         if not math.isfinite(checks[0]):
             flags.append(NONFINITE_GRAD)
         by_step = {}
-        for (quantity, out), (value, layers) in zip(outputs, host_outputs):
+        for (quantity, out), (value, layers, meta) in zip(outputs, host_outputs):
             entries = by_step.setdefault(self.step if out.step is None else out.step, {})
             entries[quantity.name] = value
             quantity.output[self.step if out.step is None else out.step] = value
             if layers is not None:
                 entries.setdefault(_log.LAYERS, {})[quantity.name] = layers
+            if meta is not None:
+                entries.setdefault(_log.META, {})[quantity.name] = meta
             if out.flags:
                 entries.setdefault(_log.FLAGS, []).extend(out.flags)
             if quantity._verbose:

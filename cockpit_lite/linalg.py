@@ -65,3 +65,33 @@ def lanczos_max_eig(matvec, v0, rtol=1e-3, maxiter=100, keep=3):
         basis[k] = w / beta
     ritz = evecs[:, -min(keep, k):].flip(1).to(basis).T @ basis[:k]
     return theta.to(v0.dtype), ritz / ritz.norm(dim=1, keepdim=True), k
+
+
+def power_max_eig(matvec, v0, rtol=1e-3, atol=1e-6, maxiter=100):
+    """Return ``(λ, vector, iterations)`` by power iteration, as Cockpit's ``HessMaxEV(use_power=True)``.
+
+    ``v ← A v / ‖A v‖`` with the Rayleigh quotient ``λ = vᵀ A v``, stopped when two
+    consecutive quotients agree to ``|λ_k − λ_{k−1}| ≤ atol + rtol |λ_k|`` (Cockpit's
+    ``torch.allclose`` rule). It converges to the eigenvalue of largest *magnitude* at
+    the rate ``|λ₂/λ₁|`` and its stopping rule says nothing about the distance to it;
+    ``lanczos_max_eig`` is the exact choice.
+
+    Returns:
+        The last quotient (0-d tensor), the last vector (normalised) and the number of
+        products. A non-finite product returns NaN at once.
+    """
+    vector = v0 / v0.norm()
+    value = None
+    for k in range(1, maxiter + 1):
+        product = matvec(vector)
+        if not bool(torch.isfinite(product).all()):
+            return torch.tensor(float("nan"), dtype=v0.dtype), vector, k
+        new = torch.dot(vector, product)
+        norm = product.norm()
+        if float(norm) == 0.0:
+            return new, vector, k
+        vector = product / norm
+        if value is not None and abs(float(new - value)) <= atol + rtol * abs(float(new)):
+            return new, vector, k
+        value = new
+    return value, vector, maxiter

@@ -27,6 +27,19 @@ A record is ``{step: {key: value}}`` with integer steps. Keys are
   statistics: the number of samples they describe, and whether the optimizer's
   gradient also holds earlier backward passes (gradient accumulation; then every
   quantity of the step describes this backward pass's micro-batch alone);
+- ``"meta"``: ``{quantity name: dict}``, how a value was obtained, where it matters
+  for reading it: the curvature quantities (``HessTrace``, ``TICDiag``, ``TICTrace``)
+  record ``{"curvature": method}`` with method ``"diag_h"``, ``"diag_ggn_exact"``,
+  ``"diag_ggn_mc"`` (BackPACK, exact or Monte-Carlo) or ``"hutchinson"`` (an estimate
+  from Hessian-vector products, then also ``"probes"``: the number of probe vectors,
+  ``"se"``: the standard error of the value, and ``"layers_se"``: those of the
+  per-layer values); ``HessMaxEV`` records ``{"solver": "lanczos" | "power",
+  "products": k}``;
+- ``"budget"``: at the step where an overhead budget fixed the schedules (see
+  ``cockpit_lite.budget``): ``{"factor", "horizon", "plain_step_s", "costs": {name:
+  cost in plain steps}, "schedules": {name: {"every": 1} | {"per_octave": m, "from":
+  t}}, "expected_ratio", "calibrated_at": {name: [0, step]}}``; enough to replay the run's
+  schedule (``Budget(plan=...)``);
 - ``"findings"``: a list of dicts (``cockpit_lite.diagnosis.Finding.to_dict()``: kind,
   layer, step, severity, message, suggestion, evidence), at the step where each finding
   was first seen, written by the live diagnosis (``diagnose=True``);
@@ -78,6 +91,8 @@ FORMAT_VERSION = 1
 LAYERS = "layers"
 FLAGS = "flags"
 BATCH = "batch"
+META = "meta"
+BUDGET = "budget"
 FINDINGS = "findings"
 EPOCH_KEYS = (
     "epoch_count",
@@ -89,7 +104,7 @@ EPOCH_KEYS = (
     "test_accuracy",
     "learning_rate",
 )
-RESERVED_KEYS = (LAYERS, FLAGS, BATCH, FINDINGS) + EPOCH_KEYS
+RESERVED_KEYS = (LAYERS, FLAGS, BATCH, META, BUDGET, FINDINGS) + EPOCH_KEYS
 
 
 def layer_values(entry, name):
@@ -115,13 +130,13 @@ def layer_values(entry, name):
 def merge(record, step, entries):
     """Merge ``entries`` (a dict of keys to values) into ``record[step]``.
 
-    ``"layers"`` dicts are merged key by key and ``"flags"`` and ``"findings"`` lists are concatenated,
+    ``"layers"`` and ``"meta"`` dicts are merged key by key and ``"flags"`` and ``"findings"`` lists are concatenated,
     so that values of one step arriving in several parts combine.
     """
     target = record.setdefault(int(step), {})
     for key, value in entries.items():
-        if key == LAYERS:
-            target.setdefault(LAYERS, {}).update(value)
+        if key in (LAYERS, META):
+            target.setdefault(key, {}).update(value)
         elif key in (FLAGS, FINDINGS):
             target.setdefault(key, []).extend(f for f in value if f not in target.get(key, []))
         else:

@@ -182,8 +182,13 @@ def loss(problem, snapshot):
 
 
 def hessian(problem, snapshot):
-    """The full Hessian of the mini-batch loss w.r.t. all parameters (flattened, in order)."""
-    model = problem.fresh_model(snapshot.params)
+    """The full Hessian of the mini-batch loss w.r.t. all parameters (flattened, in order).
+
+    By ``torch.func.functional_call`` on a fresh model holding the snapshot's state (tied
+    parameters appear once; BatchNorm in training mode: the loss as computed from the
+    batch statistics; dropout masks replayed).
+    """
+    model = _replayed_model(problem, snapshot)
     names = [n for n, _ in model.named_parameters()]
     shapes = [p.shape for p in model.parameters()]
     sizes = [p.numel() for p in model.parameters()]
@@ -191,8 +196,10 @@ def hessian(problem, snapshot):
 
     def loss_of_flat(vector):
         tensors = {n: v.reshape(s) for n, v, s in zip(names, vector.split(sizes), shapes)}
-        out = torch.func.functional_call(model, tensors, (snapshot.x,))
-        return BUILDERS[problem.name][1](reduction=problem.reduction)(out, snapshot.y)
+        with torch.random.fork_rng(devices=[]):
+            if snapshot.rng is not None:
+                torch.set_rng_state(snapshot.rng)
+            return problem.loss_of(lambda x: torch.func.functional_call(model, tensors, (x,)), snapshot.x, snapshot.y)
 
     return torch.autograd.functional.hessian(loss_of_flat, flat)
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from cockpit_lite.linalg import lanczos_max_eig
+from cockpit_lite.linalg import lanczos_max_eig, power_max_eig
 
 
 def symmetric(d, seed, spectrum):
@@ -47,3 +47,18 @@ def test_nonfinite_product_gives_nan():
 def test_zero_operator():
     value, _, _ = lanczos_max_eig(lambda v: 0 * v, torch.ones(4, dtype=torch.float64))
     assert value == 0
+
+
+def test_power_iteration_finds_the_largest_magnitude_eigenvalue():
+    """Cockpit's power iteration: the dominant (largest |λ|) eigenvalue, here negative."""
+    g = torch.Generator().manual_seed(3)
+    spectrum = torch.cat([torch.tensor([-6.0, 3.0]), torch.rand(48, generator=g, dtype=torch.float64)])
+    a = symmetric(50, 4, spectrum.double())
+    value, vector, iterations = power_max_eig(lambda v: a @ v, torch.rand(50, generator=g, dtype=torch.float64), rtol=1e-10)
+    torch.testing.assert_close(value, torch.tensor(-6.0, dtype=torch.float64), rtol=1e-6, atol=0)
+    assert iterations < 100 and torch.allclose(a @ vector, value * vector, atol=1e-2)
+
+
+def test_power_iteration_stops_on_a_zero_operator():
+    value, _, iterations = power_max_eig(lambda v: 0 * v, torch.ones(4, dtype=torch.float64))
+    assert value == 0 and iterations == 1

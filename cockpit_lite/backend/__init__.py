@@ -7,13 +7,17 @@ package; ``instruments`` never does.
 from contextlib import contextmanager
 
 import backpack
+import torch
 from backpack.context import CTX
 from backpack.extensions import DiagGGNExact, DiagGGNMC, DiagHessian
+from backpack.utils.module_classification import is_no_op
+from torch.nn.modules.batchnorm import _BatchNorm
 
 __all__ = [
     "CURVATURES",
     "add_advice",
     "backpack_untouched",
+    "curvature_support",
     "extend",
     "uses_random_numbers",
 ]
@@ -48,6 +52,93 @@ def curvature_extension(name, quantity):
     return CURVATURES[name]()
 
 
+_LOSS_NODES = {
+    # autograd node under an extended loss module's hook -> the BackPACK loss module it comes from
+    "MseLossBackward0": "MSELoss",
+    "BinaryCrossEntropyWithLogitsBackward0": "BCEWithLogitsLoss",
+}
+
+
+def _loss_class(loss):
+    """Name of the BackPACK-extended loss module that computed ``loss``, or ``None``.
+
+    An extended module's output passes through a ``BackwardHookFunctionBackward`` node.
+    Cross-entropy is ``NllLoss`` right after ``LogSoftmax`` (a bare ``NLLLoss`` is not
+    supported by BackPACK's second-order extensions); BCE-with-logits only with one
+    logit per sample.
+    """
+    node = getattr(loss, "grad_fn", None)
+    if node is None or type(node).__name__ != "BackwardHookFunctionBackward":
+        return None
+    node = node.next_functions[0][0]
+    name = type(node).__name__
+    if name == "NllLossBackward0":
+        inner = node.next_functions[0][0]
+        return "CrossEntropyLoss" if type(inner).__name__ == "LogSoftmaxBackward0" else None
+    if name == "BinaryCrossEntropyWithLogitsBackward0":
+        logits = node._saved_self
+        if logits.dim() > 1 and logits.shape[-1] != 1:
+            return None  # multi-logit BCE: BackPACK's extension is binary only
+    return _LOSS_NODES.get(name)
+
+
+def curvature_support(model, loss, name):
+    """Whether BackPACK can compute the diagonal curvature ``name`` exactly for this step.
+
+    Decided before the backward pass, from the model's modules and the loss's autograd
+    graph, so that an unsupported model never reaches BackPACK's hooks (whose failure
+    inside ``loss.backward()`` would stop the user's training). Supported: every module
+    extended (``cockpit_lite.extend``) and of a class the extension has a rule for
+    (containers: ``nn.Sequential`` and the converter's graph modules), no BatchNorm in
+    training mode, and a loss computed by an extended ``CrossEntropyLoss``, ``MSELoss``
+    or single-logit ``BCEWithLogitsLoss``.
+
+    Args:
+        model: the ``torch.nn.Module`` given to the Cockpit, or ``None``.
+        loss: the mini-batch loss tensor (``info["loss"]``), or ``None``.
+        name: a key of ``CURVATURES``.
+
+    Returns:
+        ``None`` if supported, else a sentence saying why not (naming the layer).
+    """
+    if model is None:
+        return (
+            "the Cockpit was given parameters, not the model, so cockpit-lite cannot "
+            "check which layers BackPACK supports"
+        )
+    rules = CURVATURES[name]()._BackpropExtension__module_extensions
+    for module_name, module in model.named_modules():
+        label = f"{module_name or 'the model'} ({type(module).__name__})"
+        if is_no_op(module):
+            continue
+        if not getattr(module, "_backpack_extend", False):
+            return f"the layer {label} is not BackPACK-extended"
+        if type(module) not in rules:
+            return f"BackPACK's {CURVATURES[name].__name__} has no rule for the layer {label}"
+        if isinstance(module, _BatchNorm) and module.training:
+            return f"the layer {label} is a BatchNorm in training mode (it mixes the samples)"
+    loss_class = _loss_class(loss)
+    if loss_class is None:
+        node = type(getattr(loss, "grad_fn", None)).__name__
+        return (
+            "the loss was not computed by an extended CrossEntropyLoss, MSELoss or "
+            f"single-logit BCEWithLogitsLoss module (its autograd node is {node})"
+        )
+    return None
+
+
+def unsupported_message(quantity, name, reason):
+    """The refusal of an explicitly chosen BackPACK curvature, with fixes that work."""
+    return (
+        f"{quantity} cannot use curvature={name!r} on this model: {reason}. Fix: "
+        f"{quantity}(curvature='hutchinson') (or configuration(level, curvature='auto'), "
+        "the default) estimates it from Hessian-vector products on any model; for exact "
+        "BackPACK diagonals give the Cockpit the model, Cockpit(model, ...), with model "
+        "and loss wrapped in cockpit_lite.extend(...) (residual networks: "
+        "cockpit_lite.extend(model, use_converter=True) with curvature='diag_ggn_exact')."
+    )
+
+
 @contextmanager
 def backpack_untouched():
     """Run autograd work of cockpit-lite's own (VJPs, re-run layers) past BackPACK's hooks.
@@ -80,7 +171,8 @@ def extend(module, use_converter=False):
         The extended module.
 
     Raises:
-        ValueError: if a sub-module computes in place.
+        ValueError: if a sub-module computes in place, or if BackPACK's converter
+            cannot trace the model.
     """
     in_place = [
         f"{name or type(module).__name__} ({sub})"
@@ -94,7 +186,17 @@ def extend(module, use_converter=False):
             + ". Fix: construct them with inplace=False (e.g. torch.nn.ReLU()); this "
             "affects every cockpit-lite quantity that uses BackPACK."
         )
-    return backpack.extend(module, use_converter=use_converter)
+    if not use_converter:
+        return backpack.extend(module)
+    try:
+        return backpack.extend(module, use_converter=True)
+    except Exception as error:  # torch.fx tracing fails on data-dependent Python code
+        raise ValueError(
+            f"BackPACK's converter cannot trace {type(module).__name__} ({type(error).__name__}: "
+            f"{error}). Fix: cockpit_lite.extend(model) without the converter; the curvature "
+            "quantities then estimate from Hessian-vector products (curvature='auto' or "
+            "'hutchinson'), which need no conversion."
+        ) from error
 
 
 _ADVICE = (

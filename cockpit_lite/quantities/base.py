@@ -36,12 +36,16 @@ class Output:
         layers: per-layer values (one per tracked parameter), or None.
         step: the step to record it under (default: the current step).
         flags: strings describing problems with this value.
+        meta: how the value was obtained (a dict, tensors allowed; e.g. the method,
+            probe count and standard error of an estimate), recorded under
+            ``record[step]["meta"][name]``; or None.
     """
 
     value: Any
     layers: Optional[list] = None
     step: Optional[int] = None
     flags: list = field(default_factory=list)
+    meta: Optional[dict] = None
 
 
 #: Methods of Cockpit's quantity interface that cockpit-lite never calls: a subclass

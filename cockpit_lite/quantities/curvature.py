@@ -1,26 +1,123 @@
-"""Base class of the quantities that read a diagonal curvature from BackPACK."""
+"""Base class of the quantities that use the diagonal of the loss curvature.
 
-from cockpit_lite.backend import curvature_extension
-from cockpit_lite.quantities.base import Needs, SingleStepQuantity
+Where the curvature comes from (``curvature=``, recorded at every step under
+``record[step]["meta"][name]["curvature"]``):
+
+- ``"diag_h"``: the exact Hessian diagonal, BackPACK ``DiagHessian``;
+- ``"diag_ggn_exact"``: the exact generalised Gauss-Newton diagonal, BackPACK
+  ``DiagGGNExact`` (also for residual networks converted with
+  ``cockpit_lite.extend(model, use_converter=True)``);
+- ``"diag_ggn_mc"``: its Monte-Carlo estimate, BackPACK ``DiagGGNMC``;
+- ``"hutchinson"``: Hutchinson's estimate of the Hessian diagonal from ``probes``
+  Hessian-vector products (``cockpit_lite.hutchinson``), on any twice-differentiable
+  model; the record also gets ``"probes"`` and the standard errors ``"se"`` (total)
+  and ``"layers_se"``;
+- ``"auto"`` (default): ``"diag_h"`` where BackPACK supports the step's model and loss
+  (``cockpit_lite.backend.curvature_support``, decided before the backward pass), else
+  ``"hutchinson"``. Both are the Hessian: "auto" never switches to the GGN, a different
+  matrix. Without the model (``Cockpit(model.parameters())``) nothing can be checked
+  and "auto" takes Hutchinson's estimator, with a warning.
+
+An explicitly chosen BackPACK curvature that the model does not support raises a
+``ValueError`` naming the layer and the fix before the backward pass runs.
+"""
+
+import warnings
+
+import torch
+
+from cockpit_lite.curvature import hutchinson, sdpa
+from cockpit_lite.backend import CURVATURES, curvature_extension, curvature_support, unsupported_message
+from cockpit_lite.quantities.base import Needs, Output, SingleStepQuantity
+
+HUTCHINSON = "hutchinson"
+AUTO = "auto"
+CHOICES = (AUTO, *CURVATURES, HUTCHINSON)
 
 
 class CurvatureQuantity(SingleStepQuantity):
-    """A quantity using the diagonal of a curvature matrix of the mini-batch loss.
+    """A quantity computed from a diagonal curvature ``C`` (see the module docstring).
 
-    ``curvature`` is ``"diag_h"`` (exact Hessian diagonal, BackPACK ``DiagHessian``,
-    default), ``"diag_ggn_exact"`` (generalised Gauss-Newton diagonal, also for
-    residual networks converted with ``extend(model, use_converter=True)``) or
-    ``"diag_ggn_mc"`` (its Monte-Carlo estimate, cheapest).
+    Subclasses implement ``parts(data, diagonal) -> (total, per-layer list)`` (tensors,
+    linear or not in the diagonal) and may override ``package``.
     """
 
-    def __init__(self, track_schedule=None, verbose=False, curvature="diag_h"):
+    def __init__(self, track_schedule=None, verbose=False, curvature=AUTO, probes=16, seed=0):
+        """
+        Args:
+            curvature: one of ``CHOICES``.
+            probes: Rademacher probes of Hutchinson's estimator (``K`` products per step).
+            seed: seed of the probes (combined with the step; the user's RNG is untouched).
+        """
         super().__init__(track_schedule, verbose)
-        curvature_extension(curvature, self.name)  # fail early on a bad name
-        self.curvature = curvature
+        if curvature not in CHOICES:
+            raise ValueError(f"{self.name}: unknown curvature {curvature!r}; choose one of {list(CHOICES)}")
+        if int(probes) != probes or probes < 1:
+            raise ValueError(f"{self.name}: probes must be a positive integer, got {probes!r}")
+        self.curvature, self.probes, self.seed = curvature, int(probes), seed
+        self._chosen = None  # (step, method) decided before the step's backward pass
+        self._warned = False
+
+    def method(self, info):
+        """The curvature that will run at this step (``info``: the step's ``StepInfo``)."""
+        if self.curvature == HUTCHINSON:
+            return HUTCHINSON
+        reason = curvature_support(info.model, info.get("loss"), "diag_h" if self.curvature == AUTO else self.curvature)
+        if self.curvature != AUTO:
+            if reason is not None:
+                raise ValueError(unsupported_message(self.name, self.curvature, reason))
+            return self.curvature
+        if reason is None:
+            return "diag_h"
+        if info.model is None and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"{self.name}: {reason}; curvature='auto' uses Hutchinson's estimator "
+                "(Hessian-vector products). Give the Cockpit the model for exact BackPACK "
+                "diagonals where BackPACK supports it.",
+                stacklevel=5,
+            )
+        return HUTCHINSON
 
     def _needs(self, step, info):
         base = super()._needs(step, info)
-        return Needs(
-            transforms=base.transforms,
-            extensions=(curvature_extension(self.curvature, self.name),),
-        )
+        method = self.method(info)
+        self._chosen = (step, method)
+        if method == HUTCHINSON:
+            sdpa.enable_double_backward()
+            return Needs(transforms=base.transforms, create_graph=True)
+        return Needs(transforms=base.transforms, extensions=(curvature_extension(method, self.name),))
+
+    def create_graph(self, step):
+        """True on due steps that use Hutchinson's estimator (before the decision: unless known exact)."""
+        if not self.is_due(step):
+            return False
+        if self._chosen is not None and (self._chosen[0] == step or self.curvature == AUTO):
+            return self._chosen[1] == HUTCHINSON
+        return self.curvature in (AUTO, HUTCHINSON)
+
+    def compute(self, step, data):
+        method = self._chosen[1]
+        if method == HUTCHINSON:
+            estimate = hutchinson.estimate(data, self.probes, self.seed)
+            diagonal = estimate.diagonal
+
+            def stacked(candidate):
+                total, layers = self.parts(data, candidate)
+                return torch.stack([total, *layers])
+
+            se = estimate.standard_error(stacked)
+            meta = {"curvature": method, "probes": self.probes, "se": se[0], "layers_se": list(se[1:])}
+        else:
+            diagonal = data.curvature(method)
+            meta = {"curvature": method}
+        total, layers = self.parts(data, diagonal)
+        return self.package(total, layers, meta)
+
+    def parts(self, data, diagonal):
+        """``(total, [per layer])`` of the statistic for the per-parameter ``diagonal``."""
+        raise NotImplementedError
+
+    def package(self, total, layers, meta):
+        """The ``Output`` to record (default: the total, with the per-layer values)."""
+        return Output(total, layers, meta=meta)

@@ -2,8 +2,26 @@
 
 import torch
 
-from cockpit_lite.linalg import lanczos_max_eig
+from cockpit_lite.curvature import sdpa
+from cockpit_lite.linalg import lanczos_max_eig, power_max_eig
 from cockpit_lite.quantities.base import Needs, Output, SingleStepQuantity
+
+_HINTS = (
+    (
+        "donated buffer",
+        "the forward pass ran through torch.compile, whose donated buffers forbid the "
+        "double backward of Hessian-vector products. Fix: run the forward of the steps "
+        "where HessMaxEV is due with the uncompiled module (compiled = torch.compile(model) "
+        "shares its parameters; use model(x) on those steps), or set "
+        "torch._functorch.config.donated_buffer = False before compiling",
+    ),
+    (
+        "scaled_dot_product",
+        "the attention kernel of this forward pass cannot be differentiated twice. Fix: "
+        "run the forward of the due steps under torch.nn.attention.sdpa_kernel("
+        "torch.nn.attention.SDPBackend.MATH)",
+    ),
+)
 
 
 class HessMaxEV(SingleStepQuantity):
@@ -13,14 +31,22 @@ class HessMaxEV(SingleStepQuantity):
     (double backward through the graph kept by ``create_graph``), converged to a
     relative residual ``rtol``, and warm-started from the previous step's top three
     Ritz vectors mixed with fresh noise from the quantity's own generator (the
-    user's random state is never used). Cockpit's power iteration returns the
-    eigenvalue of largest *magnitude* instead, which differs when a negative
-    eigenvalue dominates.
+    user's random state is never used). ``H`` is the Hessian of the loss as the
+    forward pass computed it: with BatchNorm in training mode, of the batch loss
+    through the batch statistics; with tied weights, w.r.t. the shared tensor.
+    Attention through ``F.scaled_dot_product_attention`` works on CPU (see
+    ``cockpit_lite.curvature.sdpa``).
+
+    ``use_power=True`` runs Cockpit's power iteration instead (drop-in
+    compatibility): it returns the eigenvalue of largest *magnitude*, which differs
+    when a negative eigenvalue dominates, and stops when two Rayleigh quotients agree
+    to ``rtol``, which does not bound its error. The record's ``meta`` names the
+    solver and the number of Hessian-vector products.
     """
 
-    def __init__(self, track_schedule=None, verbose=False, rtol=1e-3, maxiter=100, seed=0):
+    def __init__(self, track_schedule=None, verbose=False, use_power=False, rtol=1e-3, maxiter=100, seed=0):
         super().__init__(track_schedule, verbose)
-        self.rtol, self.maxiter, self.seed = rtol, maxiter, seed
+        self.use_power, self.rtol, self.maxiter, self.seed = use_power, rtol, maxiter, seed
         self._previous = None
         self._generator = None
         self.last_iterations = None
@@ -29,6 +55,7 @@ class HessMaxEV(SingleStepQuantity):
         return self.is_due(step)
 
     def _needs(self, step, info):
+        sdpa.enable_double_backward()
         return Needs()
 
     def compute(self, step, data):
@@ -46,13 +73,22 @@ class HessMaxEV(SingleStepQuantity):
             ]).detach()
 
         start = self._noise(params)
-        if self._previous is not None:
-            start = self._previous.sum(0) / self._previous.shape[0] ** 0.5 + 0.3 * start
-        value, vectors, iterations = lanczos_max_eig(hvp, start, self.rtol, self.maxiter)
-        if torch.isfinite(value):
-            self._previous = vectors
+        try:
+            if self.use_power:
+                value, _, iterations = power_max_eig(hvp, start.abs(), self.rtol, maxiter=self.maxiter)
+            else:
+                if self._previous is not None:
+                    start = self._previous.sum(0) / self._previous.shape[0] ** 0.5 + 0.3 * start
+                value, vectors, iterations = lanczos_max_eig(hvp, start, self.rtol, self.maxiter)
+                if torch.isfinite(value):
+                    self._previous = vectors
+        except RuntimeError as error:
+            for marker, hint in _HINTS:
+                if marker in str(error):
+                    raise RuntimeError(f"HessMaxEV at step {step}: {hint} ({error})") from error
+            raise
         self.last_iterations = iterations
-        return Output(value)
+        return Output(value, meta={"solver": "power" if self.use_power else "lanczos", "products": iterations})
 
     def _noise(self, params):
         reference = params[0]

@@ -5,10 +5,16 @@ from cockpit_lite.quantities.curvature import CurvatureQuantity
 
 
 class HessTrace(CurvatureQuantity):
-    """Per parameter tensor ``Σ_d C_dd``, a list; ``C`` the curvature (Hessian by default).
+    """Per parameter tensor ``Σ_d C_dd``, a list; ``C`` the curvature (the Hessian by default).
 
-    The whole-network trace is the sum of the list.
+    The whole-network trace is the sum of the list. With ``curvature="hutchinson"``
+    each entry is ``mean_k z_kᵀ(H z_k)`` over the parameter's block (unbiased for
+    ``tr H_pp``) and the record's ``meta`` holds its standard error.
     """
 
-    def compute(self, step, data):
-        return Output([c.sum() for c in data.curvature(self.curvature)])
+    def parts(self, data, diagonal):
+        layers = [c.sum() for c in diagonal]
+        return sum(layers), layers
+
+    def package(self, total, layers, meta):
+        return Output(layers, meta=meta)

@@ -1,6 +1,6 @@
 """Base class of the Takeuchi information criterion quantities (Thomas et al., 2020)."""
 
-from cockpit_lite.quantities.curvature import CurvatureQuantity
+from cockpit_lite.quantities.curvature import AUTO, CurvatureQuantity
 from cockpit_lite.transforms import SumGradSquared
 
 
@@ -13,8 +13,8 @@ class TIC(CurvatureQuantity):
 
     TRANSFORMS = (SumGradSquared,)
 
-    def __init__(self, track_schedule=None, verbose=False, curvature="diag_h", epsilon=1e-7):
-        super().__init__(track_schedule, verbose, curvature)
+    def __init__(self, track_schedule=None, verbose=False, curvature=AUTO, epsilon=1e-7, probes=16, seed=0):
+        super().__init__(track_schedule, verbose, curvature, probes, seed)
         self.epsilon = epsilon
 
     @staticmethod

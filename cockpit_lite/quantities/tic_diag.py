@@ -1,6 +1,5 @@
 """``TICDiag``: Takeuchi information criterion with a diagonal curvature (Thomas et al., 2020)."""
 
-from cockpit_lite.quantities.base import Output
 from cockpit_lite.quantities.tic import TIC
 
 
@@ -9,12 +8,11 @@ class TICDiag(TIC):
 
     The gradient's uncentred second moment weighted by the inverse diagonal
     curvature, an approximation of ``tr(C⁻¹ G)``. Per layer: the sum over one
-    parameter tensor (the total is the sum of the layers).
+    parameter tensor (the total is the sum of the layers). With Hutchinson's
+    estimate of ``C_dd`` the ratio is not unbiased (a noisy denominator near zero
+    dominates it): use enough probes and read the recorded standard error.
     """
 
-    def compute(self, step, data):
-        parts = [
-            (moment / (c + self.epsilon)).sum()
-            for moment, c in zip(self.second_moments(data), data.curvature(self.curvature))
-        ]
-        return Output(sum(parts), parts)
+    def parts(self, data, diagonal):
+        layers = [(m / (c + self.epsilon)).sum() for m, c in zip(self.second_moments(data), diagonal)]
+        return sum(layers), layers

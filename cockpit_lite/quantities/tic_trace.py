@@ -1,6 +1,6 @@
 """``TICTrace``: Takeuchi information criterion with the curvature's trace (Thomas et al., 2020)."""
 
-from cockpit_lite.quantities.base import Output, total_and_layers
+from cockpit_lite.quantities.base import total_and_layers
 from cockpit_lite.quantities.tic import TIC
 
 
@@ -10,10 +10,9 @@ class TICTrace(TIC):
     Per layer: one parameter tensor's second moment over its own curvature trace.
     """
 
-    def compute(self, step, data):
-        total, layers = total_and_layers(
+    def parts(self, data, diagonal):
+        return total_and_layers(
             lambda moment, trace: moment / (trace + self.epsilon),
             [m.sum() for m in self.second_moments(data)],
-            [c.sum() for c in data.curvature(self.curvature)],
+            [c.sum() for c in diagonal],
         )
-        return Output(total, layers)

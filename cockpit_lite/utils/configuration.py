@@ -1,6 +1,7 @@
 """Tracking levels: ``economy`` ⊂ ``business`` ⊂ ``full``."""
 
 from cockpit_lite import quantities as q
+from cockpit_lite.quantities.curvature import CHOICES, CurvatureQuantity
 
 LEVELS = {
     "economy": (
@@ -20,12 +21,28 @@ def quantities_cls_for_configuration(label):
     return LEVELS[label]
 
 
-def configuration(label, track_schedule=None, verbose=False):
+def configuration(label, track_schedule=None, verbose=False, curvature="auto"):
     """Return new instances of the quantities of level ``label``, all on ``track_schedule``.
 
     Args:
         label: ``"economy"``, ``"business"`` or ``"full"``.
-        track_schedule: callable ``step -> bool``; default: every step.
+        track_schedule: callable ``step -> bool``; default: every step. For an overhead
+            budget that spaces out the expensive quantities, pass
+            ``Cockpit(..., budget=1.25)`` instead (see ``cockpit_lite.budget``).
         verbose: passed to each quantity.
+        curvature: where ``HessTrace``, ``TICDiag`` and ``TICTrace`` take the curvature
+            diagonal from: ``"auto"`` (exact BackPACK Hessian diagonal where BackPACK
+            supports the model, else Hutchinson's estimate), ``"diag_h"``,
+            ``"diag_ggn_exact"``, ``"diag_ggn_mc"`` or ``"hutchinson"`` (see
+            ``cockpit_lite.quantities.curvature``; the record's ``meta`` says which ran).
+
+    Raises:
+        ValueError: for an unknown level or curvature.
     """
-    return [cls(track_schedule=track_schedule, verbose=verbose) for cls in quantities_cls_for_configuration(label)]
+    if curvature not in CHOICES:
+        raise ValueError(f"unknown curvature {curvature!r}; choose one of {list(CHOICES)}")
+    built = []
+    for cls in quantities_cls_for_configuration(label):
+        options = {"curvature": curvature} if issubclass(cls, CurvatureQuantity) else {}
+        built.append(cls(track_schedule=track_schedule, verbose=verbose, **options))
+    return built

@@ -1,10 +1,15 @@
-"""HessMaxEV against torch.linalg.eigvalsh of the brute-force Hessian."""
+"""HessMaxEV against torch.linalg.eigvalsh of the brute-force Hessian, on plain and realistic models."""
 
 import pytest
 import torch
 
+import models
 import problems
+from cockpit_lite import Cockpit, configuration
 from cockpit_lite.quantities import HessMaxEV
+
+REALISTIC = ["transformer", "gpt", "resnet_bn_train", "resnet_gn", "lstm", "custom"]
+"""SDPA attention (CPU flash kernel), tied head + learned positions, BatchNorm in training mode, ..."""
 
 
 def reference(problem, snapshots, step):
@@ -13,7 +18,24 @@ def reference(problem, snapshots, step):
 
 @pytest.mark.parametrize("case", problems.CASES, ids=problems.case_id)
 def test_matches_eigvalsh(case):
-    problems.check(HessMaxEV(), reference, case, rtol=1e-3, layers=False)
+    record = problems.check(HessMaxEV(), reference, case, rtol=1e-3, layers=False)
+    assert all(entry["meta"]["HessMaxEV"]["solver"] == "lanczos" for entry in record.values())
+
+
+@pytest.mark.parametrize("name", REALISTIC)
+def test_matches_eigvalsh_on_realistic_models(name):
+    problems.check(HessMaxEV(), reference, (name, 3, "mean"), steps=2, rtol=1e-3, layers=False)
+
+
+def test_power_iteration_as_cockpit():
+    """use_power=True: Cockpit's power iteration (largest |eigenvalue|, its own stopping rule)."""
+    def largest_magnitude(problem, snapshots, step):
+        eigenvalues = torch.linalg.eigvalsh(problems.hessian(problem, snapshots[step]))
+        return eigenvalues[eigenvalues.abs().argmax()]
+
+    record = problems.check(HessMaxEV(use_power=True, rtol=1e-6, maxiter=500), largest_magnitude,
+                            ("mlp", 5, "mean"), rtol=1e-3, layers=False)
+    assert all(entry["meta"]["HessMaxEV"]["solver"] == "power" for entry in record.values())
 
 
 def test_needs_the_graph():
@@ -25,3 +47,48 @@ def test_needs_the_graph():
     with pytest.raises(ValueError, match="create_graph=cp.create_graph"):
         with cp(0, info={"loss": loss}):
             loss.backward()
+
+
+def _train(name, steps, level, backend=None):
+    """Float32 training of a realistic model; with a Cockpit at ``level`` unless None."""
+    build, loss_cls, inputs, targets = problems.BUILDERS[name]
+    torch.manual_seed(0)
+    model, lossfunc = build(), loss_cls()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cp = Cockpit(model, configuration(level)) if level else None
+    g = torch.Generator().manual_seed(1)
+    flags = []
+    for step in range(steps):
+        x, y = inputs(g, 4).float(), targets(g, 4)
+        x = x.long() if name == "gpt" else x
+        opt.zero_grad()
+        loss = lossfunc(model(x), y)
+        if cp is None:
+            loss.backward()
+        else:
+            with cp(step, info={"loss": loss, "optimizer": opt}):
+                loss.backward(create_graph=cp.create_graph(step))
+        opt.step()
+        flags.append((torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()))
+    return [p.detach().clone() for p in model.parameters()], cp, flags
+
+
+@pytest.mark.parametrize("name", ["transformer", "gpt"])
+def test_observer_effect_with_attention_is_zero_bit_for_bit(name):
+    """Full configuration through F.scaled_dot_product_attention: parameters and kernel flags as without it."""
+    plain, _, plain_flags = _train(name, 4, None)
+    observed, cp, flags = _train(name, 4, "full")
+    assert all(torch.equal(a, b) for a, b in zip(plain, observed))
+    assert flags == plain_flags
+    assert all(torch.isfinite(torch.tensor(cp.get_output()[s]["HessMaxEV"])) for s in range(4))
+
+
+def test_attention_dropout_with_its_masks():
+    """Dropout in attention: the Hessian of the loss with this step's masks (replayed by the reference)."""
+    problems.check(HessMaxEV(), reference, ("transformer_dropout", 3, "mean"), steps=2, rtol=1e-3, layers=False)
+
+
+def test_compiled_model_is_refused_with_the_fix():
+    model = models.Encoder(0.0)
+    with pytest.raises(ValueError, match="Cockpit\\(model, ...\\), and use it uncompiled on the tracked steps"):
+        Cockpit(torch.compile(model), [HessMaxEV()])

@@ -1,0 +1,11 @@
+"""Curvature from Hessian-vector products, on any twice-differentiable model.
+
+- ``hutchinson``: Hutchinson's estimator of the Hessian diagonal and its traces, with
+  jackknife standard errors (``HessTrace``, ``TICDiag``, ``TICTrace`` where BackPACK's
+  exact diagonals do not apply).
+- ``sdpa``: a derivative for the backward pass of PyTorch's CPU flash-attention kernel,
+  so that Hessian-vector products run through ``F.scaled_dot_product_attention``.
+
+BackPACK's exact diagonals live in ``cockpit_lite.backend``; the Lanczos eigensolver of
+``HessMaxEV`` in ``cockpit_lite.linalg``.
+"""

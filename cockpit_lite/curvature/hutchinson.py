@@ -1,0 +1,159 @@
+"""Hutchinson's estimator of the Hessian diagonal from Hessian-vector products (any model).
+
+For Rademacher probes ``z_k`` (entries ±1, ``E[z zᵀ] = I``) and the mini-batch Hessian
+``H``, ``E[z ⊙ Hz] = diag(H)`` (Bekas et al., 2007) and, restricted to one parameter
+tensor ``p``, ``E[z_pᵀ (Hz)_p] = tr H_pp`` (Hutchinson, 1989): both are unbiased. The
+estimate is the mean over ``K`` probes; ``Hz = ∇_θ (gᵀz)`` is a double backward pass
+through the graph the user's ``loss.backward(create_graph=True)`` kept, so it works on
+every twice-differentiable model (BatchNorm in training mode: the Hessian of the batch
+loss as computed; tied weights: the Hessian w.r.t. the shared tensor).
+
+Standard errors come from a delete-a-group jackknife over ``G = min(K, 16)`` groups of
+probes: ``SE² = (G−1)/G Σ_j (θ_(−j) − θ̄)²`` with ``θ_(−j)`` the statistic of the probes
+outside group ``j``. For a linear statistic (a trace) and ``G = K`` it equals the usual
+``std_k / √K``; for a ratio (TIC) it is the jackknife's first-order error.
+
+Probes come from a ``torch.Generator`` seeded by ``(seed, step)``: reproducible, and the
+user's random streams are never touched.
+"""
+
+import weakref
+
+import torch
+
+MAX_GROUPS = 16
+"""Probe groups kept for the jackknife (memory: ``MAX_GROUPS`` × the parameters)."""
+
+_UNBATCHABLE = set()
+"""Parameter sets (ids) whose double backward failed vectorised once: looped since."""
+
+_CACHE = weakref.WeakKeyDictionary()
+"""StepData → {(probes, seed): DiagonalEstimate}: one estimate per step, shared by quantities."""
+
+
+def hessian_vector_products(params, grads, probes, batched=True):
+    """``H z`` for every probe in ``probes`` (list per parameter of ``[K, *shape]`` tensors).
+
+    Args:
+        params: the parameters.
+        grads: their gradients, carrying the backward graph (``create_graph=True``).
+        probes: per parameter, the ``K`` probe vectors stacked.
+        batched: try one vectorised double backward (``is_grads_batched``) first.
+
+    Returns:
+        Per parameter ``[K, *shape]`` products (zeros where a parameter is unused).
+    """
+    key = tuple(id(p) for p in params)
+    if batched and key not in _UNBATCHABLE:
+        try:
+            products = torch.autograd.grad(
+                grads, params, probes, retain_graph=True, allow_unused=True, is_grads_batched=True
+            )
+            return [torch.zeros_like(z) if h is None else h.detach() for h, z in zip(products, probes)]
+        except RuntimeError:  # an operation without a batching rule for its double backward:
+            _UNBATCHABLE.add(key)  # loop from now on for these parameters
+    rows = []
+    for k in range(probes[0].shape[0]):
+        products = torch.autograd.grad(grads, params, [z[k] for z in probes], retain_graph=True, allow_unused=True)
+        rows.append([torch.zeros_like(p) if h is None else h.detach() for h, p in zip(products, params)])
+    return [torch.stack(parts) for parts in zip(*rows)]
+
+
+class DiagonalEstimate:
+    """Hutchinson's diagonal estimate of one step, with per-group sums for the jackknife.
+
+    Attributes:
+        probes: the number of probe vectors ``K``.
+        diagonal: per parameter, ``mean_k z_k ⊙ H z_k``.
+        group_sums: per parameter, ``[G, *shape]`` sums of ``z ⊙ Hz`` over each group.
+        group_sizes: ``[G]`` probe counts of the groups.
+    """
+
+    method = "hutchinson"
+
+    def __init__(self, params, grads, probes, generator, batched=True):
+        groups = min(probes, MAX_GROUPS)
+        self.probes = probes
+        self.group_sizes = torch.tensor([len(range(j, probes, groups)) for j in range(groups)])
+        sums = [torch.zeros((groups, *p.shape), dtype=p.dtype, device=p.device) for p in params]
+        chunk = 64  # probes per vectorised double backward
+        for start in range(0, probes, chunk):
+            count = min(chunk, probes - start)
+            zs = [
+                torch.randint(0, 2, (count, *p.shape), generator=generator, device=p.device).to(p.dtype) * 2 - 1
+                for p in params
+            ]
+            hz = hessian_vector_products(params, grads, zs, batched)
+            group = torch.arange(start, start + count, device=params[0].device) % groups
+            for total, z, h in zip(sums, zs, hz):
+                total.index_add_(0, group, z * h)
+        self.group_sums = sums
+        self.diagonal = [s.sum(0) / probes for s in sums]
+
+    def leave_group_out(self):
+        """Per parameter, ``[G, *shape]`` diagonal estimates without each group's probes."""
+        rest = (self.probes - self.group_sizes).clamp(min=1)
+        return [
+            (s.sum(0, keepdim=True) - s) / rest.to(s).reshape(-1, *([1] * (s.dim() - 1)))
+            for s in self.group_sums
+        ]
+
+    def standard_error(self, statistic):
+        """Jackknife standard error of ``statistic(diagonal) -> tensor`` (any shape).
+
+        Args:
+            statistic: maps a per-parameter list of diagonals to a tensor.
+
+        Returns:
+            A tensor shaped like ``statistic``'s value (NaN with a single probe).
+        """
+        groups = self.group_sizes.numel()
+        if groups < 2:
+            return torch.full_like(statistic(self.diagonal), float("nan"))
+        loo = self.leave_group_out()
+        values = torch.stack([statistic([d[j] for d in loo]) for j in range(groups)])
+        return ((groups - 1) / groups * ((values - values.mean(0)) ** 2).sum(0)).sqrt()
+
+
+def estimate(data, probes, seed):
+    """The step's ``DiagonalEstimate`` (computed once per step and settings, then shared).
+
+    Args:
+        data: the step's ``StepData``; the gradients must carry the backward graph.
+        probes: number of Rademacher probes.
+        seed: seed of the probes' generator, combined with the step.
+
+    Raises:
+        ValueError: if the backward pass kept no graph (names the fix).
+    """
+    per_step = _CACHE.setdefault(data, {})
+    key = (probes, seed)
+    if key not in per_step:
+        params = data.params
+        grads = [p.grad for p in params]
+        if not any(g is not None and g.grad_fn is not None for g in grads):
+            raise ValueError(
+                f"step {data.step}: Hutchinson's estimator needs the backward graph: call "
+                "loss.backward(create_graph=cp.create_graph(step)) inside the cockpit context"
+            )
+        grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
+        used = [i for i, g in enumerate(grads) if g.grad_fn is not None]
+        generator = torch.Generator(device=params[0].device).manual_seed(hash((seed, data.step)) % 2**63)
+        partial = DiagonalEstimate([params[i] for i in used], [grads[i] for i in used], probes, generator)
+        per_step[key] = _expand(partial, used, params)
+    return per_step[key]
+
+
+def _expand(partial, used, params):
+    """Put zeros (exactly known: no curvature) for parameters outside the graph."""
+    if len(used) == len(params):
+        return partial
+    sums, diagonal = [], []
+    groups = partial.group_sizes.numel()
+    where = {i: j for j, i in enumerate(used)}
+    for i, p in enumerate(params):
+        j = where.get(i)
+        sums.append(partial.group_sums[j] if j is not None else p.new_zeros((groups, *p.shape)))
+        diagonal.append(partial.diagonal[j] if j is not None else torch.zeros_like(p))
+    partial.group_sums, partial.diagonal = sums, diagonal
+    return partial
