@@ -106,7 +106,8 @@ def _statistics(y, kind):
     """``[mean, std, zeros, dead, saturated]`` of ``y`` as one tensor (0 where one does not apply)."""
     y32 = y.float()
     zero = y32.new_zeros(())
-    std, mean = torch.std_mean(y32) if y32.numel() > 1 else (zero, y32.mean())
+    mean = y32.mean()  # std from the second moment: torch.std_mean is ~10x slower on CPU
+    std = (y32.square().mean() - mean.square()).clamp(min=0).sqrt()
     zeros = (y32 == 0).float().mean()
     dead = saturated = zero
     if kind == "relu" and y32.dim() > 1:
