@@ -5,23 +5,23 @@ the first ``horizon`` steps (and, since the spaced schedules only get sparser, o
 longer run) within ``factor`` × the plain step time. It takes over every quantity's
 schedule:
 
-1. *Calibration* (the first ``4 + 2Q`` steps for ``Q`` quantities, in the order given):
-   step 0 tracks everything (its values are recorded); steps 1-3 track nothing and time
-   the plain step ``T₀`` (the shortest of the periods of steps 1 and 2, a period being
-   the time from one ``cp(step)`` call to the next); then each quantity is due alone at
-   step ``4 + 2i``, followed by an untracked step, and its cost is the extra time of the
-   two periods around it: ``c_i = (P_{3+2i} + P_{4+2i}) / T₀ − 2`` plain steps (the first
-   holds the watched forward pass, the second the backward pass and the computation).
-2. *Plan* (at step ``3 + 2Q``, recorded in the log under ``"budget"``): with
+1. *Calibration* (the first ``3 + 2Q`` steps for ``Q`` quantities, in the order given):
+   steps 0-2 track nothing and time the plain step ``T₀`` (the shorter of the periods
+   of steps 0 and 1, a period being the time from one ``cp(step)`` call to the next);
+   then each quantity is due alone at step ``3 + 2i`` (its first recorded value),
+   followed by an untracked step, and its cost is the extra time of the two periods
+   around it: ``c_i = (P_{2+2i} + P_{3+2i}) / T₀ − 2`` plain steps (the first holds the
+   watched forward pass, the second the backward pass and the computation).
+2. *Plan* (at step ``2 + 2Q``, recorded in the log under ``"budget"``): with
    ``A = (factor − 1) · horizon − (calibration overhead)`` plain steps to spend, every
    quantity starts on the sparsest schedule, one step per octave (``L(1)`` below), and
    then, cheapest first, each takes the densest schedule that the rest of ``A`` pays
    for: every step, or ``L(m)`` for ``m`` = 32, 16, 8, 4, 2 steps per octave, where
    ``L(m) = {⌊2^{j/m}⌋ : j ≥ 0}`` (logarithmic: dense early in training, where things
-   change fastest). Counting is exact over the steps ``[4 + 2Q, horizon)``.
+   change fastest). Counting is exact over the steps ``[3 + 2Q, horizon)``.
    If even one step per octave does not fit, every quantity keeps it and a warning
    gives the expected average.
-3. From step ``4 + 2Q`` on the schedules are fixed: deterministic given the measured
+3. From step ``3 + 2Q`` on the schedules are fixed: deterministic given the measured
    costs, and recorded, so ``Budget(plan=record[step]["budget"])`` replays a run's
    schedules without measuring anything.
 
@@ -88,11 +88,11 @@ class Budget:
     @property
     def start(self):
         """The first step of the planned schedules (after calibration)."""
-        return 4 + 2 * len(self.names)
+        return 3 + 2 * len(self.names)
 
     def calibration_step(self, name):
         """The step at which quantity ``name`` is due alone."""
-        return 4 + 2 * self.names.index(name)
+        return 3 + 2 * self.names.index(name)
 
     def take_over(self, quantities):
         """Give every quantity the budget's schedule (called once by the Cockpit)."""
@@ -107,7 +107,7 @@ class Budget:
 
     def _schedule(self, name):
         def schedule(step):
-            if step == 0 or step == self.calibration_step(name):
+            if step == self.calibration_step(name):
                 return True
             if step < self.start or self.plan is None:
                 return False
@@ -147,13 +147,12 @@ class Budget:
 
         Deterministic: the same periods give the same plan.
         """
-        plain = min(periods[1], periods[2])
+        plain = min(periods[0], periods[1])
         costs = {
             name: max(0.0, (periods[self.calibration_step(name) - 1] + periods[self.calibration_step(name)]) / plain - 2)
             for name in self.names
         }
-        first = max(0.0, periods[0] / plain - 1)  # step 0: everything (and first-call costs)
-        spent = first + sum(costs.values())
+        spent = sum(costs.values())
         stop = max(self.horizon, self.start)
         counts = {"every": stop - self.start, **{m: len(octave_steps(m, self.start, stop)) for m in (1, *PER_OCTAVE)}}
         available = (self.factor - 1) * self.horizon - spent
@@ -188,7 +187,7 @@ class Budget:
             "costs": costs,
             "schedules": schedules,
             "expected_ratio": expected,
-            "calibrated_at": {n: [0, self.calibration_step(n)] for n in self.names},
+            "calibrated_at": {n: self.calibration_step(n) for n in self.names},
         }
 
 

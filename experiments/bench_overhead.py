@@ -4,13 +4,26 @@ Usage::
 
     python -m experiments.bench_overhead [--repeats 5] [--steps 5] [--quick] [--json PATH]
 
-For each problem (an MLP 784-64-10 and a small CNN on 3×32×32 inputs, batch 64,
-cross-entropy, SGD) it times, in one process with one thread:
+For each problem (an MLP 784-64-10 and a small CNN on 3×32×32 inputs, a transformer
+encoder classifier: embedding, 2 layers, d=64, 4 heads, sequence 32, and a small ResNet
+with BatchNorm in training mode on 3×32×32; batch 64, cross-entropy, SGD) it times, in
+one process with one thread:
 
 - the plain step (forward, backward, SGD step; no BackPACK),
-- cockpit-lite at each level (economy, business, full), every step tracked,
+- the untracked step: a Cockpit with the full level present but nothing due,
+- cockpit-lite at each level (economy, business, full), every step tracked (the level's
+  quantities only, ``diagnose=False``); the Cockpit gets the model (its fast layer rules
+  need the module); MLP and CNN are BackPACK-extended, so their curvature is BackPACK's
+  exact Hessian diagonal; the transformer and the ResNet are not (BackPACK cannot do
+  them) and their curvature is Hutchinson's estimate,
 - cockpit-lite with each quantity alone,
-- the original Cockpit at each level, when ``cockpit-for-pytorch`` is installed.
+- the original Cockpit at each level, when ``cockpit-for-pytorch`` is installed (MLP, CNN).
+
+``--budget [FACTOR]`` instead runs 500 steps (``--budget-steps``) of each problem plain,
+with ``configuration("full")`` and ``Cockpit(model, ..., budget=FACTOR)`` (default 1.25),
+and plain again, none of them BackPACK-extended (BackPACK's hooks alone slow every step
+down), and prints the average step time of the budgeted run over the mean of the two
+plain runs, and the steps at which each quantity was recorded.
 
 Timings are medians over ``--repeats`` interleaved rounds (every configuration runs
 once per round, so a load change on the machine hits all of them alike); a
@@ -34,6 +47,7 @@ import torch
 from torch import nn
 
 from cockpit_lite import Cockpit, configuration, extend, quantities
+from cockpit_lite.budget import Budget
 from cockpit_lite.utils.configuration import quantities_cls_for_configuration
 
 BATCH = 64
@@ -52,26 +66,74 @@ def cnn():
     )
 
 
-PROBLEMS = {"mlp": (mlp, (1, 28, 28)), "cnn": (cnn, (3, 32, 32))}
+class TransformerClassifier(nn.Module):
+    """Token embedding + learned positions, 2 encoder layers (d=64, 4 heads), mean, linear head."""
+
+    def __init__(self, vocab=100, d=64, length=32):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.pos = nn.Parameter(0.02 * torch.randn(length, d))
+        layer = nn.TransformerEncoderLayer(d, 4, dim_feedforward=128, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, tokens):
+        return self.head(self.encoder(self.embed(tokens) + self.pos).mean(1))
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+
+    def forward(self, x):
+        return torch.relu(x + self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x))))))
+
+
+def resnet_bn():
+    """Stem conv 16 + BatchNorm, two residual blocks (16 and 32 channels), pooling, linear (train mode)."""
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(), ResidualBlock(16),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(), ResidualBlock(32),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10),
+    )
+
+
+def _images(shape):
+    return lambda g: torch.randn(BATCH, *shape, generator=g)
+
+
+PROBLEMS = {
+    # name: (model, inputs, BackPACK supports its curvature)
+    "mlp": (mlp, _images((1, 28, 28)), True),
+    "cnn": (cnn, _images((3, 32, 32)), True),
+    "transformer": (TransformerClassifier, lambda g: torch.randint(0, 100, (BATCH, 32), generator=g), False),
+    "resnet_bn": (resnet_bn, _images((3, 32, 32)), False),
+}
+
+
+def never(step):
+    """A schedule that is never due (the untracked step)."""
+    return False
 
 
 class Runner:
     """One configuration: a model, its optimizer, data, and how a step is run."""
 
-    def __init__(self, problem, make_cockpit=None, peer=False):
-        build, shape = PROBLEMS[problem]
+    def __init__(self, problem, make_cockpit=None, peer=False, backpack=True):
+        build, inputs, supported = PROBLEMS[problem]
         torch.manual_seed(0)
         self.model, self.lossfunc = build(), nn.CrossEntropyLoss()
-        if make_cockpit is not None:
+        if make_cockpit is not None and supported and backpack:
             self.model, self.lossfunc = extend(self.model), extend(self.lossfunc)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
         self.cp = make_cockpit(self.model) if make_cockpit is not None else None
         self.peer = peer
         g = torch.Generator().manual_seed(1)
-        self.batches = [
-            (torch.randn(BATCH, *shape, generator=g), torch.randint(0, 10, (BATCH,), generator=g))
-            for _ in range(4)
-        ]
+        self.batches = [(inputs(g), torch.randint(0, 10, (BATCH,), generator=g)) for _ in range(4)]
         self.step = 0
 
     def run_step(self):
@@ -139,18 +201,21 @@ def high_water_mark():
 
 def configurations(problem, with_quantities, with_peer):
     configs = {"plain": lambda: Runner(problem)}
+    configs["untracked"] = lambda: Runner(
+        problem, lambda m: Cockpit(m, configuration("full", track_schedule=never), diagnose=False)
+    )
     for level in LEVELS:
         configs[f"lite {level}"] = lambda level=level: Runner(
-            problem, lambda m: Cockpit(m.parameters(), configuration(level))
+            problem, lambda m: Cockpit(m, configuration(level), diagnose=False)
         )
     if with_quantities:
         for cls in quantities_cls_for_configuration("full") + (
             quantities.EarlyStopping, quantities.CABS,
         ):
             configs[f"  {cls.__name__}"] = lambda cls=cls: Runner(
-                problem, lambda m: Cockpit(m.parameters(), [cls()])
+                problem, lambda m: Cockpit(m, [cls()], diagnose=False)
             )
-    if with_peer:
+    if with_peer and PROBLEMS[problem][2]:
         import cockpit
         from cockpit.utils.configuration import configuration as peer_configuration
 
@@ -172,6 +237,47 @@ def measure(problem, repeats, steps, with_quantities, with_peer):
     return medians, memory
 
 
+def budget_run(problem, factor, steps):
+    """Average step times of ``steps`` plain, budgeted full and plain steps; the budgeted record."""
+    def timed(runner):
+        start = time.perf_counter()
+        for _ in range(steps):
+            runner.run_step()
+        return (time.perf_counter() - start) / steps
+
+    plain = timed(Runner(problem))
+    budgeted = Runner(problem, lambda m: Cockpit(m, configuration("full"), budget=Budget(factor, horizon=steps)),
+                      backpack=False)
+    tracked = timed(budgeted)
+    plain = (plain + timed(Runner(problem))) / 2
+    return plain, tracked, budgeted.cp.get_output()
+
+
+def print_budget(factor, steps, problems):
+    results = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for problem in problems:
+            results[problem] = budget_run(problem, factor, steps)
+    print(f"budget={factor}: average step time of {steps} steps of configuration('full') / plain "
+          "(mean of a plain run before and after), 1 thread, batch 64")
+    print(f"{'problem':<12}{'plain ms':>10}{'budget ms':>11}{'ratio':>8}{'expected':>10}")
+    for problem, (plain, tracked, record) in results.items():
+        plan = next(entry["budget"] for entry in record.values() if "budget" in entry)
+        print(f"{problem:<12}{plain * 1e3:>10.2f}{tracked * 1e3:>11.2f}{tracked / plain:>7.2f}x"
+              f"{plan['expected_ratio']:>9.2f}x")
+    for problem, (_, _, record) in results.items():
+        plan = next(entry["budget"] for entry in record.values() if "budget" in entry)
+        print(f"\n{problem}: steps at which each quantity was recorded (calibration 0..{min(plan['schedules'][n]['from'] for n in plan['schedules']) - 1}; "
+              "cost in plain steps, measured)")
+        for name, rule in plan["schedules"].items():
+            recorded = sorted(s for s, entry in record.items() if name in entry)
+            kind = "every step" if "every" in rule else f"{rule['per_octave']}/octave"
+            shown = recorded if len(recorded) <= 14 else recorded[:6] + ["..."] + recorded[-4:]
+            print(f"  {name:<16}{plan['costs'][name]:>7.2f}  {kind:<11} n={len(recorded):<4} {shown}")
+    return results
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -180,10 +286,15 @@ def main(argv=None):
     parser.add_argument("--no-peer", action="store_true", help="leave out the original Cockpit")
     parser.add_argument("--problems", nargs="+", default=list(PROBLEMS))
     parser.add_argument("--json", help="also write the numbers to this JSON file")
+    parser.add_argument("--budget", type=float, nargs="?", const=1.25, help="the 500-step budget table instead")
+    parser.add_argument("--budget-steps", type=int, default=500)
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.steps = 2, 2
     torch.set_num_threads(1)
+    if args.budget is not None:
+        print_budget(args.budget, args.budget_steps, args.problems)
+        return
     with_peer = False
     if not args.no_peer:
         try:

@@ -17,6 +17,7 @@ Probes come from a ``torch.Generator`` seeded by ``(seed, step)``: reproducible,
 user's random streams are never touched.
 """
 
+import time
 import weakref
 
 import torch
@@ -24,34 +25,52 @@ import torch
 MAX_GROUPS = 16
 """Probe groups kept for the jackknife (memory: ``MAX_GROUPS`` × the parameters)."""
 
-_UNBATCHABLE = set()
-"""Parameter sets (ids) whose double backward failed vectorised once: looped since."""
+_MODE = {}
+"""Parameter set (ids) → "vectorised" or "loop": the faster way to run its products, timed once."""
 
 _CACHE = weakref.WeakKeyDictionary()
 """StepData → {(probes, seed): DiagonalEstimate}: one estimate per step, shared by quantities."""
 
 
-def hessian_vector_products(params, grads, probes, batched=True):
+def hessian_vector_products(params, grads, probes):
     """``H z`` for every probe in ``probes`` (list per parameter of ``[K, *shape]`` tensors).
+
+    One vectorised double backward (``is_grads_batched``) or a loop of them, whichever
+    was faster the first time for these parameters (both are timed once; vectorising
+    the double backward is slower on convolutions and attention, or impossible where an
+    operation has no batching rule).
 
     Args:
         params: the parameters.
         grads: their gradients, carrying the backward graph (``create_graph=True``).
         probes: per parameter, the ``K`` probe vectors stacked.
-        batched: try one vectorised double backward (``is_grads_batched``) first.
 
     Returns:
         Per parameter ``[K, *shape]`` products (zeros where a parameter is unused).
     """
     key = tuple(id(p) for p in params)
-    if batched and key not in _UNBATCHABLE:
-        try:
-            products = torch.autograd.grad(
-                grads, params, probes, retain_graph=True, allow_unused=True, is_grads_batched=True
-            )
-            return [torch.zeros_like(z) if h is None else h.detach() for h, z in zip(products, probes)]
-        except RuntimeError:  # an operation without a batching rule for its double backward:
-            _UNBATCHABLE.add(key)  # loop from now on for these parameters
+    if key in _MODE:
+        return _vectorised(params, grads, probes) if _MODE[key] == "vectorised" else _looped(params, grads, probes)
+    start = time.perf_counter()
+    vectorised = _vectorised(params, grads, probes)
+    middle = time.perf_counter()
+    looped = _looped(params, grads, probes)
+    faster = vectorised is not None and middle - start < time.perf_counter() - middle
+    _MODE[key] = "vectorised" if faster else "loop"
+    return looped
+
+
+def _vectorised(params, grads, probes):
+    try:
+        products = torch.autograd.grad(
+            grads, params, probes, retain_graph=True, allow_unused=True, is_grads_batched=True
+        )
+    except RuntimeError:  # an operation without a batching rule for its double backward
+        return None
+    return [torch.zeros_like(z) if h is None else h.detach() for h, z in zip(products, probes)]
+
+
+def _looped(params, grads, probes):
     rows = []
     for k in range(probes[0].shape[0]):
         products = torch.autograd.grad(grads, params, [z[k] for z in probes], retain_graph=True, allow_unused=True)
@@ -71,7 +90,7 @@ class DiagonalEstimate:
 
     method = "hutchinson"
 
-    def __init__(self, params, grads, probes, generator, batched=True):
+    def __init__(self, params, grads, probes, generator):
         groups = min(probes, MAX_GROUPS)
         self.probes = probes
         self.group_sizes = torch.tensor([len(range(j, probes, groups)) for j in range(groups)])
@@ -83,7 +102,7 @@ class DiagonalEstimate:
                 torch.randint(0, 2, (count, *p.shape), generator=generator, device=p.device).to(p.dtype) * 2 - 1
                 for p in params
             ]
-            hz = hessian_vector_products(params, grads, zs, batched)
+            hz = hessian_vector_products(params, grads, zs)
             group = torch.arange(start, start + count, device=params[0].device) % groups
             for total, z, h in zip(sums, zs, hz):
                 total.index_add_(0, group, z * h)

@@ -14,10 +14,17 @@ How to read it
   model is in a saddle or concave region, typically early on.
 - Per-layer lines localise where the curvature sits (often the last layers).
 The axis switches to a log scale (symmetric log when values of both signs span
-decades) when needed.
+decades) when needed. Values estimated from Hessian-vector products (Hutchinson's
+estimator, ``meta.curvature == "hutchinson"`` in the record) are estimates: the shaded
+band is ± one standard error of the total (clipped to the values' span) and the title
+says "est." with the number of probe vectors.
 """
 
-from .. import style
+import numpy as np
+
+from cockpit_lite import log
+
+from .. import data, style
 from ._common import largest_layer, layered, missing, no_finite, not_tracked
 
 TITLE = "Hessian trace"
@@ -37,4 +44,36 @@ def gauge(record, ax, *, layers=True, yscale="auto", **options):
         name, value = largest_layer(matrix, names)
         if name is not None:
             title += f" · largest {name}"
+    title += estimate_band(ax, record, "HessTrace")
     style.set_title(ax, title)
+
+
+def estimates(record, key):
+    """``(steps, standard errors, probes)`` of the steps where ``key`` is an estimate (sorted)."""
+    xs, ses, probes = [], [], set()
+    for step in sorted(record):
+        meta = record[step].get(log.META, {}).get(key)
+        if meta and meta.get("se") is not None:
+            xs.append(step)
+            ses.append(meta["se"])
+            probes.add(meta.get("probes"))
+    return np.asarray(xs, float), np.asarray(ses, float), sorted(p for p in probes if p is not None)
+
+
+def estimate_band(ax, record, key, color=style.TOTAL):
+    """Shade ± one standard error around the estimated values of ``key``; return a title suffix."""
+    xs, ses, probes = estimates(record, key)
+    if len(xs) == 0:
+        return ""
+
+    steps, values = data.series(record, key)
+    keep = np.isin(steps, xs) & np.isfinite(values)
+    lookup = dict(zip(xs, ses))
+    ys = values[keep]
+    errors = np.asarray([lookup[x] for x in steps[keep]])
+    if len(ys):  # clipped to the values' own span around them, so a vague estimate cannot flatten the curve
+        span = max(float(np.ptp(ys)), float(np.abs(ys).max()), 1e-12)
+        low = np.maximum(ys - errors, ys.min() - span)
+        high = np.minimum(ys + errors, ys.max() + span)
+        ax.fill_between(steps[keep], low, high, color=color, alpha=0.18, linewidth=0, label="±1 SE")
+    return f" · est. {'/'.join(str(p) for p in probes)} probes"

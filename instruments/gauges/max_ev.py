@@ -15,6 +15,9 @@ How to read it
 - A falling λmax: the optimiser moves into flatter regions (e.g. after a learning
   rate decay).
 The axis switches to a log scale when the values span more than a factor of 30.
+Values from Cockpit's power iteration (``HessMaxEV(use_power=True)``, ``meta.solver``
+in the record) are labelled: it returns the eigenvalue of largest magnitude and its
+stopping rule does not bound the error (Lanczos, the default, is converged to 1e-3).
 """
 
 import numpy as np
@@ -42,6 +45,9 @@ def gauge(record, ax, *, yscale="auto", stability=True, **options):
             label="λmax")
     shown = [ys]
     title = f"λmax {style.fmt(ys[-1])} @ {int(xs[-1])}"
+    solvers = {e.get("meta", {}).get("HessMaxEV", {}).get("solver") for e in record.values() if "HessMaxEV" in e}
+    if "power" in solvers:
+        title += " · power iteration (|λ| largest)"
     if stability:
         lx, lr = data.finite(*data.series(record, "learning_rate"))
         keep = lr > 0

@@ -13,12 +13,15 @@ How to read it
 - Spikes come from tiny curvature (H_dd ≈ 0) in the denominator; compare the
   trend of the moving average (bold) rather than single values.
 - TICTrace is smoother and cheaper; the two should move together.
+Where the curvature was estimated (Hutchinson's estimator) the values are estimates:
+shaded bands are ± one standard error and the title says so.
 """
 
 import numpy as np
 
 from .. import data, style
 from ._common import finish_time_axes, layer_lines, missing, no_finite, not_tracked, raw_and_smooth
+from .hess_trace import estimate_band
 
 TITLE = "TIC"
 KEYS = ("TICDiag", "TICTrace")
@@ -47,7 +50,7 @@ def gauge(record, ax, *, layers=False, yscale="auto", **options):
             continue
         raw_and_smooth(ax, xs, ys, COLORS[key], label=LABELS[key], raw="line")
         shown.append(ys)
-        parts.append(f"{LABELS[key]} {style.fmt(ys[-1])}")
+        parts.append(f"{LABELS[key]} {style.fmt(ys[-1])}" + estimate_band(ax, record, key, COLORS[key]).replace(" · ", " ", 1))
     if not shown:
         return no_finite(ax, TITLE, KEYS)
     if layers:
