@@ -1,30 +1,39 @@
 """EarlyStopping against a brute-force float64 reference."""
 
+import functools
+
 import pytest
 import torch
 
 import problems
 from cockpit_lite.quantities import EarlyStopping
 
-EPSILON = 1e-5
+DEFAULT_EPSILON = 1e-5
+"""Cockpit's ε, the documented default."""
 
 
-def snr_criterion(individual):
+def snr_criterion(individual, epsilon):
     """1 − B mean_d g_d² / (σ̂_d² + ε), σ̂² the unbiased variance, of [B, D]."""
     b = individual.shape[0]
     g = individual.mean(0)
-    return 1 - b * (g**2 / (individual.var(0, unbiased=True) + EPSILON)).mean()
+    return 1 - b * (g**2 / (individual.var(0, unbiased=True) + epsilon)).mean()
 
 
-def reference(problem, snapshots, step):
+def reference(problem, snapshots, step, epsilon=DEFAULT_EPSILON):
     grads = problems.individual_gradients(problem, snapshots[step])
     flat = [g.reshape(g.shape[0], -1) for g in grads]
-    return snr_criterion(torch.cat(flat, 1)), [snr_criterion(f) for f in flat]
+    return snr_criterion(torch.cat(flat, 1), epsilon), [snr_criterion(f, epsilon) for f in flat]
 
 
 @pytest.mark.parametrize("case", problems.FIRST_ORDER_CASES, ids=problems.case_id)
 def test_matches_brute_force(case):
-    problems.check(EarlyStopping(epsilon=EPSILON), reference, case)
+    problems.check(EarlyStopping(epsilon=1e-3), functools.partial(reference, epsilon=1e-3), case)
+
+
+@pytest.mark.parametrize("case", [("mlp", 5, "mean"), ("cnn", 2, "sum"), ("mse", 5, "mean")], ids=problems.case_id)
+def test_default_epsilon_is_1e_5(case):
+    """A default-constructed EarlyStopping against the brute force with ε = 1e-5."""
+    problems.check(EarlyStopping(), reference, case)
 
 
 def test_refuses_momentum_before_backward():
