@@ -5,7 +5,7 @@
 - ``tensorboard.TensorBoardSink``: scalars and histograms through
   ``torch.utils.tensorboard.SummaryWriter`` (extra ``tensorboard``).
 - ``lightning.CockpitCallback``: a PyTorch Lightning callback (extra ``lightning``).
-- ``huggingface.CockpitTrainer`` / ``CockpitCallback``: the Hugging Face ``Trainer``
+- ``huggingface.CockpitTrainer`` / ``CockpitTrainerMixin``: the Hugging Face ``Trainer``
   (extra ``hf``).
 """
 
