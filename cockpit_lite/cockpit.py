@@ -32,6 +32,7 @@ from backpack.extensions.backprop_extension import BackpropExtension
 
 from cockpit_lite import budget as _budget
 from cockpit_lite import diagnosis as _diagnosis
+from cockpit_lite import distributed as _distributed
 from cockpit_lite import log as _log
 from cockpit_lite.backend import add_advice, backpack_untouched, uses_random_numbers
 from cockpit_lite.engine import Engine
@@ -92,14 +93,17 @@ class Cockpit:
                 "module, Cockpit(model, ...), and use it uncompiled on the tracked steps "
                 "(compiled = torch.compile(model) shares its parameters, for the other steps)."
             )
+        self.group = _distributed.group_for(self.model)
+        if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
+            self.model = params = self.model.module  # hooks and names on the module DDP runs
         self.names, self.params = _named_trainable(params)
-        self.engine = Engine(self.model, self.params, self.names)
+        self.engine = Engine(self.model, self.params, self.names, self.group)
         self._jumped = False
         self.quantities = []
         for quantity in quantities or []:
             self.add(quantity)
         self._diagnosis, self._undiagnosed = None, set()
-        if diagnose:
+        if diagnose and (self.group is None or self.group.main):
             self._diagnosis = _diagnosis.Diagnosis(self.names, [tuple(p.shape) for p in self.params])
             tracked = {q.name for q in self.quantities}
             for name in _diagnosis.SIGNALS:
@@ -114,7 +118,7 @@ class Cockpit:
         self._last_step = None
         self._writer = None
         self.sinks = list(sinks)
-        if log is not None:
+        if log is not None and (self.group is None or self.group.main):  # rank 0 writes
             header = {
                 "params": [
                     {"name": n, "shape": list(p.shape)} for n, p in zip(self.names, self.params)
@@ -245,6 +249,8 @@ class Cockpit:
                 self._record(step, {_log.FLAGS: failed})
 
     def _record(self, step, entries):
+        if self.group is not None and not self.group.main:
+            return  # under torch.distributed, rank 0 keeps the record
         _log.merge(self.output, step, entries)
         if self._diagnosis is not None and (self._diagnosis.last is None or step > self._diagnosis.last):
             self._undiagnosed.add(int(step))
@@ -292,6 +298,11 @@ class _StepContext:
             if plan is not None:
                 cockpit._record(step, {_log.BUDGET: plan})
         self.due = [(q, n) for q in cockpit.quantities if (n := q.needs(step, self.info)) is not None]
+        cockpit._last_step = step
+        self.idle = not (self.due or extensions)
+        if self.idle:  # nothing to do at this step: keep it as cheap as possible
+            self.create_graph, self.transforms, self.extensions, self._backpack = False, [], [], None
+            return
         self.create_graph = cockpit.create_graph(step)
         self.user_savefields = {ext.savefield for ext in extensions}
 
@@ -312,7 +323,6 @@ class _StepContext:
         self.results, self.batch_size, self.engine_flags = {}, None, []
         self._stack = ExitStack()
         self._backpack = None
-        cockpit._last_step = step
         if debug:
             print(
                 f"[cockpit-lite | step {step}] due: {[q.name for q, _ in self.due]}; transforms: "
@@ -321,7 +331,7 @@ class _StepContext:
             )
 
     def __enter__(self):
-        if not (self.due or self.extensions):
+        if self.idle:
             return self
         params = self.cockpit.params
         self.grads_before = [None if p.grad is None else p.grad.detach().clone() for p in params]
@@ -343,6 +353,11 @@ class _StepContext:
 
     def __exit__(self, exc_type, exc, traceback):
         cockpit = self.cockpit
+        if self.idle:
+            cockpit.engine.forget()
+            nxt = self.step + 1
+            cockpit.engine.arm(cockpit._jumped or any(q.observes(nxt) for q in cockpit.quantities))
+            return False
         if self._backpack is not None:  # leave BackPACK before computing (HVPs must not trigger it)
             self._backpack.__exit__(exc_type, exc, traceback)
         try:
@@ -367,6 +382,8 @@ class _StepContext:
         cockpit = self.cockpit
         params = cockpit.params
         self._check_backward(params)
+        if cockpit.group is not None:
+            self._combine_ranks()
         batch_size = self.batch_size if self.batch_size is not None else self.info.batch_size
         given = self.info.get("batch_size")
         if given is not None and batch_size is not None and int(given) != batch_size:
@@ -376,18 +393,23 @@ class _StepContext:
             )
         data = StepData(
             self.step, params, cockpit.names, self.info, self.results, batch_size,
-            self.transforms, self.grads_before,
+            self.transforms, self.grads_before, cockpit.group, cockpit.engine.pass_grads,
         )
         outputs = []
         for quantity, _ in self.due:
             outputs.extend((quantity, out) for out in self._compute(quantity, data))
         loss = self.info.get("loss")
-        checks = [torch.stack(torch._foreach_norm(data.grads, float("inf"))).amax()]  # NaN/Inf propagate
+        checks = [torch.stack(data.grad_norms).amax()]  # NaN/Inf propagate
         if torch.is_tensor(loss):
             checks.append(loss.detach().sum())
         host_outputs, checks = _to_host(([(o.value, o.layers, o.meta) for _, o in outputs], checks))
 
         flags = list(self.engine_flags)
+        if cockpit.group is not None:
+            flags += [
+                f"{q.name}: computed on this rank's shard only under torch.distributed"
+                for q, _ in self.due if q.create_graph(self.step)
+            ]
         if len(checks) > 1 and not math.isfinite(checks[1]):
             flags.append(NONFINITE_LOSS)
         if not math.isfinite(checks[0]):
@@ -418,6 +440,34 @@ class _StepContext:
             raise FloatingPointError(
                 f"step {self.step}: {', '.join(flags)} (recorded; strict=True stops here)"
             )
+
+    def _combine_ranks(self):
+        """Under torch.distributed: the global batch's results, loss and individual losses.
+
+        The loss DDP minimises is the mean of the ranks' losses; rank r's individual
+        losses ``ℓ_n = B_r c_n`` become ``B c_n / W`` (see ``cockpit_lite.distributed``).
+        """
+        group = self.cockpit.group
+        loss = self.info.get("loss")
+        sums = [loss.detach().reshape(())] if torch.is_tensor(loss) else []
+        losses = self.info._cache.get("individual_losses")
+        sizes = self.cockpit.engine.sizes
+        per_sample = []
+        if losses is not None and sizes is not None:
+            b = sum(sizes)
+            per_sample = [losses * (b / (group.world * losses.shape[0]))]
+        if sizes is None:
+            summed = group.sum(sums)
+        else:
+            self.results, summed, gathered = _distributed.reduce_results(
+                group, self.results, self.transforms, sizes, sums, per_sample
+            )
+            if per_sample:
+                self.info._cache["individual_losses"] = gathered[0]
+        if sums:
+            global_loss = summed[0] / group.world
+            self.info._given["loss"] = global_loss
+            self.info._cache["loss"] = global_loss
 
     def _compute(self, quantity, data):
         """Run one quantity; in non-strict mode a failure becomes a flagged NaN."""

@@ -85,26 +85,52 @@ def contributions_from_graph(loss, batch_size=None, keep_graph=False):
         ValueError: if the graph does not end in a supported loss function, or its rows
             are not a multiple of ``batch_size``.
     """
-    node = loss.grad_fn
-    while type(node).__name__ == "BackwardHookFunctionBackward":  # an extended loss module
-        node = node.next_functions[0][0]
+    node, factor = _unscaled(loss.grad_fn)
     derive = LOSS_NODES.get(type(node).__name__)
     reduction = getattr(node, "_saved_reduction", None)
     if derive is None or reduction not in (_MEAN, _SUM):
         raise ValueError(
-            "cannot derive 'individual_losses': info['loss'] must come straight from "
-            "a cross-entropy/NLL, MSE or BCE-with-logits loss with reduction 'mean' or "
-            f"'sum' (its autograd node is {type(node).__name__}). Pass them yourself: "
-            "info={'individual_losses': lossfunc_with_reduction_none(output, target), ...}"
+            "cannot derive 'individual_losses': info['loss'] must come from a "
+            "cross-entropy/NLL, MSE or BCE-with-logits loss with reduction 'mean' or "
+            f"'sum', optionally times a constant (its autograd node is {type(node).__name__}). "
+            "Pass them yourself: info={'individual_losses': "
+            "lossfunc_with_reduction_none(output, target), ...}"
         )
     with torch.set_grad_enabled(keep_graph):
         elements, denominator = derive(node)
         per_row = elements.reshape(elements.shape[0], -1).sum(1)
         if reduction == _MEAN:
             per_row = per_row / denominator
+        if factor != 1.0:
+            per_row = per_row * factor
         if batch_size is None:
             batch_size = _flattened_batch(node, per_row.shape[0])
         return per_sequence(per_row, batch_size)
+
+
+def _unscaled(node):
+    """``(loss node, factor)``: ``loss = factor · (loss function's value)``, looking through
+    an extended loss module's hook and multiplications or divisions by constants (a loss
+    divided by the number of accumulation steps, or scaled for unequal DDP shards)."""
+    factor = 1.0
+    while node is not None:
+        name = type(node).__name__
+        if name == "BackwardHookFunctionBackward":
+            node = node.next_functions[0][0]
+            continue
+        if name not in ("MulBackward0", "DivBackward0"):
+            break
+        (first, _), (second, _) = node.next_functions
+        other = getattr(node, "_saved_other", None)
+        if second is None and torch.is_tensor(other) and other.numel() == 1:
+            factor = factor * float(other) if name == "MulBackward0" else factor / float(other)
+            node = first
+        elif name == "MulBackward0" and first is None and torch.is_tensor(getattr(node, "_saved_self", None)):
+            factor *= float(node._saved_self)
+            node = second
+        else:
+            break
+    return node, factor
 
 
 _VIEWS = {"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "LogSoftmaxBackward0", "FlattenBackward0"}

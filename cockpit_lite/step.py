@@ -22,12 +22,14 @@ class StepData:
             describes the same (micro-)batch.
     """
 
-    def __init__(self, step, params, names, info, per_sample, batch_size, transforms, grads_before=None):
+    def __init__(self, step, params, names, info, per_sample, batch_size, transforms, grads_before=None,
+                 group=None, pass_grads=None):
         self.step = step
         self.params = params
         self.names = names
         self.info = info
         self.batch_size = batch_size
+        self.group = group
         before = grads_before or [None] * len(params)
         self.accumulated = any(b is not None for b in before)
         self.grads = [
@@ -35,8 +37,21 @@ class StepData:
             else p.grad.detach() if b is None else p.grad.detach() - b
             for p, b in zip(params, before)
         ]
+        if group is not None and self.accumulated and pass_grads:
+            # torch.distributed with no_sync accumulation: the earlier micro-batches' gradients
+            # were not averaged; this pass's global gradient is the engine's all-reduced one
+            self.grads = [pass_grads[i].reshape(p.shape) if i in pass_grads else g for i, (p, g) in enumerate(zip(params, self.grads))]
         self._per_sample = per_sample
         self._transforms = {t.key: t for t in transforms}
+
+    @cached_property
+    def grad_norms(self):
+        """``‖g‖₂`` of every parameter in one fused call (float32 or wider; NaN/Inf propagate), shared
+        by ``GradNorm``, ``GradPresence`` and the orchestrator's non-finite gradient check."""
+        if not self.grads:
+            return []
+        wide = all(g.dtype in (torch.float32, torch.float64) for g in self.grads)
+        return list(torch._foreach_norm(self.grads, 2, dtype=None if wide else torch.float32))
 
     @cached_property
     def grad_squared_norms(self):
@@ -68,4 +83,6 @@ class StepData:
         for param in self.params:
             value = getattr(param, name, None)
             values.append(torch.zeros_like(param) if value is None else value.detach())
+        if self.group is not None:  # the curvature of DDP's loss, the mean of the ranks' losses
+            values = [v / self.group.world for v in self.group.sum(values)]
         return values

@@ -54,9 +54,16 @@ def test_derived_individual_losses_average_to_the_loss(name, reduction, extended
     torch.testing.assert_close(derived.mean(), loss.detach())
 
 
+def test_a_loss_times_a_constant_is_derived():
+    """``loss / accumulation_steps`` and scaled DDP shard losses: ``mean_n ℓ_n`` is the scaled loss."""
+    base = nn.CrossEntropyLoss(reduction="none")(LOGITS, CLASSES)
+    for loss, factor in ((nn.CrossEntropyLoss()(LOGITS, CLASSES) / 4, 0.25), (3 * nn.CrossEntropyLoss()(LOGITS, CLASSES), 3.0)):
+        torch.testing.assert_close(individual_losses_from_graph(loss), base * factor)
+
+
 def test_underivable_loss_explains_the_fix():
-    loss = nn.CrossEntropyLoss()(LOGITS, CLASSES) * 2
-    with pytest.raises(ValueError, match=r"MulBackward0.*individual_losses"):
+    loss = nn.CrossEntropyLoss()(LOGITS, CLASSES) + LOGITS.square().mean()  # a regulariser added
+    with pytest.raises(ValueError, match=r"AddBackward0.*individual_losses"):
         individual_losses_from_graph(loss)
     with pytest.raises(ValueError, match=r"Alpha needs info\['individual_losses'\] at step 3"):
         StepInfo({"loss": loss}, 3).require("individual_losses", "Alpha")

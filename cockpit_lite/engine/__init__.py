@@ -58,14 +58,18 @@ LOW_PRECISION_RTOL = 5e-2
 class Engine:
     """Individual-gradient statistics of the tracked parameters of one model (see the module docstring)."""
 
-    def __init__(self, model, params, names):
+    def __init__(self, model, params, names, group=None):
         """
         Args:
             model: the ``torch.nn.Module`` holding ``params``, or ``None`` (then every
                 parameter takes the global path).
             params, names: the tracked parameters and their names.
+            group: the ``cockpit_lite.distributed.Group`` of a DDP run, or ``None``.
         """
         self.model = model
+        self.group = group
+        self.sizes = None  # every rank's number of samples at the last step (DDP)
+        self.pass_grads = {}  # this backward pass's global gradient per parameter (DDP)
         self.params = params
         self.names = names
         self.index = {id(p): i for i, p in enumerate(params)}
@@ -131,7 +135,7 @@ class Engine:
                 pass (gradient accumulation) or ``None``.
             needed_by: names of the quantities that need the transforms (for messages).
         """
-        state = _Step(transforms, batch_size, grads_before, needed_by)
+        state = _Step(transforms, batch_size, grads_before, needed_by, deferred=self.group is not None)
         graph = _Graph(info)
         calls = self.capture.calls if self.capture is not None else []
         if calls and graph.ready():  # only the forward passes this loss came from
@@ -187,6 +191,8 @@ class Engine:
                         self.params[index], index, grad_batch=dense, batch_size=state.batch_size,
                         grad_before=state.grads_before[index],
                     ))
+                if state.deferred:
+                    self._run_deferred(state)
                 state.batch.flush()
                 self._check_gradients(state)
         finally:
@@ -238,7 +244,10 @@ class Engine:
                 return None
             path = graph.path_from_parameter(param, state.batch_size)
             return None if path is None else (None, name, path)
-        if call.leaves and all(_no_batch_axis(leaf, state.batch_size) for leaf in call.leaves):
+        shared = call.leaves and all(_no_batch_axis(leaf, state.batch_size) for leaf in call.leaves)
+        if not shared and len(call.leaves) == 1 and graph.ready():  # a shared tensor of length B?
+            shared = graph.broadcast_into_batch(call.leaves[0], state.batch_size)
+        if shared:
             if len(call.leaves) != 1:
                 return None
             path = graph.path_from_tensor(call.leaves[0], state.batch_size)
@@ -334,12 +343,45 @@ class Engine:
                         grad_before=state.grads_before[index],
                     )
                     per_sample.grad = total.reshape(-1)
-                    parts[index].append(_transforms.run(state.transforms, per_sample))
+                    parts[index].append(grad_batch if state.deferred else _transforms.run(state.transforms, per_sample))
         for index, chunks in parts.items():
+            if state.deferred:  # the transforms wait for the global gradient (DDP)
+                grad_batch = torch.cat([chunk for chunk in chunks])
+                state.ready(index, _transforms.PerSample(
+                    self.params[index], index, grad_batch=grad_batch, batch_size=state.batch_size,
+                    grad_before=state.grads_before[index],
+                ))
+                continue
             state.results[index] = {
                 t.key: t.combine([chunk[t.key] for chunk in chunks]) for t in state.transforms
             }
             state.served[index] = None  # exact by construction: not checked
+
+    def _run_deferred(self, state):
+        """DDP: the global gradient and batch size (one packed all-reduce), then the transforms.
+
+        DDP's gradient is the mean of the ranks' gradients, so the global individual
+        gradient is ``(B / W) · grad_batch[n]`` (``cockpit_lite.distributed``); α's
+        predicted update starts from the gradient the optimizer will use (``p.grad``).
+        """
+        indices = sorted(state.pending)
+        local = [state.pending[i].grad for i in indices]
+        summed, sizes = self.group.sum_and_sizes(local, state.batch_size)
+        world, total = self.group.world, sum(sizes)
+        self.sizes = sizes
+        self.pass_grads = {}
+        for index, grad in zip(indices, summed):
+            per_sample = state.pending.pop(index)
+            grad = grad / world
+            per_sample.grad = grad
+            per_sample.batch_size = total / world
+            param = self.params[index]
+            if param.grad is not None:
+                per_sample.grad_before = param.grad.detach().reshape(-1).to(grad.dtype) - grad
+            self.pass_grads[index] = grad
+            state.results[index] = _transforms.run(state.transforms, per_sample, state.batch)
+            state.served[index] = None if state.grads_before[index] is not None else grad
+        state.batch_size = total
 
     def _check_gradients(self, state):
         for index, engine_grad in state.served.items():
@@ -391,7 +433,9 @@ class Engine:
 class _Step:
     """What one step's engine collects."""
 
-    def __init__(self, transforms, batch_size, grads_before, needed_by):
+    def __init__(self, transforms, batch_size, grads_before, needed_by, deferred=False):
+        self.deferred = deferred  # DDP: the transforms run once the global gradient is known
+        self.pending = {}
         self.transforms = tuple(transforms)
         self.batch_size = batch_size
         self.grads_before = grads_before
@@ -411,7 +455,10 @@ class _Step:
         self.batch = _transforms.Batch()
 
     def ready(self, index, per_sample):
-        """Run the transforms on a parameter's complete individual gradients."""
+        """Run the transforms on a parameter's complete individual gradients (later, if deferred)."""
+        if self.deferred:
+            self.pending[index] = per_sample
+            return
         self.results[index] = _transforms.run(self.transforms, per_sample, self.batch)
         self.served[index] = per_sample.grad
 
@@ -442,6 +489,11 @@ class _Graph:
         found = broadcast.plan(self._users, (self._accumulators[id(param)], 0), batch_size)
         return None if found is None else (found, param.shape, batch_size)
 
+    def broadcast_into_batch(self, tensor, batch_size):
+        if tensor.grad_fn is None:
+            return False
+        return broadcast.broadcast_into_batch(self._users, (tensor.grad_fn, tensor.output_nr), tensor.shape, batch_size)
+
     def path_from_tensor(self, tensor, batch_size):
         if not self.ready() or tensor.grad_fn is None:
             return None
@@ -454,8 +506,9 @@ def _no_batch_axis(tensor, batch_size):
 
 
 def _expand(value, batch_size):
-    """A shared input as if every sample had passed it (a new leading batch axis)."""
-    if torch.is_tensor(value) and _no_batch_axis(value, batch_size):
+    """An input of a call whose output all samples share, as if every sample had passed it
+    (a new leading batch axis)."""
+    if torch.is_tensor(value):
         return value.expand(batch_size, *value.shape)
     return value
 

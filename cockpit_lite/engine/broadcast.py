@@ -52,12 +52,21 @@ def _batch_axis(shape, batch_size):
     return None
 
 
+SHAPE_ONLY = {
+    "ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "UnsqueezeBackward0",
+    "SqueezeBackward0", "SqueezeBackward1", "SliceBackward0", "SelectBackward0", "TBackward0",
+    "TransposeBackward0", "PermuteBackward0", "CloneBackward0", "ToCopyBackward0",
+}
+"""Nodes that only move or cast elements (they never bring the batch in)."""
+
+
 def plan(users, start, batch_size):
     """The path from ``start = (node, output index)`` down to its batch node, or ``None``.
 
     Returns a list of ``(node, input position)`` from the first consumer to the batch
-    node (the first whose output has an axis of size ``batch_size``); every node before
-    it must have a single consumer and a single output.
+    node: the first node that is not shape-only (``SHAPE_ONLY``), whose output must have
+    an axis of size ``batch_size``. Every node on the way must have a single consumer and
+    a single output.
     """
     path, current = [], start
     for _ in range(MAX_DEPTH):
@@ -69,10 +78,34 @@ def plan(users, start, batch_size):
         if len(metadata) != 1:
             return None
         path.append((node, position))
-        if _batch_axis(metadata[0].shape, batch_size) is not None:
-            return path
+        if type(node).__name__ not in SHAPE_ONLY:
+            return path if _batch_axis(metadata[0].shape, batch_size) is not None else None
         current = (node, 0)
     return None
+
+
+def broadcast_into_batch(users, start, shape, batch_size):
+    """Whether the tensor at ``start`` (of ``shape``) reaches its first computing consumer
+    through shape-only nodes and is broadcast there along an axis of size ``batch_size``.
+
+    This tells a shared tensor whose length happens to equal the batch size (positions
+    ``arange(T)`` with ``T = B``) from a batched one.
+    """
+    current, shape = start, tuple(shape)
+    for _ in range(MAX_DEPTH):
+        following = users.get(current)
+        if not following or len(following) != 1 or len(following[0][0]._input_metadata) != 1:
+            return False
+        node = following[0][0]
+        out = tuple(node._input_metadata[0].shape)
+        if type(node).__name__ in SHAPE_ONLY:
+            current, shape = (node, 0), out
+            continue
+        if len(shape) > len(out):
+            return False
+        aligned = (1,) * (len(out) - len(shape)) + shape
+        return any(c == 1 and o == batch_size for c, o in zip(aligned, out))
+    return False
 
 
 class Path:

@@ -226,3 +226,12 @@ def test_unobserved_forward_warns_and_still_gives_exact_numbers():
         opt.step()
     value, _ = norm_test_reference(problem, snapshots, 5)
     problems.assert_close(cp.get_output()[5]["NormTest"], value, what="NormTest unobserved")
+
+
+def test_a_shared_tensor_as_long_as_the_batch_is_not_taken_for_a_batched_one():
+    """Positions ``pos(arange(T))`` with ``T = B``: its axis of size B is not the batch axis."""
+    problem = problems.make("vit_like", models.SEQ + 1, steps=2)
+    cp, snapshots = problems.run(problem, [quantities.NormTest()])
+    for step in snapshots:
+        value, layers = norm_test_reference(problem, snapshots, step)
+        problems.assert_close(cp.get_output()[step]["layers"]["NormTest"], layers, what="NormTest T=B")

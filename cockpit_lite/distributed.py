@@ -1,0 +1,141 @@
+"""Statistics of the global batch under ``torch.distributed`` (``DistributedDataParallel``).
+
+Each rank sees its shard of ``B_r`` samples; the optimizer uses DDP's average of the
+ranks' gradients, ``g = (1/W) Σ_r g_r``. With ``L_r = Σ_{n∈r} c_n`` the rank's loss, the
+samples' terms of the loss DDP effectively minimises are ``c_n / W``, so the global
+individual gradient is ``g̃_n = B · ∇(c_n / W) = (B / W) · grad_batch[n]`` with
+``B = Σ_r B_r``, and ``g = mean_n g̃_n`` again. (With equal shards ``B / W = B_r``: the
+local scale. With unequal shards DDP weights the ranks' samples differently unless
+the loss is scaled, e.g. ``loss = loss_sum / B · W``; the statistics describe what
+the optimizer gets either way.)
+
+A tracked step costs three collectives, each packing everything of its kind:
+
+1. inside the engine, after the backward pass: one ``all_reduce`` of every
+   parameter's gradient of this backward pass (as the rules formed it) and the shard
+   sizes, giving ``g`` and ``B`` to the transforms that need them (``g̃_nᵀ g``, α's
+   predicted update);
+2. one ``all_reduce`` of every additive result (``Σ_n g̃_n²``, histogram counts, the loss);
+3. one ``all_gather`` of every per-sample result (``‖g̃_n‖²``, ``g̃_nᵀ g``, slopes,
+   individual losses), padded to the largest shard.
+
+Only rank 0 keeps the record, writes the log and diagnoses.
+"""
+
+import torch
+import torch.distributed as dist
+
+
+class Group:
+    """The default process group, as the Cockpit uses it."""
+
+    def __init__(self):
+        self.world = dist.get_world_size()
+        self.rank = dist.get_rank()
+
+    @property
+    def main(self):
+        return self.rank == 0
+
+    def sum_and_sizes(self, tensors, local_size):
+        """All-reduce (sum) ``tensors`` and gather every rank's ``local_size`` in one collective.
+
+        Returns ``(summed tensors, [B_0, ..., B_{W-1}])``.
+        """
+        sizes = torch.zeros(self.world, dtype=torch.float64)
+        sizes[self.rank] = local_size
+        summed = self.sum([sizes] + list(tensors))
+        return summed[1:], [int(s) for s in summed[0]]
+
+    def sum(self, tensors):
+        """All-reduce (sum) a list of tensors in one packed float64 collective."""
+        tensors = list(tensors)
+        if not tensors:
+            return []
+        flat = torch.cat([t.detach().reshape(-1).to(torch.float64).cpu() for t in tensors])
+        flat = flat.to(_device())
+        dist.all_reduce(flat)
+        flat = flat.cpu()
+        out, offset = [], 0
+        for t in tensors:
+            n = t.numel()
+            out.append(flat[offset:offset + n].reshape(t.shape).to(t.dtype).to(t.device))
+            offset += n
+        return out
+
+    def gather(self, tensors, sizes):
+        """Concatenate per-sample vectors (``[B_r]`` each) over the ranks in rank order, in one collective."""
+        tensors = list(tensors)
+        if not tensors:
+            return []
+        longest = max(sizes)
+        local = torch.zeros(len(tensors), longest, dtype=torch.float64)
+        for row, t in enumerate(tensors):
+            local[row, : t.numel()] = t.detach().reshape(-1).to(torch.float64).cpu()
+        parts = [torch.empty_like(local).to(_device()) for _ in range(self.world)]
+        dist.all_gather(parts, local.to(_device()))
+        out = []
+        for row, t in enumerate(tensors):
+            values = torch.cat([part[row, :size].cpu() for part, size in zip(parts, sizes)])
+            out.append(values.to(t.dtype).to(t.device))
+        return out
+
+
+def _device():
+    """Where collectives of the default backend run (NCCL needs CUDA tensors)."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def group_for(model):
+    """The ``Group`` of a DDP run, ``None`` without one.
+
+    Raises:
+        ValueError: naming the fix, if a process group is initialised and the model is a
+            module not wrapped in ``DistributedDataParallel`` (its gradients would not be
+            averaged, and the statistics would describe one shard).
+    """
+    initialised = dist.is_available() and dist.is_initialized()
+    wrapped = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    if not initialised:
+        return None
+    if model is not None and not wrapped and dist.get_world_size() > 1:
+        raise ValueError(
+            "a torch.distributed process group is initialised but the model given to the "
+            "Cockpit is not wrapped in DistributedDataParallel. Fix: model = "
+            "torch.nn.parallel.DistributedDataParallel(model) and pass that wrapped model "
+            "to the Cockpit (or destroy the process group for a single-process run)."
+        )
+    return Group() if dist.get_world_size() > 1 else None
+
+
+def reduce_results(group, results, transforms, sizes, extra_sums=(), extra_per_sample=()):
+    """Combine every rank's transform results into those of the global batch (collectives 2 and 3).
+
+    Args:
+        results: ``{index: {key: value}}`` of this rank.
+        transforms: the step's transforms (their ``per_sample_output`` says how to combine).
+        sizes: every rank's number of samples.
+        extra_sums, extra_per_sample: more tensors to sum / gather in the same collectives.
+
+    Returns:
+        ``(results, summed extras, gathered extras)``.
+    """
+    by_key = {t.key: t for t in transforms}
+    sums, gathers, places = list(extra_sums), list(extra_per_sample), []
+    for index in sorted(results):
+        for key, value in results[index].items():
+            parts = value if isinstance(value, tuple) else (value,)
+            kind = "gather" if by_key[key].per_sample_output else "sum"
+            target = gathers if kind == "gather" else sums
+            places.append((index, key, kind, len(target), len(parts), isinstance(value, tuple)))
+            target.extend(parts)
+    summed = group.sum(sums)
+    gathered = group.gather(gathers, sizes)
+    combined = {index: {} for index in results}
+    for index, key, kind, start, count, is_tuple in places:
+        source = gathered if kind == "gather" else summed
+        parts = source[start:start + count]
+        combined[index][key] = tuple(parts) if is_tuple else parts[0]
+    return combined, summed[: len(extra_sums)], gathered[: len(extra_per_sample)]

@@ -1,0 +1,177 @@
+"""Statistics of the global batch under DDP (2 CPU processes, gloo, float64) equal those of one
+process on the whole batch."""
+
+import math
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+import models
+import problems
+from cockpit_lite import Cockpit, configuration, quantities
+
+WORLD = 2
+STEPS = 3
+
+
+def _quantities():
+    return configuration("economy") + [quantities.CABS(), quantities.EarlyStopping()]
+
+
+def _batches(name, batch):
+    return problems.make(name, batch, steps=STEPS, seed=3).batches
+
+
+def _loss(model, x, y, name, scale):
+    """The mean loss over ``x``, times ``scale`` (unequal shards: the rank's share of the global mean)."""
+    out = model(x)
+    if name == "gpt":
+        out, y = out.reshape(-1, out.shape[-1]), y.reshape(-1)
+    return F.cross_entropy(out, y) * scale
+
+
+def _train(name, shards, micro, rank=None):
+    """Train with a Cockpit; ``shards`` are the sample counts per rank (one process: the whole batch)."""
+    torch.manual_seed(0)
+    model = problems.BUILDERS[name][0]().double()
+    tracked = model if rank is None else torch.nn.parallel.DistributedDataParallel(model)
+    assert micro == 1 or rank is not None
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cp = Cockpit(tracked, _quantities(), strict=True, diagnose=False)
+    total = sum(shards)
+    start = 0 if rank is None else sum(shards[:rank])
+    size = total if rank is None else shards[rank]
+    world = 1 if rank is None else WORLD
+    for step, (x, y) in enumerate(_batches(name, total)):
+        x, y = x[start:start + size], y[start:start + size]
+        opt.zero_grad()
+        parts = [slice(0, size)] if micro == 1 else [slice(0, size // 2), slice(size // 2, size)]
+        for k, part in enumerate(parts):
+            share = (part.stop - part.start) * world / total  # DDP averages the ranks: scale to the global mean
+            last = k == len(parts) - 1
+            if not last:
+                with tracked.no_sync():
+                    _loss(tracked, x[part], y[part], name, share).backward()
+            else:
+                loss = _loss(tracked, x[part], y[part], name, share)
+                with cp(step, info={"loss": loss, "optimizer": opt}):
+                    loss.backward()
+        opt.step()
+    return cp.get_output()
+
+
+def _worker(rank, name, shards, micro, path):
+    dist.init_process_group("gloo", init_method=f"file://{path}.pg", rank=rank, world_size=WORLD)
+    try:
+        torch.set_num_threads(1)
+        record = _train(name, shards, micro, rank)
+        if rank == 0:
+            with open(path, "wb") as file:
+                pickle.dump(record, file)
+        else:
+            assert record == {}, "only rank 0 keeps the record"
+    finally:
+        dist.destroy_process_group()
+
+
+def _flatten(value, prefix=""):
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _flatten(item, f"{prefix}/{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _flatten(item, f"{prefix}[{i}]")
+    else:
+        yield prefix, value
+
+
+@pytest.mark.parametrize(
+    "name,shards,micro",
+    [("mlp", (4, 4), 1), ("mlp", (5, 3), 1), ("vit_like", (3, 3), 1), ("mlp", (4, 4), 2)],
+    ids=["equal", "unequal", "vit_like", "no_sync"],
+)
+def test_ddp_equals_one_process_on_the_whole_batch(tmp_path, name, shards, micro):
+    path = str(tmp_path / "record.pkl")
+    mp.spawn(_worker, args=(name, shards, micro, path), nprocs=WORLD, join=True)
+    with open(path, "rb") as file:
+        distributed = pickle.load(file)
+    single = _train(name, (sum(shards),), 1) if micro == 1 else _train_single_micro(name, shards)
+    assert sorted(distributed) == sorted(single)
+    for step in single:
+        expected = dict(_flatten({k: v for k, v in single[step].items() if k != "Time"}))
+        got = dict(_flatten({k: v for k, v in distributed[step].items() if k != "Time"}))
+        assert sorted(got) == sorted(expected), step
+        for key, value in expected.items():
+            other = got[key]
+            if key.endswith("/hist"):
+                _assert_histograms_match(np.asarray(other), np.asarray(value), key)
+            elif isinstance(value, float) and math.isnan(value):
+                assert math.isnan(other), key
+            elif isinstance(value, (bool, str)) or value is None:
+                assert other == value, key
+            else:
+                np.testing.assert_allclose(np.asarray(other, dtype=float), np.asarray(value, dtype=float), rtol=1e-10, atol=1e-12, err_msg=f"step {step} {key}")
+
+
+def _assert_histograms_match(got, expected, key):
+    """Equal counts, except that elements in the two bins around an edge at 0 may swap:
+    mathematically zero gradients (a key bias in attention) are ±1e-18 in one summation
+    order and ∓1e-18 in another. The default range (-2, 2) with 100 bins has 0 as an edge."""
+    assert got.sum() == expected.sum(), key
+    diff = got - expected
+    around_zero = [got.shape[0] // 2 - 1, got.shape[0] // 2]
+    others = np.delete(diff, around_zero)
+    assert not others.any(), f"{key}: counts differ away from 0: {np.nonzero(others)}"
+    assert diff[around_zero].sum() == 0, key
+
+
+def _train_single_micro(name, shards):
+    """One process, the same micro-batches as the ranks together: micro-batch k of the
+    whole batch is every rank's micro-batch k."""
+    torch.manual_seed(0)
+    model = problems.BUILDERS[name][0]().double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cp = Cockpit(model, _quantities(), strict=True, diagnose=False)
+    total = sum(shards)
+    for step, (x, y) in enumerate(_batches(name, total)):
+        halves = []
+        for k in range(2):
+            index, start = [], 0
+            for size in shards:
+                part = slice(start + (0 if k == 0 else size // 2), start + (size // 2 if k == 0 else size))
+                index += list(range(part.start, part.stop))
+                start += size
+            halves.append(torch.tensor(index))
+        opt.zero_grad()
+        _loss(model, x[halves[0]], y[halves[0]], name, 0.5).backward()
+        loss = _loss(model, x[halves[1]], y[halves[1]], name, 0.5)
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+        opt.step()
+    return cp.get_output()
+
+
+def test_a_process_group_without_ddp_names_the_fix(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        model = torch.nn.Linear(3, 2)
+        Cockpit(model, [quantities.NormTest()], diagnose=False)  # one process: nothing to combine
+    finally:
+        dist.destroy_process_group()
+    from cockpit_lite import distributed
+
+    with pytest.raises(ValueError, match="DistributedDataParallel"):
+        class FakeGroup:  # the check as it runs with two processes
+            pass
+        original = dist.is_initialized, dist.get_world_size
+        dist.is_initialized, dist.get_world_size = (lambda: True), (lambda: 2)
+        try:
+            distributed.group_for(torch.nn.Linear(3, 2))
+        finally:
+            dist.is_initialized, dist.get_world_size = original
