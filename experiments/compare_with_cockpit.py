@@ -51,7 +51,9 @@ def _train(use_lite, model_name, batch_size, reduction, steps, seed=0):
     lossfunc_none = nn.CrossEntropyLoss(reduction="none")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     if use_lite:
-        cp = Cockpit(model.parameters(), configuration("full") + _extra_lite(), strict=True)
+        # the model, not its parameters: only then can the exact Hessian diagonal Cockpit
+        # computes be chosen (with parameters alone, curvature="auto" estimates it)
+        cp = Cockpit(model, configuration("full", curvature="diag_h") + _extra_lite(), strict=True)
     else:
         import cockpit
         from cockpit.utils.configuration import configuration as peer_configuration

@@ -60,6 +60,41 @@ def test_observer_effect_is_zero_bit_for_bit(model_fn):
         assert torch.equal(a, b)
 
 
+def test_monte_carlo_curvature_draws_from_a_private_random_state():
+    """``curvature="diag_ggn_mc"`` is the one option that draws random numbers (BackPACK's
+    MC sampling of the loss's output Hessian): with dropout consuming the global random
+    state in every forward pass, training stays bit-identical to plain training.
+    """
+
+    def train_with(curvature):
+        torch.manual_seed(0)
+        model, lossfunc = cnn_with_dropout(), nn.CrossEntropyLoss()
+        if curvature is not None:
+            model, lossfunc = extend(model), extend(lossfunc)
+            cp = Cockpit(model, quantities=[quantities.HessTrace(curvature=curvature), quantities.TICDiag(curvature=curvature)])
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        data = torch.Generator().manual_seed(1)
+        for step in range(8):
+            x, y = torch.randn(8, 1, 6, 6, generator=data), torch.randint(0, 3, (8,), generator=data)
+            opt.zero_grad()
+            loss = lossfunc(model(x), y)
+            if curvature is None:
+                loss.backward()
+            else:
+                with cp(step, info={"loss": loss, "optimizer": opt}):
+                    loss.backward()
+            opt.step()
+        if curvature is not None:
+            assert cp.get_output()[7]["meta"]["HessTrace"]["curvature"] == curvature
+        return [p.detach().clone() for p in model.parameters()], torch.get_rng_state()
+
+    plain, plain_rng = train_with(None)
+    observed, observed_rng = train_with("diag_ggn_mc")
+    assert torch.equal(plain_rng, observed_rng)
+    for a, b in zip(plain, observed):
+        assert torch.equal(a, b)
+
+
 def _hooks(model):
     return [(len(m._forward_hooks), len(m._forward_pre_hooks), len(m._backward_hooks)) for m in model.modules()]
 
@@ -254,8 +289,9 @@ def test_nan_loss_is_recorded_and_flagged_and_training_goes_on():
     }
     assert math.isnan(record[1]["Loss"]) and math.isnan(record[1]["NormTest"])
     assert record[1]["GradHist1d"]["nonfinite"] > 0
-    for step in (0, 2):  # α of step 0 spans the NaN step; step 2 → 3 is clean again
-        assert "flags" not in record[2] and math.isfinite(record[2]["NormTest"])
+    for step in (0, 2):  # step 0 (before the NaN step) and step 2 (after it) are clean
+        assert "flags" not in record[step] and math.isfinite(record[step]["NormTest"])
+    assert math.isnan(record[0]["Alpha"])  # α of step 0 spans the NaN step; step 2 → 3 is clean again
     assert math.isfinite(record[2]["Alpha"]) and math.isfinite(record[3]["HessMaxEV"])
 
 

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from experiments import demo
 
 
@@ -16,5 +18,6 @@ def test_demo_writes_log_record_and_one_dashboard_per_epoch(tmp_path, capsys):
     record = json.loads((tmp_path / "run.json").read_text())
     last = record[max(record, key=int)]
     assert {"Alpha", "HessMaxEV", "GradHist2d", "CABS", "EarlyStopping"} <= set(record["0"])
-    assert 0 <= last["test_accuracy"] <= 1
+    # 215 of the 360 test digits (seeded; a few samples of slack for other thread counts' rounding)
+    assert last["test_accuracy"] == pytest.approx(215 / 360, abs=3 / 360)
     assert (tmp_path / "run.jsonl").read_text().count("\n") > len(record)

@@ -1,5 +1,6 @@
 """EpochPlotter writes one PNG per epoch in the background and barely blocks the caller."""
 
+import copy
 import os
 
 import pytest
@@ -35,15 +36,20 @@ def test_thread_mode_writes_every_epoch(tmp_path, full_record):
 
 
 def test_snapshot_isolates_later_steps(tmp_path, full_record):
-    live = LiveCockpit({s: e for s, e in full_record.items() if s < 10})
+    """The plotted snapshot keeps the values of the time of ``plot``; the live record (a deep
+    copy: the session fixture stays untouched) changes afterwards."""
+    live = LiveCockpit(copy.deepcopy({s: e for s, e in full_record.items() if s < 10}))
+    old_alpha = live.record[9]["Alpha"]
+    assert old_alpha != 99.0
     plotter = EpochPlotter(tmp_path, mode="sync", **FAST)
     plotter._render = lambda run, path, timing: captured.append(run)  # capture instead of drawing
     captured = []
     plotter.plot(live)
-    live.record[10] = full_record[10]
+    live.record[10] = copy.deepcopy(full_record[10])
     live.record[9]["Alpha"] = 99.0
     assert max(captured[0].record) == 9
-    live.record[9].pop("Alpha")
+    assert captured[0].record[9]["Alpha"] == old_alpha
+    assert full_record[9]["Alpha"] == old_alpha
 
 
 def test_process_mode_is_the_default(tmp_path, full_record):
