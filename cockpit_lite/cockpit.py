@@ -150,8 +150,12 @@ class Cockpit:
     def create_graph(self, global_step):
         """Whether ``loss.backward`` must keep the graph at ``global_step`` (``HessMaxEV``).
 
-        Returns ``False`` for a step at which no quantity needs the graph.
+        Returns ``False`` for a step at which no quantity needs the graph, and always under
+        ``DistributedDataParallel``, whose gradient reduction fails on a backward pass that
+        keeps its graph (those quantities record NaN with a flag there).
         """
+        if self.group is not None:
+            return False
         return any(q.create_graph(global_step) for q in self.quantities)
 
     def __call__(self, global_step, *extensions, info=None, debug=False):
@@ -405,11 +409,6 @@ class _StepContext:
         host_outputs, checks = _to_host(([(o.value, o.layers, o.meta) for _, o in outputs], checks))
 
         flags = list(self.engine_flags)
-        if cockpit.group is not None:
-            flags += [
-                f"{q.name}: computed on this rank's shard only under torch.distributed"
-                for q, _ in self.due if q.create_graph(self.step)
-            ]
         if len(checks) > 1 and not math.isfinite(checks[1]):
             flags.append(NONFINITE_LOSS)
         if not math.isfinite(checks[0]):
@@ -471,6 +470,11 @@ class _StepContext:
 
     def _compute(self, quantity, data):
         """Run one quantity; in non-strict mode a failure becomes a flagged NaN."""
+        if self.cockpit.group is not None and quantity.create_graph(self.step):
+            return [Output(float("nan"), flags=[
+                f"{quantity.name}: needs the backward graph (create_graph), which "
+                "DistributedDataParallel cannot keep; not computed under torch.distributed"
+            ])]
         try:
             result = quantity.compute(self.step, data)
         except Exception as error:
@@ -499,7 +503,7 @@ class _StepContext:
                     "of the model given to the Cockpit, with gradients enabled, before "
                     "entering cp(step)."
                 )
-        if self.create_graph and not any(
+        if self.create_graph and self.cockpit.group is None and not any(
             p.grad is not None and p.grad.grad_fn is not None for p in params
         ):
             needing = [q.name for q, _ in self.due if q.create_graph(self.step)]

@@ -175,3 +175,36 @@ def test_a_process_group_without_ddp_names_the_fix(tmp_path):
             distributed.group_for(torch.nn.Linear(3, 2))
         finally:
             dist.is_initialized, dist.get_world_size = original
+
+
+def _graph_worker(rank, path):
+    dist.init_process_group("gloo", init_method=f"file://{path}.pg", rank=rank, world_size=WORLD)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(problems.BUILDERS["mlp"][0]().double())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        cp = Cockpit(model, [quantities.HessMaxEV(), quantities.NormTest()], diagnose=False)
+        for step, (x, y) in enumerate(_batches("mlp", 8)):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x[rank * 4:(rank + 1) * 4]), y[rank * 4:(rank + 1) * 4])
+            with cp(step, info={"loss": loss, "optimizer": opt}):
+                loss.backward(create_graph=cp.create_graph(step))
+            opt.step()
+        if rank == 0:
+            with open(path, "wb") as file:
+                pickle.dump(cp.get_output(), file)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_quantities_needing_the_graph_are_flagged_not_fatal_under_ddp(tmp_path):
+    """DDP's gradient reduction fails on a backward pass that keeps its graph: create_graph
+    stays False there, HessMaxEV records NaN with the reason, and training goes on."""
+    path = str(tmp_path / "record.pkl")
+    mp.spawn(_graph_worker, args=(path,), nprocs=WORLD, join=True)
+    with open(path, "rb") as file:
+        record = pickle.load(file)
+    assert sorted(record) == list(range(STEPS))
+    for entry in record.values():
+        assert math.isnan(entry["HessMaxEV"]) and math.isfinite(entry["NormTest"])
+        assert any("DistributedDataParallel" in flag for flag in entry["flags"])
