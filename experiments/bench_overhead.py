@@ -11,6 +11,9 @@ one process with one thread:
 
 - the plain step (forward, backward, SGD step; no BackPACK),
 - the untracked step: a Cockpit with the full level present but nothing due,
+- diagnosis alone: ``Cockpit(model)`` with its default signals and schedule
+  (``cockpit_lite.diagnosis.schedule``), timed over whole periods of the schedule after
+  its dense first steps (the steady state of a long run), model not BackPACK-extended,
 - cockpit-lite at each level (economy, business, full), every step tracked (the level's
   quantities only, ``diagnose=False``); the Cockpit gets the model (its fast layer rules
   need the module); MLP and CNN are BackPACK-extended, so their curvature is BackPACK's
@@ -46,7 +49,7 @@ import warnings
 import torch
 from torch import nn
 
-from cockpit_lite import Cockpit, configuration, extend, quantities
+from cockpit_lite import Cockpit, configuration, diagnosis, extend, quantities
 from cockpit_lite.budget import Budget
 from cockpit_lite.utils.configuration import quantities_cls_for_configuration
 
@@ -123,7 +126,8 @@ def never(step):
 class Runner:
     """One configuration: a model, its optimizer, data, and how a step is run."""
 
-    def __init__(self, problem, make_cockpit=None, peer=False, backpack=True):
+    def __init__(self, problem, make_cockpit=None, peer=False, backpack=True, period=1, skip=0):
+        """``period``/``skip``: time whole periods of a sparse schedule, after its first ``skip`` steps."""
         build, inputs, supported = PROBLEMS[problem]
         torch.manual_seed(0)
         self.model, self.lossfunc = build(), nn.CrossEntropyLoss()
@@ -135,6 +139,7 @@ class Runner:
         g = torch.Generator().manual_seed(1)
         self.batches = [(inputs(g), torch.randint(0, 10, (BATCH,), generator=g)) for _ in range(4)]
         self.step = 0
+        self.period, self.skip = period, skip
 
     def run_step(self):
         x, y = self.batches[self.step % len(self.batches)]
@@ -155,6 +160,9 @@ class Runner:
 
     def time_steps(self, steps):
         self.run_step()  # warm-up (and the first step of two-step quantities)
+        while self.step < self.skip or self.step % self.period:  # start at a due step of a sparse schedule
+            self.run_step()
+        steps = -(-steps // self.period) * self.period
         start = time.perf_counter()
         for _ in range(steps):
             self.run_step()
@@ -203,6 +211,9 @@ def configurations(problem, with_quantities, with_peer):
     configs = {"plain": lambda: Runner(problem)}
     configs["untracked"] = lambda: Runner(
         problem, lambda m: Cockpit(m, configuration("full", track_schedule=never), diagnose=False)
+    )
+    configs["diagnosis alone"] = lambda: Runner(
+        problem, lambda m: Cockpit(m), backpack=False, period=diagnosis.EVERY, skip=diagnosis.DENSE_STEPS
     )
     for level in LEVELS:
         configs[f"lite {level}"] = lambda level=level: Runner(

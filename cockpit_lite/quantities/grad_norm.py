@@ -10,4 +10,4 @@ class GradNorm(SingleStepQuantity):
     """
 
     def compute(self, step, data):
-        return Output([g.norm() for g in data.grads])
+        return Output(list(data.grad_norms))

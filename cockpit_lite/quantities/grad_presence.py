@@ -4,9 +4,10 @@ Read before the backward pass (``needs``): ``before = ‖g_present‖₂``, the 
 gradients the parameters hold when the step's backward pass starts (0 when they are
 ``None`` or zero, as after ``optimizer.zero_grad()``). After it: ``after = ‖g‖₂`` of this
 backward pass alone. ``stepped`` counts the calls of ``info["optimizer"].step()``
-between the previous tracked backward pass and this one (a post-step hook registered
-on the optimizer the first time it is seen; ``None`` before that, or without an
-optimizer). ``before > 0`` with ``stepped ≥ 1`` means the gradients of an earlier batch,
+since the previous step's context ``cp(step)`` (counted at every step, due or not: a
+post-step hook registered on the optimizer the first time it is seen; ``None`` before
+that, or without an optimizer), so that a sparse schedule does not count the updates
+of untracked steps. ``before > 0`` with ``stepped ≥ 1`` means the gradients of an earlier batch,
 already used for an update, are being added to: a missing ``zero_grad``. Deliberate
 gradient accumulation has ``stepped = 0`` between its micro-batches.
 
@@ -39,11 +40,9 @@ class GradPresence(Quantity):
         self._steps += 1
 
     def needs(self, step, info):
-        if not self.is_due(step):
-            return None
         optimizer = info.get("optimizer")
         stepped = None
-        if isinstance(optimizer, torch.optim.Optimizer):
+        if isinstance(optimizer, torch.optim.Optimizer):  # counted at every step, due or not
             if optimizer is self._optimizer:
                 stepped = self._steps
             else:
@@ -51,6 +50,8 @@ class GradPresence(Quantity):
                 self._optimizer = optimizer
                 self._handle = optimizer.register_step_post_hook(self._on_step)
             self._steps = 0
+        if not self.is_due(step):
+            return None
         present = [p.grad.detach() for group in _groups(info, optimizer) for p in group if p.grad is not None]
         before = torch.stack(torch._foreach_norm(present)).norm() if present else 0.0
         self._pending = (before, stepped, _hyperparameters(optimizer))
@@ -61,7 +62,7 @@ class GradPresence(Quantity):
             return None
         before, stepped, hyper = self._pending
         self._pending = None
-        after = torch.stack(torch._foreach_norm(data.grads)).norm() if data.grads else 0.0
+        after = torch.stack(data.grad_norms).norm() if data.grads else 0.0
         return Output({"before": before, "after": after, "stepped": stepped, **hyper})
 
 

@@ -3,8 +3,10 @@
 Forward hooks on every module of the model keep a reference to each module's output
 (tensors autograd keeps alive for the backward pass anyway) in the order the calls
 *end*, so a module ends before the module that contains it. Before the backward pass
-(``needs``), the loss is checked once; when it is finite the references are dropped
-and nothing is recorded. When it is not, still before the backward pass (the
+(``needs``), the loss is checked once (one 0-d ``isfinite``; on a GPU the step's
+only host synchronisation the diagnosis adds, needed because the op can only be named
+while the graph still holds its saved tensors); when it is finite the references are
+dropped, nothing is recorded and the step is not due for this signal. When it is not, still before the backward pass (the
 autograd graph still holds its saved tensors):
 
 - ``module``: ``"input"`` if the model's first input is non-finite, else the first
@@ -100,7 +102,7 @@ class NonfiniteOrigin(Quantity):
             return None
         loss = info.get("loss")
         if not torch.is_tensor(loss) or bool(torch.isfinite(loss.detach()).all()):
-            return Needs()
+            return None  # a finite loss records nothing: the step stays untracked for this signal
         self._value = self._locate(loss, outputs, inputs)
         return Needs()
 

@@ -115,3 +115,51 @@ def test_observing_does_not_disturb_training():
     with_, _ = train(True)
     without, _ = train(False)
     assert all(torch.equal(a, b) for a, b in zip(with_, without))
+
+
+def test_sparse_signals_and_a_nan_between_their_steps():
+    """The signals follow ``diagnosis.schedule``; a NaN at a step off that schedule is still caught there."""
+    from cockpit_lite.diagnosis import schedule
+
+    state = {"bad": False}
+    model = nn.Sequential(nn.Linear(6, 4), Custom(lambda x: torch.log(x - 10) if state["bad"] else x),
+                          nn.Linear(4, 3))
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    cp = cockpit_lite.Cockpit(model)
+    bad_step = 25
+    assert not schedule(bad_step)
+    for step in range(bad_step + 3):
+        state["bad"] = step == bad_step
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+        if not state["bad"]:
+            opt.step()
+    recorded_at = sorted(s for s, entry in cp.output.items() if "ActivationStats" in entry or "Loss" in entry)
+    assert recorded_at == [s for s in range(bad_step + 3) if schedule(s)]
+    nan = [f for f in cp.findings if f.kind == "nan_loss"]
+    assert len(nan) == 1 and nan[0].step == bad_step and nan[0].layer == "1" and nan[0].evidence["op"] == "log"
+
+
+def test_missing_zero_grad_counts_updates_between_contexts_not_records():
+    """Correct accumulation over 3 micro-batches raises nothing, although records are 10 steps apart."""
+    model = nn.Sequential(nn.Linear(6, 3))
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    cp = cockpit_lite.Cockpit(model)
+    for step in range(60):
+        if step % 3 == 0:
+            opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+        if step % 3 == 2:
+            opt.step()
+    presence = {s: e["GradPresence"] for s, e in cp.output.items() if "GradPresence" in e}
+    assert presence[20]["before"] > 0 and presence[20]["stepped"] == 0  # 2nd micro-batch: no update since step 19
+    assert presence[30]["stepped"] == 1 and presence[30]["before"] == 0
+    assert "missing_zero_grad" not in [f.kind for f in cp.findings]
