@@ -11,6 +11,12 @@ once. Several logs with ``--compare`` draw the comparison view::
 
 Defaults: the dashboard goes next to the log as ``<log name>.png``; a comparison to
 ``comparison.png`` in the current folder. The written path is printed.
+
+``python -m instruments diagnose RUN.jsonl`` prints the diagnosis report instead: the
+findings (the rules of ``cockpit_lite.diagnosis``, run offline on the log: the same
+findings a live ``Cockpit(model, log=...)`` reported), then per-layer tables of the
+activation, gradient and input statistics of the last recorded step. The rules are
+plain Python on the record, so this imports neither torch nor model code either.
 """
 
 import argparse
@@ -43,8 +49,27 @@ def build_parser():
     return parser
 
 
+def diagnose_main(argv):
+    """``python -m instruments diagnose RUN.jsonl``: print the diagnosis report; returns 0."""
+    parser = argparse.ArgumentParser(prog="python -m instruments diagnose",
+                                     description="Print the diagnosis of a cockpit-lite log: findings first, then "
+                                                 "per-layer statistics.")
+    parser.add_argument("log", help=".jsonl log (a .json record gives parameter numbers instead of names)")
+    args = parser.parse_args(argv)
+    from cockpit_lite.diagnosis import report  # plain Python on the record: no torch
+
+    try:
+        print(report(args.log))
+    except (FileNotFoundError, ValueError, KeyError) as error:
+        parser.error(str(error))
+    return 0
+
+
 def main(argv=None):
     """Run the command line; returns 0 (errors exit through argparse with status 2)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["diagnose"]:
+        return diagnose_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

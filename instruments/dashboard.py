@@ -8,10 +8,14 @@ Layout (16 x 10 inches at 100 dpi by default, constrained layout)::
     | distance    | 1-d histogram | variance tr Σ  | Hessian trace|
     | ‖g‖         | 2-d histogram | CABS           | TIC          |
     +-------------+---------------+----------------+--------------+
-    | HYPERPARAM. | PERFORMANCE: losses & accuracies | early stop |
-    +-------------+---------------------------------------------+
+    | HYPERPARAM. | PERFORMANCE: losses & accuracies | early stop | DIAGNOSIS: findings |
+    +-------------+--------------------------------------------------------------------+
     (optional LAYERWISE row: one histogram per parameter tensor)
     legend: the colour of each layer's thin line (shared by all panels)
+
+The DIAGNOSIS panel lists the record's findings, numbered; each finding's step is
+marked (dashed line, same number) on the time axis of the gauges it concerns
+(``gauges.findings.CONCERNS``).
 
 Each group is a matplotlib ``SubFigure`` with a tinted background and a bold group
 title; each gauge gets one Axes. Figures are ``matplotlib.figure.Figure`` objects
@@ -26,7 +30,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from . import data, style
-from .gauges import GAUGES
+from .gauges import GAUGES, findings
 from .gauges._common import draw_error
 
 #: (group title, gauge names) of the upper block, one column per group.
@@ -40,6 +44,7 @@ LAYOUT = (
 BOTTOM = (
     ("HYPERPARAMETERS", (("hyperparameters", 1),), 1),
     ("PERFORMANCE", (("performance", 2), ("early_stopping", 1)), 3),
+    ("DIAGNOSIS", (("findings", 1),), 2),
 )
 
 
@@ -148,6 +153,7 @@ class Dashboard:
                 ax = sub.add_subplot(grid[0, column:column + span])
                 column += span
                 self._draw_gauge(name, record, ax, common)
+        findings.mark(record, self.axes)
 
         if self.layerwise:
             from .gauges.histogram_2d import layerwise_grid

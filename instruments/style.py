@@ -37,6 +37,7 @@ GROUP_COLORS = {
     "HYPERPARAMETERS": "#e9e9ee",
     "PERFORMANCE": "#e9e9ee",
     "LAYERWISE": "#f5f0dc",
+    "DIAGNOSIS": "#f7e3e3",
 }
 
 TITLE_SIZE = 9

@@ -19,6 +19,7 @@ from . import (
     cabs,
     distance,
     early_stopping,
+    findings,
     grad_norm,
     grad_variance,
     gradient_tests,
@@ -63,6 +64,7 @@ _MODULES = {
     "early_stopping": early_stopping,
     "hyperparameters": hyperparameters,
     "performance": performance,
+    "findings": findings,
 }
 
 #: name -> Gauge, in dashboard order.

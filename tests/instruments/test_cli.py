@@ -73,3 +73,28 @@ def test_missing_log_is_a_usage_error(tmp_path, capsys):
         cli.main([str(tmp_path / "nope.jsonl")])
     assert exit_info.value.code == 2
     assert "no log at" in capsys.readouterr().err
+
+
+def test_diagnose_prints_findings_then_tables_without_torch(tmp_path):
+    from cockpit_lite import log
+
+    header = {"params": [{"name": "0.weight", "shape": [3, 6]}, {"name": "0.bias", "shape": [3]}]}
+    writer = log.JSONLinesWriter(str(tmp_path / "run.jsonl"), header)
+    for step in range(4):
+        writer.append(step, {"Loss": 1.0, "GradNorm": [0.1, 0.01], "ParamNorm": [1.0, 0.1],
+                             "InputStats": {"mean": 120.0, "std": 70.0, "min": 0.0, "max": 255.0, "nonfinite": 0.0},
+                             "ActivationStats": {"1": {"type": "ReLU", "mean": 0.3, "std": 0.5, "zeros": 0.4,
+                                                       "dead": 0.1, "saturated": None}}})
+    writer.close()
+    code = ("import sys; from instruments import cli; cli.main(['diagnose', sys.argv[1]]);"
+            "assert not [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run.jsonl")], cwd=_ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    assert out.index("unnormalized_inputs") < out.index("activations (step 3)") < out.index("parameters (step 3)")
+    assert "0.weight" in out and "ReLU" in out
+
+
+def test_diagnose_missing_log_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["diagnose", str(tmp_path / "nope.jsonl")])
+    assert stop.value.code == 2
