@@ -46,7 +46,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from cockpit_lite import transforms as _transforms
 from cockpit_lite.engine import broadcast, global_path
 from cockpit_lite.engine.capture import Call, ForwardCapture
-from cockpit_lite.engine.rules import GENERIC, UnsupportedCall, mixes_samples, rule_for
+from cockpit_lite.engine.rules import GENERIC, UnsupportedCall, attention, mixes_samples, rule_for
 from cockpit_lite.engine.rules.base import first_tensor
 
 GRAD_CHECK_RTOL = {torch.float64: 1e-6, torch.float32: 1e-3}
@@ -162,12 +162,20 @@ class Engine:
             for call, name, path in uses:
                 if path is None:
                     state.calls.setdefault(call, []).append((name, self.params[index], index))
+                elif path == "attention":  # projections caught in the graph (rules/attention.py)
+                    state.attention.setdefault(call, []).append((name, self.params[index], index))
                 elif call is None:  # a shared parameter used outside any layer
                     state.paths.append(broadcast.Path(*path, self._leaf_result(state, index)))
                 else:  # a layer whose output every sample shares
                     state.broadcast.setdefault(call, []).append((name, self.params[index], index))
                     if len(state.broadcast[call]) == 1:
                         state.paths.append(broadcast.Path(*path, self._broadcast_result(state, call)))
+        for call, tracked in state.attention.items():
+            indices = {name: index for name, _, index in tracked}
+            state.paths.append(attention.AttentionHooks(
+                state.attention_nodes[call], tracked, state.batch_size,
+                lambda name, part, indices=indices: self._accept(state, indices[name], part),
+            ))
         state.global_indices = global_indices
         self._step = state
         if global_indices:
@@ -238,6 +246,13 @@ class Engine:
             return None  # a later layer mixes the samples: δ_n is not ∂c_n/∂output
         if state.batch_size is None:
             return None
+        if type(call.module) is torch.nn.MultiheadAttention and graph.ready():
+            if call not in state.attention_nodes:
+                state.attention_nodes[call] = attention.plan(
+                    graph._users, graph._accumulators, call.module, state.batch_size
+                )
+            if state.attention_nodes[call] is not None:
+                return (call, name, "attention")
         rule = GENERIC if "." in name else rule_for(call.module)
         if rule is GENERIC and any(call.contains(c) for c in calls):
             if "." in name or mixing:  # own code around sub-module calls: only a shared parameter it uses
@@ -442,6 +457,8 @@ class _Step:
         self.needed_by = tuple(needed_by)
         self.calls = {}  # call -> [(name, param, index)]
         self.broadcast = {}  # call whose output all samples share -> [(name, param, index)]
+        self.attention = {}  # MultiheadAttention call served from its projections -> [(name, param, index)]
+        self.attention_nodes = {}
         self.paths = []
         self.uses = {}
         self.done = set()

@@ -31,12 +31,14 @@ class Keep(Transform):
 LAYERS = {"1d": (nn.Conv1d, (7,)), "2d": (nn.Conv2d, (7, 6)), "3d": (nn.Conv3d, (5, 4, 5))}
 
 
-def engine_individual_gradients(model, x):
-    """``grad_batch`` of every parameter for the loss ``Σ model(x)²``, from the engine."""
+def engine_individual_gradients(model, x, batch_size=None):
+    """``grad_batch`` of every parameter for the loss ``Σ model(x)²``, from the engine
+    (``batch_size``: as ``info["batch_size"]``, for sequence-first inputs)."""
     params = list(model.parameters())
     engine = Engine(model, params, [str(i) for i in range(len(params))])
     loss = (model(x) ** 2).sum()
-    info = StepInfo({"loss": loss}, 0, batch_size=engine.batch_size(), model=model)
+    given = {"loss": loss} if batch_size is None else {"loss": loss, "batch_size": batch_size}
+    info = StepInfo(given, 0, batch_size=engine.batch_size(), model=model)
     engine.begin([Keep()], info, info.batch_size, [None] * len(params), ["Test"])
     loss.backward()
     results, _, flags = engine.finish()
@@ -72,3 +74,27 @@ def test_linear_rule_matches_a_sample_loop(sequence):
     torch.manual_seed(0)
     x = torch.randn(3, *sequence, 4, dtype=torch.float64)
     assert_rule_matches_a_sample_loop(nn.Linear(4, 6).double(), x)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, batch_first):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(6, 2, batch_first=batch_first)
+
+    def forward(self, x):
+        return self.attn(x, x, x, need_weights=False)[0]
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_attention_projections_match_a_sample_loop(batch_first):
+    """The projections read from the graph (rules/attention.py), both layouts."""
+    torch.manual_seed(0)
+    model = SelfAttention(batch_first).double()
+    x = torch.randn(3, 4, 6, dtype=torch.float64) if batch_first else torch.randn(4, 3, 6, dtype=torch.float64)
+    got = engine_individual_gradients(model, x, batch_size=3)
+    axis = 0 if batch_first else 1
+    for index, p in enumerate(model.parameters()):
+        loop = torch.stack([
+            torch.autograd.grad((model(x.narrow(axis, n, 1)) ** 2).sum(), p)[0] for n in range(3)
+        ])
+        torch.testing.assert_close(got[index], loop)

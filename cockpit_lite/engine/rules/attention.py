@@ -1,0 +1,85 @@
+"""``nn.MultiheadAttention`` self-attention: its projections are Linear layers inside the graph.
+
+``F.multi_head_attention_forward`` projects the (sequence-first, ``[T, B, E]``) input with
+one matrix product for ``q, k, v`` (``in_proj_weight``, then ``in_proj_bias`` added) and
+the attention output with ``out_proj`` (one ``addmm``), each on the rows ``t·B + b``. Their
+individual gradients are those of Linear layers: the factors are the product's saved
+input rows and its output gradient, regrouped per sample. Pre-hooks on the two graph
+nodes catch the output gradients during the user's backward pass, so the attention is
+never re-run (dropout inside it is no obstacle).
+
+``plan`` finds the nodes from the parameters' ``AccumulateGrad`` nodes before the
+backward pass and returns ``None`` for any other graph shape (cross-attention with
+separate projections, ``q/k/v_proj_weight``, a bias-free layer): the generic rule then
+serves the module.
+"""
+
+import torch
+
+from cockpit_lite.engine.rules.base import compute_dtype
+from cockpit_lite.transforms import PerSample
+
+
+def _only_consumer(users, node, kind):
+    following = users.get((node, 0), [])
+    if len(following) != 1 or type(following[0][0]).__name__ != kind:
+        return None
+    return following[0][0]
+
+
+def plan(users, accumulators, module, batch_size):
+    """``{"in": Mm node, "out": Addmm node}`` of a packed self-attention call, or ``None``."""
+    parameters = [module.in_proj_weight, module.in_proj_bias, module.out_proj.weight, module.out_proj.bias]
+    if any(p is None or id(p) not in accumulators for p in parameters):
+        return None
+    transpose = _only_consumer(users, accumulators[id(module.in_proj_weight)], "TBackward0")
+    project_in = transpose and _only_consumer(users, transpose, "MmBackward0")
+    transpose = _only_consumer(users, accumulators[id(module.out_proj.weight)], "TBackward0")
+    project_out = transpose and _only_consumer(users, transpose, "AddmmBackward0")
+    if project_in is None or project_out is None:
+        return None
+    rows = project_in._saved_self.shape[0]
+    if rows % batch_size or project_out._saved_mat1.shape[0] != rows:
+        return None
+    return {"in": project_in, "out": project_out}
+
+
+class AttentionHooks:
+    """Pre-hooks on the two projections of one call; ``on_result(name, PerSample)`` per parameter."""
+
+    def __init__(self, nodes, tracked, batch_size, on_result):
+        self.batch_size = batch_size
+        self.tracked = {name: (param, index) for name, param, index in tracked}
+        self.on_result = on_result
+        self.handles = [
+            nodes["out"].register_prehook(self._hook(nodes["out"], "_saved_mat1", "out_proj.weight", "out_proj.bias")),
+            nodes["in"].register_prehook(self._hook(nodes["in"], "_saved_self", "in_proj_weight", "in_proj_bias")),
+        ]
+
+    def remove(self):
+        for handle in self.handles:
+            handle.remove()
+
+    def _hook(self, node, saved, weight, bias):
+        def hook(grad_outputs):
+            delta = grad_outputs[0]
+            if delta is None:
+                return None
+            with torch.no_grad():
+                inputs = getattr(node, saved)
+                dtype = compute_dtype(inputs, delta)
+                a, d = (_per_sample(t.detach().to(dtype), self.batch_size) for t in (inputs, delta))
+                if weight in self.tracked:
+                    param, index = self.tracked[weight]
+                    self.on_result(weight, PerSample(param, index, factors=(a, d)))
+                if bias in self.tracked:
+                    param, index = self.tracked[bias]
+                    self.on_result(bias, PerSample(param, index, grad_batch=d.sum(1)))
+            return None
+
+        return hook
+
+
+def _per_sample(rows, batch_size):
+    """Rows ``t·B + b`` (sequence-first) as ``[B, T, features]``."""
+    return rows.reshape(-1, batch_size, rows.shape[-1]).transpose(0, 1)
