@@ -98,3 +98,14 @@ def test_attention_projections_match_a_sample_loop(batch_first):
             torch.autograd.grad((model(x.narrow(axis, n, 1)) ** 2).sum(), p)[0] for n in range(3)
         ])
         torch.testing.assert_close(got[index], loop)
+
+
+def test_huggingface_conv1d_rule_matches_a_sample_loop():
+    """GPT-2's Conv1D (weight [in, out]) by the Linear rule with swapped factors."""
+    pytorch_utils = pytest.importorskip("transformers.pytorch_utils", reason="the hf extra is not installed")
+    from cockpit_lite.engine.rules import TransposedLinearRule, rule_for
+
+    torch.manual_seed(0)
+    layer = pytorch_utils.Conv1D(6, 4).double()
+    assert isinstance(rule_for(layer), TransposedLinearRule)
+    assert_rule_matches_a_sample_loop(layer, torch.randn(3, 5, 4, dtype=torch.float64))

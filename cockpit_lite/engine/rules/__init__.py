@@ -21,10 +21,10 @@ from cockpit_lite.engine.rules.base import UnsupportedCall
 from cockpit_lite.engine.rules.conv import ConvRule
 from cockpit_lite.engine.rules.embedding import EmbeddingRule
 from cockpit_lite.engine.rules.generic import GenericRule
-from cockpit_lite.engine.rules.linear import LinearRule
+from cockpit_lite.engine.rules.linear import LinearRule, TransposedLinearRule
 from cockpit_lite.engine.rules.norm import BatchNormRule, GroupNormRule, LayerNormRule, RMSNormRule
 
-__all__ = ["GENERIC", "RULES", "UnsupportedCall", "rule_for"]
+__all__ = ["GENERIC", "RULES", "RULES_BY_NAME", "TransposedLinearRule", "UnsupportedCall", "rule_for"]
 
 RULES = {
     nn.Linear: LinearRule(),
@@ -43,12 +43,21 @@ RULES = {
 if hasattr(nn, "RMSNorm"):  # torch >= 2.4
     RULES[nn.RMSNorm] = RMSNormRule()
 
+RULES_BY_NAME = {
+    ("transformers.pytorch_utils", "Conv1D"): TransposedLinearRule(),
+}
+"""Rules for layer types of optional packages, by ``(module, class name)``: no import needed."""
+
 GENERIC = GenericRule()
 
 
 def rule_for(module):
     """The rule for ``module``'s own parameters."""
-    return RULES.get(type(module), GENERIC)
+    kind = type(module)
+    rule = RULES.get(kind)
+    if rule is None:
+        rule = RULES_BY_NAME.get((kind.__module__, kind.__name__), GENERIC)
+    return rule
 
 
 def mixes_samples(module):

@@ -37,3 +37,18 @@ class LinearRule(Rule):
             else:
                 out[name] = PerSample(param, index, grad_batch=d.sum(1))
         return out
+
+
+class TransposedLinearRule(LinearRule):
+    """Hugging Face's ``Conv1D`` (GPT-2): ``y = x W + b`` with ``W`` of shape ``[in, out]``.
+
+    The Linear rule with the factors' roles swapped: sample n's weight gradient
+    ``Σ_l a_{n,l} δ_{n,l}ᵀ`` is the factored form ``(δ, a)``.
+    """
+
+    def per_sample(self, call, tracked, batch_size):
+        out = super().per_sample(call, tracked, batch_size)
+        if "weight" in out:
+            a, d = out["weight"]._factors
+            out["weight"]._factors = (d, a)
+        return out
