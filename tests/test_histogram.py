@@ -378,7 +378,7 @@ def test_batch_equals_numpy_per_tensor(device, dtype):
 
 
 def test_batch_rejects_nothing_and_integers():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^histogram1d_batch needs at least one tensor$"):
         histogram.histogram1d_batch([], 4, (-1, 1))
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="^expected a floating-point tensor, got torch.int64$"):
         histogram.histogram1d_batch([torch.zeros(3), torch.zeros(3, dtype=torch.int64)], 4, (-1, 1))

@@ -60,17 +60,46 @@ def test_schedules_linear_and_logarithmic():
     problems.check(logarithmic, reference, ("mse", 5, "mean"), steps=7, layers=False, schedule_steps=[0, 1, 2, 5])
 
 
-@pytest.mark.parametrize("case", [("mlp", 4, "mean"), ("cnn", 5, "sum")], ids=problems.case_id)
-def test_gradient_clipping_by_norm_is_exact_but_a_changed_direction_is_flagged(case):
-    """A uniformly rescaled SGD update keeps its direction: α equals the brute force along the
-    real (clipped) update; a changed direction gives NaN and a flag.
+def clip_norm(opt, params):
+    assert torch.nn.utils.clip_grad_norm_(params, max_norm=1e-3) > 1e-2  # the clipping did shorten it
 
-    The clipping makes the real update 10-1000× shorter than the predicted one, so start
+
+def halve_lr(opt, params):
+    for group in opt.param_groups:
+        group["lr"] /= 2
+
+
+def clip_value(opt, params):
+    torch.nn.utils.clip_grad_value_(params, 1e-3)
+
+
+BETWEEN = {  # (what happens between backward and step, optimizer, α exact?)
+    "clip_norm-sgd": (clip_norm, lambda ps: torch.optim.SGD(ps, lr=0.1), True),
+    "halve_lr-sgd": (halve_lr, lambda ps: torch.optim.SGD(ps, lr=0.1), True),
+    "halve_lr-momentum": (halve_lr, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), True),
+    "halve_lr-adam": (halve_lr, lambda ps: torch.optim.Adam(ps, lr=1e-2), True),
+    "clip_norm-adam": (clip_norm, lambda ps: torch.optim.Adam(ps, lr=1e-2), False),
+    # the first step: the momentum buffer is the (clipped) gradient itself, so the update is only rescaled
+    "clip_norm-momentum_first_step": (clip_norm, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), True),
+    "clip_value-sgd": (clip_value, lambda ps: torch.optim.SGD(ps, lr=0.1), False),
+}
+
+
+@pytest.mark.parametrize("case", [("mlp", 4, "mean"), ("cnn", 5, "sum")], ids=problems.case_id)
+@pytest.mark.parametrize("between", BETWEEN, ids=str)
+def test_changes_between_backward_and_step(case, between):
+    """A change between backward and step that only rescales the update (norm clipping of
+    plain SGD's gradient, a new learning rate) leaves α exact: equal to the brute force along
+    the real update. One that turns it (element-wise clipping, norm clipping under Adam)
+    gives NaN and a flag.
+
+    At step 1 a changed direction (one parameter's gradient zeroed) is flagged too; step 0's clipped update is 10-1000× shorter than the predicted one, so start
     slopes normalised by the wrong length are far from the reference.
     """
+    change, optimizer, exact = BETWEEN[between]
     problem = problems.make(*case, steps=3)
     params = list(problem.model.parameters())
-    opt = torch.optim.SGD(params, lr=0.1)
+    opt = optimizer(params)
     cp = problems.Cockpit(problem.model, [Alpha()], strict=True)
     snapshots = {}
     for step, (x, y) in enumerate(problem.batches):
@@ -80,14 +109,16 @@ def test_gradient_clipping_by_norm_is_exact_but_a_changed_direction_is_flagged(c
         with cp(step, info={"loss": loss, "optimizer": opt}):
             loss.backward()
         if step == 0:
-            norm = torch.nn.utils.clip_grad_norm_(params, max_norm=1e-3)
-            assert norm > 1e-2  # the clipping did shorten the update
+            change(opt, params)
         else:
             params[0].grad.zero_()
         opt.step()
     record = cp.get_output()
-    assert "flags" not in record[0]
-    problems.assert_close(record[0]["Alpha"], reference(problem, snapshots, 0), rtol=1e-9, what="Alpha, clipped")
+    if exact:
+        assert "flags" not in record[0]
+        problems.assert_close(record[0]["Alpha"], reference(problem, snapshots, 0), rtol=1e-9, what="Alpha, changed")
+    else:
+        assert np.isnan(record[0]["Alpha"]) and any("predicted update" in f for f in record[0]["flags"])
     assert np.isnan(record[1]["Alpha"])
     assert any("predicted update" in flag for flag in record[1]["flags"])
 
