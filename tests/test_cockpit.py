@@ -217,13 +217,17 @@ def test_model_not_extended_gets_first_order_quantities():
 
 
 def test_loss_not_extended_for_second_order():
+    """An explicit BackPACK curvature is refused before backward, naming the fix; the fix works."""
     model = extend(nn.Sequential(nn.Linear(4, 3)))
-    cp = Cockpit(model, [quantities.HessTrace()])
-    loss = nn.CrossEntropyLoss()(model(torch.randn(3, 4)), torch.tensor([0, 1, 2]))
-    with pytest.raises(AssertionError) as info:
-        with cp(0, info={"loss": loss}):
-            loss.backward()
-    assert "HessTrace" in str(info.value.__notes__) and "extend(torch.nn.CrossEntropyLoss())" in str(info.value.__notes__)
+    x, y = torch.randn(3, 4), torch.tensor([0, 1, 2])
+    cp = Cockpit(model, [quantities.HessTrace(curvature="diag_h")], diagnose=False)
+    loss = nn.CrossEntropyLoss()(model(x), y)
+    with pytest.raises(ValueError, match=r"HessTrace cannot use curvature='diag_h'.*extended CrossEntropyLoss.*cockpit_lite.extend"):
+        cp(0, info={"loss": loss})
+    loss = extend(nn.CrossEntropyLoss())(model(x), y)  # the fix
+    with cp(1, info={"loss": loss}):
+        loss.backward()
+    assert cp.get_output()[1]["meta"]["HessTrace"] == {"curvature": "diag_h"}
 
 
 def test_in_place_activation_is_refused_by_extend():

@@ -20,3 +20,12 @@ def reference(problem, snapshots, step):
 @pytest.mark.parametrize("case", problems.CASES, ids=problems.case_id)
 def test_matches_brute_force(case):
     problems.check(TICDiag(epsilon=EPSILON), reference, case)
+
+
+def test_hutchinson_estimate_within_three_standard_errors():
+    """A model whose Hessian diagonal stays away from zero: the ratio of estimates is close (3 SE)."""
+    problem = problems.make("mse", 5, steps=1)
+    cp, snapshots = problems.run(problem, [TICDiag(epsilon=EPSILON, curvature="hutchinson", probes=2000)])
+    entry = cp.get_output()[0]
+    expected, _ = reference(problem, snapshots, 0)
+    assert abs(entry["TICDiag"] - float(expected)) <= 3 * entry["meta"]["TICDiag"]["se"]

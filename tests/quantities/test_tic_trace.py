@@ -20,3 +20,15 @@ def reference(problem, snapshots, step):
 @pytest.mark.parametrize("case", problems.CASES, ids=problems.case_id)
 def test_matches_brute_force(case):
     problems.check(TICTrace(epsilon=EPSILON), reference, case)
+
+
+@pytest.mark.parametrize("name", ["custom", "resnet_bn_train", "gpt"])
+def test_hutchinson_estimate_within_three_standard_errors(name):
+    """With Hutchinson's trace (many probes) the ratio lands within 3 of its recorded standard errors."""
+    problem = problems.make(name, 4, steps=1)
+    cp, snapshots = problems.run(problem, [TICTrace(epsilon=EPSILON, curvature="hutchinson", probes=400)])
+    entry = cp.get_output()[0]
+    expected, _ = reference(problem, snapshots, 0)
+    meta = entry["meta"]["TICTrace"]
+    assert meta["curvature"] == "hutchinson" and meta["probes"] == 400
+    assert abs(entry["TICTrace"] - float(expected)) <= 3 * meta["se"]
