@@ -10,14 +10,15 @@ with BatchNorm in training mode on 3×32×32; batch 64, cross-entropy, SGD) it t
 one process with one thread:
 
 - the plain step (forward, backward, SGD step; no BackPACK),
-- the untracked step: a Cockpit with the full level present but nothing due,
+- the untracked step: a Cockpit with the economy level present but nothing due
+  (model not BackPACK-extended: nothing first-order needs BackPACK),
 - diagnosis alone: ``Cockpit(model)`` with its default signals and schedule
   (``cockpit_lite.diagnosis.schedule``), timed over whole periods of the schedule after
   its dense first steps (the steady state of a long run), model not BackPACK-extended,
 - cockpit-lite at each level (economy, business, full), every step tracked (the level's
   quantities only, ``diagnose=False``); the Cockpit gets the model (its fast layer rules
-  need the module); MLP and CNN are BackPACK-extended, so their curvature is BackPACK's
-  exact Hessian diagonal; the transformer and the ResNet are not (BackPACK cannot do
+  need the module); economy runs on the plain model; for business and full MLP and CNN
+  are BackPACK-extended, so their curvature is BackPACK's exact Hessian diagonal; the transformer and the ResNet are not (BackPACK cannot do
   them) and their curvature is Hutchinson's estimate,
 - cockpit-lite with each quantity alone,
 - the original Cockpit at each level, when ``cockpit-for-pytorch`` is installed (MLP, CNN).
@@ -39,6 +40,7 @@ step of these small models may need no new pages at all.
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -50,6 +52,7 @@ import torch
 from torch import nn
 
 from cockpit_lite import Cockpit, configuration, diagnosis, extend, quantities
+from cockpit_lite.quantities.curvature import CurvatureQuantity
 from cockpit_lite.budget import Budget
 from cockpit_lite.utils.configuration import quantities_cls_for_configuration
 
@@ -209,22 +212,24 @@ def high_water_mark():
 
 def configurations(problem, with_quantities, with_peer):
     configs = {"plain": lambda: Runner(problem)}
-    configs["untracked"] = lambda: Runner(
-        problem, lambda m: Cockpit(m, configuration("full", track_schedule=never), diagnose=False)
+    configs["untracked"] = lambda: Runner(  # not extended: nothing it tracks needs BackPACK
+        problem, lambda m: Cockpit(m, configuration("economy", track_schedule=never), diagnose=False),
+        backpack=False,
     )
     configs["diagnosis alone"] = lambda: Runner(
         problem, lambda m: Cockpit(m), backpack=False, period=diagnosis.EVERY, skip=diagnosis.DENSE_STEPS
     )
-    for level in LEVELS:
+    for level in LEVELS:  # economy needs no BackPACK; business and full use its exact curvature where it can
         configs[f"lite {level}"] = lambda level=level: Runner(
-            problem, lambda m: Cockpit(m, configuration(level), diagnose=False)
+            problem, lambda m: Cockpit(m, configuration(level), diagnose=False), backpack=level != "economy"
         )
     if with_quantities:
         for cls in quantities_cls_for_configuration("full") + (
             quantities.EarlyStopping, quantities.CABS,
         ):
             configs[f"  {cls.__name__}"] = lambda cls=cls: Runner(
-                problem, lambda m: Cockpit(m, [cls()], diagnose=False)
+                problem, lambda m: Cockpit(m, [cls()], diagnose=False),
+                backpack=issubclass(cls, CurvatureQuantity),
             )
     if with_peer and PROBLEMS[problem][2]:
         import cockpit
@@ -303,6 +308,7 @@ def main(argv=None):
     if args.quick:
         args.repeats, args.steps = 2, 2
     torch.set_num_threads(1)
+    logging.getLogger("cockpit_lite.diagnosis").setLevel(logging.ERROR)  # findings on random data: not the point
     if args.budget is not None:
         print_budget(args.budget, args.budget_steps, args.problems)
         return
