@@ -326,7 +326,7 @@ SNIPPETS = _readme_snippets()
 
 
 def test_the_readme_has_its_snippets():
-    assert len(SNIPPETS) == 5
+    assert len(SNIPPETS) == 6  # porting (2), custom quantities, integrations (2), diagnosis
 
 
 @pytest.mark.parametrize("index", range(len(SNIPPETS)))
