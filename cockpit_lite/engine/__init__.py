@@ -294,7 +294,7 @@ class Engine:
 
     def _on_grad(self, call, position, grad):
         state = self._step
-        if state is None:
+        if state is None or grad is None:  # (BackPACK's wrapped outputs may pass None)
             return
         call.grads[position] = grad
         if grad.dtype in (torch.float16, torch.bfloat16):

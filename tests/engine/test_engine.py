@@ -235,3 +235,33 @@ def test_a_shared_tensor_as_long_as_the_batch_is_not_taken_for_a_batched_one():
     for step in snapshots:
         value, layers = norm_test_reference(problem, snapshots, step)
         problems.assert_close(cp.get_output()[step]["layers"]["NormTest"], layers, what="NormTest T=B")
+
+
+class SeqFirstRNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.RNN(3, 4)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        out, _ = self.rnn(x)
+        return self.head(out[-1])
+
+
+def test_a_backpack_extended_sequence_first_rnn_gives_the_same_numbers():
+    """BackPACK's wrapped outputs may hand the engine's gradient hooks ``None``."""
+    from cockpit_lite import extend
+
+    values = []
+    for extended in (False, True):
+        torch.manual_seed(0)
+        model = SeqFirstRNN().double()
+        model = extend(model) if extended else model
+        cp = Cockpit(model, [quantities.NormTest(), quantities.GradVariance()], strict=True, diagnose=False)
+        x = torch.randn(5, 6, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        loss = F.cross_entropy(model(x), torch.tensor([0, 1, 0, 1, 1, 0]))
+        with cp(0, info={"loss": loss, "batch_size": 6}):
+            loss.backward()
+        values.append(cp.get_output()[0])
+    assert values[1]["NormTest"] == pytest.approx(values[0]["NormTest"], rel=1e-12)
+    assert values[1]["GradVariance"] == pytest.approx(values[0]["GradVariance"], rel=1e-12)
