@@ -54,8 +54,8 @@ def train(epochs=5, lr=0.2, level="full", model_name="cnn", out="runs/demo", see
     os.makedirs(out, exist_ok=True)
     logpath = os.path.join(out, "run.jsonl")
     schedule = schedules.linear(track_every)
-    cp = Cockpit(
-        model.named_parameters(),
+    cp = Cockpit(  # the model itself: the engine's layer rules, and BackPACK's exact curvature
+        model,
         configuration(level, track_schedule=schedule) + [CABS(schedule), EarlyStopping(schedule)],
         log=logpath,
     )
