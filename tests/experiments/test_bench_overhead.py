@@ -19,3 +19,9 @@ def test_memory_is_the_child_process_own_growth():
     assert ballast[-1] == 1
     grown = bench_overhead.peak_memory("mlp", "lite economy")
     assert 2**20 < grown < 300 * 2**20
+
+
+def test_budget_table(capsys):
+    bench_overhead.main(["--budget", "--budget-steps", "60", "--problems", "mlp"])
+    printed = capsys.readouterr().out
+    assert "budget=1.25" in printed and "HessMaxEV" in printed and "1/octave" in printed
