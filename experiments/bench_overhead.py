@@ -328,11 +328,14 @@ def main(argv=None):
             results[problem] = {"median_step_s": medians, "peak_memory_bytes": memory}
     print(f"step time / plain step time (median of {args.repeats} interleaved rounds of "
           f"{args.steps} steps, batch {BATCH}, 1 thread)")
-    names = list(next(iter(results.values()))["median_step_s"])
+    names = list(dict.fromkeys(name for r in results.values() for name in r["median_step_s"]))
     print(f"{'configuration':<22}" + "".join(f"{p + ' time':>12}{p + ' +MiB':>10}" for p in results))
     for name in names:
         row = f"{name:<22}"
         for problem, r in results.items():
+            if name not in r["median_step_s"]:  # the original Cockpit runs on MLP and CNN only
+                row += f"{'–':>12}{'':>10}"
+                continue
             ratio = r["median_step_s"][name] / r["median_step_s"]["plain"]
             mem = r["peak_memory_bytes"].get(name)
             row += f"{ratio:>11.2f}x" + (f"{mem / 2**20:>10.1f}" if mem is not None else f"{'':>10}")
