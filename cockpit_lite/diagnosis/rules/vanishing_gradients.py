@@ -4,33 +4,23 @@ sustained. Layer: the first (input-side) affected layer."""
 
 from cockpit_lite.diagnosis import thresholds as T
 from cockpit_lite.diagnosis.finding import Finding
-from cockpit_lite.diagnosis.history import Streak, fmt, plain
-from cockpit_lite.diagnosis.rules.base import Rule
-from cockpit_lite.diagnosis.rules.gradient_flow import layer, reference
+from cockpit_lite.diagnosis.history import fmt, plain
+from cockpit_lite.diagnosis.rules.gradient_flow import GradientFlowRule, layer
 
 
-class VanishingGradients(Rule):
+class VanishingGradients(GradientFlowRule):
     KIND = "vanishing_gradients"
-    SIGNALS = ("GradNorm", "ParamNorm")
+    shrink = 1.0
 
-    def __init__(self):
-        self.streak = Streak(T.SUSTAIN)
-        self.done = False
+    def holds(self, entry, ratios, ref, first):
+        self.shrink = first / ref if ref > 0 else 1.0
+        return ref > 0 and self.shrink <= T.VANISH_RATIO
 
-    def observe(self, step, entry, history):
-        ratios = None if self.done else history.relative_gradients(entry)
-        if ratios is None:
-            self.streak.see(step, False)
-            return []
-        ref = reference(ratios)
-        first = ratios[0][1]
-        shrink = first / ref if ref > 0 else 1.0
-        if not self.streak.see(step, ref > 0 and shrink <= T.VANISH_RATIO):
-            return []
-        self.done = True
+    def finding(self, history, ratios, ref, first):
+        shrink = self.shrink
         affected = [i for i, r in ratios if r <= T.VANISH_RATIO * ref]
         where = layer(history, affected[0])
-        return [Finding(
+        return Finding(
             self.KIND, where, self.streak.start, "error",
             f"{where!r} gets {fmt(shrink, 2)} of the output layers' gradient (relative to its weights) since step "
             f"{self.streak.start}; {len(affected)} of {len(ratios)} weight tensors are below "
@@ -38,4 +28,4 @@ class VanishingGradients(Rule):
             "use ReLU-family activations instead of sigmoid/tanh, Kaiming initialisation, normalisation layers or "
             "residual connections (and check for a .detach() or no_grad in the forward pass)",
             {"first_to_output": plain(shrink), "affected": len(affected), "weights": len(ratios)},
-        )]
+        )
