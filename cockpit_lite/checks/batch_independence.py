@@ -49,14 +49,10 @@ def backward(problem):
     name = "batch_independence_backward"
     if problem.batch_size < 2:
         return CheckResult.skip(name, "needs a batch of at least 2 samples")
-    if problem.tokens and problem.embedding_name is None:
-        return dependence.no_embedding(name)
-    model, notes = problem.copy(mixing="eval")
     cases = [((i,), _others(problem, i), (i,)) for i in _samples(problem)]
-    leak = dependence.backward_leak(problem, model, cases)
-    if leak is None:
-        return dependence.no_gradient(name, problem)
-    where = problem.where_differentiated()
-    what = (f"sample i's output has a gradient w.r.t. {where} of other samples" if leak > dependence.LEAK
-            else f"gradients of each sample's output w.r.t. {where} of other samples are zero")
-    return dependence.result(name, leak, what, notes, FIX)
+    return dependence.backward_check(
+        name, problem, cases,
+        "sample i's output has a gradient w.r.t. {where} of other samples",
+        "gradients of each sample's output w.r.t. {where} of other samples are zero",
+        FIX,
+    )

@@ -67,15 +67,11 @@ def backward(problem):
     skipped = _applies(problem, name)
     if skipped is not None:
         return skipped
-    if problem.tokens and problem.embedding_name is None:
-        return dependence.no_embedding(name)
-    model, notes = problem.copy(mixing="eval")
     cases = [(_positions(problem, 0, t), _positions(problem, t, None), _positions(problem, 0, t))
              for t in _cuts(problem)]
-    leak = dependence.backward_leak(problem, model, cases)
-    if leak is None:
-        return dependence.no_gradient(name, problem)
-    where = problem.where_differentiated()
-    what = (f"earlier outputs have a gradient w.r.t. later positions of {where}" if leak > dependence.LEAK
-            else f"gradients of earlier outputs w.r.t. later positions of {where} are zero")
-    return dependence.result(name, leak, what, notes, FIX)
+    return dependence.backward_check(
+        name, problem, cases,
+        "earlier outputs have a gradient w.r.t. later positions of {where}",
+        "gradients of earlier outputs w.r.t. later positions of {where} are zero",
+        FIX,
+    )

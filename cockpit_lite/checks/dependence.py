@@ -87,3 +87,20 @@ def no_gradient(name, problem):
 
 def no_embedding(name):
     return CheckResult.skip(name, "integer inputs and no nn.Embedding consumes them: nothing to differentiate")
+
+
+def backward_check(name, problem, cases, leaking, clean, fix):
+    """A backward dependence check: the leak of ``cases`` on a copy that does not mix samples.
+
+    ``leaking`` / ``clean``: the result's sentence when it leaks or not, with ``{where}``
+    standing for what is differentiated (the input, or the embedding's output).
+    """
+    if problem.tokens and problem.embedding_name is None:
+        return no_embedding(name)
+    model, notes = problem.copy(mixing="eval")
+    leak = backward_leak(problem, model, cases)
+    if leak is None:
+        return no_gradient(name, problem)
+    where = problem.where_differentiated()
+    what = (leaking if leak > LEAK else clean).format(where=where)
+    return result(name, leak, what, notes, fix)

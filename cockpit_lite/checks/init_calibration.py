@@ -21,12 +21,10 @@ ENTROPY = 0.75
 
 def check(problem):
     """Mean normalised entropy of the initial predictions."""
-    if not problem.classification:
-        return CheckResult.skip(NAME, "regression: there are no class predictions")
+    classes, skipped = problem.initial_classes(NAME, "regression: there are no class predictions")
+    if skipped is not None:
+        return skipped
     out = problem.initial_output
-    classes = problem.classes(out)
-    if classes < 2:
-        return CheckResult.skip(NAME, f"needs at least 2 classes (got {classes})")
     logp = torch.log_softmax(out.double(), dim=problem.class_axis)
     entropy = -(logp.exp() * logp).sum(problem.class_axis) / math.log(classes)
     value = float(entropy.mean())

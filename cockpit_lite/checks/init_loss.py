@@ -22,12 +22,10 @@ RATIO = 1.5
 
 def check(problem):
     """Compare the loss of a copy of the model at initialisation with ln C."""
-    if not problem.classification:
-        return CheckResult.skip(NAME, "regression: ln C applies to classification only")
+    classes, skipped = problem.initial_classes(NAME, "regression: ln C applies to classification only")
+    if skipped is not None:
+        return skipped
     out = problem.initial_output
-    classes = problem.classes(out)
-    if classes < 2:
-        return CheckResult.skip(NAME, f"needs at least 2 classes (got {classes})")
     loss = float(problem.loss_fn(out, problem.y))
     reference = math.log(classes)
     ratio = loss / reference

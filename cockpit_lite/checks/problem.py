@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .isolation import fresh_optimizer, model_copy
+from .report import CheckResult
 
 TASKS = ("classification", "regression", "causal_lm")
 
@@ -60,6 +61,16 @@ class Problem:
     def classes(self, output):
         """The number of classes: ``num_classes``, or the size of the output's class axis."""
         return self.num_classes or output.shape[self.class_axis]
+
+    def initial_classes(self, name, regression_reason):
+        """``(classes, None)`` of the initial predictions, or ``(None, skipped result)`` for a
+        regression or fewer than 2 classes (checks of the initial class predictions)."""
+        if not self.classification:
+            return None, CheckResult.skip(name, regression_reason)
+        classes = self.classes(self.initial_output)
+        if classes < 2:
+            return None, CheckResult.skip(name, f"needs at least 2 classes (got {classes})")
+        return classes, None
 
     def small_batch(self, n):
         """The first ``n`` samples of the batch."""
