@@ -56,7 +56,7 @@ class HessMaxEV(SingleStepQuantity):
 
     def _needs(self, step, info):
         sdpa.enable_double_backward()
-        return Needs()
+        return Needs(create_graph=True)
 
     def compute(self, step, data):
         params = data.params
