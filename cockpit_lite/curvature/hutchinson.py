@@ -36,9 +36,10 @@ def hessian_vector_products(params, grads, probes):
     """``H z`` for every probe in ``probes`` (list per parameter of ``[K, *shape]`` tensors).
 
     One vectorised double backward (``is_grads_batched``) or a loop of them, whichever
-    was faster the first time for these parameters (both are timed once; vectorising
-    the double backward is slower on convolutions and attention, or impossible where an
-    operation has no batching rule).
+    was faster the first time for these parameters (vectorising the double backward is
+    slower on convolutions and attention, or impossible where an operation has no
+    batching rule). The first time, two probes run in the loop and the others vectorised,
+    each timed per probe, so that choosing costs no extra products.
 
     Args:
         params: the parameters.
@@ -51,13 +52,19 @@ def hessian_vector_products(params, grads, probes):
     key = tuple(id(p) for p in params)
     if key in _MODE:
         return _vectorised(params, grads, probes) if _MODE[key] == "vectorised" else _looped(params, grads, probes)
+    count = probes[0].shape[0]
+    if count < 3:  # too few to time both ways: decide on a later call
+        return _looped(params, grads, probes)
     start = time.perf_counter()
-    vectorised = _vectorised(params, grads, probes)
+    looped = _looped(params, grads, [z[:2] for z in probes])
     middle = time.perf_counter()
-    looped = _looped(params, grads, probes)
-    faster = vectorised is not None and middle - start < time.perf_counter() - middle
+    vectorised = _vectorised(params, grads, [z[2:] for z in probes])
+    end = time.perf_counter()
+    faster = vectorised is not None and (end - middle) / (count - 2) < (middle - start) / 2
     _MODE[key] = "vectorised" if faster else "loop"
-    return looped
+    if vectorised is None:
+        vectorised = _looped(params, grads, [z[2:] for z in probes])
+    return [torch.cat(parts) for parts in zip(looped, vectorised)]
 
 
 def _vectorised(params, grads, probes):
