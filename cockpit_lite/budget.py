@@ -3,38 +3,74 @@
 ``Cockpit(model, configuration("full"), budget=1.25)`` keeps the *average* step time over
 the first ``horizon`` steps (and, since the spaced schedules only get sparser, over any
 longer run) within ``factor`` × the plain step time. It takes over every quantity's
-schedule:
+schedule.
 
-1. *Calibration* (the first ``3 + 2Q`` steps for ``Q`` quantities, in the order given):
-   steps 0-2 track nothing and time the plain step ``T₀`` (the shorter of the periods
-   of steps 0 and 1, a period being the time from one ``cp(step)`` call to the next);
-   then each quantity is due alone at step ``3 + 2i`` (its first recorded value),
-   followed by an untracked step, and its cost is the extra time of the two periods
-   around it: ``c_i = (P_{2+2i} + P_{3+2i}) / T₀ − 2`` plain steps (the first holds the
-   watched forward pass, the second the backward pass and the computation).
-2. *Plan* (at step ``2 + 2Q``, recorded in the log under ``"budget"``): with
-   ``A = (factor − 1) · horizon − (calibration overhead)`` plain steps to spend, every
-   quantity starts on the sparsest schedule, one step per octave (``L(1)`` below), and
-   then, cheapest first, each takes the densest schedule that the rest of ``A`` pays
-   for: every step, or ``L(m)`` for ``m`` = 32, 16, 8, 4, 2 steps per octave, where
+Quantities share work: the per-sample pass of the engine serves every first-order
+statistic, one Hutchinson estimate or BackPACK extension serves all curvature
+quantities, and a step with anything due pays a fixed bookkeeping cost. The budget
+therefore schedules *tiers* of quantities, read from what each declares it needs
+(``Needs``) at the first calibration step, and never from their names:
+
+- tier 0, *bookkeeping*: no per-sample transform, no BackPACK extension, no graph;
+- tier 1, *per-sample*: per-sample transforms only;
+- tier 2, *curvature*: the backward graph (Hessian-vector products) or an extension.
+
+The schedules are nested (a step where a tier is due has every lower tier due too), so a
+step where tiers ``0..k`` are due costs ``C_k``, the cost of all of them together,
+measured as such.
+
+1. *Calibration* (steps ``0 .. start − 1``, ``start = 3 + 3n`` for ``n`` non-empty
+   tiers): steps 0-2 track nothing and time the plain step ``T₀`` (the shorter of the
+   periods of steps 0 and 1, a period being the time from one ``cp(step)`` call to the
+   next). At step 3 every quantity is due (its first recorded value; its ``Needs`` give
+   its tier), at step 6 every quantity of the tiers below the top one, and so on, one
+   set every third step. The cost of the set due at step ``s`` is
+   ``C = (P_{s−1} + P_s + P_{s+1}) / T₀ − 3`` plain steps: the watched forward pass, the
+   backward pass and the computation, and what a quantity finishes at the next step
+   (``Alpha``, ``UpdateSize``).
+2. *Plan* (at step ``start − 1``, recorded in the log under ``"budget"``): with
+   ``A = (factor − 1) · horizon`` plain steps to spend, of which calibration took
+   ``Σ C``, every tier starts on the sparsest schedule, one step per four octaves
+   (``L(1/4)`` below), and then, lowest tier first, each takes the densest schedule
+   that the rest of ``A`` pays for and that is no denser than the tier below: every
+   step, or ``L(m)`` for ``m`` = 32, 16, 8, 4, 2, 1, 1/2 steps per octave, where
    ``L(m) = {⌊2^{j/m}⌋ : j ≥ 0}`` (logarithmic: dense early in training, where things
-   change fastest). Counting is exact over the steps ``[3 + 2Q, horizon)``.
-   If even one step per octave does not fit, every quantity keeps it and a warning
-   gives the expected average.
-3. From step ``3 + 2Q`` on the schedules are fixed: deterministic given the measured
+   change fastest; ``L(1/4) ⊂ L(1/2) ⊂ … ⊂ L(32)``). A tier's marginal cost is
+   ``C_k − C_{k−1}``; counting is exact over the steps ``[start, horizon)``. If even the
+   floor does not fit, every tier keeps it and a warning gives the expected average.
+3. From step ``start`` on the schedules are fixed: deterministic given the measured
    costs, and recorded, so ``Budget(plan=record[step]["budget"])`` replays a run's
-   schedules without measuring anything.
+   schedules (calibration steps included) without measuring anything.
 
 Costs are measured once, on one step each: noisy on a busy machine (a negative cost
-counts as zero). Quantities that share work (per-sample transforms, a BackPACK
-extension) are charged as if alone, which errs on the cheap side of the budget.
+counts as zero), and the first step of a kind pays one-off warm-up costs, which errs
+on the sparse side of the budget.
 """
 
 import math
 import warnings
 
-PER_OCTAVE = (32, 16, 8, 4, 2)
-"""Denser logarithmic schedules tried (steps per octave), after every step."""
+PER_OCTAVE = (32, 16, 8, 4, 2, 1, 0.5, 0.25)
+"""The logarithmic schedules tried (steps per octave), densest first, after every step; the
+last, one step per four octaves (``⌊16^j⌋``: 1, 16, 256, 4096, ...), is the floor."""
+
+TIERS = ("bookkeeping", "per-sample", "curvature")
+"""The tiers of work, cheapest first (see the module docstring)."""
+
+FIRST = 3
+"""The first calibration step: every quantity is due (steps 0-2 time the plain step)."""
+
+SPACING = 3
+"""Steps from one calibration set to the next (due step, its follow-up, a gap)."""
+
+
+def tier_of(needs):
+    """The tier (index into ``TIERS``) of a quantity that declared ``needs`` (``None``: nothing)."""
+    if needs is None:
+        return 0
+    if needs.create_graph or needs.extensions:
+        return 2
+    return 1 if needs.transforms else 0
 
 
 def octave_steps(per_octave, start, stop):
@@ -83,16 +119,27 @@ class Budget:
         self.factor, self.horizon = float(factor), int(horizon)
         self.plan = plan
         self.names = []
+        self.tiers = dict(plan["tiers"]) if plan is not None else None  # name -> tier, known at step FIRST
         self._starts = {}  # step -> time.perf_counter() at its cp(step) call
+        self._due_at = {}  # name -> step -> bool, once the plan is fixed
+
+    @property
+    def levels(self):
+        """The non-empty tiers, top first: calibration set ``i`` holds the tiers ``≤ levels[i]``."""
+        return sorted(set(self.tiers.values()), reverse=True)
 
     @property
     def start(self):
-        """The first step of the planned schedules (after calibration)."""
-        return 3 + 2 * len(self.names)
+        """The first step of the planned schedules (after calibration); ``None`` before step ``FIRST``."""
+        if self.tiers is None:
+            return None
+        return FIRST + SPACING * len(self.levels)
 
-    def calibration_step(self, name):
-        """The step at which quantity ``name`` is due alone."""
-        return 3 + 2 * self.names.index(name)
+    def calibration_steps(self, name):
+        """The calibration steps at which quantity ``name`` is due (known from step ``FIRST`` on)."""
+        if self.tiers is None:
+            return [FIRST]
+        return [FIRST + SPACING * i for i, top in enumerate(self.levels) if self.tiers[name] <= top]
 
     def take_over(self, quantities):
         """Give every quantity the budget's schedule (called once by the Cockpit)."""
@@ -104,17 +151,41 @@ class Budget:
             )
         for quantity in quantities:
             quantity._track_schedule = self._schedule(quantity.name)
+        if self.plan is not None:
+            self._fix()
+
+    def _fix(self):
+        """Make every quantity's schedule a cheap test (it runs at every step, due or not)."""
+        for name in self.names:
+            rule = self.plan["schedules"][name]
+            start, calibration = rule["from"], frozenset(self.calibration_steps(name))
+            if "every" in rule:
+                def due(step, start=start, calibration=calibration):
+                    return step >= start or step in calibration
+            else:
+                def due(step, steps=frozenset(octave_steps(rule["per_octave"], start, 2**40)) | calibration):
+                    return step in steps
+            self._due_at[name] = due
 
     def _schedule(self, name):
         def schedule(step):
-            if step == self.calibration_step(name):
-                return True
-            if step < self.start or self.plan is None:
-                return False
-            return _due(self.plan["schedules"][name], step)
+            due = self._due_at.get(name)
+            if due is None:  # not planned yet: calibration (only step FIRST before the tiers are known)
+                return step == FIRST if self.tiers is None else step in self.calibration_steps(name)
+            return due(step)
 
         schedule.__doc__ = f"Budget {self.factor}x schedule of {name} (see cockpit_lite.budget)."
         return schedule
+
+    def saw(self, step, due):
+        """Note what the due quantities need at ``step`` (``due``: ``[(quantity, Needs)]``).
+
+        At step ``FIRST``, where every quantity is due, this sorts them into tiers.
+        """
+        if step != FIRST or self.plan is not None:
+            return
+        tiers = {q.name: max(tier_of(n), 2 if q.create_graph(step) else 0) for q, n in due}
+        self.tiers = {name: tiers.get(name, 0) for name in self.names}
 
     def step_started(self, step, now):
         """Note the time of the ``cp(step)`` call; returns the plan when it is fixed at this step.
@@ -127,10 +198,10 @@ class Budget:
             The plan (a dict, to be recorded under ``"budget"``) at step ``start − 1``
             when it was measured here, else ``None``.
         """
-        if self.plan is not None or step >= self.start:
+        if self.plan is not None or (self.start is not None and step >= self.start):
             return None
         self._starts[step] = now
-        if step != self.start - 1:
+        if self.start is None or step != self.start - 1:
             return None
         periods = {t: self._starts[t + 1] - self._starts[t] for t in range(step) if t + 1 in self._starts}
         missing = [t for t in range(step) if t not in periods]
@@ -140,54 +211,69 @@ class Budget:
                 f"{missing[:5]} were never entered: call cp(step) with consecutive step numbers from 0"
             )
         self.plan = self.schedule_from(periods)
+        self._fix()
         return self.plan
 
     def schedule_from(self, periods):
         """The plan for measured ``periods`` (``{step: seconds}`` of the calibration steps).
 
-        Deterministic: the same periods give the same plan.
+        Needs the tiers (``saw`` at step ``FIRST``). Deterministic: the same periods give
+        the same plan.
         """
         plain = min(periods[0], periods[1])
-        costs = {
-            name: max(0.0, (periods[self.calibration_step(name) - 1] + periods[self.calibration_step(name)]) / plain - 2)
-            for name in self.names
+        levels = self.levels
+        measured = [
+            max(0.0, sum(periods[s] for s in (at - 1, at, at + 1)) / plain - 3)
+            for at in (FIRST + SPACING * i for i in range(len(levels)))
+        ]
+        # marginal cost of each non-empty tier: its set's cost minus the set below it
+        marginal = {
+            top: max(0.0, measured[i] - (measured[i + 1] if i + 1 < len(levels) else 0.0))
+            for i, top in enumerate(levels)
         }
-        spent = sum(costs.values())
+        spent = sum(measured)
         stop = max(self.horizon, self.start)
-        counts = {"every": stop - self.start, **{m: len(octave_steps(m, self.start, stop)) for m in (1, *PER_OCTAVE)}}
+        options = ("every", *PER_OCTAVE)  # densest first; the last is the floor
+        floor = options[-1]
+        counts = {"every": stop - self.start, **{m: len(octave_steps(m, self.start, stop)) for m in PER_OCTAVE}}
         available = (self.factor - 1) * self.horizon - spent
-        choice = {name: 1 for name in self.names}
-        left = available - sum(costs[n] * counts[1] for n in self.names)
+        choice = {tier: len(options) - 1 for tier in marginal}  # index into options
+        left = available - sum(marginal[t] * counts[floor] for t in marginal)
         feasible = left >= 0
-        for name in sorted(self.names, key=lambda n: (costs[n], self.names.index(n))):
-            for option in ("every", *PER_OCTAVE):
-                extra = costs[name] * (counts[option] - counts[1])
+        densest = 0  # a tier may be no denser than the one below it
+        for tier in sorted(marginal):
+            for index in range(densest, len(options) - 1):
+                extra = marginal[tier] * (counts[options[index]] - counts[floor])
                 if extra <= left:
-                    choice[name], left = option, left - extra
+                    choice[tier], left = index, left - extra
                     break
-        total = spent + sum(costs[n] * counts[choice[n]] for n in self.names)
+            densest = choice[tier]
+        total = spent + sum(marginal[t] * counts[options[choice[t]]] for t in marginal)
         expected = 1 + total / max(self.horizon, 1)
         if not feasible:
             warnings.warn(
                 f"the overhead budget {self.factor}x over {self.horizon} steps cannot be kept: "
-                "calibration and one value per octave of steps for every quantity already "
+                "calibration and one value per four octaves of steps for every quantity already "
                 f"cost {expected:.2f}x the plain step on average. Track fewer quantities "
                 "(e.g. configuration('business') or drop HessMaxEV), or allow a larger budget "
                 "or horizon.",
                 stacklevel=4,
             )
-        schedules = {
-            n: {"every": 1, "from": self.start} if choice[n] == "every" else {"per_octave": choice[n], "from": self.start}
-            for n in self.names
-        }
+
+        def rule(tier):
+            option = options[choice[tier]]
+            return {"every": 1, "from": self.start} if option == "every" else {"per_octave": option, "from": self.start}
+
         return {
             "factor": self.factor,
             "horizon": self.horizon,
             "plain_step_s": plain,
-            "costs": costs,
-            "schedules": schedules,
+            "tiers": dict(self.tiers),
+            "costs": {TIERS[t]: marginal[t] for t in sorted(marginal)},
+            "calibration_cost": spent,
+            "schedules": {n: rule(self.tiers[n]) for n in self.names},
             "expected_ratio": expected,
-            "calibrated_at": {n: self.calibration_step(n) for n in self.names},
+            "calibrated_at": {n: self.calibration_steps(n) for n in self.names},
         }
 
 

@@ -302,6 +302,8 @@ class _StepContext:
             if plan is not None:
                 cockpit._record(step, {_log.BUDGET: plan})
         self.due = [(q, n) for q in cockpit.quantities if (n := q.needs(step, self.info)) is not None]
+        if cockpit.budget is not None:
+            cockpit.budget.saw(step, self.due)
         cockpit._last_step = step
         self.idle = not (self.due or extensions)
         if self.idle:  # nothing to do at this step: keep it as cheap as possible

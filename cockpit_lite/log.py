@@ -36,9 +36,10 @@ A record is ``{step: {key: value}}`` with integer steps. Keys are
   per-layer values); ``HessMaxEV`` records ``{"solver": "lanczos" | "power",
   "products": k}``;
 - ``"budget"``: at the step where an overhead budget fixed the schedules (see
-  ``cockpit_lite.budget``): ``{"factor", "horizon", "plain_step_s", "costs": {name:
-  cost in plain steps}, "schedules": {name: {"every": 1} | {"per_octave": m, "from":
-  t}}, "expected_ratio", "calibrated_at": {name: step}}``; enough to replay the run's
+  ``cockpit_lite.budget``): ``{"factor", "horizon", "plain_step_s", "tiers": {name:
+  0 | 1 | 2}, "costs": {tier: marginal cost in plain steps}, "calibration_cost",
+  "schedules": {name: {"every": 1, "from": t} | {"per_octave": m, "from": t}},
+  "expected_ratio", "calibrated_at": {name: [steps]}}``; enough to replay the run's
   schedule (``Budget(plan=...)``);
 - ``"findings"``: a list of dicts (``cockpit_lite.diagnosis.Finding.to_dict()``: kind,
   layer, step, severity, message, suggestion, evidence), at the step where each finding

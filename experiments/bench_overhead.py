@@ -24,7 +24,8 @@ one process with one thread:
 - the original Cockpit at each level, when ``cockpit-for-pytorch`` is installed (MLP, CNN).
 
 ``--budget [FACTOR]`` instead runs 500 steps (``--budget-steps``) of each problem plain,
-with ``configuration("full")`` and ``Cockpit(model, ..., budget=FACTOR)`` (default 1.25),
+with ``configuration("full")`` (``--budget-level``) and ``Cockpit(model, ...,
+budget=FACTOR)`` (default 1.25, horizon the number of steps),
 and plain again, none of them BackPACK-extended (BackPACK's hooks alone slow every step
 down), and prints the average step time of the budgeted run over the mean of the two
 plain runs, and the steps at which each quantity was recorded.
@@ -53,7 +54,7 @@ from torch import nn
 
 from cockpit_lite import Cockpit, configuration, diagnosis, extend, quantities
 from cockpit_lite.quantities.curvature import CurvatureQuantity
-from cockpit_lite.budget import Budget
+from cockpit_lite.budget import TIERS, Budget
 from cockpit_lite.utils.configuration import quantities_cls_for_configuration
 
 BATCH = 64
@@ -253,8 +254,8 @@ def measure(problem, repeats, steps, with_quantities, with_peer):
     return medians, memory
 
 
-def budget_run(problem, factor, steps):
-    """Average step times of ``steps`` plain, budgeted full and plain steps; the budgeted record."""
+def budget_run(problem, factor, steps, level="full"):
+    """Average step times of ``steps`` plain, budgeted ``level`` and plain steps; the budgeted record."""
     def timed(runner):
         start = time.perf_counter()
         for _ in range(steps):
@@ -262,20 +263,20 @@ def budget_run(problem, factor, steps):
         return (time.perf_counter() - start) / steps
 
     plain = timed(Runner(problem))
-    budgeted = Runner(problem, lambda m: Cockpit(m, configuration("full"), budget=Budget(factor, horizon=steps)),
+    budgeted = Runner(problem, lambda m: Cockpit(m, configuration(level), budget=Budget(factor, horizon=steps)),
                       backpack=False)
     tracked = timed(budgeted)
     plain = (plain + timed(Runner(problem))) / 2
     return plain, tracked, budgeted.cp.get_output()
 
 
-def print_budget(factor, steps, problems):
+def print_budget(factor, steps, problems, level="full"):
     results = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for problem in problems:
-            results[problem] = budget_run(problem, factor, steps)
-    print(f"budget={factor}: average step time of {steps} steps of configuration('full') / plain "
+            results[problem] = budget_run(problem, factor, steps, level)
+    print(f"budget={factor}: average step time of {steps} steps of configuration({level!r}) / plain "
           "(mean of a plain run before and after), 1 thread, batch 64")
     print(f"{'problem':<12}{'plain ms':>10}{'budget ms':>11}{'ratio':>8}{'expected':>10}")
     for problem, (plain, tracked, record) in results.items():
@@ -284,13 +285,15 @@ def print_budget(factor, steps, problems):
               f"{plan['expected_ratio']:>9.2f}x")
     for problem, (_, _, record) in results.items():
         plan = next(entry["budget"] for entry in record.values() if "budget" in entry)
-        print(f"\n{problem}: steps at which each quantity was recorded (calibration 0..{min(plan['schedules'][n]['from'] for n in plan['schedules']) - 1}; "
-              "cost in plain steps, measured)")
+        start = min(rule["from"] for rule in plan["schedules"].values())
+        costs = ", ".join(f"{tier} {cost:.1f}" for tier, cost in plan["costs"].items())
+        print(f"\n{problem}: steps at which each quantity was recorded (calibration 0..{start - 1}, "
+              f"{plan['calibration_cost']:.0f} plain steps; marginal cost per due step, plain steps: {costs})")
         for name, rule in plan["schedules"].items():
             recorded = sorted(s for s, entry in record.items() if name in entry)
             kind = "every step" if "every" in rule else f"{rule['per_octave']}/octave"
             shown = recorded if len(recorded) <= 14 else recorded[:6] + ["..."] + recorded[-4:]
-            print(f"  {name:<16}{plan['costs'][name]:>7.2f}  {kind:<11} n={len(recorded):<4} {shown}")
+            print(f"  {name:<16}{TIERS[plan['tiers'][name]]:<12} {kind:<11} n={len(recorded):<4} {shown}")
     return results
 
 
@@ -304,13 +307,14 @@ def main(argv=None):
     parser.add_argument("--json", help="also write the numbers to this JSON file")
     parser.add_argument("--budget", type=float, nargs="?", const=1.25, help="the 500-step budget table instead")
     parser.add_argument("--budget-steps", type=int, default=500)
+    parser.add_argument("--budget-level", default="full", choices=LEVELS)
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.steps = 2, 2
     torch.set_num_threads(1)
     logging.getLogger("cockpit_lite.diagnosis").setLevel(logging.ERROR)  # findings on random data: not the point
     if args.budget is not None:
-        print_budget(args.budget, args.budget_steps, args.problems)
+        print_budget(args.budget, args.budget_steps, args.problems, args.budget_level)
         return
     with_peer = False
     if not args.no_peer:
