@@ -62,3 +62,122 @@ def test_power_iteration_finds_the_largest_magnitude_eigenvalue():
 def test_power_iteration_stops_on_a_zero_operator():
     value, _, iterations = power_max_eig(lambda v: 0 * v, torch.ones(4, dtype=torch.float64))
     assert value == 0 and iterations == 1
+
+
+def recording(a):
+    """``v ↦ a v`` that keeps the vectors it was applied to."""
+    seen = []
+
+    def matvec(v):
+        seen.append(v.clone())
+        return a @ v
+
+    return matvec, seen
+
+
+@pytest.mark.parametrize("scale", [1e-2, 1e2])
+def test_power_iteration_stops_at_the_first_quotients_that_agree_by_the_default_rule(scale):
+    """Defaults: stop at the first k ≥ 2 with |q_k − q_{k−1}| ≤ 1e-6 + 1e-3 |q_k|, q_k = v_kᵀ A v_k.
+
+    The quotients are recomputed here from the vectors the operator was applied to.
+    """
+    g = torch.Generator().manual_seed(5)
+    spectrum = scale * torch.cat([torch.tensor([1.0, 0.7], dtype=torch.float64), 0.5 * torch.rand(38, generator=g, dtype=torch.float64)])
+    a = symmetric(40, 6, spectrum)
+    matvec, seen = recording(a)
+    value, vector, iterations = power_max_eig(matvec, torch.rand(40, generator=g, dtype=torch.float64))
+    quotients = [float(v @ a @ v) for v in seen]
+    assert all(abs(float(v.norm()) - 1) < 1e-12 for v in seen)
+    first = next(k for k in range(1, len(quotients)) if abs(quotients[k] - quotients[k - 1]) <= 1e-6 + 1e-3 * abs(quotients[k]))
+    assert iterations == len(seen) == first + 1 > 2
+    assert float(value) == pytest.approx(quotients[-1], rel=1e-12)
+    assert float(vector.norm()) == pytest.approx(1.0)
+    assert abs(float(value) - scale) <= 5e-3 * scale
+
+
+def test_power_iteration_stops_when_two_quotients_are_equal_even_with_zero_tolerances():
+    a = torch.diag(torch.tensor([3.0, 1.0, 0.5], dtype=torch.float64))
+    value, _, iterations = power_max_eig(lambda v: a @ v, torch.tensor([2.0, 0.0, 0.0], dtype=torch.float64), rtol=0, atol=0)
+    assert iterations == 2 and value == 3.0
+
+
+def test_power_iteration_quotient_of_an_unnormalised_start():
+    """One product: the Rayleigh quotient v0ᵀ A v0 / ‖v0‖²."""
+    a = symmetric(6, 7, torch.arange(1.0, 7.0, dtype=torch.float64))
+    v0 = 3 * torch.randn(6, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    value, vector, iterations = power_max_eig(lambda v: a @ v, v0, maxiter=1)
+    torch.testing.assert_close(value, v0 @ a @ v0 / (v0 @ v0))
+    torch.testing.assert_close(vector, a @ v0 / (a @ v0).norm())
+    assert iterations == 1
+
+
+@pytest.mark.parametrize("solver", [power_max_eig, lanczos_max_eig])
+def test_default_maxiter_is_100_products(solver):
+    """Tolerance 0 on an operator Lanczos cannot exhaust in 100 products: 100 products, then the last estimate."""
+    g = torch.Generator().manual_seed(9)
+    a = symmetric(300, 10, torch.linspace(0.5, 1.0, 300, dtype=torch.float64))
+    matvec, seen = recording(a)
+    kwargs = dict(rtol=0, atol=0) if solver is power_max_eig else dict(rtol=0)
+    value, _, iterations = solver(matvec, torch.randn(300, generator=g, dtype=torch.float64), **kwargs)
+    assert iterations == len(seen) == 100
+    assert 0.5 <= float(value) <= 1.0 + 1e-12
+
+
+def test_nonfinite_product_gives_nan_for_power_iteration():
+    v0 = torch.full((4,), 2.0, dtype=torch.float64)
+    value, vector, iterations = power_max_eig(lambda v: v * float("inf"), v0)
+    assert torch.isnan(value) and value.dtype == torch.float64 and iterations == 1
+    torch.testing.assert_close(vector, torch.full((4,), 0.5, dtype=torch.float64))
+
+
+def test_lanczos_returns_the_top_three_ritz_vectors_by_default():
+    """A space Lanczos exhausts: the Ritz vectors are the eigenvectors of the three largest eigenvalues."""
+    spectrum = torch.tensor([5.0, 4.0, 3.0, 2.0, 1.0, 0.5, -1.0, -6.0], dtype=torch.float64)
+    a = symmetric(8, 11, spectrum)
+    start = torch.randn(8, generator=torch.Generator().manual_seed(12), dtype=torch.float64)
+    value, vectors, _ = lanczos_max_eig(lambda v: a @ v, start, rtol=1e-12)
+    _, eigenvectors = torch.linalg.eigh(a)
+    assert vectors.shape == (3, 8)
+    torch.testing.assert_close(value, torch.tensor(5.0, dtype=torch.float64))
+    overlaps = (vectors @ eigenvectors[:, [-1, -2, -3]]).abs()
+    torch.testing.assert_close(overlaps, torch.eye(3, dtype=torch.float64), atol=1e-6, rtol=0)
+
+
+def test_lanczos_one_product_is_the_rayleigh_quotient_of_the_start():
+    a = symmetric(6, 13, torch.arange(1.0, 7.0, dtype=torch.float64))
+    v0 = 3 * torch.randn(6, generator=torch.Generator().manual_seed(14), dtype=torch.float64)
+    value, vectors, iterations = lanczos_max_eig(lambda v: a @ v, v0, maxiter=1)
+    torch.testing.assert_close(value, v0 @ a @ v0 / (v0 @ v0))
+    torch.testing.assert_close(vectors, (v0 / v0.norm())[None])
+    assert iterations == 1
+
+
+def test_lanczos_nonfinite_product_keeps_the_dtype_and_returns_the_start():
+    v0 = torch.full((4,), 2.0, dtype=torch.float64)
+    value, vectors, iterations = lanczos_max_eig(lambda v: v * float("inf"), v0)
+    assert torch.isnan(value) and value.dtype == torch.float64 and iterations == 1
+    torch.testing.assert_close(vectors, torch.full((1, 4), 0.5, dtype=torch.float64))
+
+
+def test_ritz_vectors_stay_orthonormal_when_the_start_is_nearly_an_eigenvector():
+    """A start 1e-8 off the top eigenvector: the new direction of each product is a cancellation
+    of two vectors 1e8 times longer. Re-orthogonalised twice, the basis (and with it the Ritz
+    vectors) is orthonormal to rounding; one Gram-Schmidt pass leaves errors of ~1e-9."""
+    g = torch.Generator().manual_seed(0)
+    spectrum = 1e6 * torch.cat([torch.tensor([1.0], dtype=torch.float64), 1e-6 * torch.rand(39, generator=g, dtype=torch.float64)])
+    a = symmetric(40, 0, spectrum)
+    top = torch.linalg.eigh(a)[1][:, -1]
+    v0 = top + 1e-8 * torch.randn(40, generator=g, dtype=torch.float64)
+    value, vectors, _ = lanczos_max_eig(lambda v: a @ v, v0, rtol=1e-14, maxiter=40)
+    assert abs(float(value) - 1e6) <= 1e-9 * 1e6
+    gram = vectors @ vectors.T
+    assert vectors.shape[0] >= 2
+    assert float((gram - torch.eye(vectors.shape[0], dtype=torch.float64)).abs().max()) <= 1e-12
+
+
+def test_lanczos_answers_in_the_dtype_of_the_start():
+    """T's eigenproblem is solved in float64; the estimate comes back as float32 for a float32 operator."""
+    a = symmetric(30, 15, torch.linspace(-1.0, 2.0, 30, dtype=torch.float64)).float()
+    value, vectors, _ = lanczos_max_eig(lambda v: a @ v, torch.ones(30), rtol=1e-5)
+    assert value.dtype == vectors.dtype == torch.float32
+    assert abs(float(value) - 2.0) <= 1e-4
