@@ -19,15 +19,17 @@ The schedules are nested (a step where a tier is due has every lower tier due to
 step where tiers ``0..k`` are due costs ``C_k``, the cost of all of them together,
 measured as such.
 
-1. *Calibration* (steps ``0 .. start − 1``, ``start = 3 + 3n`` for ``n`` non-empty
-   tiers): steps 0-2 track nothing and time the plain step ``T₀`` (the shorter of the
-   periods of steps 0 and 1, a period being the time from one ``cp(step)`` call to the
-   next). At step 3 every quantity is due (its first recorded value; its ``Needs`` give
-   its tier), at step 6 every quantity of the tiers below the top one, and so on, one
-   set every third step. The cost of the set due at step ``s`` is
-   ``C = (P_{s−1} + P_s + P_{s+1}) / T₀ − 3`` plain steps: the watched forward pass, the
-   backward pass and the computation, and what a quantity finishes at the next step
-   (``Alpha``, ``UpdateSize``).
+1. *Calibration* (steps ``0 .. start − 1``; ``start`` = 21 at ``full``): steps 0-2 track
+   nothing (warm-up). At step 3 every quantity is due (its first recorded value; its
+   ``Needs`` give its tier), at step 6 every quantity of the tiers below the top one,
+   and so on, one set every third step; the bookkeeping tier, cheap enough to go every
+   step, is due on a run of ``RUN`` consecutive steps. A closing run of ``RUN``
+   untracked steps times the plain step ``T₀`` (the median of its inner periods, a
+   period being the time from one ``cp(step)`` call to the next). The cost of a set due
+   at step ``s`` is ``C = (P_{s−1} + P_s + P_{s+1}) / T₀ − 3`` plain steps: the watched
+   forward pass, the backward pass and the computation, and what a quantity finishes at
+   the next step (``Alpha``, ``UpdateSize``); the bookkeeping run's cost per step is the
+   median of its periods over ``T₀``, minus one.
 2. *Plan* (at step ``start − 1``, recorded in the log under ``"budget"``): with
    ``A = (factor − 1) · horizon`` plain steps to spend, of which calibration took
    ``Σ C``, every tier starts on the sparsest schedule, one step per four octaves
@@ -48,6 +50,7 @@ on the sparse side of the budget.
 """
 
 import math
+import statistics
 import warnings
 
 PER_OCTAVE = (32, 16, 8, 4, 2, 1, 0.5, 0.25)
@@ -62,6 +65,9 @@ FIRST = 3
 
 SPACING = 3
 """Steps from one calibration set to the next (due step, its follow-up, a gap)."""
+
+RUN = 6
+"""Steps of the bookkeeping tier's calibration run, and of the untracked run that ends calibration."""
 
 
 def tier_of(needs):
@@ -128,18 +134,28 @@ class Budget:
         """The non-empty tiers, top first: calibration set ``i`` holds the tiers ``≤ levels[i]``."""
         return sorted(set(self.tiers.values()), reverse=True)
 
+    def calibration(self):
+        """``(sets, untracked)``: ``sets`` lists ``(top tier, due steps)``, top first; ``untracked``
+        the closing run of untracked steps (known from step ``FIRST`` on)."""
+        sets, at = [], FIRST
+        for top in self.levels:
+            steps = list(range(at, at + RUN)) if top == 0 else [at]
+            sets.append((top, steps))
+            at += RUN if top == 0 else SPACING
+        return sets, list(range(at, at + RUN))
+
     @property
     def start(self):
         """The first step of the planned schedules (after calibration); ``None`` before step ``FIRST``."""
         if self.tiers is None:
             return None
-        return FIRST + SPACING * len(self.levels)
+        return self.calibration()[1][-1] + 1
 
     def calibration_steps(self, name):
         """The calibration steps at which quantity ``name`` is due (known from step ``FIRST`` on)."""
         if self.tiers is None:
             return [FIRST]
-        return [FIRST + SPACING * i for i, top in enumerate(self.levels) if self.tiers[name] <= top]
+        return [t for top, steps in self.calibration()[0] if self.tiers[name] <= top for t in steps]
 
     def take_over(self, quantities):
         """Give every quantity the budget's schedule (called once by the Cockpit)."""
@@ -220,18 +236,20 @@ class Budget:
         Needs the tiers (``saw`` at step ``FIRST``). Deterministic: the same periods give
         the same plan.
         """
-        plain = min(periods[0], periods[1])
+        sets, untracked = self.calibration()
+        plain = statistics.median(periods[t] for t in untracked[1:-1])
         levels = self.levels
         measured = [
-            max(0.0, sum(periods[s] for s in (at - 1, at, at + 1)) / plain - 3)
-            for at in (FIRST + SPACING * i for i in range(len(levels)))
+            max(0.0, statistics.median(periods[t] for t in steps) / plain - 1) if len(steps) > 1
+            else max(0.0, sum(periods[t] for t in (steps[0] - 1, steps[0], steps[0] + 1)) / plain - 3)
+            for _, steps in sets
         ]
         # marginal cost of each non-empty tier: its set's cost minus the set below it
         marginal = {
             top: max(0.0, measured[i] - (measured[i + 1] if i + 1 < len(levels) else 0.0))
             for i, top in enumerate(levels)
         }
-        spent = sum(measured)
+        spent = sum(cost * len(steps) for cost, (_, steps) in zip(measured, sets))
         stop = max(self.horizon, self.start)
         options = ("every", *PER_OCTAVE)  # densest first; the last is the floor
         floor = options[-1]

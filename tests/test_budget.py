@@ -7,7 +7,7 @@ import torch
 
 import problems
 from cockpit_lite import Cockpit, configuration
-from cockpit_lite.budget import FIRST, PER_OCTAVE, SPACING, TIERS, Budget, _due, octave_steps, tier_of
+from cockpit_lite.budget import FIRST, PER_OCTAVE, RUN, SPACING, TIERS, Budget, _due, octave_steps, tier_of
 from cockpit_lite.quantities.base import Needs
 from cockpit_lite.transforms import SumGradSquared
 
@@ -35,9 +35,12 @@ def _budget(tiers, factor=1.25, horizon=500):
 def _periods(budget, plain, set_costs):
     """Calibration periods of a run whose calibration set ``i`` costs ``set_costs[i]`` plain steps."""
     periods = {t: plain for t in range(budget.start - 1)}
-    periods[0] = plain * 1.5  # a slow first step (warm-up) does not count as the plain step
-    for i, cost in enumerate(set_costs):
-        periods[FIRST + SPACING * i] = plain * (1 + cost)
+    periods[0] = periods[1] = plain * 1.5  # slow first steps (warm-up) do not count as the plain step
+    sets, untracked = budget.calibration()
+    periods[untracked[-2]] = plain * 1.1  # one slow untracked step does not count either (median)
+    for (_, steps), cost in zip(sets, set_costs):
+        for t in steps:
+            periods[t] = plain * (1 + cost)
     return periods
 
 
@@ -70,14 +73,16 @@ def test_tiers_come_from_what_a_quantity_needs():
 
 def test_calibration_sets_are_nested_and_shared_work_is_measured_once():
     budget = _budget({"Loss": 0, "NormTest": 1, "HessTrace": 2, "HessMaxEV": 2})
-    assert budget.levels == [2, 1, 0] and budget.start == FIRST + 3 * SPACING
+    assert budget.levels == [2, 1, 0] and budget.start == FIRST + 2 * SPACING + 2 * RUN
     assert budget.calibration_steps("HessMaxEV") == [FIRST]
     assert budget.calibration_steps("NormTest") == [FIRST, FIRST + SPACING]
-    assert budget.calibration_steps("Loss") == [FIRST, FIRST + SPACING, FIRST + 2 * SPACING]
-    # all due: 30 plain steps; tiers 0-1: 5; tier 0: 0.2 -> marginal costs 25, 4.8, 0.2
+    bookkeeping = list(range(FIRST + 2 * SPACING, FIRST + 2 * SPACING + RUN))  # a run: it may go every step
+    assert budget.calibration_steps("Loss") == [FIRST, FIRST + SPACING, *bookkeeping]
+    # all due: 30 plain steps; tiers 0-1: 5; tier 0: 0.2 per step -> marginal costs 25, 4.8, 0.2
     plan = budget.schedule_from(_periods(budget, 0.01, [30.0, 5.0, 0.2]))
     assert plan["costs"] == pytest.approx({"curvature": 25.0, "per-sample": 4.8, "bookkeeping": 0.2})
-    assert plan["calibration_cost"] == pytest.approx(35.2)
+    assert plan["calibration_cost"] == pytest.approx(35 + 0.2 * RUN)
+    assert plan["plain_step_s"] == pytest.approx(0.01)
 
 
 def test_cheap_tiers_dense_expensive_ones_logarithmic_within_budget():
