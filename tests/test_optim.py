@@ -51,3 +51,93 @@ def test_plain_sgd_learning_rate():
             torch.optim.SGD([{"params": p, "lr": 0.1}, {"params": [torch.zeros(1, requires_grad=True)]}], lr=0.2),
             "CABS",
         )
+
+
+def real_update(opt, params, grads):
+    """The update ``opt.step()`` makes (the optimizer and parameters restored afterwards)."""
+    state, before = copy.deepcopy(opt.state_dict()), [p.detach().clone() for p in params]
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    opt.step()
+    updates = [(p.detach() - b).reshape(-1) for p, b in zip(params, before)]
+    opt.load_state_dict(state)
+    with torch.no_grad():
+        for p, b in zip(params, before):
+            p.copy_(b)
+    return updates
+
+
+def test_group_keys_the_constructor_does_not_take_are_left_out():
+    """An LR scheduler adds 'initial_lr' to the groups; Adam(..., initial_lr=...) would be a TypeError."""
+    g = torch.Generator().manual_seed(1)
+    params = [torch.randn(4, generator=g, requires_grad=True)]
+    opt = torch.optim.Adam(params, lr=1e-2)
+    torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    assert "initial_lr" in opt.param_groups[0]
+    grad = torch.randn(4, generator=g)
+    assert torch.equal(UpdatePredictor(opt)(params[0], grad), real_update(opt, params, [grad])[0])
+
+
+class ScaledSGD(torch.optim.SGD):
+    """An optimizer whose constructor takes ``**kwargs`` (every group key is passed on)."""
+
+    def __init__(self, params, lr=0.1, scale=1.0, **kwargs):
+        super().__init__(params, lr=lr, **kwargs)
+        for group in self.param_groups:
+            group.setdefault("scale", scale)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.add_(p.grad, alpha=-group["lr"] * group["scale"])
+
+
+def test_an_optimizer_taking_kwargs_gets_every_hyperparameter():
+    g = torch.Generator().manual_seed(2)
+    params = [torch.randn(3, generator=g, requires_grad=True)]
+    opt = ScaledSGD(params, lr=0.1, scale=3.0, momentum=0.5)
+    grad = torch.randn(3, generator=g)
+    predicted = UpdatePredictor(opt)(params[0], grad)
+    assert torch.equal(predicted, real_update(opt, params, [grad])[0])
+    torch.testing.assert_close(predicted, -0.3 * grad)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam_amsgrad"])
+def test_gradient_of_another_dtype_and_shape(name):
+    """The individual-gradient machinery may hand over a float64, flattened gradient of a float32 parameter."""
+    g = torch.Generator().manual_seed(3)
+    params = [torch.randn(2, 3, generator=g, requires_grad=True)]
+    opt = OPTIMIZERS[name](params)
+    grad = torch.randn(2, 3, generator=g)
+    predicted = UpdatePredictor(opt)(params[0], grad.double().reshape(-1))
+    assert predicted.dtype == torch.float32 and predicted.shape == (6,)
+    assert torch.equal(predicted, real_update(opt, params, [grad])[0])
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p: torch.optim.SGD(p, lr=0.3, weight_decay=0.1),
+        lambda p: torch.optim.SGD(p, lr=0.3, maximize=True),
+        lambda p: torch.optim.SGD(p, lr=torch.tensor(0.3)),
+        lambda p: torch.optim.Adam(p, lr=0.3),
+    ],
+    ids=["weight_decay", "maximize", "tensor_lr", "adam"],
+)
+def test_not_plain_sgd_is_refused_and_still_predicted(make):
+    """Each of these steps differs from θ − η g (or is not SGD): no plain-SGD learning rate, and the
+    prediction (not the shortcut) equals the real update."""
+    g = torch.Generator().manual_seed(4)
+    params = [torch.randn(5, generator=g, requires_grad=True)]
+    opt = make(params)
+    with pytest.raises(ValueError, match="CABS is defined for plain SGD"):
+        plain_sgd_learning_rate(opt, "CABS")
+    grad = torch.randn(5, generator=g)
+    assert torch.equal(UpdatePredictor(opt)(params[0], grad), real_update(opt, params, [grad])[0])
+
+
+def test_plain_sgd_with_equal_rates_in_several_groups():
+    p, q = torch.zeros(2, requires_grad=True), torch.zeros(1, requires_grad=True)
+    opt = torch.optim.SGD([{"params": [p]}, {"params": [q], "lr": 0.25}], lr=0.25)
+    assert plain_sgd_learning_rate(opt, "CABS") == 0.25
