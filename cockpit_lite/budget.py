@@ -19,8 +19,10 @@ The schedules are nested (a step where a tier is due has every lower tier due to
 step where tiers ``0..k`` are due costs ``C_k``, the cost of all of them together,
 measured as such.
 
-1. *Calibration* (steps ``0 .. start − 1``; ``start`` = 21 at ``full``): steps 0-2 track
-   nothing (warm-up). At step 3 every quantity is due (its first recorded value; its
+1. *Calibration* (steps ``0 .. start − 1``; ``start`` = 21 at ``full``; counted from the
+   first step entered, so a resumed run calibrates where it resumes, while the planned
+   schedules below are logarithmic in the global step): steps 0-2 track nothing
+   (warm-up). At step 3 every quantity is due (its first recorded value; its
    ``Needs`` give its tier), at step 6 every quantity of the tiers below the top one,
    and so on, one set every third step; the bookkeeping tier, cheap enough to go every
    step, is due on a run of ``RUN`` consecutive steps. A closing run of ``RUN``
@@ -125,7 +127,8 @@ class Budget:
         self.factor, self.horizon = float(factor), int(horizon)
         self.plan = plan
         self.names = []
-        self.tiers = dict(plan["tiers"]) if plan is not None else None  # name -> tier, known at step FIRST
+        self.tiers = dict(plan["tiers"]) if plan is not None else None  # name -> tier, known at origin + FIRST
+        self.origin = plan.get("origin", 0) if plan is not None else None  # the first step entered
         self._starts = {}  # step -> time.perf_counter() at its cp(step) call
         self._due_at = {}  # name -> step -> bool, once the plan is fixed
 
@@ -136,8 +139,8 @@ class Budget:
 
     def calibration(self):
         """``(sets, untracked)``: ``sets`` lists ``(top tier, due steps)``, top first; ``untracked``
-        the closing run of untracked steps (known from step ``FIRST`` on)."""
-        sets, at = [], FIRST
+        the closing run of untracked steps (known from step ``origin + FIRST`` on)."""
+        sets, at = [], self.origin + FIRST
         for top in self.levels:
             steps = list(range(at, at + RUN)) if top == 0 else [at]
             sets.append((top, steps))
@@ -146,15 +149,16 @@ class Budget:
 
     @property
     def start(self):
-        """The first step of the planned schedules (after calibration); ``None`` before step ``FIRST``."""
+        """The first step of the planned schedules (after calibration); ``None`` before step ``origin + FIRST``."""
         if self.tiers is None:
             return None
         return self.calibration()[1][-1] + 1
 
     def calibration_steps(self, name):
-        """The calibration steps at which quantity ``name`` is due (known from step ``FIRST`` on)."""
+        """The calibration steps at which quantity ``name`` is due (all of them known from step
+        ``origin + FIRST`` on; none before the first step)."""
         if self.tiers is None:
-            return [FIRST]
+            return [] if self.origin is None else [self.origin + FIRST]
         return [t for top, steps in self.calibration()[0] if self.tiers[name] <= top for t in steps]
 
     def take_over(self, quantities):
@@ -186,8 +190,8 @@ class Budget:
     def _schedule(self, name):
         def schedule(step):
             due = self._due_at.get(name)
-            if due is None:  # not planned yet: calibration (only step FIRST before the tiers are known)
-                return step == FIRST if self.tiers is None else step in self.calibration_steps(name)
+            if due is None:  # not planned yet: calibration
+                return step in self.calibration_steps(name)
             return due(step)
 
         schedule.__doc__ = f"Budget {self.factor}x schedule of {name} (see cockpit_lite.budget)."
@@ -196,9 +200,9 @@ class Budget:
     def saw(self, step, due):
         """Note what the due quantities need at ``step`` (``due``: ``[(quantity, Needs)]``).
 
-        At step ``FIRST``, where every quantity is due, this sorts them into tiers.
+        At step ``origin + FIRST``, where every quantity is due, this sorts them into tiers.
         """
-        if step != FIRST or self.plan is not None:
+        if self.plan is not None or self.origin is None or step != self.origin + FIRST:
             return
         tiers = {q.name: max(tier_of(n), 2 if q.create_graph(step) else 0) for q, n in due}
         self.tiers = {name: tiers.get(name, 0) for name in self.names}
@@ -216,15 +220,23 @@ class Budget:
         """
         if self.plan is not None or (self.start is not None and step >= self.start):
             return None
+        if self.origin is None:
+            self.origin = step
+        if self.tiers is None and step > self.origin + FIRST:
+            raise ValueError(
+                f"the overhead budget calibrates on consecutive steps from the first one "
+                f"({self.origin}), but step {self.origin + FIRST} was never entered (now {step}): "
+                "call cp(step) with consecutive step numbers"
+            )
         self._starts[step] = now
         if self.start is None or step != self.start - 1:
             return None
-        periods = {t: self._starts[t + 1] - self._starts[t] for t in range(step) if t + 1 in self._starts}
-        missing = [t for t in range(step) if t not in periods]
+        periods = {t: self._starts[t + 1] - self._starts[t] for t in range(self.origin, step) if t + 1 in self._starts}
+        missing = [t for t in range(self.origin, step) if t not in periods]
         if missing:
             raise ValueError(
-                f"the overhead budget needs every calibration step 0..{step}, but the steps "
-                f"{missing[:5]} were never entered: call cp(step) with consecutive step numbers from 0"
+                f"the overhead budget needs every calibration step {self.origin}..{step}, but the "
+                f"steps {missing[:5]} were never entered: call cp(step) with consecutive step numbers"
             )
         self.plan = self.schedule_from(periods)
         self._fix()
@@ -233,7 +245,7 @@ class Budget:
     def schedule_from(self, periods):
         """The plan for measured ``periods`` (``{step: seconds}`` of the calibration steps).
 
-        Needs the tiers (``saw`` at step ``FIRST``). Deterministic: the same periods give
+        Needs the tiers (``saw`` at step ``origin + FIRST``). Deterministic: the same periods give
         the same plan.
         """
         sets, untracked = self.calibration()
@@ -250,7 +262,7 @@ class Budget:
             for i, top in enumerate(levels)
         }
         spent = sum(cost * len(steps) for cost, (_, steps) in zip(measured, sets))
-        stop = max(self.horizon, self.start)
+        stop = max(self.origin + self.horizon, self.start)  # the horizon counts from the first step
         options = ("every", *PER_OCTAVE)  # densest first; the last is the floor
         floor = options[-1]
         counts = {"every": stop - self.start, **{m: len(octave_steps(m, self.start, stop)) for m in PER_OCTAVE}}
@@ -285,6 +297,7 @@ class Budget:
         return {
             "factor": self.factor,
             "horizon": self.horizon,
+            "origin": self.origin,
             "plain_step_s": plain,
             "tiers": dict(self.tiers),
             "costs": {TIERS[t]: marginal[t] for t in sorted(marginal)},

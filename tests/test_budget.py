@@ -28,6 +28,7 @@ def _budget(tiers, factor=1.25, horizon=500):
     budget = Budget(factor, horizon)
     quantities = [_Named(n) for n in tiers]
     budget.take_over(quantities)
+    budget.step_started(0, 0.0)  # the first step entered: calibration counts from it
     budget.saw(FIRST, [(q, NEEDS[tiers[q.name]]) for q in quantities])
     return budget
 
@@ -133,11 +134,11 @@ def test_bad_factor_names_it():
         Budget(1.0)
 
 
-def _run(problem, steps, budget, log=None):
+def _run(problem, steps, budget, log=None, first=0):
     opt = torch.optim.SGD(problem.model.parameters(), lr=0.01)
     cp = Cockpit(problem.model, configuration("business"), budget=budget, diagnose=False, log=log)
     x, y = problem.batches[0]
-    for step in range(steps):
+    for step in range(first, first + steps):
         opt.zero_grad()
         loss = problem.lossfunc(problem.model(x), y)
         with cp(step, info={"loss": loss, "optimizer": opt}):
@@ -178,3 +179,31 @@ def test_a_run_sorts_the_real_quantities_into_tiers_by_their_needs():
     assert tiers["HessTrace"] == tiers["TICDiag"] == 2  # Hutchinson (graph) or BackPACK (extension)
     # the first calibration step records every quantity of the level at once
     assert {q.name for q in cp.quantities} - {"Alpha", "UpdateSize"} <= set(cp.get_output()[FIRST])
+
+
+def test_a_resumed_run_calibrates_from_its_first_step():
+    first = 1000
+    cp = _run(problems.make("mlp", 4, steps=1), 40, Budget(1.5, horizon=200), first=first)
+    record = cp.get_output()
+    assert cp.budget.origin == first and cp.budget.start == first + 21
+    assert {q.name for q in cp.quantities} - {"Alpha", "UpdateSize"} <= set(record[first + FIRST])
+    plan = next(entry["budget"] for entry in record.values() if "budget" in entry)
+    assert plan["origin"] == first
+    steps = _steps_of(record)
+    for name, rule in plan["schedules"].items():  # logarithmic in the global step; the horizon counts from the first
+        expected = set(cp.budget.calibration_steps(name)) | {t for t in range(cp.budget.start, first + 39) if _due(rule, t)}
+        assert [t for t in steps[name] if t < first + 39] == sorted(expected)
+
+
+def test_steps_that_skip_during_calibration_get_an_error_naming_the_fix():
+    problem = problems.make("mlp", 4, steps=1)
+    opt = torch.optim.SGD(problem.model.parameters(), lr=0.01)
+    cp = Cockpit(problem.model, configuration("economy"), budget=1.5, diagnose=False)
+    x, y = problem.batches[0]
+    with pytest.raises(ValueError, match="consecutive step numbers"):
+        for step in range(0, 60, 2):
+            opt.zero_grad()
+            loss = problem.lossfunc(problem.model(x), y)
+            with cp(step, info={"loss": loss, "optimizer": opt}):
+                loss.backward()
+            opt.step()
