@@ -55,6 +55,8 @@ import math
 import statistics
 import warnings
 
+import torch
+
 PER_OCTAVE = (32, 16, 8, 4, 2, 1, 0.5, 0.25)
 """The logarithmic schedules tried (steps per octave), densest first, after every step; the
 last, one step per four octaves (``⌊16^j⌋``: 1, 16, 256, 4096, ...), is the floor."""
@@ -131,6 +133,7 @@ class Budget:
         self.origin = plan.get("origin", 0) if plan is not None else None  # the first step entered
         self._starts = {}  # step -> time.perf_counter() at its cp(step) call
         self._due_at = {}  # name -> step -> bool, once the plan is fixed
+        self.group = None
 
     @property
     def levels(self):
@@ -161,9 +164,15 @@ class Budget:
             return [] if self.origin is None else [self.origin + FIRST]
         return [t for top, steps in self.calibration()[0] if self.tiers[name] <= top for t in steps]
 
-    def take_over(self, quantities):
-        """Give every quantity the budget's schedule (called once by the Cockpit)."""
+    def take_over(self, quantities, group=None):
+        """Give every quantity the budget's schedule (called once by the Cockpit).
+
+        ``group``: under torch.distributed, the Cockpit's ``Group``. The ranks plan from
+        the mean of their measured periods, so that every rank fixes the same schedules
+        (statistics of the global batch need every rank at the same collectives).
+        """
         self.names = [q.name for q in quantities]
+        self.group = group
         if self.plan is not None and sorted(self.plan["schedules"]) != sorted(self.names):
             raise ValueError(
                 f"the budget plan schedules {sorted(self.plan['schedules'])} but the Cockpit "
@@ -238,6 +247,10 @@ class Budget:
                 f"the overhead budget needs every calibration step {self.origin}..{step}, but the "
                 f"steps {missing[:5]} were never entered: call cp(step) with consecutive step numbers"
             )
+        if self.group is not None:
+            steps = sorted(periods)
+            mean = self.group.sum([torch.tensor([periods[t] for t in steps], dtype=torch.float64)])[0] / self.group.world
+            periods = dict(zip(steps, mean.tolist()))
         self.plan = self.schedule_from(periods)
         self._fix()
         return self.plan

@@ -111,7 +111,7 @@ class Cockpit:
                     self.add(REGISTRY[name](**_diagnosis.SIGNAL_OPTIONS.get(name, {})))
         self.budget = _budget.as_budget(budget)
         if self.budget is not None:
-            self.budget.take_over(self.quantities)
+            self.budget.take_over(self.quantities, self.group)
         self.output = {}
         self.strict = strict
         self.seed = seed

@@ -219,3 +219,56 @@ def test_quantities_needing_the_graph_are_flagged_not_fatal_under_ddp(tmp_path):
     for entry in record.values():
         assert math.isnan(entry["HessMaxEV"]) and math.isfinite(entry["NormTest"])
         assert any("DistributedDataParallel" in flag for flag in entry["flags"])
+
+
+BUDGET_STEPS = 40
+
+
+def _budget_worker(rank, path):
+    import time
+
+    from cockpit_lite.budget import Budget
+
+    dist.init_process_group("gloo", init_method=f"file://{path}.pg", rank=rank, world_size=WORLD)
+    try:
+        torch.set_num_threads(1)
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(problems.BUILDERS["mlp"][0]().double())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        cp = Cockpit(model, configuration("economy"), diagnose=False, budget=Budget(1.5, horizon=100))
+        x, y = _batches("mlp", 8)[0]
+        for step in range(BUDGET_STEPS):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x[rank * 4:(rank + 1) * 4]), y[rank * 4:(rank + 1) * 4])
+            with cp(step, info={"loss": loss, "optimizer": opt}):
+                loss.backward()
+            if rank == 1 and step in cp.budget.calibration_steps("NormTest"):
+                time.sleep(0.05)  # this rank measures the per-sample tier as far dearer
+            opt.step()
+        with open(f"{path}.{rank}", "wb") as file:
+            pickle.dump((cp.budget.plan, cp.get_output()), file)
+    finally:
+        dist.destroy_process_group()
+    _leave()
+
+
+def test_ranks_fix_the_same_budget_plan(tmp_path):
+    """Each rank times its own steps; planning alone, they would schedule the global-batch
+    statistics at different steps and wait for each other's collectives forever."""
+    path = str(tmp_path / "plan")
+    context = mp.spawn(_budget_worker, args=(path,), nprocs=WORLD, join=False)
+    for _ in range(240):
+        if context.join(timeout=0.5):
+            break
+    else:
+        for process in context.processes:
+            process.kill()
+        pytest.fail("the ranks did not finish: they disagreed on the budget's schedules")
+    plans = []
+    for rank in range(WORLD):
+        with open(f"{path}.{rank}", "rb") as file:
+            plans.append(pickle.load(file))
+    (plan, record), (other, rest) = plans
+    assert plan == other and rest == {}
+    assert [step for step, entry in record.items() if "budget" in entry] == [min(r["from"] for r in plan["schedules"].values()) - 1]
+    assert {"NormTest", "GradNorm"} <= set(record[3])  # the global-batch statistics at the first calibration step
