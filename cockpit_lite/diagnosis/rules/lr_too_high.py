@@ -6,7 +6,10 @@
   of the way to L₀ for ``SUSTAIN`` steps;
 - updates of ≥ ``HIGH_RATIO`` of the weights' norm per step (median of the last 3) while
   the loss does not improve (3-median ≥ 0.9 L₀);
-- a non-finite loss whose origin has non-finite parameters (an update diverged).
+- a non-finite loss whose origin has non-finite parameters (an update diverged), after a
+  finite loss was seen: when the first loss seen is already non-finite (tracking began
+  late, e.g. after an overhead budget's untracked first steps), non-finite parameters
+  may come from non-finite data at an unseen step, and ``nan_loss`` reports it.
 """
 
 import math
@@ -31,7 +34,8 @@ class LrTooHigh(Rule):
     def observe(self, step, entry, history):
         ref = history.loss_ref
         origin = entry.get("NonfiniteOrigin")
-        if isinstance(origin, dict) and origin.get("params_nonfinite"):
+        seen_finite = any(math.isfinite(v) for s, v in history.losses if s < step)
+        if isinstance(origin, dict) and origin.get("params_nonfinite") and seen_finite:
             return [self._finding(step, f"the loss became non-finite at step {step} because the parameters of "
                                   f"{origin.get('module')!r} were already non-finite: an update diverged",
                                   {"loss_ref": plain(ref), "module": origin.get("module")})]
