@@ -315,9 +315,9 @@ class Engine:
         self.capture.paused = True
         try:
             per_sample = rule.per_sample(call, tracked, state.batch_size)
-        except UnsupportedCall as error:
+        except Exception as error:  # a rule that fails inside the user's backward pass: NaN and a flag, never a crash
             for _, _, index in tracked:
-                self._fail(state, index, f"{call.name or type(call.module).__name__}: {error}")
+                self._fail(state, index, f"{call.name or type(call.module).__name__}: {type(error).__name__}: {error}")
             return
         finally:
             self.capture.paused = False
@@ -328,6 +328,9 @@ class Engine:
 
     def _accept(self, state, index, part):
         """One use's individual gradients of parameter ``index``."""
+        if part.num_samples != state.batch_size:
+            self._fail(state, index, f"a layer rule gave {part.num_samples} individual gradients for a batch of {state.batch_size}")
+            return
         part.batch_size = state.batch_size
         part.grad_before = state.grads_before[index]
         if state.uses.get(index, 1) > 1:
@@ -503,7 +506,7 @@ class _Graph:
     def path_from_parameter(self, param, batch_size):
         if not self.ready() or id(param) not in self._accumulators:
             return None
-        found = broadcast.plan(self._users, (self._accumulators[id(param)], 0), batch_size)
+        found = broadcast.plan(self._users, (self._accumulators[id(param)], 0), param.shape, batch_size)
         return None if found is None else (found, param.shape, batch_size)
 
     def broadcast_into_batch(self, tensor, batch_size):
@@ -514,7 +517,7 @@ class _Graph:
     def path_from_tensor(self, tensor, batch_size):
         if not self.ready() or tensor.grad_fn is None:
             return None
-        found = broadcast.plan(self._users, (tensor.grad_fn, tensor.output_nr), batch_size)
+        found = broadcast.plan(self._users, (tensor.grad_fn, tensor.output_nr), tensor.shape, batch_size)
         return None if found is None else (found, tensor.shape, batch_size)
 
 

@@ -60,15 +60,18 @@ SHAPE_ONLY = {
 """Nodes that only move or cast elements (they never bring the batch in)."""
 
 
-def plan(users, start, batch_size):
-    """The path from ``start = (node, output index)`` down to its batch node, or ``None``.
+def plan(users, start, shape, batch_size):
+    """The path from ``start = (node, output index)``, a tensor of ``shape``, down to its
+    batch node, or ``None``.
 
     Returns a list of ``(node, input position)`` from the first consumer to the batch
     node: the first node that is not shape-only (``SHAPE_ONLY``), whose output must have
     an axis of size ``batch_size``. Every node on the way must have a single consumer and
-    a single output.
+    a single output. A shape-only node whose output gains an axis of size ``batch_size``
+    unfolds a batch that the tensor held folded (``[2B, C]`` viewed as ``[B, 2C]``): the
+    tensor is not shared, and there is no path.
     """
-    path, current = [], start
+    path, current, shape = [], start, tuple(shape)
     for _ in range(MAX_DEPTH):
         following = users.get(current)
         if not following or len(following) != 1:
@@ -78,9 +81,12 @@ def plan(users, start, batch_size):
         if len(metadata) != 1:
             return None
         path.append((node, position))
+        out = tuple(metadata[0].shape)
         if type(node).__name__ not in SHAPE_ONLY:
-            return path if _batch_axis(metadata[0].shape, batch_size) is not None else None
-        current = (node, 0)
+            return path if _batch_axis(out, batch_size) is not None else None
+        if batch_size in out and batch_size not in shape:
+            return None
+        current, shape = (node, 0), out
     return None
 
 

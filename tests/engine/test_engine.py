@@ -118,6 +118,37 @@ def test_a_use_the_capture_missed_is_caught_then_served_by_the_global_path():
             problems.assert_close(entry["GradVariance"][0], g0.var(0, unbiased=True).sum(), what="GradVariance missed use")
 
 
+def test_a_layer_rule_that_fails_inside_backward_is_flagged_then_served_by_the_global_path(monkeypatch):
+    """An unexpected error in a rule (here: LayerNorm's) must not stop the user's training."""
+    from cockpit_lite.engine.rules.norm import LayerNormRule
+
+    def broken(self, call, tracked, batch_size):
+        raise RuntimeError("planted failure")
+
+    monkeypatch.setattr(LayerNormRule, "per_sample", broken)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6), nn.Linear(6, 3)).double()
+    cp = Cockpit(model, [quantities.GradVariance()], diagnose=False)
+    x, y = torch.randn(5, 4, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1])
+    for step in range(2):
+        model.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with cp(step, info={"loss": loss}):
+                loss.backward()
+        entry = cp.get_output()[step]
+        if step == 0:
+            assert any("planted failure" in str(w.message) for w in caught)
+            assert math.isnan(entry["GradVariance"][2]) and any("1.weight" in f and "planted" in f for f in entry["flags"])
+            assert math.isfinite(entry["GradVariance"][0])  # the other layers keep their values
+        else:
+            assert "flags" not in entry
+            contributions = F.cross_entropy(model(x), y, reduction="none") / 5
+            g = torch.stack([torch.autograd.grad(c, model[1].weight, retain_graph=True)[0] * 5 for c in contributions])
+            problems.assert_close(entry["GradVariance"][2], g.var(0, unbiased=True).sum(), what="GradVariance after a failed rule")
+
+
 def test_observer_effect_on_realistic_models_is_zero():
     """Economy at every step leaves the training bit-identical (dropout models included)."""
     for name in models.REALISTIC:
