@@ -33,11 +33,18 @@ LAYERS = {"1d": (nn.Conv1d, (7,)), "2d": (nn.Conv2d, (7, 6)), "3d": (nn.Conv3d, 
 
 def engine_individual_gradients(model, x, batch_size=None):
     """``grad_batch`` of every parameter for the loss ``Σ model(x)²``, from the engine
-    (``batch_size``: as ``info["batch_size"]``, for sequence-first inputs)."""
+    (``batch_size``: as ``info["batch_size"]``, for sequence-first inputs; else the samples'
+    losses are given too, for the global path)."""
     params = list(model.parameters())
     engine = Engine(model, params, [str(i) for i in range(len(params))])
-    loss = (model(x) ** 2).sum()
-    given = {"loss": loss} if batch_size is None else {"loss": loss, "batch_size": batch_size}
+    out = model(x)
+    if batch_size is None:
+        individual = (out**2).reshape(len(x), -1).sum(1)
+        loss = individual.sum()
+        given = {"loss": loss, "individual_losses": individual}
+    else:
+        loss = (out**2).sum()
+        given = {"loss": loss, "batch_size": batch_size}
     info = StepInfo(given, 0, batch_size=engine.batch_size(), model=model)
     engine.begin([Keep()], info, info.batch_size, [None] * len(params), ["Test"])
     loss.backward()
@@ -109,3 +116,102 @@ def test_huggingface_conv1d_rule_matches_a_sample_loop():
     layer = pytorch_utils.Conv1D(6, 4).double()
     assert isinstance(rule_for(layer), TransposedLinearRule)
     assert_rule_matches_a_sample_loop(layer, torch.randn(3, 5, 4, dtype=torch.float64))
+
+
+def _batchnorm_eval(channels):
+    layer = nn.BatchNorm1d(channels)
+    layer.running_mean.uniform_(-1, 1)
+    layer.running_var.uniform_(0.5, 2)
+    return layer.eval()
+
+
+NORMS = {  # (layer, input shape after the batch of 3); every channel count differs from the batch
+    "layernorm": (lambda: nn.LayerNorm(4), (5, 4)),
+    "layernorm_2d": (lambda: nn.LayerNorm((2, 4)), (2, 4)),
+    "rmsnorm": (lambda: nn.RMSNorm(4), (5, 4)),
+    "rmsnorm_default_eps": (lambda: nn.RMSNorm((2, 4), eps=None), (2, 4)),
+    "groupnorm": (lambda: nn.GroupNorm(2, 4), (4, 5)),
+    "batchnorm_eval": (lambda: _batchnorm_eval(4), (4, 5)),
+}
+
+
+def _random_affine(layer):
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.uniform_(-2, 2)
+    return layer
+
+
+@pytest.mark.parametrize("norm", NORMS, ids=str)
+def test_norm_rules_match_a_sample_loop(norm):
+    """x̂ recomputed with the statistics the layer used (rules/norm.py), random γ and β."""
+    make, shape = NORMS[norm]
+    torch.manual_seed(0)
+    layer = _random_affine(make().double())
+    assert_rule_matches_a_sample_loop(layer, 3 * torch.randn(3, *shape, dtype=torch.float64) + 1)
+
+
+def _global_path_uses(monkeypatch):
+    """The parameter indices the engine sends to the global path, step by step."""
+    used = []
+    original = Engine._run_global
+
+    def spy(self, state, info, indices):
+        used.append(sorted(indices))
+        return original(self, state, info, indices)
+
+    monkeypatch.setattr(Engine, "_run_global", spy)
+    return used
+
+
+@pytest.mark.parametrize("norm", NORMS, ids=str)
+def test_norm_layers_are_served_by_their_rules_not_the_global_path(norm, monkeypatch):
+    make, shape = NORMS[norm]
+    used = _global_path_uses(monkeypatch)
+    engine_individual_gradients(nn.Sequential(make().double(), nn.Flatten()), torch.randn(3, *shape, dtype=torch.float64))
+    assert not any(used), used
+
+
+class HalfSamples(nn.Module):
+    """A channel norm over ``[2B, C/2, L]``: its first axis is not the batch."""
+
+    def __init__(self, norm):
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, x):
+        b, c, length = x.shape
+        return self.norm(x.reshape(2 * b, c // 2, length)).reshape(b, c, length)
+
+
+class FlatTokens(nn.Module):
+    """A norm over the tokens of all samples, ``[B·T, C]`` (a common idiom for BatchNorm1d)."""
+
+    def __init__(self, norm):
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, x):
+        b, t, c = x.shape
+        return self.norm(x.reshape(b * t, c)).reshape(b, t, c)
+
+
+FOLDED = {  # the samples folded into the first axis of the norm's input
+    "groupnorm_half_samples": (lambda: HalfSamples(nn.GroupNorm(2, 4)), (8, 5)),
+    "batchnorm_eval_half_samples": (lambda: HalfSamples(_batchnorm_eval(4)), (8, 5)),
+    "layernorm_flat_tokens": (lambda: FlatTokens(nn.LayerNorm(4)), (5, 4)),
+    "batchnorm_eval_flat_tokens": (lambda: FlatTokens(_batchnorm_eval(4)), (5, 4)),
+}
+
+
+@pytest.mark.parametrize("folded", FOLDED, ids=str)
+def test_a_norm_over_folded_samples_is_left_to_the_global_path(folded, monkeypatch):
+    """Its output has no axis of size B, but it is not shared by the samples: the view that
+    unfolds the batch must not be taken for the broadcast of a shared tensor."""
+    make, shape = FOLDED[folded]
+    torch.manual_seed(0)
+    model = make().double()
+    _random_affine(model.norm)
+    used = _global_path_uses(monkeypatch)
+    assert_rule_matches_a_sample_loop(model, torch.randn(3, *shape, dtype=torch.float64))
+    assert used and used[0] == [0, 1]
