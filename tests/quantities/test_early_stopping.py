@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import problems
+from cockpit_lite import schedules
 from cockpit_lite.quantities import EarlyStopping
 
 DEFAULT_EPSILON = 1e-5
@@ -43,3 +44,22 @@ def test_refuses_momentum_before_backward():
     x, y = problem.batches[0]
     with pytest.raises(ValueError, match="plain SGD"):
         cp(0, info={"optimizer": opt})
+
+
+def test_refusals_name_the_quantity():
+    problem = problems.make("mlp", 3)
+    cp = problems.Cockpit(problem.model, [EarlyStopping()])
+    with pytest.raises(ValueError, match="EarlyStopping is defined for plain SGD"):
+        cp(0, info={"optimizer": torch.optim.Adam(problem.model.parameters())})
+    with pytest.raises(ValueError, match=r"EarlyStopping needs info\['optimizer'\]"):
+        cp(1, info={})
+
+
+def test_schedule_and_verbose_are_passed_on(capsys):
+    """track_schedule and verbose reach the base class: values (and a printed line) at steps 0 and 2 only."""
+    quantity = EarlyStopping(track_schedule=schedules.linear(2), verbose=True, epsilon=1e-3)
+    problems.check(quantity, functools.partial(reference, epsilon=1e-3), ("mlp", 5, "mean"), steps=4, schedule_steps=[0, 2])
+    printed = [line for line in capsys.readouterr().out.splitlines() if "EarlyStopping" in line]
+    assert len(printed) == 2 and "step 0]" in printed[0] and "step 2]" in printed[1]
+    problems.check(EarlyStopping(), reference, ("mlp", 2, "mean"), steps=1)
+    assert "EarlyStopping" not in capsys.readouterr().out

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import problems
+from cockpit_lite import schedules
 from cockpit_lite.quantities import MeanGSNR
 
 DEFAULT_EPSILON = 1e-5
@@ -33,3 +34,16 @@ def test_matches_brute_force(case):
 def test_default_epsilon_is_1e_5(case):
     """A default-constructed MeanGSNR against the brute force with ε = 1e-5."""
     problems.check(MeanGSNR(), reference, case)
+
+
+def test_schedule_and_verbose_are_passed_on(capsys):
+    """track_schedule and verbose reach the base class: values (and a printed line) at steps 0 and 2 only."""
+    quantity = MeanGSNR(track_schedule=schedules.linear(2), verbose=True, epsilon=1e-3)
+    problems.check(quantity, functools.partial(reference, epsilon=1e-3), ("mlp", 5, "mean"), steps=4, schedule_steps=[0, 2])
+    printed = [line for line in capsys.readouterr().out.splitlines() if "MeanGSNR" in line]
+    assert len(printed) == 2 and "step 0]" in printed[0] and "step 2]" in printed[1]
+
+
+def test_quiet_by_default(capsys):
+    problems.check(MeanGSNR(), reference, ("mlp", 2, "mean"), steps=1)
+    assert "MeanGSNR" not in capsys.readouterr().out
