@@ -66,7 +66,11 @@ class HessMaxEV(SingleStepQuantity):
 
         def hvp(vector):
             pieces = [v.reshape(s) for v, s in zip(vector.split(sizes), shapes)]
-            hv = torch.autograd.grad(grads, params, pieces, retain_graph=True, allow_unused=True)
+            # a gradient without a graph (a parameter the loss does not use) is constant: no curvature
+            used = [(g, v) for g, v in zip(grads, pieces) if g.grad_fn is not None] or list(zip(grads, pieces))
+            hv = torch.autograd.grad(
+                [g for g, _ in used], params, [v for _, v in used], retain_graph=True, allow_unused=True
+            )
             return torch.cat([
                 (h if h is not None else torch.zeros_like(p)).reshape(-1)
                 for h, p in zip(hv, params)

@@ -92,3 +92,39 @@ def test_compiled_model_is_refused_with_the_fix():
     model = models.Encoder(0.0)
     with pytest.raises(ValueError, match="Cockpit\\(model, ...\\), and use it uncompiled on the tracked steps"):
         Cockpit(torch.compile(model), [HessMaxEV()])
+
+
+class _WithUnusedLayer(torch.nn.Module):
+    """A model with a tracked layer the forward pass never uses (its gradient is None)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.unused, self.last = torch.nn.Linear(4, 3), torch.nn.Linear(2, 2), torch.nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.last(torch.tanh(self.first(x)))
+
+
+@pytest.mark.parametrize("use_power", [False, True], ids=["lanczos", "power"])
+def test_unused_parameters_have_no_curvature(use_power):
+    """Their Hessian rows are zero; λ from torch.linalg.eigvalsh of the autograd Hessian of all parameters."""
+    torch.manual_seed(0)
+    model = _WithUnusedLayer().double()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(5, 4, generator=g, dtype=torch.float64), torch.randint(0, 2, (5,), generator=g)
+    lossfunc = torch.nn.CrossEntropyLoss()
+    cp = Cockpit(model, quantities=[HessMaxEV(use_power=use_power, rtol=1e-10, maxiter=500)], diagnose=False)
+    loss = lossfunc(model(x), y)
+    with cp(0, info={"loss": loss}):
+        loss.backward(create_graph=cp.create_graph(0))
+    names, params = zip(*model.named_parameters())
+    sizes = [p.numel() for p in params]
+
+    def loss_of_flat(vector):
+        tensors = {n: v.reshape(p.shape) for n, v, p in zip(names, vector.split(sizes), params)}
+        return lossfunc(torch.func.functional_call(model, tensors, (x,)), y)
+
+    hessian = torch.autograd.functional.hessian(loss_of_flat, torch.cat([p.detach().reshape(-1) for p in params]))
+    eigenvalues = torch.linalg.eigvalsh(hessian)
+    expected = eigenvalues[eigenvalues.abs().argmax()] if use_power else eigenvalues.max()
+    assert cp.get_output()[0]["HessMaxEV"] == pytest.approx(float(expected), rel=1e-6)
