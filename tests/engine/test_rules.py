@@ -130,6 +130,8 @@ NORMS = {  # (layer, input shape after the batch of 3); every channel count diff
     "layernorm_2d": (lambda: nn.LayerNorm((2, 4)), (2, 4)),
     "rmsnorm": (lambda: nn.RMSNorm(4), (5, 4)),
     "rmsnorm_default_eps": (lambda: nn.RMSNorm((2, 4), eps=None), (2, 4)),
+    "rmsnorm_large_eps": (lambda: nn.RMSNorm(4, eps=0.5), (5, 4)),
+    "layernorm_large_eps": (lambda: nn.LayerNorm(4, eps=0.5), (5, 4)),
     "groupnorm": (lambda: nn.GroupNorm(2, 4), (4, 5)),
     "batchnorm_eval": (lambda: _batchnorm_eval(4), (4, 5)),
 }
@@ -215,3 +217,43 @@ def test_a_norm_over_folded_samples_is_left_to_the_global_path(folded, monkeypat
     used = _global_path_uses(monkeypatch)
     assert_rule_matches_a_sample_loop(model, torch.randn(3, *shape, dtype=torch.float64))
     assert used and used[0] == [0, 1]
+
+
+class Lookup(nn.Module):
+    def __init__(self, embedding):
+        super().__init__()
+        self.embedding = embedding
+
+    def forward(self, tokens):
+        return self.embedding(tokens)
+
+
+TOKENS = torch.tensor([[[1, 0, 3], [3, 3, 0]], [[2, 2, 2], [0, 0, 0]], [[4, 1, 3], [1, 4, 2]]])
+"""Three samples of 2×3 tokens: repeats within a sample and across samples, and padding (0)."""
+
+
+@pytest.mark.parametrize("padding_idx", [None, 0], ids=str)
+def test_embedding_rule_matches_a_sample_loop(padding_idx):
+    """Rows per (sample, token), summed over a sample's repeats; padding rows stay zero."""
+    torch.manual_seed(0)
+    model = Lookup(nn.Embedding(5, 3, padding_idx=padding_idx).double())
+    got = engine_individual_gradients(model, TOKENS)
+    loop = torch.stack([torch.autograd.grad((model(TOKENS[n : n + 1]) ** 2).sum(), model.embedding.weight)[0] for n in range(3)])
+    torch.testing.assert_close(got[0], loop)
+    if padding_idx is not None:
+        assert not got[0][:, padding_idx].any()
+
+
+def test_embedding_scaled_by_frequency_is_left_to_the_global_path(monkeypatch):
+    """scale_grad_by_freq divides by the token counts of the whole batch: the samples' gradients
+    are coupled, and only VJPs of the individual losses of the one forward pass give them."""
+    torch.manual_seed(0)
+    model = Lookup(nn.Embedding(5, 3, scale_grad_by_freq=True).double())
+    used = _global_path_uses(monkeypatch)
+    got = engine_individual_gradients(model, TOKENS)
+    individual = (model(TOKENS) ** 2).reshape(3, -1).sum(1)
+    reference = torch.stack([
+        torch.autograd.grad(individual[n], model.embedding.weight, retain_graph=True)[0] for n in range(3)
+    ])
+    torch.testing.assert_close(got[0], reference)
+    assert used == [[0]]

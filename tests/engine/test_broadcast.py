@@ -1,0 +1,53 @@
+"""Shared tensors (rules of ``cockpit_lite/engine/broadcast.py``): each sample's gradient of a
+tensor all samples share, against autograd on the individual losses of one forward pass."""
+
+import pytest
+import torch
+from torch import nn
+
+from engine.test_rules import _global_path_uses, engine_individual_gradients
+
+B, T, D = 3, 4, 5
+
+
+class Shared(nn.Module):
+    """A Linear layer on ``combine(x, shared)``, ``shared`` a parameter of the model itself."""
+
+    def __init__(self, shape, combine):
+        super().__init__()
+        self.shared = nn.Parameter(torch.randn(*shape))
+        self.combine = combine
+        self.lin = nn.Linear(D, 2)
+
+    def forward(self, x):
+        return self.lin(self.combine(x, self.shared))
+
+
+COMBINE = {  # name: (shape of the shared tensor, how it meets the batch [B, T, D])
+    "x_plus_shared": ((T, D), lambda x, s: x + s),
+    "shared_plus_x": ((T, D), lambda x, s: s + x),
+    "x_minus_shared": ((T, D), lambda x, s: x - s),
+    "shared_minus_x": ((T, D), lambda x, s: s - x),
+    "add_alpha": ((T, D), lambda x, s: torch.add(x, s, alpha=2.5)),
+    "sub_alpha": ((T, D), lambda x, s: torch.sub(x, s, alpha=0.5)),
+    "times_scale": ((D,), lambda x, s: x * s),  # not an addition: the node's backward per sample
+    "sliced_and_unsqueezed": ((T + 3, D), lambda x, s: x + s[:T].unsqueeze(0)),  # shape-only nodes
+    "viewed_transposed": ((D, T), lambda x, s: x + s.t().reshape(1, T, D)),
+    "broadcast_over_positions": ((D,), lambda x, s: x + s),  # summed over T per sample
+    "broadcast_column": ((T, 1), lambda x, s: x + s),  # summed over D per sample
+}
+
+
+@pytest.mark.parametrize("combine", COMBINE, ids=str)
+def test_shared_tensor_gradients_per_sample(combine, monkeypatch):
+    shape, how = COMBINE[combine]
+    torch.manual_seed(0)
+    model = Shared(shape, how).double()
+    x = torch.randn(B, T, D, dtype=torch.float64)
+    used = _global_path_uses(monkeypatch)
+    got = engine_individual_gradients(model, x)
+    individual = (model(x) ** 2).reshape(B, -1).sum(1)
+    for index, p in enumerate(model.parameters()):
+        reference = torch.stack([torch.autograd.grad(individual[n], p, retain_graph=True)[0] for n in range(B)])
+        torch.testing.assert_close(got[index], reference)
+    assert not any(used), f"served by the global path: {used}"
