@@ -29,12 +29,14 @@ COMBINE = {  # name: (shape of the shared tensor, how it meets the batch [B, T, 
     "x_minus_shared": ((T, D), lambda x, s: x - s),
     "shared_minus_x": ((T, D), lambda x, s: s - x),
     "add_alpha": ((T, D), lambda x, s: torch.add(x, s, alpha=2.5)),
+    "shared_first_add_alpha": ((T, D), lambda x, s: torch.add(s, x, alpha=2.5)),  # alpha scales x, not s
     "sub_alpha": ((T, D), lambda x, s: torch.sub(x, s, alpha=0.5)),
     "times_scale": ((D,), lambda x, s: x * s),  # not an addition: the node's backward per sample
     "sliced_and_unsqueezed": ((T + 3, D), lambda x, s: x + s[:T].unsqueeze(0)),  # shape-only nodes
     "viewed_transposed": ((D, T), lambda x, s: x + s.t().reshape(1, T, D)),
     "broadcast_over_positions": ((D,), lambda x, s: x + s),  # summed over T per sample
     "broadcast_column": ((T, 1), lambda x, s: x + s),  # summed over D per sample
+    "broadcast_over_pairs": ((D,), lambda x, s: x[:, :2] + s),  # summed over an axis of size 2
 }
 
 
@@ -51,3 +53,54 @@ def test_shared_tensor_gradients_per_sample(combine, monkeypatch):
         reference = torch.stack([torch.autograd.grad(individual[n], p, retain_graph=True)[0] for n in range(B)])
         torch.testing.assert_close(got[index], reference)
     assert not any(used), f"served by the global path: {used}"
+
+
+def _individual_reference(model, x, axis=0):
+    """Per sample (along ``axis`` of ``x``), autograd of its loss ``Σ model(x)²`` in one forward pass."""
+    out = model(x)
+    individual = (out.movedim(axis, 0) ** 2).reshape(x.shape[axis], -1).sum(1)
+    return [
+        torch.stack([torch.autograd.grad(individual[n], p, retain_graph=True)[0] for n in range(x.shape[axis])])
+        for p in model.parameters()
+    ]
+
+
+NOT_SHARED = {  # the shared tensor has no single path to the node that brings in the batch
+    "used_twice": ((T, D), lambda x, s: x + s + s),
+    "scaled_before_the_batch": ((T, D), lambda x, s: x + 2 * s),
+}
+
+
+@pytest.mark.parametrize("combine", NOT_SHARED, ids=str)
+def test_a_shared_tensor_without_a_plain_path_is_left_to_the_global_path(combine, monkeypatch):
+    shape, how = NOT_SHARED[combine]
+    torch.manual_seed(0)
+    model = Shared(shape, how).double()
+    x = torch.randn(B, T, D, dtype=torch.float64)
+    used = _global_path_uses(monkeypatch)
+    got = engine_individual_gradients(model, x)
+    for index, reference in enumerate(_individual_reference(model, x)):
+        torch.testing.assert_close(got[index], reference)
+    assert used and 0 in used[0]  # the shared parameter
+
+
+class SequenceFirst(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.shared = nn.Parameter(torch.randn(D))
+        self.lin = nn.Linear(D, 2)
+
+    def forward(self, x):  # x: [T, B, D]
+        return self.lin(x + self.shared)
+
+
+def test_a_shared_tensor_meeting_a_sequence_first_batch(monkeypatch):
+    """The batch axis is not the first: each sample's part is summed over the axes before it too."""
+    torch.manual_seed(0)
+    model = SequenceFirst().double()
+    x = torch.randn(T, B, D, dtype=torch.float64)
+    used = _global_path_uses(monkeypatch)
+    got = engine_individual_gradients(model, x, batch_size=B)
+    for index, reference in enumerate(_individual_reference(model, x, axis=1)):
+        torch.testing.assert_close(got[index], reference)
+    assert not any(used)

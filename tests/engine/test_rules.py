@@ -31,13 +31,14 @@ class Keep(Transform):
 LAYERS = {"1d": (nn.Conv1d, (7,)), "2d": (nn.Conv2d, (7, 6)), "3d": (nn.Conv3d, (5, 4, 5))}
 
 
-def engine_individual_gradients(model, x, batch_size=None):
+def engine_individual_gradients(model, x, batch_size=None, wide=False):
     """``grad_batch`` of every parameter for the loss ``Σ model(x)²``, from the engine
     (``batch_size``: as ``info["batch_size"]``, for sequence-first inputs; else the samples'
-    losses are given too, for the global path)."""
+    losses are given too, for the global path; ``wide``: the loss in float32, as under mixed
+    precision)."""
     params = list(model.parameters())
     engine = Engine(model, params, [str(i) for i in range(len(params))])
-    out = model(x)
+    out = model(x).float() if wide else model(x)
     if batch_size is None:
         individual = (out**2).reshape(len(x), -1).sum(1)
         loss = individual.sum()
@@ -134,6 +135,7 @@ NORMS = {  # (layer, input shape after the batch of 3); every channel count diff
     "layernorm_large_eps": (lambda: nn.LayerNorm(4, eps=0.5), (5, 4)),
     "groupnorm": (lambda: nn.GroupNorm(2, 4), (4, 5)),
     "batchnorm_eval": (lambda: _batchnorm_eval(4), (4, 5)),
+    "batchnorm_eval_2d": (lambda: _batchnorm_eval(4), (4,)),
 }
 
 
@@ -257,3 +259,69 @@ def test_embedding_scaled_by_frequency_is_left_to_the_global_path(monkeypatch):
     ])
     torch.testing.assert_close(got[0], reference)
     assert used == [[0]]
+
+
+class Keyword(nn.Module):
+    def __init__(self, norm):
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, x):
+        return self.norm(input=x)
+
+
+class SamplesAsChannels(nn.Module):
+    """GroupNorm over ``[C, B, L]``: the samples are its channels (it mixes them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.GroupNorm(1, 3)
+
+    def forward(self, x):
+        return self.norm(x.transpose(0, 1)).transpose(0, 1)
+
+
+@pytest.mark.parametrize("case", ["keyword_input", "samples_as_channels"])
+def test_norm_calls_the_rules_cannot_read_go_to_the_global_path(case, monkeypatch):
+    torch.manual_seed(0)
+    model = (Keyword(nn.LayerNorm(4)) if case == "keyword_input" else SamplesAsChannels()).double()
+    _random_affine(model.norm)
+    x = torch.randn(3, 2, 4, dtype=torch.float64)
+    used = _global_path_uses(monkeypatch)
+    got = engine_individual_gradients(model, x)
+    individual = (model(x) ** 2).reshape(3, -1).sum(1)
+    for index, p in enumerate(model.parameters()):
+        reference = torch.stack([torch.autograd.grad(individual[n], p, retain_graph=True)[0] for n in range(3)])
+        torch.testing.assert_close(got[index], reference)
+    assert used == [[0, 1]]
+
+
+def _bfloat16_reference(layer, x, per_sample):
+    """The layer's individual gradients from its bf16 output gradient, in float64."""
+    captured = {}
+    def keep(module, args, out):
+        out.register_hook(lambda g: captured.setdefault("delta", g))
+
+    handle = layer.register_forward_hook(keep)
+    got = engine_individual_gradients(nn.Sequential(layer), x, wide=True)
+    handle.remove()
+    return got, per_sample(captured["delta"].double())
+
+
+def test_bfloat16_layers_accumulate_in_float32():
+    """bf16 in, bf16 output gradients: the rules sum in float32 (bf16 sums are ~1e-2 off)."""
+    torch.manual_seed(0)
+    norm = _random_affine(nn.LayerNorm(64)).bfloat16()
+    x = torch.randn(3, 40, 64).bfloat16()
+    xd = x.double()
+    x_hat = (xd - xd.mean(-1, keepdim=True)) / torch.sqrt(xd.var(-1, unbiased=False, keepdim=True) + norm.eps)
+    got, reference = _bfloat16_reference(norm, x, lambda d: (d * x_hat).sum(1))
+    torch.testing.assert_close(got[0].double(), reference, rtol=1e-3, atol=1e-3)
+
+    embedding = nn.Embedding(4, 8).bfloat16()
+    tokens = torch.randint(0, 4, (3, 12))
+    got, reference = _bfloat16_reference(
+        embedding, tokens, lambda d: torch.zeros(3, 4, 8, dtype=torch.float64).index_put_(
+            (torch.arange(3)[:, None].expand(3, 12), tokens), d, accumulate=True)
+    )
+    torch.testing.assert_close(got[0].double(), reference, rtol=1e-3, atol=1e-3)
