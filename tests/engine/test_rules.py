@@ -270,6 +270,17 @@ class Keyword(nn.Module):
         return self.norm(input=x)
 
 
+class SamplesAsFeatures(nn.Module):
+    """A Linear layer on ``[F, B]``: the samples are its input features (it mixes them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.norm(x.reshape(3, -1).t()).t()
+
+
 class SamplesAsChannels(nn.Module):
     """GroupNorm over ``[C, B, L]``: the samples are its channels (it mixes them)."""
 
@@ -281,10 +292,18 @@ class SamplesAsChannels(nn.Module):
         return self.norm(x.transpose(0, 1)).transpose(0, 1)
 
 
-@pytest.mark.parametrize("case", ["keyword_input", "samples_as_channels"])
-def test_norm_calls_the_rules_cannot_read_go_to_the_global_path(case, monkeypatch):
+UNREADABLE = {
+    "layernorm_keyword_input": lambda: Keyword(nn.LayerNorm(4)),
+    "linear_keyword_input": lambda: Keyword(nn.Linear(4, 3)),
+    "groupnorm_samples_as_channels": SamplesAsChannels,
+    "linear_samples_as_features": SamplesAsFeatures,
+}
+
+
+@pytest.mark.parametrize("case", UNREADABLE, ids=str)
+def test_calls_the_rules_cannot_read_go_to_the_global_path(case, monkeypatch):
     torch.manual_seed(0)
-    model = (Keyword(nn.LayerNorm(4)) if case == "keyword_input" else SamplesAsChannels()).double()
+    model = UNREADABLE[case]().double()
     _random_affine(model.norm)
     x = torch.randn(3, 2, 4, dtype=torch.float64)
     used = _global_path_uses(monkeypatch)
@@ -316,6 +335,10 @@ def test_bfloat16_layers_accumulate_in_float32():
     xd = x.double()
     x_hat = (xd - xd.mean(-1, keepdim=True)) / torch.sqrt(xd.var(-1, unbiased=False, keepdim=True) + norm.eps)
     got, reference = _bfloat16_reference(norm, x, lambda d: (d * x_hat).sum(1))
+    torch.testing.assert_close(got[0].double(), reference, rtol=1e-3, atol=1e-3)
+
+    linear = nn.Linear(64, 8).bfloat16()
+    got, reference = _bfloat16_reference(linear, x, lambda d: torch.einsum("nlo,nli->noi", d, xd))
     torch.testing.assert_close(got[0].double(), reference, rtol=1e-3, atol=1e-3)
 
     embedding = nn.Embedding(4, 8).bfloat16()
