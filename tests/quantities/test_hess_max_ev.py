@@ -5,7 +5,7 @@ import torch
 
 import models
 import problems
-from cockpit_lite import Cockpit, configuration
+from cockpit_lite import Cockpit, configuration, schedules
 from cockpit_lite.quantities import HessMaxEV
 
 REALISTIC = ["transformer", "gpt", "resnet_bn_train", "resnet_gn", "lstm", "custom"]
@@ -128,3 +128,78 @@ def test_unused_parameters_have_no_curvature(use_power):
     eigenvalues = torch.linalg.eigvalsh(hessian)
     expected = eigenvalues[eigenvalues.abs().argmax()] if use_power else eigenvalues.max()
     assert cp.get_output()[0]["HessMaxEV"] == pytest.approx(float(expected), rel=1e-6)
+
+
+@pytest.mark.parametrize("use_power", [False, True], ids=["lanczos", "power"])
+def test_maxiter_caps_the_products(use_power):
+    """rtol = 0 never converges: every step stops at maxiter products and records them."""
+    problem = problems.make("mlp", 5, steps=2)
+    quantity = HessMaxEV(use_power=use_power, rtol=0, maxiter=3)
+    assert quantity.last_iterations is None
+    cp, _ = problems.run(problem, [quantity])
+    assert [entry["meta"]["HessMaxEV"]["products"] for entry in cp.get_output().values()] == [3, 3]
+    assert quantity.last_iterations == 3
+
+
+def test_the_user_random_state_is_left_alone_and_the_seed_is_used():
+    """Start vectors come from the quantity's own generator (seed 0 by default), never torch's global one."""
+    def values(**kwargs):
+        problem = problems.make("mlp", 5, steps=2)
+        state = torch.get_rng_state()
+        cp, _ = problems.run(problem, [HessMaxEV(**kwargs)])
+        assert torch.equal(state, torch.get_rng_state())
+        return [(entry["HessMaxEV"], entry["meta"]["HessMaxEV"]["products"]) for entry in cp.get_output().values()]
+
+    default = values()
+    assert default == values(seed=0)
+    assert default != values(seed=1)
+
+
+def test_a_model_with_a_single_parameter_tensor():
+    """λ_max of a least-squares problem: 2 XᵀX / (B·O) for MSE on a bias-free linear layer."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2, bias=False).double()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(6, 3, generator=g, dtype=torch.float64), torch.randn(6, 2, generator=g, dtype=torch.float64)
+    cp = Cockpit(model, quantities=[HessMaxEV(rtol=1e-10)], diagnose=False)
+    loss = torch.nn.MSELoss()(model(x), y)
+    with cp(0, info={"loss": loss}):
+        loss.backward(create_graph=cp.create_graph(0))
+    expected = torch.linalg.eigvalsh(2 * x.T @ x / y.numel()).max()  # each output row: 2 XᵀX / (B·O)
+    assert cp.get_output()[0]["HessMaxEV"] == pytest.approx(float(expected), rel=1e-8)
+
+
+@pytest.mark.parametrize("marker,hint", [("donated buffer", "torch.compile"), ("scaled_dot_product", "sdpa_kernel")])
+def test_known_double_backward_failures_get_their_fix(monkeypatch, marker, hint):
+    import cockpit_lite.quantities.hess_max_ev as module
+
+    def fail(*args, **kwargs):
+        raise RuntimeError(f"something about the {marker} went wrong")
+
+    monkeypatch.setattr(module, "lanczos_max_eig", fail)
+    problem = problems.make("mlp", 3, steps=1)
+    with pytest.raises(RuntimeError, match=rf"HessMaxEV at step 0: .*{hint}.*\(something about the {marker} went wrong\)$") as raised:
+        problems.run(problem, [HessMaxEV()])
+    other = "sdpa_kernel" if hint == "torch.compile" else "donated buffers"
+    assert other not in str(raised.value)
+
+
+def test_other_runtime_errors_pass_unchanged(monkeypatch):
+    import cockpit_lite.quantities.hess_max_ev as module
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("an unrelated failure")
+
+    monkeypatch.setattr(module, "lanczos_max_eig", fail)
+    with pytest.raises(RuntimeError, match="^an unrelated failure$"):
+        problems.run(problems.make("mlp", 3, steps=1), [HessMaxEV()])
+
+
+def test_schedule_and_verbose_are_passed_on(capsys):
+    """track_schedule and verbose reach the base class: values (and a printed line) at steps 0 and 2 only."""
+    problems.check(HessMaxEV(track_schedule=schedules.linear(2), verbose=True), reference, ("mlp", 5, "mean"),
+                   steps=4, rtol=1e-3, layers=False, schedule_steps=[0, 2])
+    printed = [line for line in capsys.readouterr().out.splitlines() if "HessMaxEV" in line]
+    assert len(printed) == 2 and "step 0]" in printed[0] and "step 2]" in printed[1]
+    problems.check(HessMaxEV(), reference, ("mlp", 2, "mean"), steps=1, rtol=1e-3, layers=False)
+    assert "HessMaxEV" not in capsys.readouterr().out
