@@ -203,3 +203,13 @@ def test_schedule_and_verbose_are_passed_on(capsys):
     assert len(printed) == 2 and "step 0]" in printed[0] and "step 2]" in printed[1]
     problems.check(HessMaxEV(), reference, ("mlp", 2, "mean"), steps=1, rtol=1e-3, layers=False)
     assert "HessMaxEV" not in capsys.readouterr().out
+
+
+def test_declares_the_backward_graph_in_its_needs():
+    """What a step needs is read from Needs (the overhead budget's tiers): HessMaxEV's products
+    need the graph of the user's backward pass."""
+    from cockpit_lite.budget import tier_of
+
+    quantity = HessMaxEV()
+    needs = quantity._needs(0, None)
+    assert needs.create_graph and tier_of(needs) == 2
