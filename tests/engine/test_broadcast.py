@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from engine.test_rules import _global_path_uses, engine_individual_gradients
+from engine.test_rules import _global_path_uses, engine_individual_gradients, individual_reference
 
 B, T, D = 3, 4, 5
 
@@ -48,21 +48,9 @@ def test_shared_tensor_gradients_per_sample(combine, monkeypatch):
     x = torch.randn(B, T, D, dtype=torch.float64)
     used = _global_path_uses(monkeypatch)
     got = engine_individual_gradients(model, x)
-    individual = (model(x) ** 2).reshape(B, -1).sum(1)
-    for index, p in enumerate(model.parameters()):
-        reference = torch.stack([torch.autograd.grad(individual[n], p, retain_graph=True)[0] for n in range(B)])
+    for index, reference in enumerate(individual_reference(model, x)):
         torch.testing.assert_close(got[index], reference)
     assert not any(used), f"served by the global path: {used}"
-
-
-def _individual_reference(model, x, axis=0):
-    """Per sample (along ``axis`` of ``x``), autograd of its loss ``Σ model(x)²`` in one forward pass."""
-    out = model(x)
-    individual = (out.movedim(axis, 0) ** 2).reshape(x.shape[axis], -1).sum(1)
-    return [
-        torch.stack([torch.autograd.grad(individual[n], p, retain_graph=True)[0] for n in range(x.shape[axis])])
-        for p in model.parameters()
-    ]
 
 
 NOT_SHARED = {  # the shared tensor has no single path to the node that brings in the batch
@@ -79,7 +67,7 @@ def test_a_shared_tensor_without_a_plain_path_is_left_to_the_global_path(combine
     x = torch.randn(B, T, D, dtype=torch.float64)
     used = _global_path_uses(monkeypatch)
     got = engine_individual_gradients(model, x)
-    for index, reference in enumerate(_individual_reference(model, x)):
+    for index, reference in enumerate(individual_reference(model, x)):
         torch.testing.assert_close(got[index], reference)
     assert used and 0 in used[0]  # the shared parameter
 
@@ -101,6 +89,6 @@ def test_a_shared_tensor_meeting_a_sequence_first_batch(monkeypatch):
     x = torch.randn(T, B, D, dtype=torch.float64)
     used = _global_path_uses(monkeypatch)
     got = engine_individual_gradients(model, x, batch_size=B)
-    for index, reference in enumerate(_individual_reference(model, x, axis=1)):
+    for index, reference in enumerate(individual_reference(model, x, axis=1)):
         torch.testing.assert_close(got[index], reference)
     assert not any(used)

@@ -54,6 +54,16 @@ def engine_individual_gradients(model, x, batch_size=None, wide=False):
     return [results[i]["keep"] for i in range(len(params))]
 
 
+def individual_reference(model, x, axis=0):
+    """Per sample (along ``axis`` of ``x``), autograd of its loss ``Σ model(x)²`` in one forward pass."""
+    out = model(x)
+    individual = (out.movedim(axis, 0) ** 2).reshape(x.shape[axis], -1).sum(1)
+    return [
+        torch.stack([torch.autograd.grad(individual[n], p, retain_graph=True)[0] for n in range(x.shape[axis])])
+        for p in model.parameters()
+    ]
+
+
 def assert_rule_matches_a_sample_loop(layer, x):
     """Every parameter's individual gradients against autograd on one sample at a time."""
     model = nn.Sequential(layer, nn.Flatten())
@@ -253,11 +263,7 @@ def test_embedding_scaled_by_frequency_is_left_to_the_global_path(monkeypatch):
     model = Lookup(nn.Embedding(5, 3, scale_grad_by_freq=True).double())
     used = _global_path_uses(monkeypatch)
     got = engine_individual_gradients(model, TOKENS)
-    individual = (model(TOKENS) ** 2).reshape(3, -1).sum(1)
-    reference = torch.stack([
-        torch.autograd.grad(individual[n], model.embedding.weight, retain_graph=True)[0] for n in range(3)
-    ])
-    torch.testing.assert_close(got[0], reference)
+    torch.testing.assert_close(got[0], individual_reference(model, TOKENS)[0])
     assert used == [[0]]
 
 
@@ -308,9 +314,7 @@ def test_calls_the_rules_cannot_read_go_to_the_global_path(case, monkeypatch):
     x = torch.randn(3, 2, 4, dtype=torch.float64)
     used = _global_path_uses(monkeypatch)
     got = engine_individual_gradients(model, x)
-    individual = (model(x) ** 2).reshape(3, -1).sum(1)
-    for index, p in enumerate(model.parameters()):
-        reference = torch.stack([torch.autograd.grad(individual[n], p, retain_graph=True)[0] for n in range(3)])
+    for index, reference in enumerate(individual_reference(model, x)):
         torch.testing.assert_close(got[index], reference)
     assert used == [[0, 1]]
 
