@@ -5,6 +5,7 @@ import pytest
 import torch
 from torch import nn
 
+from cockpit_lite.engine import broadcast
 from engine.test_rules import _global_path_uses, engine_individual_gradients, individual_reference
 
 B, T, D = 3, 4, 5
@@ -92,3 +93,38 @@ def test_a_shared_tensor_meeting_a_sequence_first_batch(monkeypatch):
     for index, reference in enumerate(individual_reference(model, x, axis=1)):
         torch.testing.assert_close(got[index], reference)
     assert not any(used)
+
+
+def _paths_planned(monkeypatch):
+    planned = []
+    original = broadcast.Path.__init__
+
+    def spy(self, *args, **kwargs):
+        planned.append(args[1])  # the shared tensor's shape
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(broadcast.Path, "__init__", spy)
+    return planned
+
+
+@pytest.mark.parametrize("features", [4, B])  # also a layer whose width equals the batch size
+def test_batched_layers_plan_no_broadcast_path(features, monkeypatch):
+    """Only tensors the samples share take the broadcast path; a layer's batched output (even
+    one with another axis of size B) is served by the layer's own rule."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(D, features), nn.ReLU(), nn.Linear(features, 2)).double()
+    planned = _paths_planned(monkeypatch)
+    engine_individual_gradients(model, torch.randn(B, T, D, dtype=torch.float64))
+    assert planned == []
+
+
+def test_a_shared_tensor_as_long_as_the_batch_plans_its_path(monkeypatch):
+    """``s[:B]`` with T = B: a length equal to B, but broadcast into the batch at the addition."""
+    torch.manual_seed(0)
+    model = Shared((B, D), lambda x, s: x[:, :B] + s).double()
+    planned = _paths_planned(monkeypatch)
+    x = torch.randn(B, T, D, dtype=torch.float64)
+    got = engine_individual_gradients(model, x)
+    for index, reference in enumerate(individual_reference(model, x)):
+        torch.testing.assert_close(got[index], reference)
+    assert planned == [(B, D)]
