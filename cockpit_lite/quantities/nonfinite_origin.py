@@ -39,7 +39,7 @@ OPS = {
     "LogBackward0": ("log", lambda n: torch.log(n._saved_self)),
     "Log2Backward0": ("log", lambda n: torch.log2(n._saved_self)),
     "Log10Backward0": ("log", lambda n: torch.log10(n._saved_self)),
-    "Log1pBackward0": ("log", lambda n: torch.log1p(n._saved_self)),
+    "Log1PBackward0": ("log", lambda n: torch.log1p(n._saved_self)),
     "DivBackward0": ("div", lambda n: n._saved_self / n._saved_other),
     "MulBackward0": ("mul", lambda n: n._saved_self * n._saved_other),
     "PowBackward0": ("pow", lambda n: torch.pow(n._saved_self, n._saved_exponent)),

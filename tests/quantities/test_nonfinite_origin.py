@@ -1,0 +1,162 @@
+"""``NonfiniteOrigin`` on models where the first non-finite value is planted by hand.
+
+The reference is the construction itself: each model makes its first Inf/NaN in a known
+module with a known op, and nothing before it is non-finite.
+"""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from cockpit_lite import Cockpit
+from cockpit_lite.quantities import NonfiniteOrigin
+from cockpit_lite.quantities.nonfinite_origin import MAX_ANALYSED, creator_op, op_name
+
+
+class Apply(nn.Module):
+    """A parameter-free layer applying ``fn``."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+def record(model, x, loss_fn=lambda out: out.square().mean(), steps=1):
+    """The quantity's values at each of ``steps`` steps on the same batch."""
+    cp = Cockpit(model, [NonfiniteOrigin()], diagnose=False)
+    values = []
+    for step in range(steps):
+        loss = loss_fn(model(x))
+        with cp(step, info={"loss": loss}):
+            loss.backward()
+        values.append(cp.output.get(step, {}).get("NonfiniteOrigin"))
+    cp.close()
+    return values if steps > 1 else values[0]
+
+
+def body(fn):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 4), Apply(fn), nn.Linear(4, 2))
+
+
+X = torch.randn(5, 3, generator=torch.Generator().manual_seed(1))
+HUGE = 1e3  # exp(1e3 · x) overflows float32 for |x| ≳ 0.09
+
+
+@pytest.mark.parametrize("fn, op", [
+    (lambda h: torch.log(h - 10), "log"),
+    (lambda h: torch.log2(h - 10), "log"),
+    (lambda h: torch.log10(h - 10), "log"),
+    (lambda h: torch.log1p(h - 10), "log"),
+    (lambda h: torch.xlogy(h, h - 10), "log"),
+    (lambda h: h / (h - h), "div"),
+    (lambda h: (h * HUGE).exp() * torch.zeros_like(h), "exp"),  # inf · 0: the exp overflowed first
+    (lambda h: (HUGE * h).exp(), "exp"),
+    (lambda h: torch.sqrt(h - 10), "sqrt"),
+    (lambda h: torch.rsqrt(h - 10), "rsqrt"),
+    (lambda h: torch.reciprocal(h - h), "div"),
+    (lambda h: torch.pow(h - 10, 0.5), "pow"),
+    (lambda h: torch.pow(-2.0 * torch.ones_like(h), h), "pow"),  # a tensor exponent (PowBackward1)
+    (lambda h: (h + 1e30) * (h + 1e30), "mul"),
+])
+def test_names_the_layer_and_the_op(fn, op):
+    value = record(body(fn), X)
+    assert value == {"module": "1", "op": op, "params_nonfinite": False}
+
+
+def test_the_earliest_creator_names_the_op():
+    """A log makes the NaN; the exp, sqrt and log after it only pass it on."""
+    value = record(body(lambda h: torch.log(torch.sqrt(torch.exp(torch.log(h - 10))) + 1)), X)
+    assert value["op"] == "log" and value["module"] == "1"
+    value = record(body(lambda h: torch.log(torch.sqrt(torch.exp(HUGE * h)) - 1e30)), X)
+    assert value["op"] == "exp"
+
+
+def test_a_finite_loss_records_nothing():
+    assert record(body(torch.tanh), X) is None
+
+
+def test_a_nonfinite_input():
+    x = X.clone()
+    x[2, 1] = math.nan
+    assert record(body(torch.tanh), x) == {"module": "input", "op": "input", "params_nonfinite": False}
+
+
+def test_the_loss_function():
+    value = record(body(torch.tanh), X, loss_fn=lambda out: torch.log(out - 10).mean())
+    assert value == {"module": "loss_fn", "op": "log", "params_nonfinite": False}
+
+
+def test_nonfinite_parameters_name_their_layer_and_no_creator():
+    model = body(torch.tanh)
+    with torch.no_grad():
+        model[2].weight[0, 1] = math.inf
+    value = record(model, X)
+    assert value == {"module": "2", "op": "addmm", "params_nonfinite": True}
+
+
+def test_a_child_is_named_before_the_module_holding_it():
+    """Calls are ordered by their end: the innermost non-finite output comes first."""
+    inner = body(lambda h: torch.log(h - 10))
+    model = nn.Sequential(nn.Linear(3, 3), inner)
+    assert record(model, X)["module"] == "1.1"
+
+
+def test_the_first_module_in_order_is_named():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), Apply(lambda h: torch.sqrt(h - 10)), Apply(lambda h: torch.log(h)))
+    assert record(model, X) == {"module": "1", "op": "sqrt", "params_nonfinite": False}
+
+
+def test_a_tuple_output_is_read_by_its_first_tensor():
+    class Pair(nn.Module):
+        def forward(self, h):
+            return torch.log(h - 10), 3
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.pair = nn.Linear(3, 4), Pair()
+
+        def forward(self, x):
+            return self.pair(self.lin(x))[0]
+
+    torch.manual_seed(0)
+    assert record(Model(), X) == {"module": "pair", "op": "log", "params_nonfinite": False}
+
+
+def test_only_the_first_steps_are_analysed():
+    values = record(body(lambda h: torch.log(h - 10)), X, steps=MAX_ANALYSED + 2)
+    assert [v["op"] for v in values] == ["log"] * MAX_ANALYSED + [None, None]
+    assert all(v["module"] == "1" for v in values)
+
+
+def test_a_forward_without_gradients_is_not_watched():
+    model = body(lambda h: torch.log(h - 10))
+    cp = Cockpit(model, [NonfiniteOrigin()], diagnose=False)
+    loss = model(X).square().mean()
+    with torch.no_grad():
+        model(X + 100)  # finite everywhere: must not replace the recorded outputs
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    assert cp.output[0]["NonfiniteOrigin"]["module"] == "1"
+    cp.close()
+
+
+def test_hooks_are_removed_on_close():
+    model = body(torch.tanh)
+    cp = Cockpit(model, [NonfiniteOrigin()], diagnose=False)
+    cp.close()
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_creator_op_on_a_graph_without_a_creator():
+    a = torch.tensor([math.inf], requires_grad=True)
+    b = (a * 2).sum()
+    assert creator_op(b.grad_fn) == "sum"
+    assert op_name(torch.exp(a).grad_fn) == "exp" and op_name(a.sin().grad_fn) == "sin"
