@@ -155,6 +155,9 @@ class Engine:
                 "cockpit-lite cannot tell the batch size: pass info['batch_size'] "
                 "(the number of samples of the forward pass)"
             )
+        state.global_indices = global_indices
+        if global_indices:  # before any hook of this step exists: its backward passes must not fire them
+            self._run_global(state, info, global_indices)
         for index, uses in routes.items():
             if uses == "global":
                 continue
@@ -176,10 +179,7 @@ class Engine:
                 state.attention_nodes[call], tracked, state.batch_size,
                 lambda name, part, indices=indices: self._accept(state, indices[name], part),
             ))
-        state.global_indices = global_indices
         self._step = state
-        if global_indices:
-            self._run_global(state, info, global_indices)
 
     def finish(self):
         """Complete the step after backward: returns ``(results, batch_size, flags)``.
@@ -265,6 +265,10 @@ class Engine:
         if shared:
             if len(call.leaves) != 1:
                 return None
+            try:
+                rule.check(_as_if_batched(call, state.batch_size), state.batch_size)
+            except UnsupportedCall:
+                return None
             path = graph.path_from_tensor(call.leaves[0], state.batch_size)
             return None if path is None else (call, name, path)
         try:
@@ -281,14 +285,7 @@ class Engine:
 
     def _broadcast_result(self, state, call):
         def done(delta):
-            virtual = Call(
-                call.module, call.name,
-                tuple(_expand(a, state.batch_size) for a in call.args),
-                {k: _expand(v, state.batch_size) for k, v in call.kwargs.items()},
-                None, call.start, call.end,
-            )
-            virtual.leaves, virtual.leaf_positions, virtual.grads = [delta], [0], {0: delta}
-            self._run_rule(state, virtual, state.broadcast[call])
+            self._run_rule(state, _as_if_batched(call, state.batch_size, delta), state.broadcast[call])
 
         return done
 
@@ -525,9 +522,24 @@ def _no_batch_axis(tensor, batch_size):
     return batch_size > 1 and batch_size not in tuple(tensor.shape)
 
 
+def _as_if_batched(call, batch_size, delta=None):
+    """A call whose output all samples share, as if every sample had made it: its inputs and
+    output gain a leading batch axis, and ``delta`` (``[B, *output shape]``, the samples'
+    output gradients) is its output gradient."""
+    output = call.leaves[0].expand(batch_size, *call.leaves[0].shape)
+    virtual = Call(
+        call.module, call.name,
+        tuple(_expand(a, batch_size) for a in call.args),
+        {k: _expand(v, batch_size) for k, v in call.kwargs.items()},
+        output, call.start, call.end,
+    )
+    virtual.leaves, virtual.leaf_positions = [output], [0]
+    if delta is not None:
+        virtual.grads = {0: delta}
+    return virtual
+
+
 def _expand(value, batch_size):
-    """An input of a call whose output all samples share, as if every sample had passed it
-    (a new leading batch axis)."""
     if torch.is_tensor(value):
         return value.expand(batch_size, *value.shape)
     return value

@@ -119,3 +119,57 @@ def test_a_shared_tensor_as_long_as_the_batch_plans_its_path(monkeypatch):
     for index, reference in enumerate(individual_reference(model, x)):
         torch.testing.assert_close(got[index], reference)
     assert planned == [(B, D)]
+
+
+class Tanh(nn.Module):
+    """A custom layer (the generic rule): ``tanh(x · w) + b``."""
+
+    def __init__(self):
+        super().__init__()
+        self.w, self.b = nn.Parameter(torch.randn(D)), nn.Parameter(torch.randn(D))
+
+    def forward(self, x):
+        return torch.tanh(x * self.w) + self.b
+
+
+class LayerOnShared(nn.Module):
+    """``head(x + layer(table))``: a layer whose input and output every sample shares (an
+    MLP over a positional table, a relative-position bias)."""
+
+    def __init__(self, layer, keyword, table):
+        super().__init__()
+        self.layer, self.keyword = layer, keyword
+        if table == "parameter":
+            self.table = nn.Parameter(torch.randn(T, D))
+        else:
+            self.register_buffer("table", torch.randn(T, D))
+        self.head = nn.Linear(D, 2)
+
+    def forward(self, x):
+        shared = self.layer(input=self.table) if self.keyword else self.layer(self.table)
+        return self.head(x + shared)
+
+
+ON_SHARED = {  # name: (layer, called with a keyword, the table, global-path parameter indices)
+    "linear_on_a_parameter": (lambda: nn.Linear(D, D), False, "parameter", [0]),
+    "linear_on_a_buffer": (lambda: nn.Linear(D, D), False, "buffer", []),
+    "linear_called_with_a_keyword": (lambda: nn.Linear(D, D), True, "buffer", [0, 1]),
+    "layernorm_on_a_parameter": (lambda: nn.LayerNorm(D), False, "parameter", [0]),
+    "custom_layer_on_a_buffer": (Tanh, False, "buffer", []),
+}
+
+
+@pytest.mark.parametrize("case", ON_SHARED, ids=str)
+def test_a_layer_on_a_shared_tensor(case, monkeypatch):
+    """Served by its rule on the broadcast path (as if every sample had made the call), or left
+    to the global path (a keyword input; a shared parameter in a layer's input), exact either
+    way, with no flag; the global path's own backward passes must not fire the broadcast hooks."""
+    layer, keyword, table, expected = ON_SHARED[case]
+    torch.manual_seed(0)
+    model = LayerOnShared(layer(), keyword, table).double()
+    x = torch.randn(B, T, D, dtype=torch.float64)
+    used = _global_path_uses(monkeypatch)
+    got = engine_individual_gradients(model, x)
+    for index, reference in enumerate(individual_reference(model, x)):
+        torch.testing.assert_close(got[index], reference)
+    assert used == ([expected] if expected else [])
