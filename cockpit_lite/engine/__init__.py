@@ -195,6 +195,8 @@ class Engine:
                     if id(call) not in state.done:
                         self._run_rule(state, call, tracked)
                 for index, dense in state.dense.items():
+                    if index in state.failed:  # a use failed: the other uses' sum is not its gradient
+                        continue
                     state.ready(index, _transforms.PerSample(
                         self.params[index], index, grad_batch=dense, batch_size=state.batch_size,
                         grad_before=state.grads_before[index],
@@ -435,8 +437,9 @@ class Engine:
         )
         if index not in state.results:  # values of the right shapes, from zeros
             param = self.params[index]
-            zeros = param.new_zeros((1, *param.shape))
-            state.results[index] = _transforms.run(state.transforms, _transforms.PerSample(param, index, grad_batch=zeros))
+            zeros = param.new_zeros((state.batch_size or 1, *param.shape))
+            state.results[index] = _transforms.run(state.transforms, _transforms.PerSample(
+                param, index, grad_batch=zeros, batch_size=state.batch_size))
         state.results[index] = {k: _nan_like(v) for k, v in state.results[index].items()}
 
     def _warn_once(self, key, message):

@@ -287,3 +287,83 @@ def test_a_backpack_extended_sequence_first_rnn_gives_the_same_numbers():
         values.append(cp.get_output()[0])
     assert values[1]["NormTest"] == pytest.approx(values[0]["NormTest"], rel=1e-12)
     assert values[1]["GradVariance"] == pytest.approx(values[0]["GradVariance"], rel=1e-12)
+
+
+def _broken_layer_norm(monkeypatch, fail_calls):
+    """Make LayerNorm's rule raise at the calls numbered ``fail_calls`` (from 0), else run it."""
+    from cockpit_lite.engine.rules.norm import LayerNormRule
+
+    original, calls = LayerNormRule.per_sample, []
+
+    def broken(self, call, tracked, batch_size):
+        calls.append(call)
+        if len(calls) - 1 in fail_calls:
+            raise RuntimeError("planted failure")
+        return original(self, call, tracked, batch_size)
+
+    monkeypatch.setattr(LayerNormRule, "per_sample", broken)
+
+
+def test_a_failed_rule_gives_nan_to_every_first_order_quantity_and_only_its_own_flags(monkeypatch):
+    """Both LayerNorm parameters fail: one warning and one flag each, NaN in every statistic
+    that involves them (histogram counts included), no quantity failing because of it, and
+    exact values at the next step."""
+    _broken_layer_norm(monkeypatch, fail_calls={0})
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6), nn.Linear(6, 3)).double()
+    names = ["GradVariance", "GradHist1d", "GradHist2d", "NormTest", "InnerTest", "OrthoTest", "MeanGSNR", "Alpha"]
+    cp = Cockpit(model, [getattr(quantities, n)() for n in names], diagnose=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(5, 4, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1])
+    for step in range(3):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with cp(step, info={"loss": loss, "optimizer": opt}):
+                loss.backward()
+        opt.step()
+        entry = cp.get_output()[step]
+        if step == 0:
+            assert sorted(str(w.message).split(" could not")[0] for w in caught) == [
+                "cockpit-lite: individual gradients of 1.bias", "cockpit-lite: individual gradients of 1.weight"]
+            assert sorted(entry["flags"]) == [
+                "individual gradients of 1.bias unavailable at this step: 1: RuntimeError: planted failure",
+                "individual gradients of 1.weight unavailable at this step: 1: RuntimeError: planted failure"]
+            values = entry["GradVariance"]
+            assert [math.isnan(v) for v in values] == [False, False, True, True, False, False]
+            for name in ("NormTest", "InnerTest", "OrthoTest", "MeanGSNR"):
+                assert math.isnan(entry[name]), name
+            for name in ("GradHist1d", "GradHist2d"):
+                assert torch.isnan(torch.as_tensor(entry[name]["hist"])).all(), name
+        else:
+            assert not caught and "flags" not in entry
+            assert all(math.isfinite(v) for v in entry["GradVariance"])
+    assert [math.isnan(cp.get_output()[step]["Alpha"]) for step in (0, 1)] == [True, False]
+
+
+def test_a_parameter_whose_first_use_fails_is_flagged_once(monkeypatch):
+    """A LayerNorm called twice: its first call's rule fails, its second succeeds; the
+    parameter's values are NaN with one flag (the rules' sum, short of a use, is not checked again)."""
+    _broken_layer_norm(monkeypatch, fail_calls={0})
+
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.norm, self.head = nn.Linear(4, 6), nn.LayerNorm(6), nn.Linear(6, 3)
+
+        def forward(self, x):
+            return self.head(self.norm(torch.tanh(self.norm(self.lin(x)))))
+
+    torch.manual_seed(0)
+    model = Twice().double()
+    cp = Cockpit(model, [quantities.GradVariance()], diagnose=False)
+    loss = F.cross_entropy(model(torch.randn(5, 4, dtype=torch.float64)), torch.tensor([0, 1, 2, 0, 1]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with cp(0, info={"loss": loss}):
+            loss.backward()
+    entry = cp.get_output()[0]
+    assert [math.isnan(v) for v in entry["GradVariance"]] == [False, False, True, True, False, False]
+    assert sorted(f.split(" unavailable")[0] for f in entry["flags"]) == [
+        "individual gradients of norm.bias", "individual gradients of norm.weight"]

@@ -352,3 +352,29 @@ def test_bfloat16_layers_accumulate_in_float32():
             (torch.arange(3)[:, None].expand(3, 12), tokens), d, accumulate=True)
     )
     torch.testing.assert_close(got[0].double(), reference, rtol=1e-3, atol=1e-3)
+
+
+class Guarded(nn.Module):
+    """A custom layer with a NaN guard: data-dependent control flow, which ``vmap`` cannot run."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        if torch.isnan(x).any():
+            raise ValueError("NaN input")
+        return torch.tanh(x * self.w)
+
+
+def test_a_layer_vmap_cannot_run_is_re_run_one_sample_at_a_time(monkeypatch):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), Guarded(), nn.Linear(4, 2)).double()
+    x = torch.randn(5, 3, dtype=torch.float64)
+    used = _global_path_uses(monkeypatch)
+    for _ in range(2):  # the second step knows to loop at once
+        model.zero_grad()
+        got = engine_individual_gradients(model, x)
+        for index, reference in enumerate(individual_reference(model, x)):
+            torch.testing.assert_close(got[index], reference)
+    assert used == []
