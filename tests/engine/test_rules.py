@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from cockpit_lite.engine import Engine
+from cockpit_lite.engine.rules import attention
 from cockpit_lite.info import StepInfo
 from cockpit_lite.transforms import Transform
 
@@ -14,6 +15,7 @@ CONVS = {
     "dilated_rect": dict(kernel_size=(2, 3), dilation=(2, 1), padding=(1, 0)),
     "grouped": dict(kernel_size=3, groups=2, padding=1),
     "same_padding": dict(kernel_size=3, padding="same"),
+    "same_padding_even_kernel": dict(kernel_size=4, padding="same"),  # one more on the right: padded explicitly
     "reflect": dict(kernel_size=3, padding=1, padding_mode="reflect"),
 }
 
@@ -32,11 +34,11 @@ LAYERS = {"1d": (nn.Conv1d, (7,)), "2d": (nn.Conv2d, (7, 6)), "3d": (nn.Conv3d, 
 
 
 def engine_individual_gradients(model, x, batch_size=None, wide=False):
-    """``grad_batch`` of every parameter for the loss ``Σ model(x)²``, from the engine
+    """``grad_batch`` of every trainable parameter for the loss ``Σ model(x)²``, from the engine
     (``batch_size``: as ``info["batch_size"]``, for sequence-first inputs; else the samples'
     losses are given too, for the global path; ``wide``: the loss in float32, as under mixed
     precision)."""
-    params = list(model.parameters())
+    params = [p for p in model.parameters() if p.requires_grad]
     engine = Engine(model, params, [str(i) for i in range(len(params))])
     out = model(x).float() if wide else model(x)
     if batch_size is None:
@@ -55,12 +57,13 @@ def engine_individual_gradients(model, x, batch_size=None, wide=False):
 
 
 def individual_reference(model, x, axis=0):
-    """Per sample (along ``axis`` of ``x``), autograd of its loss ``Σ model(x)²`` in one forward pass."""
+    """Per sample (along ``axis`` of ``x``), autograd of its loss ``Σ model(x)²`` in one forward
+    pass, for every trainable parameter."""
     out = model(x)
     individual = (out.movedim(axis, 0) ** 2).reshape(x.shape[axis], -1).sum(1)
     return [
         torch.stack([torch.autograd.grad(individual[n], p, retain_graph=True)[0] for n in range(x.shape[axis])])
-        for p in model.parameters()
+        for p in model.parameters() if p.requires_grad
     ]
 
 
@@ -75,7 +78,7 @@ def assert_rule_matches_a_sample_loop(layer, x):
 
 @pytest.mark.parametrize("config", CONVS, ids=str)
 @pytest.mark.parametrize("dim", LAYERS, ids=str)
-def test_conv_rule_matches_a_sample_loop(config, dim):
+def test_conv_rule_matches_a_sample_loop(config, dim, monkeypatch):
     """BackPACK's BatchGrad is wrong for "same" and reflect padding; ours must not be."""
     layer_type, size = LAYERS[dim]
     kwargs = dict(CONVS[config])
@@ -83,7 +86,38 @@ def test_conv_rule_matches_a_sample_loop(config, dim):
         kwargs = {k: (v[0] if isinstance(v, tuple) else v) for k, v in kwargs.items()}
     torch.manual_seed(0)
     x = torch.randn(3, 4, *size, dtype=torch.float64)
+    used = _global_path_uses(monkeypatch)
     assert_rule_matches_a_sample_loop(layer_type(4, 6, **kwargs).double(), x)
+    assert used == []
+
+
+class ConvElsewhere(nn.Module):
+    """A Conv1d on ``x = [B = 3, 2, L]`` that the rule cannot read: called with a keyword, on
+    the samples as its channels (``[2, B, L]``), or unbatched on ``[B, L]`` (channels = samples)."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+        self.conv = nn.Conv1d(2 if how == "keyword" else 3, 3, 2)
+
+    def forward(self, x):
+        if self.how == "keyword":
+            return self.conv(input=x)
+        if self.how == "samples_as_channels":
+            return self.conv(x.transpose(0, 1)).transpose(0, 1)
+        return self.conv(x.sum(1))
+
+
+@pytest.mark.parametrize("how", ["keyword", "samples_as_channels", "unbatched"], ids=str)
+def test_convolutions_the_rule_cannot_read_go_to_the_global_path(how, monkeypatch):
+    torch.manual_seed(0)
+    model = ConvElsewhere(how).double()
+    x = torch.randn(3, 2, 4, dtype=torch.float64)
+    used = _global_path_uses(monkeypatch)
+    got = engine_individual_gradients(model, x)
+    for index, reference in enumerate(individual_reference(model, x)):
+        torch.testing.assert_close(got[index], reference)
+    assert used == [[0, 1]]
 
 
 @pytest.mark.parametrize("sequence", [(), (5,), (2, 3)], ids=str)
@@ -95,19 +129,35 @@ def test_linear_rule_matches_a_sample_loop(sequence):
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, batch_first):
+    def __init__(self, batch_first, cross=False, bias=True):
         super().__init__()
-        self.attn = nn.MultiheadAttention(6, 2, batch_first=batch_first)
+        self.attn = nn.MultiheadAttention(6, 2, batch_first=batch_first, bias=bias)
+        self.cross = cross
 
     def forward(self, x):
-        return self.attn(x, x, x, need_weights=False)[0]
+        memory = torch.tanh(x) if self.cross else x
+        return self.attn(x, memory, memory, need_weights=False)[0]
+
+
+def _attention_served(monkeypatch):
+    """The MultiheadAttention calls served from their projections in the graph (rules/attention.py)."""
+    served = []
+    original = attention.AttentionHooks.__init__
+
+    def spy(self, nodes, tracked, *args):
+        served.append(sorted(name for name, _, _ in tracked))
+        original(self, nodes, tracked, *args)
+
+    monkeypatch.setattr(attention.AttentionHooks, "__init__", spy)
+    return served
 
 
 @pytest.mark.parametrize("batch_first", [True, False])
-def test_attention_projections_match_a_sample_loop(batch_first):
+def test_attention_projections_match_a_sample_loop(batch_first, monkeypatch):
     """The projections read from the graph (rules/attention.py), both layouts."""
     torch.manual_seed(0)
     model = SelfAttention(batch_first).double()
+    served = _attention_served(monkeypatch)
     x = torch.randn(3, 4, 6, dtype=torch.float64) if batch_first else torch.randn(4, 3, 6, dtype=torch.float64)
     got = engine_individual_gradients(model, x, batch_size=3)
     axis = 0 if batch_first else 1
@@ -116,6 +166,28 @@ def test_attention_projections_match_a_sample_loop(batch_first):
             torch.autograd.grad((model(x.narrow(axis, n, 1)) ** 2).sum(), p)[0] for n in range(3)
         ])
         torch.testing.assert_close(got[index], loop)
+    assert served == [["in_proj_bias", "in_proj_weight", "out_proj.bias", "out_proj.weight"]]
+
+
+ATTENTION_ELSEWHERE = {  # graph shapes the projections' plan does not read: the generic rule
+    "cross_attention": dict(cross=True),
+    "without_biases": dict(bias=False),
+    "frozen_input_projection": dict(),
+}
+
+
+@pytest.mark.parametrize("case", ATTENTION_ELSEWHERE, ids=str)
+def test_attention_the_plan_does_not_read_goes_to_the_generic_rule(case, monkeypatch):
+    torch.manual_seed(0)
+    model = SelfAttention(True, **ATTENTION_ELSEWHERE[case]).double()
+    if case == "frozen_input_projection":
+        model.attn.in_proj_weight.requires_grad_(False)
+    x = torch.randn(3, 4, 6, dtype=torch.float64)
+    served, used = _attention_served(monkeypatch), _global_path_uses(monkeypatch)
+    got = engine_individual_gradients(model, x)
+    for index, reference in enumerate(individual_reference(model, x)):
+        torch.testing.assert_close(got[index], reference)
+    assert served == [] and used == []
 
 
 def test_huggingface_conv1d_rule_matches_a_sample_loop():

@@ -1,7 +1,8 @@
 """``nn.MultiheadAttention`` self-attention: its projections are Linear layers inside the graph.
 
 ``F.multi_head_attention_forward`` projects the (sequence-first, ``[T, B, E]``) input with
-one matrix product for ``q, k, v`` (``in_proj_weight``, then ``in_proj_bias`` added) and
+one matrix product for ``q, k, v`` (``in_proj_weight``; ``in_proj_bias`` added by it or
+after it, depending on the input's layout) and
 the attention output with ``out_proj`` (one ``addmm``), each on the rows ``t·B + b``. Their
 individual gradients are those of Linear layers: the factors are the product's saved
 input rows and its output gradient, regrouped per sample. Pre-hooks on the two graph
@@ -33,15 +34,22 @@ def plan(users, accumulators, module, batch_size):
     if any(p is None or id(p) not in accumulators for p in parameters):
         return None
     transpose = _only_consumer(users, accumulators[id(module.in_proj_weight)], "TBackward0")
-    project_in = transpose and _only_consumer(users, transpose, "MmBackward0")
+    project_in = transpose and (
+        _only_consumer(users, transpose, "MmBackward0") or _only_consumer(users, transpose, "AddmmBackward0")
+    )
     transpose = _only_consumer(users, accumulators[id(module.out_proj.weight)], "TBackward0")
     project_out = transpose and _only_consumer(users, transpose, "AddmmBackward0")
     if project_in is None or project_out is None:
         return None
-    rows = project_in._saved_self.shape[0]
-    if rows % batch_size or project_out._saved_mat1.shape[0] != rows:
+    rows = _rows(project_in).shape[0]
+    if rows % batch_size or _rows(project_out).shape[0] != rows:
         return None
     return {"in": project_in, "out": project_out}
+
+
+def _rows(node):
+    """The input rows a projection node saved: ``x`` of ``mm(x, Wᵀ)``, ``x`` of ``addmm(b, x, Wᵀ)``."""
+    return node._saved_self if type(node).__name__ == "MmBackward0" else node._saved_mat1
 
 
 class AttentionHooks:
@@ -52,21 +60,21 @@ class AttentionHooks:
         self.tracked = {name: (param, index) for name, param, index in tracked}
         self.on_result = on_result
         self.handles = [
-            nodes["out"].register_prehook(self._hook(nodes["out"], "_saved_mat1", "out_proj.weight", "out_proj.bias")),
-            nodes["in"].register_prehook(self._hook(nodes["in"], "_saved_self", "in_proj_weight", "in_proj_bias")),
+            nodes["out"].register_prehook(self._hook(nodes["out"], "out_proj.weight", "out_proj.bias")),
+            nodes["in"].register_prehook(self._hook(nodes["in"], "in_proj_weight", "in_proj_bias")),
         ]
 
     def remove(self):
         for handle in self.handles:
             handle.remove()
 
-    def _hook(self, node, saved, weight, bias):
+    def _hook(self, node, weight, bias):
         def hook(grad_outputs):
             delta = grad_outputs[0]
             if delta is None:
                 return None
             with torch.no_grad():
-                inputs = getattr(node, saved)
+                inputs = _rows(node)
                 dtype = compute_dtype(inputs, delta)
                 a, d = (_per_sample(t.detach().to(dtype), self.batch_size) for t in (inputs, delta))
                 if weight in self.tracked:
