@@ -15,7 +15,7 @@ autograd graph still holds its saved tensors):
 - ``op``: the operation that made the first non-finite value. The autograd graph of
   that output (of the loss for ``"loss_fn"``) is walked towards the inputs; a node is
   a *creator* when its saved inputs are finite and its result (saved, or recomputed
-  from the saved inputs for ``OPS``) is not; the creator deepest in the graph (the
+  from the saved inputs for ``OPS``) is not; a creator with no creator below it (the
   earliest in the computation) names the op (``LogBackward0`` → ``"log"``). Without a
   creator (e.g. a matrix product overflowing, or parameters that are non-finite
   already) it is the output node's own op;
@@ -130,20 +130,27 @@ class NonfiniteOrigin(Quantity):
 
 
 def creator_op(root):
-    """Name of the op that created the first non-finite value in the graph below ``root``."""
-    deepest, depth_of = None, -1
-    frontier, seen, depth = [root], {root}, 0
-    while frontier and len(seen) < MAX_NODES:
-        nxt = []
-        for node in frontier:
-            if _creates_nonfinite(node) and depth > depth_of:
-                deepest, depth_of = node, depth
-            for child, _ in getattr(node, "next_functions", ()):
-                if child is not None and child not in seen:
-                    seen.add(child)
-                    nxt.append(child)
-        frontier, depth = nxt, depth + 1
-    return op_name(deepest if deepest is not None else root)
+    """Name of the op that created the first non-finite value in the graph below ``root``.
+
+    The graph is walked depth first and each node is tested once all the nodes below it
+    are: the first creator so found has no creator below it. A node that saves only its
+    result (``tanh``, ``sigmoid``, ``exp``, ...) looks like a creator when its input was
+    non-finite already; the creator below it is the one named, even where the node is
+    deeper than that creator on another path (``torch.sigmoid(h) * h``).
+    """
+    seen, stack = {root}, [(root, iter(root.next_functions))]
+    while stack:
+        node, children = stack[-1]
+        child = next((c for c, _ in children if c is not None and c not in seen), None) \
+            if len(seen) < MAX_NODES else None
+        if child is None:
+            stack.pop()
+            if _creates_nonfinite(node):
+                return op_name(node)
+        else:
+            seen.add(child)
+            stack.append((child, iter(child.next_functions)))
+    return op_name(root)
 
 
 def op_name(node):

@@ -160,3 +160,115 @@ def test_creator_op_on_a_graph_without_a_creator():
     b = (a * 2).sum()
     assert creator_op(b.grad_fn) == "sum"
     assert op_name(torch.exp(a).grad_fn) == "exp" and op_name(a.sin().grad_fn) == "sin"
+
+
+def test_a_cockpit_without_a_model_names_the_loss_fn():
+    """Built from parameters only, no module is watched: the loss function is named."""
+    model = body(torch.tanh)
+    cp = Cockpit(model.parameters(), [NonfiniteOrigin()], diagnose=False)
+    loss = torch.log(model(X) - 10).mean()
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    assert cp.output[0]["NonfiniteOrigin"] == {"module": "loss_fn", "op": "log", "params_nonfinite": False}
+    cp.close()
+
+
+def test_finite_parameters_whose_output_overflows():
+    """1e30 inputs times 1e10 weights overflow float32: the layer's parameters are finite."""
+    model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 1))
+    with torch.no_grad():
+        model[0].weight.fill_(1e10)
+    value = record(model, torch.full((4, 3), 1e30))
+    assert value == {"module": "0", "op": "addmm", "params_nonfinite": False}
+
+
+def test_the_parameters_of_a_child_the_module_uses_without_calling_it():
+    """``MultiheadAttention`` multiplies by ``out_proj.weight`` without calling ``out_proj``."""
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.attn = nn.Linear(3, 4), nn.MultiheadAttention(4, 2, batch_first=True)
+
+        def forward(self, x):
+            h = self.lin(x)
+            return self.attn(h, h, h)[0]
+
+    torch.manual_seed(0)
+    model = Model()
+    with torch.no_grad():
+        model.attn.out_proj.weight[1, 2] = math.nan
+    value = record(model, torch.randn(2, 5, 3, generator=torch.Generator().manual_seed(2)))
+    assert value["module"] == "attn" and value["params_nonfinite"] is True
+
+
+@pytest.mark.parametrize("fn", [
+    lambda a: torch.sigmoid(a) * a,  # swish: the sigmoid is as deep as the log
+    lambda a: a * torch.sigmoid(a),
+    lambda a: a + torch.tanh(torch.tanh(torch.tanh(a))),  # the tanhs are deeper than the log
+    lambda a: torch.tanh(a) + a,
+    lambda a: a + 2 * torch.exp(torch.sigmoid(a)),
+])
+def test_an_op_saving_its_result_only_passes_on_a_nonfinite_input(fn):
+    """tanh, sigmoid and exp save their result, not their input: a NaN result of theirs
+    came from below, even where they are deeper than the log on another path."""
+    assert record(body(lambda h: fn(torch.log(h - 10))), X) == {"module": "1", "op": "log", "params_nonfinite": False}
+
+
+def test_an_op_named_by_its_saved_result():
+    """expm1 is in neither table: it is recognised by its saved (infinite) result."""
+    assert record(body(lambda h: torch.expm1(HUGE * h) + 1), X)["op"] == "expm1"
+
+
+def test_a_product_with_a_constant_is_no_creator():
+    """``h * c`` with ``c`` not requiring a gradient does not save ``h``: the product cannot be
+    recomputed, so it is no creator; the log after it is."""
+    c = torch.full((4,), 0.5)
+    mul = (torch.ones(4, requires_grad=True) * c).grad_fn
+    assert type(mul).__name__ == "MulBackward0" and mul._saved_self is None
+    assert record(body(lambda h: torch.log(h * c - 10)), X)["op"] == "log"
+
+
+def test_a_constant_first_operand_does_not_hide_the_other():
+    """``c * log(h)``: the graph's edge for ``c`` is empty; the one after it leads to the log."""
+    c = torch.full((4,), 0.5)
+    assert record(body(lambda h: c * torch.log(h - 10)), X)["op"] == "log"
+
+
+def test_a_deep_residual_graph_is_walked_once():
+    """60 residual blocks ``h = h + sin(h)`` above the log: 2^60 paths, 120 nodes."""
+
+    def fn(h):
+        h = torch.log(h - 10)
+        for _ in range(60):
+            h = h + torch.sin(h)
+        return h
+
+    assert record(body(fn), X) == {"module": "1", "op": "log", "params_nonfinite": False}
+
+
+def test_a_deep_residual_graph_without_a_creator_is_walked_once():
+    """The same 60 blocks above an infinite constant: each node is tested once (2^60 paths)."""
+    inf = torch.full((4,), math.inf)
+
+    def fn(h):
+        h = h + inf
+        for _ in range(60):
+            h = torch.sin(h) + h
+        return h
+
+    assert record(body(fn), X) == {"module": "1", "op": "add", "params_nonfinite": False}
+
+
+def test_the_walk_stops_at_its_node_limit(monkeypatch):
+    """With the limit below the graph's size the log is not reached: the output's op is named."""
+
+    def fn(h):
+        h = torch.log(h - 10)
+        for _ in range(10):
+            h = h + 1
+        return h
+
+    assert record(body(fn), X)["op"] == "log"
+    monkeypatch.setattr("cockpit_lite.quantities.nonfinite_origin.MAX_NODES", 5)
+    assert record(body(fn), X)["op"] == "add"
