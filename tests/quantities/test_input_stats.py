@@ -1,5 +1,7 @@
 """``InputStats`` against numpy on the first ``SUB_BATCH`` samples, with and without non-finite entries."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -41,3 +43,99 @@ def test_integer_inputs_are_not_recorded():
     with cp(0, info={"loss": loss}):
         loss.backward()
     assert "InputStats" not in cp.output.get(0, {})
+
+
+def reference(x):
+    """The statistics by numpy: a batched input (2-d or more) by its first ``SUB_BATCH`` samples,
+    a 1-d one (one unbatched sample) by all its entries."""
+    sub = (x[:SUB_BATCH] if x.dim() > 1 else x).double().numpy().reshape(-1)
+    good = sub[np.isfinite(sub)]
+    return {"mean": good.mean(), "std": good.std(ddof=1), "min": good.min(), "max": good.max(),
+            "nonfinite": np.mean(~np.isfinite(sub))}
+
+
+def assert_matches(stats, x):
+    ref = reference(x)
+    assert set(stats) == set(ref)
+    for key, value in ref.items():
+        assert stats[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+
+
+def steps(model, quantity, batches, forward=None):
+    """Train steps on ``batches`` (one per step); the record and what was printed."""
+    cp = Cockpit(model, [quantity], diagnose=False)
+    for step, x in enumerate(batches):
+        loss = (forward(model, x) if forward else model(x)).square().mean()
+        with cp(step, info={"loss": loss}):
+            loss.backward()
+    cp.close()
+    return cp.output
+
+
+def batches(n, *shape):
+    gen = torch.Generator().manual_seed(3)
+    return [k + (k + 1) * torch.randn(*shape, generator=gen) for k in range(n)]
+
+
+def test_the_schedule_is_followed():
+    """Due at 0, 2 and 3 only: each due step records the statistics of its own batch."""
+    xs = batches(5, 20, 12)
+    output = steps(nn.Linear(12, 2), InputStats(track_schedule=lambda s: s in (0, 2, 3)), xs)
+    recorded = {step: entry["InputStats"] for step, entry in output.items() if "InputStats" in entry}
+    assert sorted(recorded) == [0, 2, 3]
+    for step, stats in recorded.items():
+        assert_matches(stats, xs[step])
+
+
+def test_verbose_prints_each_value(capsys):
+    xs = batches(1, 4, 12)
+    steps(nn.Linear(12, 2), InputStats(), xs)
+    assert capsys.readouterr().out == ""
+    steps(nn.Linear(12, 2), InputStats(verbose=True), xs)
+    assert "InputStats" in capsys.readouterr().out
+
+
+def test_a_cockpit_without_a_model_records_nothing_and_closes():
+    model = nn.Linear(12, 2)
+    output = steps(model.parameters(), InputStats(), batches(1, 4, 12), forward=lambda _, x: model(x))
+    assert "InputStats" not in output.get(0, {})
+
+
+def test_close_removes_the_hook():
+    model = nn.Linear(12, 2)
+    cp = Cockpit(model, [InputStats()], diagnose=False)
+    assert model._forward_pre_hooks
+    cp.close()
+    assert not model._forward_pre_hooks
+
+
+def test_the_first_forward_with_gradients_is_read():
+    """An evaluation forward (no gradients) before, and a second forward after, are ignored."""
+    first, evaluation, second = batches(3, 6, 12)
+
+    def forward(model, x):
+        with torch.no_grad():
+            model(evaluation)
+        return model(x) + model(second)
+
+    output = steps(nn.Linear(12, 2), InputStats(), [first], forward=forward)
+    assert_matches(output[0]["InputStats"], first)
+
+
+def test_two_entries_are_enough_one_is_not():
+    x = torch.tensor([[1.5], [-2.0]])
+    output = steps(nn.Linear(1, 1), InputStats(), [x, x[:1]])
+    assert_matches(output[0]["InputStats"], x)
+    assert output[0]["InputStats"]["std"] == pytest.approx(3.5 / math.sqrt(2))
+    assert "InputStats" not in output.get(1, {})
+
+
+@pytest.mark.parametrize("shape", [(40,), (40, 12)])
+def test_an_unbatched_input_counts_all_its_entries_a_batched_one_its_first_samples(shape):
+    x = batches(1, *shape)[0] + torch.linspace(0, 30, shape[0]).reshape(-1, *[1] * (len(shape) - 1))
+    stats = steps(nn.Linear(shape[-1], 2), InputStats(), [x])[0]["InputStats"]
+    assert_matches(stats, x)
+    if len(shape) == 1:
+        assert stats["max"] == pytest.approx(x.max().item())  # a late entry: the whole vector is read
+    else:
+        assert stats["max"] < x[SUB_BATCH:].max().item()
