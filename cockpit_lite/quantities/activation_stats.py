@@ -8,8 +8,9 @@ averages its calls):
   ``⟨y, y⟩ / n − mean²``);
 - ``dead`` (ReLU family): fraction of units that never fired in the batch,
   ``1 − mean_u 1[max_n y_{n,u} > 0]``, a unit being one position of ``y[n]`` (a feature,
-  or a channel at one pixel);
-- ``zeros``: fraction of entries exactly 0, over the first ``SUB_BATCH`` samples;
+  or a channel at one pixel; a 1-d output ``y[n]`` is a batch of scalars, one unit);
+- ``zeros``: fraction of entries exactly 0, over the first ``SUB_BATCH`` samples (of a
+  1-d output, over all its entries: a reduction as cheap as the mean's);
 - ``saturated`` (tanh / sigmoid family): fraction of entries in the flat tails,
   ``|y| > 0.99`` for tanh (pre-activation ``|x| > 2.65``), ``y < 0.01`` or ``y > 0.99``
   for sigmoid (``|x| > 4.6``), where the derivative is below 2 % of its maximum, over
@@ -123,7 +124,7 @@ def _statistics(y, kind):
     sub = y32[:SUB_BATCH] if y32.dim() > 1 else y32
     zeros = (sub == 0).float().mean()
     dead = saturated = zero
-    if kind == "relu" and y32.dim() > 1:
+    if kind == "relu":  # the hook skips 0-d outputs
         dead = 1.0 - (y32.amax(0) > 0).float().mean()
     elif kind == "tanh":
         saturated = (sub.abs() > SATURATION).float().mean()

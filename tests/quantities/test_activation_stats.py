@@ -104,3 +104,88 @@ def test_untracked_forward_passes_are_not_counted():
         opt.step()
     assert sorted(s for s, e in cp.output.items() if "ActivationStats" in e) == [1]
     assert cp.output[1]["ActivationStats"]["1"]["mean"] < 10
+
+
+def run(model, x, quantity=None, forward=None):
+    """One step; the quantity's value (``None`` when nothing was recorded)."""
+    cp = Cockpit(model, [quantity or ActivationStats()], diagnose=False)
+    loss = (forward(model, x) if forward else model(x)).float().square().mean()
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    cp.close()
+    return cp.output.get(0, {}).get("ActivationStats")
+
+
+@pytest.mark.parametrize("act", [nn.LeakyReLU(), nn.ELU(), nn.GELU(), nn.SiLU(), nn.Softplus(), nn.Mish()])
+def test_other_activations_have_no_dead_or_saturated(act):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), act, nn.Linear(6, 1))
+    x = torch.randn(9, 4)
+    y = act(model[0](x)).detach().double().numpy()
+    stats = run(model, x)["1"]
+    assert stats["type"] == type(act).__name__ and stats["dead"] is None and stats["saturated"] is None
+    assert stats["mean"] == pytest.approx(y.mean(), rel=1e-5) and stats["std"] == pytest.approx(y.std(), rel=1e-4)
+
+
+def test_an_evaluation_forward_at_a_due_step_is_not_counted():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    x = torch.randn(7, 4)
+
+    def forward(model, x):
+        with torch.no_grad():
+            model(torch.full((7, 4), 3.0))
+        return model(x)
+
+    y = torch.tanh(model[0](x)).detach().numpy()
+    stats = run(model, x, forward=forward)["1"]
+    for key, value in reference(y, "tanh").items():
+        assert stats[key] == (None if value is None else pytest.approx(value, rel=1e-5, abs=1e-6)), key
+
+
+def test_scalar_and_integer_outputs_are_skipped():
+    """A sigmoid gate on a 0-d parameter, and a ReLU clamping (integer) token ids."""
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.clamp, self.emb, self.gate = nn.ReLU(), nn.Embedding(10, 3), nn.Sigmoid()
+            self.alpha = nn.Parameter(torch.tensor(0.3))
+
+        def forward(self, ids):
+            return self.gate(self.alpha) * self.emb(self.clamp(ids))
+
+    assert run(Model(), torch.tensor([[1, -1, 4], [2, 3, -1]])) is None
+
+
+def test_a_one_dimensional_output_is_a_batch_of_scalars():
+    """A ReLU on a squeezed scalar head, shape (B,): one unit, dead when it never fires;
+    zeros over all B entries."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 1), nn.Flatten(0), nn.ReLU())
+    x = torch.randn(30, 3)
+    with torch.no_grad():
+        model[0].weight.copy_(torch.tensor([[1.0, 0.0, 0.0]]))
+        model[0].bias.fill_(0.0)
+    y = torch.relu(x[:, 0]).numpy()
+    stats = run(model, x)["2"]
+    assert stats["dead"] == 0.0 and 0 < np.mean(y[SUB_BATCH:] == 0) != np.mean(y[:SUB_BATCH] == 0)
+    assert stats["zeros"] == pytest.approx(np.mean(y == 0))
+    assert stats["mean"] == pytest.approx(y.mean(), rel=1e-5)
+    with torch.no_grad():
+        model[0].bias.fill_(-100.0)  # the head never fires
+    assert run(model, x)["2"]["dead"] == 1.0
+
+
+def test_close_removes_the_hooks_and_the_quantity_can_be_reused():
+    torch.manual_seed(0)
+    quantity = ActivationStats()
+    model = nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 1))
+    x = torch.randn(6, 4)
+    first = run(model, x, quantity)
+    assert not model[1]._forward_hooks
+    other = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 1))
+    second = run(other, x, quantity)
+    y = torch.tanh(other[0](x)).detach().numpy()
+    assert first["1"]["type"] == "ReLU" and second["1"]["type"] == "Tanh"
+    assert second["1"]["mean"] == pytest.approx(y.mean(), rel=1e-5)
