@@ -48,3 +48,77 @@ def test_steps_are_counted_on_untracked_steps_too():
     value = cp.output[4]["GradPresence"]
     assert value["stepped"] == 1 and value["before"] == 0  # since step 3's context, not since step 0
     assert value["optimizer"] == "Adam" and value["momentum"] == 0.9
+
+
+def flat_norm(tensors):
+    return torch.cat([t.reshape(-1) for t in tensors]).norm().item()
+
+
+def test_every_update_between_two_contexts_is_counted():
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cp = Cockpit(model, [GradPresence()], diagnose=False)
+    for step, updates in enumerate([1, 3, 0, 2]):
+        opt.zero_grad()
+        loss = model(torch.randn(4, 3)).square().mean()
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+        for _ in range(updates):
+            opt.step()
+    assert [cp.output[s]["GradPresence"]["stepped"] for s in range(4)] == [None, 1, 3, 0]
+
+
+def test_only_due_steps_are_recorded():
+    model = nn.Linear(3, 1)
+    cp = Cockpit(model, [GradPresence(track_schedule=lambda s: s in (0, 2))], diagnose=False)
+    for step in range(4):
+        loss = model(torch.randn(4, 3)).square().mean()
+        with cp(step, info={"loss": loss}):
+            loss.backward()
+    assert sorted(s for s, e in cp.output.items() if "GradPresence" in e) == [0, 2]
+
+
+def test_verbose_prints_each_value(capsys):
+    for verbose, printed in ((False, False), (True, True)):
+        model = nn.Linear(3, 1)
+        cp = Cockpit(model, [GradPresence(verbose=verbose)] if verbose else [GradPresence()], diagnose=False)
+        loss = model(torch.randn(4, 3)).square().mean()
+        with cp(0, info={"loss": loss}):
+            loss.backward()
+        assert ("GradPresence" in capsys.readouterr().out) == printed
+
+
+def test_without_an_optimizer_the_model_gradients_are_read():
+    """No zero_grad, no optimizer: ``before`` is the norm of what the model's parameters hold."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    cp = Cockpit(model, [GradPresence()], diagnose=False)
+    held = []
+    for step in range(2):
+        held.append(flat_norm([p.grad for p in model.parameters()]) if step else 0.0)
+        loss = model(torch.randn(6, 3)).square().mean()
+        with cp(step, info={"loss": loss}):
+            loss.backward()
+    value = cp.output[1]["GradPresence"]
+    assert value["before"] == pytest.approx(held[1], rel=1e-5) and held[1] > 0
+    assert {k: value[k] for k in ("stepped", "optimizer", "lr", "momentum")} == \
+        {"stepped": None, "optimizer": None, "lr": None, "momentum": None}
+
+
+def test_with_an_optimizer_its_parameters_are_read():
+    """The optimizer updates the head only; the body's (stale) gradients are not its concern."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model[2].parameters(), lr=0.1)
+    cp = Cockpit(model, [GradPresence()], diagnose=False)
+    held = []
+    for step in range(2):
+        held.append(flat_norm([p.grad for p in model[2].parameters()]) if step else 0.0)
+        loss = model(torch.randn(6, 3)).square().mean()
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+        opt.step()  # no zero_grad
+    value = cp.output[1]["GradPresence"]
+    assert value["before"] == pytest.approx(held[1], rel=1e-5)
+    assert held[1] < flat_norm([p.grad for p in model.parameters()])  # the body's would add to it
