@@ -272,3 +272,80 @@ def test_the_walk_stops_at_its_node_limit(monkeypatch):
     assert record(body(fn), X)["op"] == "log"
     monkeypatch.setattr("cockpit_lite.quantities.nonfinite_origin.MAX_NODES", 5)
     assert record(body(fn), X)["op"] == "add"
+
+
+def test_the_schedule_is_followed_and_verbose_prints(capsys):
+    model = body(lambda h: torch.log(h - 10))
+    cp = Cockpit(model, [NonfiniteOrigin(track_schedule=lambda s: s == 1, verbose=True)], diagnose=False)
+    for step in range(3):
+        loss = model(X).square().mean()
+        with cp(step, info={"loss": loss}):
+            loss.backward()
+    cp.close()
+    assert [s for s in range(3) if "NonfiniteOrigin" in cp.output.get(s, {})] == [1]
+    assert cp.output[1]["NonfiniteOrigin"] == {"module": "1", "op": "log", "params_nonfinite": False}
+    assert capsys.readouterr().out.count("NonfiniteOrigin") == 1
+    record(model, X)
+    assert "NonfiniteOrigin" not in capsys.readouterr().out  # not verbose by default
+
+
+@pytest.mark.parametrize("reuse", [False, True])
+def test_submodules_called_without_the_model(reuse):
+    """A ``ModuleDict`` whose members the loop calls directly: the model's own forward never runs.
+    With ``reuse``, the quantity served a closed Cockpit first."""
+    quantity = NonfiniteOrigin()
+    for fn, op in [(lambda h: torch.log(h - 10), "log")] * reuse + [(lambda h: torch.sqrt(h - 10), "sqrt")]:
+        torch.manual_seed(0)
+        model = nn.ModuleDict({"enc": nn.Linear(3, 4), "act": Apply(fn), "head": nn.Linear(4, 2)})
+        cp = Cockpit(model, [quantity], diagnose=False)
+        loss = model["head"](model["act"](model["enc"](X))).square().mean()
+        with cp(0, info={"loss": loss}):
+            loss.backward()
+        assert cp.output[0]["NonfiniteOrigin"] == {"module": "act", "op": op, "params_nonfinite": False}
+        cp.close()
+
+
+def test_the_first_floating_point_input_is_checked():
+    """Token ids come first; the non-finite float features after them are the input named."""
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.lin = nn.Embedding(10, 3), nn.Linear(3, 2)
+
+        def forward(self, ids, features):
+            return self.lin(self.emb(ids).sum(1) + features)
+
+    features = X.clone()
+    features[1, 2] = math.inf
+    cp = Cockpit(model := Model(), [NonfiniteOrigin()], diagnose=False)
+    loss = model(torch.randint(0, 10, (5, 4)), features).square().mean()
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    assert cp.output[0]["NonfiniteOrigin"] == {"module": "input", "op": "input", "params_nonfinite": False}
+    cp.close()
+
+
+def test_outputs_without_a_tensor_are_skipped():
+    """A probe returning ``None`` and a block returning a dict are passed over."""
+
+    class Probe(nn.Module):
+        def forward(self, h):
+            return None
+
+    class Block(nn.Module):
+        def forward(self, h):
+            return {"h": torch.log(h - 10)}
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.probe, self.block = nn.Linear(3, 4), Probe(), Block()
+
+        def forward(self, x):
+            h = self.lin(x)
+            self.probe(h)
+            return self.block(h)["h"]
+
+    torch.manual_seed(0)
+    assert record(Model(), X) == {"module": "", "op": "log", "params_nonfinite": False}
