@@ -189,3 +189,19 @@ def test_close_removes_the_hooks_and_the_quantity_can_be_reused():
     y = torch.tanh(other[0](x)).detach().numpy()
     assert first["1"]["type"] == "ReLU" and second["1"]["type"] == "Tanh"
     assert second["1"]["mean"] == pytest.approx(y.mean(), rel=1e-5)
+
+
+def test_the_schedule_is_followed_and_verbose_prints(capsys):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    for verbose in (False, True):
+        quantity = ActivationStats(track_schedule=lambda s: s in (0, 2), verbose=True) if verbose else \
+            ActivationStats(track_schedule=lambda s: s in (0, 2))
+        cp = Cockpit(model, [quantity], diagnose=False)
+        for step in range(3):
+            loss = model(torch.randn(7, 4)).square().mean()
+            with cp(step, info={"loss": loss}):
+                loss.backward()
+        cp.close()
+        assert sorted(s for s, e in cp.output.items() if "ActivationStats" in e) == [0, 2]
+        assert capsys.readouterr().out.count("ActivationStats") == (2 if verbose else 0)
