@@ -25,3 +25,17 @@ def reference(problem, snapshots, step):
 @pytest.mark.parametrize("case", problems.FIRST_ORDER_CASES, ids=problems.case_id)
 def test_matches_brute_force(case):
     problems.check(CABS(), reference, case, lr=LR)
+
+
+@pytest.mark.parametrize("make", [lambda p: torch.optim.SGD(p, lr=LR, momentum=0.9), lambda p: torch.optim.Adam(p)])
+def test_other_optimizers_are_refused_naming_cabs(make):
+    from torch import nn
+
+    from cockpit_lite import Cockpit
+
+    model = nn.Linear(3, 2)
+    cp = Cockpit(model, [CABS()], diagnose=False)
+    loss = model(torch.randn(4, 3)).square().mean()
+    with pytest.raises(ValueError, match="^CABS is defined for plain SGD"):
+        with cp(0, info={"loss": loss, "optimizer": make(model.parameters())}):
+            loss.backward()

@@ -28,3 +28,15 @@ def test_matches_numpy(case, bins, range):
         np.testing.assert_allclose(value["edges"], np.linspace(*range, bins + 1))
         for layer, g in zip(cp.get_output()[step]["layers"]["GradHist1d"], grads):
             problems.assert_counts_match(layer["hist"], lambda v: histogram(v, bins, range)[0], g)
+
+
+def test_defaults_schedule_and_verbose(capsys):
+    """By default: every step, no per-layer histograms, nothing printed."""
+    from cockpit_lite import schedules
+
+    cp, snapshots = problems.run(problems.make("mlp", 5), [GradHist1d()], steps=3)
+    assert all("GradHist1d" in cp.get_output()[s] and "layers" not in cp.get_output()[s] for s in snapshots)
+    assert capsys.readouterr().out == ""
+    cp, _ = problems.run(problems.make("mlp", 5), [GradHist1d(schedules.linear(2), verbose=True)], steps=3)
+    assert [s for s in cp.get_output() if "GradHist1d" in cp.get_output()[s]] == [0, 2]
+    assert capsys.readouterr().out.count("GradHist1d") == 2

@@ -38,3 +38,18 @@ def test_matches_numpy(case, bins, range):
         params = torch.cat([p.reshape(-1) for p in snapshot.params]).expand_as(pairs)
         outside = lambda v, r: (v < r[0]) | (v > r[1])  # noqa: E731
         assert value["clipped"] == int((outside(pairs, range[0]) | outside(params, range[1])).sum())
+
+
+def test_defaults_schedule_and_verbose(capsys):
+    """By default: every step, no per-layer histograms, nothing printed; ``per_layer`` or
+    ``keep_individual`` add them."""
+    from cockpit_lite import schedules
+
+    cp, snapshots = problems.run(problems.make("mlp", 5), [GradHist2d()], steps=2)
+    assert all("GradHist2d" in cp.get_output()[s] and "layers" not in cp.get_output()[s] for s in snapshots)
+    assert capsys.readouterr().out == ""
+    for kwargs in ({"per_layer": True}, {"keep_individual": True}):
+        cp, _ = problems.run(problems.make("mlp", 5), [GradHist2d(schedules.linear(2), verbose=True, **kwargs)], steps=3)
+        assert [s for s in cp.get_output() if "GradHist2d" in cp.get_output()[s]] == [0, 2]
+        assert len(cp.get_output()[2]["layers"]["GradHist2d"]) == 4
+        assert capsys.readouterr().out.count("GradHist2d") == 2
