@@ -450,3 +450,130 @@ def test_a_layer_vmap_cannot_run_is_re_run_one_sample_at_a_time(monkeypatch):
         for index, reference in enumerate(individual_reference(model, x)):
             torch.testing.assert_close(got[index], reference)
     assert used == []
+
+
+class Recurrent(nn.Module):
+    """An RNN given its initial state ``hx``, read out through its outputs and final state
+    (the output is ``[B, H]`` whatever the layout)."""
+
+    def __init__(self, kind, batch_first):
+        super().__init__()
+        self.rnn = getattr(nn, kind)(3, 4, batch_first=batch_first)
+        self.kind = kind
+
+    def forward(self, x):
+        batch = x.shape[0 if self.rnn.batch_first else 1]
+        h0 = torch.full((1, batch, 4), 0.1, dtype=x.dtype)
+        hx = (h0, torch.full_like(h0, -0.2)) if self.kind == "LSTM" else h0
+        out, state = self.rnn(x, hx)
+        h_n = state[0] if self.kind == "LSTM" else state
+        return out.sum(1 if self.rnn.batch_first else 0) + 2 * h_n[-1]
+
+
+class Attending(nn.Module):
+    """Cross-attention (the generic rule) with masks, optionally read out through its weights."""
+
+    def __init__(self, batch_first, mask, weights=False):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(6, 2, batch_first=batch_first)
+        self.mask, self.weights = mask, weights
+
+    def forward(self, x):
+        batch_first = self.attn.batch_first
+        b, t = (x.shape[0], x.shape[1]) if batch_first else (x.shape[1], x.shape[0])
+        kwargs = {}
+        if self.mask == "key_padding":
+            padding = torch.zeros(b, t, dtype=torch.bool)
+            padding[0, -1] = True
+            kwargs["key_padding_mask"] = padding
+        elif self.mask == "causal":
+            kwargs["attn_mask"] = torch.triu(torch.ones(t, t, dtype=torch.bool), 1)
+        elif self.mask == "causal_and_key_padding":  # the shared mask first: the per-sample one still counts
+            kwargs["attn_mask"] = torch.triu(torch.ones(t, t, dtype=torch.bool), 1)
+            kwargs["key_padding_mask"] = torch.zeros(b, t, dtype=torch.bool)
+            kwargs["key_padding_mask"][1, -1] = True
+        elif self.mask == "per_head":
+            kwargs["attn_mask"] = torch.zeros(b * 2, t, t)
+        out, weights = self.attn(x, torch.tanh(x), torch.tanh(x), need_weights=self.weights, **kwargs)
+        out = out.sum(1 if batch_first else 0)
+        return out + weights.sum((1, 2)).unsqueeze(1) if self.weights else out
+
+
+class Scaled(nn.Module):
+    """A custom layer taking a shared tensor by keyword."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, x, scale=None):
+        return torch.tanh(x * self.w) * scale
+
+
+class WithScale(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.scaled = nn.Linear(3, 4), Scaled()
+
+    def forward(self, x):
+        return self.scaled(self.lin(x), scale=torch.linspace(0.5, 2, 4, dtype=x.dtype))
+
+
+class DropoutInside(nn.Module):
+    """A custom layer with a ``dropout`` attribute (the generic rule cannot re-run it when > 0)."""
+
+    def __init__(self, p):
+        super().__init__()
+        self.dropout, self.w = p, nn.Parameter(torch.randn(3))
+
+    def forward(self, x):
+        return torch.tanh(nn.functional.dropout(x * self.w, self.dropout, self.training))
+
+
+GENERIC_CASES = {  # name: (model, sequence-first input, served by the generic rule)
+    "lstm_batch_first": (lambda: Recurrent("LSTM", True), False, True),
+    "lstm_sequence_first": (lambda: Recurrent("LSTM", False), True, True),
+    "gru_sequence_first": (lambda: Recurrent("GRU", False), True, True),
+    "rnn_batch_first": (lambda: Recurrent("RNN", True), False, True),
+    "attention_key_padding_mask": (lambda: Attending(True, "key_padding"), False, True),
+    "attention_sequence_first_causal_mask": (lambda: Attending(False, "causal"), True, True),
+    "attention_causal_and_key_padding_masks": (lambda: Attending(True, "causal_and_key_padding"), False, True),
+    "attention_weights_read_out": (lambda: Attending(True, None, weights=True), False, True),
+    "attention_sequence_first_weights": (lambda: Attending(False, "key_padding", weights=True), True, True),
+    "attention_per_head_mask": (lambda: Attending(True, "per_head"), False, False),  # mixes batch and heads
+    "keyword_tensor_shared_by_the_samples": (WithScale, False, True),
+    "dropout_attribute_zero": (lambda: DropoutInside(0.0), False, True),
+    "dropout_attribute_in_eval_mode": (lambda: DropoutInside(0.5).eval(), False, True),
+    "dropout_inside": (lambda: DropoutInside(0.5), False, False),
+}
+
+
+@pytest.mark.parametrize("case", GENERIC_CASES, ids=str)
+def test_the_generic_rule_serves_recurrent_attention_and_custom_layers(case, monkeypatch):
+    """Served by the generic rule (sequence-first inputs pass ``batch_size`` and no individual
+    losses, so the global path could not even run), or sent to the exact global path."""
+    make, sequence_first, served = GENERIC_CASES[case]
+    torch.manual_seed(0)
+    model = make().double()
+    b, t, f = 3, 4, (6 if "attention" in case else 3)
+    x = torch.randn(t, b, f, dtype=torch.float64) if sequence_first else torch.randn(b, t, f, dtype=torch.float64)
+    if case == "keyword_tensor_shared_by_the_samples" or case.startswith("dropout"):
+        x = x[:, 0]
+    used = _global_path_uses(monkeypatch)
+    torch.manual_seed(1)
+    got = engine_individual_gradients(model, x, batch_size=b if sequence_first else None)
+    torch.manual_seed(1)
+    for index, expected in enumerate(_reference_over_output_samples(model, x)):
+        torch.testing.assert_close(got[index], expected)
+    n = sum(p.requires_grad for p in model.parameters())
+    assert used == ([] if served else [list(range(n))])
+
+
+def _reference_over_output_samples(model, x):
+    """``individual_reference`` for a model whose output is ``[B, ...]`` whatever its input's layout."""
+    out = model(x)
+    individual = (out**2).reshape(out.shape[0], -1).sum(1)
+    return [
+        torch.stack([torch.autograd.grad(individual[n], p, retain_graph=True)[0] for n in range(out.shape[0])])
+        for p in model.parameters() if p.requires_grad
+    ]
