@@ -122,3 +122,31 @@ def test_with_an_optimizer_its_parameters_are_read():
     value = cp.output[1]["GradPresence"]
     assert value["before"] == pytest.approx(held[1], rel=1e-5)
     assert held[1] < flat_norm([p.grad for p in model.parameters()])  # the body's would add to it
+
+
+class _RelativeStep(torch.optim.Optimizer):
+    """A step size without a learning rate (as Adafactor's ``lr=None``): ``θ ← θ − 0.01 |θ| sign(g)``."""
+
+    def __init__(self, params):
+        super().__init__(params, {"lr": None})
+
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.data.add_(-0.01 * p.data.abs() * p.grad.sign())
+
+
+@pytest.mark.parametrize("make, expected", [
+    (lambda p: torch.optim.Adagrad(p, lr=0.05), ("Adagrad", 0.05, None)),  # no momentum, no betas
+    (_RelativeStep, ("_RelativeStep", None, None)),
+])
+def test_optimizers_without_a_learning_rate_or_momentum(make, expected):
+    model = nn.Linear(3, 1)
+    opt = make(model.parameters())
+    cp = Cockpit(model, [GradPresence()], diagnose=False)
+    loss = model(torch.randn(4, 3)).square().mean()
+    with cp(0, info={"loss": loss, "optimizer": opt}):
+        loss.backward()
+    value = cp.output[0]["GradPresence"]
+    assert (value["optimizer"], value["lr"], value["momentum"]) == expected
