@@ -44,22 +44,32 @@ class SequenceLinear(nn.Module):
         return self.head(torch.tanh(self.inner(x)).flatten(1))
 
 
-MODELS = {
-    "conv_linear": (conv_and_linear, (3, 6, 6)),
-    "sequence_linear": (SequenceLinear, (5, 40)),
+def embedding():
+    """An Embedding (8000 weights; only the looked-up rows are non-zero, the rest counted as
+    zeros without being built) before a Linear layer."""
+    return nn.Sequential(nn.Embedding(500, 16), nn.Flatten(), nn.Linear(3 * 16, 10))
+
+
+def _features(*shape):
+    return lambda g, b: torch.randn(b, *shape, generator=g, dtype=torch.float64)
+
+
+MODELS = {  # name: (model, inputs)
+    "conv_linear": (conv_and_linear, _features(3, 6, 6)),
+    "sequence_linear": (SequenceLinear, _features(5, 40)),
+    "embedding": (embedding, lambda g, b: torch.randint(0, 500, (b, 3), generator=g)),
 }
 
 
 @pytest.fixture(params=sorted(MODELS))
 def problem(request, monkeypatch):
-    build, shape = MODELS[request.param]
-    inputs = lambda g, b: torch.randn(b, *shape, generator=g, dtype=torch.float64)  # noqa: E731
+    build, inputs = MODELS[request.param]
     targets = lambda g, b: torch.randint(0, 10, (b,), generator=g)  # noqa: E731
     monkeypatch.setitem(problems.BUILDERS, request.param, (build, nn.CrossEntropyLoss, inputs, targets))
     made = problems.make(request.param, BATCH, steps=2)
     sizes = [p.numel() * BATCH for p in made.model.parameters()]
-    assert sum(s > transforms.BATCH_ELEMENTS for s in sizes) >= 2
-    assert max(sizes) > transforms.CHUNK_ELEMENTS or request.param == "sequence_linear"
+    assert sum(s > transforms.BATCH_ELEMENTS for s in sizes) >= (2 if request.param != "embedding" else 1)
+    assert max(sizes) > transforms.CHUNK_ELEMENTS or request.param != "conv_linear"
     return made
 
 
