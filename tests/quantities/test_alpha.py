@@ -151,3 +151,21 @@ def test_diverged_update_is_named():
         opt.step()
     entry = cp.get_output()[0]
     assert np.isnan(entry["Alpha"]) and "not finite" in entry["flags"][0]
+
+
+def test_a_zero_variance_pins_its_observation():
+    """Cockpit replaces a zero variance by 1e-10: the fit then passes through that observation
+    (here both losses, exactly known, with noisy slopes that disagree with them)."""
+    from cockpit_lite.quantities.alpha import fit_quadratic
+
+    t, fs, dfs = 0.5, [1.0, 0.7], [-2.0, 1.5]
+    mu = fit_quadratic(t, fs, dfs, [0.0, 0.0], [0.3, 0.2])
+    q = lambda x: mu[0] + mu[1] * x + mu[2] * x**2  # noqa: E731
+    assert abs(q(0.0) - 1.0) < 1e-8 and abs(q(t) - 0.7) < 1e-8
+    # against the closed form of the constrained fit: μ₀ = f(0), μ₂ = (f(t) − f(0) − μ₁ t) / t²,
+    # μ₁ minimising the weighted slope residuals r₀ = μ₁ − f'(0), r₁ = 2 μ₂ t + μ₁ − f'(t) = c − μ₁ − f'(t)
+    c = 2 * (fs[1] - fs[0]) / t
+    mu1 = (dfs[0] / 0.3 + (c - dfs[1]) / 0.2) / (1 / 0.3 + 1 / 0.2)
+    np.testing.assert_allclose(mu, [fs[0], mu1, (fs[1] - fs[0] - mu1 * t) / t**2], rtol=1e-7)
+    assert np.allclose(fit_quadratic(t, fs, dfs, [0.0] * 2, [0.0] * 2),
+                       fit_quadratic(t, fs, dfs, [1.0] * 2, [1.0] * 2))  # all zero: equal weights
