@@ -73,6 +73,11 @@ def clip_value(opt, params):
     torch.nn.utils.clip_grad_value_(params, 1e-3)
 
 
+def start_lr(opt, params):
+    for group in opt.param_groups:
+        group["lr"] = 0.1
+
+
 BETWEEN = {  # (what happens between backward and step, optimizer, α exact?)
     "clip_norm-sgd": (clip_norm, lambda ps: torch.optim.SGD(ps, lr=0.1), True),
     "halve_lr-sgd": (halve_lr, lambda ps: torch.optim.SGD(ps, lr=0.1), True),
@@ -82,6 +87,8 @@ BETWEEN = {  # (what happens between backward and step, optimizer, α exact?)
     # the first step: the momentum buffer is the (clipped) gradient itself, so the update is only rescaled
     "clip_norm-momentum_first_step": (clip_norm, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), True),
     "clip_value-sgd": (clip_value, lambda ps: torch.optim.SGD(ps, lr=0.1), False),
+    # a warm-up from 0: the predicted update is zero, the real one is not
+    "start_lr-sgd_from_zero": (start_lr, lambda ps: torch.optim.SGD(ps, lr=0.0), False),
 }
 
 
@@ -169,3 +176,33 @@ def test_a_zero_variance_pins_its_observation():
     np.testing.assert_allclose(mu, [fs[0], mu1, (fs[1] - fs[0] - mu1 * t) / t**2], rtol=1e-7)
     assert np.allclose(fit_quadratic(t, fs, dfs, [0.0] * 2, [0.0] * 2),
                        fit_quadratic(t, fs, dfs, [1.0] * 2, [1.0] * 2))  # all zero: equal weights
+
+
+def test_the_step_after_a_due_step_is_observed():
+    """α of step 0 needs step 1's forward pass; a schedule due at step 0 only must not leave it
+    unobserved (that would warn and take the slow global path)."""
+    import warnings
+
+    problem = problems.make("mlp", 4, steps=2)
+    params = list(problem.model.parameters())
+    opt = torch.optim.SGD(params, lr=0.1)
+    cp = problems.Cockpit(problem.model, [Alpha(track_schedule=lambda s: s == 0)], strict=True)
+    snapshots = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for step, (x, y) in enumerate(problem.batches):
+            snapshots[step] = problems.Snapshot([p.detach().clone() for p in params], x, y)
+            opt.zero_grad()
+            loss = problem.lossfunc(problem.model(x), y)
+            with cp(step, info={"loss": loss, "optimizer": opt}):
+                loss.backward()
+            opt.step()
+    problems.assert_close(cp.get_output()[0]["Alpha"], reference(problem, snapshots, 0), rtol=1e-9, what="Alpha")
+
+
+def test_alpha_from_fit_without_a_finite_fit_is_nan():
+    from cockpit_lite.quantities.alpha import alpha_from_fit
+
+    assert np.isnan(alpha_from_fit(None, 1.0)) and np.isnan(alpha_from_fit(np.array([1.0, np.nan, 2.0]), 1.0))
+    assert alpha_from_fit(np.array([1.0, -2.0, 1.0]), 1.0) == 0.0  # minimum at x = 1 = t
+    assert alpha_from_fit(np.array([1.0, -2.0, -1.0]), 1.0) == -1.0  # concave
