@@ -58,13 +58,15 @@ def engine_individual_gradients(model, x, batch_size=None, wide=False):
 
 def individual_reference(model, x, axis=0):
     """Per sample (along ``axis`` of ``x``), autograd of its loss ``Σ model(x)²`` in one forward
-    pass, for every trainable parameter."""
+    pass, for every trainable parameter (zeros for one the loss does not use)."""
     out = model(x)
     individual = (out.movedim(axis, 0) ** 2).reshape(x.shape[axis], -1).sum(1)
-    return [
-        torch.stack([torch.autograd.grad(individual[n], p, retain_graph=True)[0] for n in range(x.shape[axis])])
-        for p in model.parameters() if p.requires_grad
-    ]
+    return [torch.stack([_grad(individual[n], p) for n in range(x.shape[axis])]) for p in model.parameters() if p.requires_grad]
+
+
+def _grad(value, param):
+    grad = torch.autograd.grad(value, param, retain_graph=True, allow_unused=True)[0]
+    return torch.zeros_like(param) if grad is None else grad
 
 
 def assert_rule_matches_a_sample_loop(layer, x):
@@ -427,11 +429,12 @@ def test_bfloat16_layers_accumulate_in_float32():
 
 
 class Guarded(nn.Module):
-    """A custom layer with a NaN guard: data-dependent control flow, which ``vmap`` cannot run."""
+    """A custom layer with a NaN guard: data-dependent control flow, which ``vmap`` cannot run;
+    and a parameter its forward does not use."""
 
     def __init__(self):
         super().__init__()
-        self.w = nn.Parameter(torch.randn(4))
+        self.w, self.spare = nn.Parameter(torch.randn(4)), nn.Parameter(torch.randn(4))
 
     def forward(self, x):
         if torch.isnan(x).any():
@@ -573,7 +576,4 @@ def _reference_over_output_samples(model, x):
     """``individual_reference`` for a model whose output is ``[B, ...]`` whatever its input's layout."""
     out = model(x)
     individual = (out**2).reshape(out.shape[0], -1).sum(1)
-    return [
-        torch.stack([torch.autograd.grad(individual[n], p, retain_graph=True)[0] for n in range(out.shape[0])])
-        for p in model.parameters() if p.requires_grad
-    ]
+    return [torch.stack([_grad(individual[n], p) for n in range(out.shape[0])]) for p in model.parameters() if p.requires_grad]
