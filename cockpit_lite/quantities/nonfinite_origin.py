@@ -62,7 +62,6 @@ class NonfiniteOrigin(Quantity):
         self._input = None
         self._value = None
         self._analysed = 0
-        self._names = {}
 
     def bind(self, cockpit):
         model = cockpit.model
@@ -70,7 +69,6 @@ class NonfiniteOrigin(Quantity):
             return
         self._handles.append(model.register_forward_pre_hook(self._pre))
         for name, module in model.named_modules():
-            self._names[module] = name
             self._handles.append(module.register_forward_hook(self._post(name)))
 
     def unbind(self):

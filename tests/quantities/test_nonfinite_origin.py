@@ -349,3 +349,12 @@ def test_outputs_without_a_tensor_are_skipped():
 
     torch.manual_seed(0)
     assert record(Model(), X) == {"module": "", "op": "log", "params_nonfinite": False}
+
+
+def test_an_overflowing_product_has_no_creator_and_names_the_output_op():
+    """A matrix product that overflows is not recognised as a creator; the product after it only
+    passes the Inf on (its saved input is non-finite), so the module's output op is named."""
+    torch.manual_seed(0)
+    big = torch.full((4, 4), 1e200, dtype=torch.float64)
+    model = nn.Sequential(nn.Linear(3, 4), Apply(lambda h: ((h * 1e200) @ big) * h + 1)).double()
+    assert record(model, X.double()) == {"module": "1", "op": "add", "params_nonfinite": False}
