@@ -382,3 +382,17 @@ def test_batch_rejects_nothing_and_integers():
         histogram.histogram1d_batch([], 4, (-1, 1))
     with pytest.raises(TypeError, match="^expected a floating-point tensor, got torch.int64$"):
         histogram.histogram1d_batch([torch.zeros(3), torch.zeros(3, dtype=torch.int64)], 4, (-1, 1))
+
+
+def test_batch_of_more_slots_than_float32_integers_uses_float64():
+    """``histogram1d_batch`` over so many tensors that their slots pass 2**22 (float32 integers
+    are exact only below it): every tensor's value still lands in its own bin. Each of the
+    ~66 000 one-value tensors holds a bin centre, so numpy's bin is unambiguous."""
+    bins, lo, hi = 30, -1.5, 1.5
+    width = (hi - lo) / bins
+    count = (1 << 22) // (2 * bins + 5) + 1000
+    chosen = np.random.default_rng(0).integers(0, bins, count)
+    values = torch.tensor(lo + (chosen + 0.5) * width, dtype=torch.float32)
+    counts, clipped, nonfinite = histogram.histogram1d_batch(list(values.reshape(-1, 1)), bins, (lo, hi))
+    assert counts.shape == (count, bins) and int(clipped.sum()) == 0 and int(nonfinite.sum()) == 0
+    assert torch.equal(counts.argmax(1), torch.as_tensor(chosen)) and torch.equal(counts.sum(1), torch.ones(count, dtype=torch.int64))
