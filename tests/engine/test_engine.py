@@ -41,11 +41,12 @@ def test_parameters_without_their_model_take_the_exact_global_path(name):
         problems.assert_close(cp.get_output()[step]["GradVariance"], grad_variance_reference(problem, snapshots, step))
 
 
-def _micro_batch_run(problem, quantity_list):
-    """Two micro-batches per optimizer step; the Cockpit around the second backward pass."""
+def _micro_batch_run(problem, quantity_list, params_only=False):
+    """Two micro-batches per optimizer step; the Cockpit around the second backward pass
+    (``params_only``: given the parameters without their model, the global path)."""
     params = list(problem.model.parameters())
     opt = torch.optim.SGD(params, lr=0.1)
-    cp = Cockpit(problem.model, quantity_list, strict=True)
+    cp = Cockpit(params if params_only else problem.model, quantity_list, strict=True)
     snapshots = {}
     for step, (x, y) in enumerate(problem.batches):
         opt.zero_grad()
@@ -75,9 +76,10 @@ def test_gradient_accumulation_describes_the_micro_batch(name):
         problems.assert_close(entry["GradNorm"], [g.norm() for g in grads])
 
 
-def test_alpha_under_accumulation_predicts_the_accumulated_update():
+@pytest.mark.parametrize("params_only", [False, True], ids=["rules", "global_path"])
+def test_alpha_under_accumulation_predicts_the_accumulated_update(params_only):
     problem = problems.make("mlp", 8, steps=3)
-    cp, _ = _micro_batch_run(problem, [quantities.Alpha()])
+    cp, _ = _micro_batch_run(problem, [quantities.Alpha()], params_only)
     flags = [f for entry in cp.get_output().values() for f in entry.get("flags", [])]
     assert not flags and all(math.isfinite(e["Alpha"]) for e in cp.get_output().values() if "Alpha" in e)
 

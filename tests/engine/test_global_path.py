@@ -105,3 +105,20 @@ def test_a_parameter_the_loss_does_not_use_gets_zeros():
         mode.choice = choice
         for samples, (grads,) in global_path.individual_gradients(individual, [unused], mode):
             assert torch.equal(grads, torch.zeros(samples.stop - samples.start, 3, dtype=torch.float64))
+
+
+def test_a_parameter_the_loss_does_not_use_takes_the_global_path_with_zeros(monkeypatch):
+    """Through the engine (a Cockpit given parameters, one of them unused): all-zero statistics."""
+    model, x = model_and_data()
+    unused = nn.Parameter(torch.ones(3, dtype=torch.float64))
+    params = [*model.parameters(), unused]
+    engine = Engine(None, params, [str(i) for i in range(len(params))])
+    individual = (model(x) ** 2).sum(1)
+    loss = individual.sum()
+    engine.begin(TRANSFORMS[:3], StepInfo({"loss": loss, "individual_losses": individual}, 0, model=None),
+                 None, [None] * len(params), ["Test"])
+    loss.backward()
+    results, _, flags = engine.finish()
+    assert not flags
+    assert [float(v.abs().sum()) for v in results[len(params) - 1].values()] == [0.0, 0.0, 0.0]
+    assert float(results[0]["batch_l2"].sum()) > 0
