@@ -61,7 +61,7 @@ def reference(model, x):
 
 
 @pytest.mark.parametrize("choice", [None, "vmap", "loop"])  # None: the first step times both
-@pytest.mark.parametrize("chunk_elements", [1, 1 << 22], ids=["one_sample_per_chunk", "one_chunk"])
+@pytest.mark.parametrize("chunk_elements", [1, 60, 1 << 22], ids=["one_sample_per_chunk", "uneven_chunks", "one_chunk"])
 def test_every_transform_in_chunks_of_samples(choice, chunk_elements, monkeypatch):
     model, x = model_and_data()
     got = engine_values(model, x, choice, chunk_elements, monkeypatch)
@@ -100,11 +100,34 @@ def test_a_parameter_the_loss_does_not_use_gets_zeros():
     model, x = model_and_data()
     unused = nn.Parameter(torch.ones(3, dtype=torch.float64))
     individual = (model(x) ** 2).sum(1)
-    for choice in ("vmap", "loop"):
+    for choice in (None, "vmap", "loop"):
         mode = global_path.Mode()
         mode.choice = choice
         for samples, (grads,) in global_path.individual_gradients(individual, [unused], mode):
             assert torch.equal(grads, torch.zeros(samples.stop - samples.start, 3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("mode", [None, "vmap"], ids=["no_mode", "vmap"])
+def test_the_vectorised_way_runs_without_falling_back_to_the_loop(mode, monkeypatch):
+    """Without a ``Mode`` (or once it chose ``"vmap"``) every chunk is one batched backward
+    pass; the loop (the fallback for operations vmap cannot batch) is never needed here,
+    unused parameters included."""
+    def no_loop(*args):
+        raise AssertionError("fell back to the loop")
+
+    monkeypatch.setattr(global_path, "_loop", no_loop)
+    model, x = model_and_data()
+    unused = nn.Parameter(torch.ones(3, dtype=torch.float64))
+    individual = (model(x) ** 2).sum(1)
+    chosen = None
+    if mode is not None:
+        chosen = global_path.Mode()
+        chosen.choice = mode
+    chunks = list(global_path.individual_gradients(individual, [*model.parameters(), unused], chosen))
+    assert [(c.start, c.stop) for c, _ in chunks] == [(0, B)]
+    for got, expected in zip(chunks[0][1], reference(model, x)):
+        torch.testing.assert_close(B * got, expected)
+    assert torch.equal(chunks[0][1][-1], torch.zeros(B, 3, dtype=torch.float64))
 
 
 def test_a_parameter_the_loss_does_not_use_takes_the_global_path_with_zeros(monkeypatch):
