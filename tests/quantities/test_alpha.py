@@ -206,3 +206,10 @@ def test_alpha_from_fit_without_a_finite_fit_is_nan():
     assert np.isnan(alpha_from_fit(None, 1.0)) and np.isnan(alpha_from_fit(np.array([1.0, np.nan, 2.0]), 1.0))
     assert alpha_from_fit(np.array([1.0, -2.0, 1.0]), 1.0) == 0.0  # minimum at x = 1 = t
     assert alpha_from_fit(np.array([1.0, -2.0, -1.0]), 1.0) == -1.0  # concave
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_verbose_prints_each_value(verbose, capsys):
+    problem = problems.make("mlp", 4, steps=3)
+    problems.run(problem, [Alpha(verbose=True) if verbose else Alpha()])
+    assert ("Alpha" in capsys.readouterr().out) == verbose
