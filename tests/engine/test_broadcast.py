@@ -132,9 +132,17 @@ class Tanh(nn.Module):
         return torch.tanh(x * self.w) + self.b
 
 
+class ScaledTanh(Tanh):
+    """The custom layer with a tensor passed by keyword: ``scale · tanh(x · w) + b``."""
+
+    def forward(self, x, scale=None):
+        return scale * super().forward(x)
+
+
 class LayerOnShared(nn.Module):
     """``head(x + layer(table))``: a layer whose input and output every sample shares (an
-    MLP over a positional table, a relative-position bias)."""
+    MLP over a positional table, a relative-position bias). ``keyword``: the table passed as
+    ``input=``, or (``"scale"``) a shared scale passed as ``scale=``."""
 
     def __init__(self, layer, keyword, table):
         super().__init__()
@@ -146,7 +154,10 @@ class LayerOnShared(nn.Module):
         self.head = nn.Linear(D, 2)
 
     def forward(self, x):
-        shared = self.layer(input=self.table) if self.keyword else self.layer(self.table)
+        if self.keyword == "scale":
+            shared = self.layer(self.table, scale=torch.linspace(0.5, 2.0, D, dtype=x.dtype))
+        else:
+            shared = self.layer(input=self.table) if self.keyword else self.layer(self.table)
         return self.head(x + shared)
 
 
@@ -156,6 +167,7 @@ ON_SHARED = {  # name: (layer, called with a keyword, the table, global-path par
     "linear_called_with_a_keyword": (lambda: nn.Linear(D, D), True, "buffer", [0, 1]),
     "layernorm_on_a_parameter": (lambda: nn.LayerNorm(D), False, "parameter", [0]),
     "custom_layer_on_a_buffer": (Tanh, False, "buffer", []),
+    "custom_layer_with_a_keyword_tensor": (ScaledTanh, "scale", "buffer", []),
 }
 
 

@@ -10,6 +10,7 @@ from torch import nn
 from cockpit_lite import transforms
 from cockpit_lite.engine import Engine, global_path
 from cockpit_lite.info import StepInfo
+from engine.test_rules import engine_individual_gradients, individual_reference
 
 B, BINS, RANGE = 5, 8, (-3.0, 3.0)
 DIRECTION = 0.3  # the direction of BatchDotDirection: a constant per element, its index times this
@@ -145,3 +146,24 @@ def test_a_parameter_the_loss_does_not_use_takes_the_global_path_with_zeros(monk
     assert not flags
     assert [float(v.abs().sum()) for v in results[len(params) - 1].values()] == [0.0, 0.0, 0.0]
     assert float(results[0]["batch_l2"].sum()) > 0
+
+
+class WithSpare(nn.Module):
+    """A model with its own code around its layers and a parameter of its own it does not use."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.spare = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)), nn.Parameter(torch.ones(3))
+
+    def forward(self, x):
+        return 2 * self.body(x)
+
+
+def test_an_unused_parameter_of_the_model_itself_gets_zeros():
+    torch.manual_seed(0)
+    model = WithSpare().double()
+    x = torch.randn(B, 3, dtype=torch.float64)
+    got = engine_individual_gradients(model, x)
+    for values, expected in zip(got, individual_reference(model, x)):
+        torch.testing.assert_close(values, expected)
+    assert torch.equal(got[0], torch.zeros(B, 3, dtype=torch.float64))
