@@ -564,7 +564,7 @@ def _ownership(model, index):
     ``modules``: ``{module: name}`` to watch (owners, their ancestors and BatchNorm layers).
     """
     owners, parents, names = {}, {}, {}
-    for name, module in model.named_modules(remove_duplicate=False):
+    for name, module in model.named_modules():  # a module registered twice (ModuleList([block] * n)) once
         names.setdefault(module, name)
         for child_name, child in module.named_children():
             parents.setdefault(child, (module, child_name))

@@ -577,3 +577,31 @@ def _reference_over_output_samples(model, x):
     out = model(x)
     individual = (out**2).reshape(out.shape[0], -1).sum(1)
     return [torch.stack([_grad(individual[n], p) for n in range(out.shape[0])]) for p in model.parameters() if p.requires_grad]
+
+
+class SharedBlock(nn.Module):
+    """One block registered and applied three times (ALBERT-style ``ModuleList([block] * 3)``)."""
+
+    def __init__(self):
+        super().__init__()
+        block = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4), nn.Tanh())
+        self.layers = nn.ModuleList([block] * 3)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def test_a_block_registered_several_times_sums_its_uses(monkeypatch):
+    """Each of its calls is one use (it crashed the user's backward pass: every registration
+    counted its parameters again)."""
+    torch.manual_seed(0)
+    model = SharedBlock().double()
+    x = torch.randn(5, 4, dtype=torch.float64)
+    used = _global_path_uses(monkeypatch)
+    got = engine_individual_gradients(model, x)
+    for index, reference in enumerate(individual_reference(model, x)):
+        torch.testing.assert_close(got[index], reference)
+    assert used == []
