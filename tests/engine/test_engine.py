@@ -97,10 +97,11 @@ class TiedFunctionally(nn.Module):
         return self.head(F.linear(h, self.lin.weight))
 
 
-def _flagged_then_global(model, name, index, parameter, caught_text, what, finite=()):
+def _flagged_then_global(model, name, index, caught_text, what, finite=()):
     """Two steps of GradVariance: at the first, parameter ``name`` (record index ``index``) is
-    NaN with a flag and a warning naming ``caught_text``; at the second, the global path gives
-    the exact value (autograd on the individual losses); the parameters ``finite`` keep theirs."""
+    NaN with a flag and a warning naming ``caught_text`` and the parameters ``finite`` keep
+    their values; at the second, every parameter has the exact value (autograd on the
+    individual losses), the failed one by the global path."""
     cp = Cockpit(model, [quantities.GradVariance()], diagnose=False)
     x, y = torch.randn(5, 4, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1])
     for step in range(2):
@@ -115,17 +116,18 @@ def _flagged_then_global(model, name, index, parameter, caught_text, what, finit
             assert any(caught_text in str(w.message) for w in caught)
             assert math.isnan(entry["GradVariance"][index]) and any(name in f for f in entry["flags"])
             assert all(math.isfinite(entry["GradVariance"][i]) for i in finite)
-        else:
+        else:  # every parameter exact (the failed one by the global path, the others by their rules)
             assert "flags" not in entry
             contributions = F.cross_entropy(model(x), y, reduction="none") / 5
-            g = torch.stack([torch.autograd.grad(c, parameter, retain_graph=True)[0] * 5 for c in contributions])
-            problems.assert_close(entry["GradVariance"][index], g.var(0, unbiased=True).sum(), what=what)
+            for i, p in enumerate(model.parameters()):
+                g = torch.stack([torch.autograd.grad(c, p, retain_graph=True)[0] * 5 for c in contributions])
+                problems.assert_close(entry["GradVariance"][i], g.var(0, unbiased=True).sum(), what=what)
 
 
 def test_a_use_the_capture_missed_is_caught_then_served_by_the_global_path():
     torch.manual_seed(0)
     model = TiedFunctionally().double()
-    _flagged_then_global(model, "lin.weight", 0, model.lin.weight, "global path", "GradVariance missed use")
+    _flagged_then_global(model, "lin.weight", 0, "global path", "GradVariance missed use")
 
 
 def test_a_layer_rule_that_fails_inside_backward_is_flagged_then_served_by_the_global_path(monkeypatch):
@@ -138,7 +140,7 @@ def test_a_layer_rule_that_fails_inside_backward_is_flagged_then_served_by_the_g
     monkeypatch.setattr(LayerNormRule, "per_sample", broken)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6), nn.Linear(6, 3)).double()
-    _flagged_then_global(model, "1.weight", 2, model[1].weight, "planted failure", "GradVariance after a failed rule",
+    _flagged_then_global(model, "1.weight", 2, "planted failure", "GradVariance after a failed rule",
                          finite=(0, 1, 4, 5))
 
 
@@ -370,3 +372,21 @@ def test_a_parameter_whose_first_use_fails_is_flagged_once(monkeypatch):
     assert [math.isnan(v) for v in entry["GradVariance"]] == [False, False, True, True, False, False]
     assert sorted(f.split(" unavailable")[0] for f in entry["flags"]) == [
         "individual gradients of norm.bias", "individual gradients of norm.weight"]
+
+
+def test_a_rule_giving_the_wrong_number_of_samples_is_flagged_then_served_by_the_global_path(monkeypatch):
+    from cockpit_lite.engine.rules.norm import LayerNormRule
+
+    original = LayerNormRule.per_sample
+
+    def short(self, call, tracked, batch_size):
+        out = original(self, call, tracked, batch_size)
+        for part in out.values():
+            part.grad_batch = part.grad_batch[1:]
+        return out
+
+    monkeypatch.setattr(LayerNormRule, "per_sample", short)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6), nn.Linear(6, 3)).double()
+    _flagged_then_global(model, "1.weight", 2, "gave 4 individual gradients for a batch of 5",
+                         "GradVariance after a wrong sample count", finite=(0, 1, 4, 5))
