@@ -390,3 +390,23 @@ def test_a_rule_giving_the_wrong_number_of_samples_is_flagged_then_served_by_the
     model = nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6), nn.Linear(6, 3)).double()
     _flagged_then_global(model, "1.weight", 2, "gave 4 individual gradients for a batch of 5",
                          "GradVariance after a wrong sample count", finite=(0, 1, 4, 5))
+
+
+def test_a_container_whose_members_the_loop_calls_directly():
+    """``Cockpit(ModuleDict)`` whose members are called one by one (the container itself never
+    runs), one member unused at this step: exact values, zeros for the unused member."""
+    torch.manual_seed(0)
+    parts = nn.ModuleDict({"enc": nn.Linear(3, 4), "head": nn.Linear(4, 2), "aux": nn.Linear(4, 1)}).double()
+    cp = Cockpit(parts, [quantities.GradVariance()], diagnose=False)
+    x, y = torch.randn(5, 3, dtype=torch.float64), torch.tensor([0, 1, 1, 0, 1])
+    forward = lambda: parts["head"](torch.tanh(parts["enc"](x)))  # noqa: E731
+    loss = F.cross_entropy(forward(), y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with cp(0, info={"loss": loss}):
+            loss.backward()
+    contributions = F.cross_entropy(forward(), y, reduction="none") / 5
+    for value, p in zip(cp.get_output()[0]["GradVariance"], parts.parameters()):
+        g = [torch.autograd.grad(c, p, retain_graph=True, allow_unused=True)[0] for c in contributions]
+        g = torch.stack([torch.zeros_like(p) if gn is None else gn * 5 for gn in g])
+        problems.assert_close(value, g.var(0, unbiased=True).sum(), what="GradVariance, members called directly")
