@@ -410,3 +410,44 @@ def test_a_container_whose_members_the_loop_calls_directly():
         g = [torch.autograd.grad(c, p, retain_graph=True, allow_unused=True)[0] for c in contributions]
         g = torch.stack([torch.zeros_like(p) if gn is None else gn * 5 for gn in g])
         problems.assert_close(value, g.var(0, unbiased=True).sum(), what="GradVariance, members called directly")
+
+
+def _grad_variance_of(model, x, loss_of, samples):
+    """GradVariance from a Cockpit without ``info["batch_size"]`` or derivable individual
+    losses (the batch size comes from the model's input), and the brute force over ``samples``
+    (per sample n: the loss of the forward pass restricted to sample n, times B)."""
+    cp = Cockpit(model, [quantities.GradVariance()], diagnose=False, strict=True)
+    loss = loss_of(model(x))
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    expected = []
+    for p in model.parameters():
+        g = torch.stack([torch.autograd.grad(loss_of(model(x), n), p)[0] for n in range(samples)])
+        expected.append(g.var(0, unbiased=True).sum())
+    return cp.get_output()[0]["GradVariance"], expected
+
+
+def test_the_batch_size_is_read_from_a_one_dimensional_input():
+    """Token ids ``[B]`` and a loss the engine cannot split per sample."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(7, 3), nn.Linear(3, 2)).double()
+    ids = torch.tensor([1, 4, 4, 0, 6])
+
+    def loss_of(out, n=None):  # Σ out² / B; for sample n: B · its term
+        return (out**2).sum() / 5 if n is None else (out[n] ** 2).sum()
+
+    got, expected = _grad_variance_of(model, ids, loss_of, 5)
+    problems.assert_close(got, expected, what="GradVariance, 1-d input")
+
+
+def test_the_batch_axis_of_a_bare_sequence_first_recurrent_model_is_its_second():
+    torch.manual_seed(0)
+    model = nn.GRU(3, 4).double()  # batch_first=False: inputs [T, B, F]
+    x = torch.randn(6, 5, 3, dtype=torch.float64)
+
+    def loss_of(out, n=None):
+        out = out[0]
+        return (out**2).sum() / 5 if n is None else (out[:, n] ** 2).sum()
+
+    got, expected = _grad_variance_of(model, x, loss_of, 5)
+    problems.assert_close(got, expected, what="GradVariance, sequence-first GRU")
