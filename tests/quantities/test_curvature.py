@@ -111,3 +111,20 @@ def test_create_graph():
     estimated = HessTrace(curvature="hutchinson", probes=2)
     _mlp_steps(estimated, 1)
     assert estimated.create_graph(1)
+
+
+def test_the_estimator_defaults_are_16_probes_and_seed_0(capsys):
+    """The documented defaults (silent, 16 probes, the Cockpit's generator seeded with 0): the
+    record says 16 probes, and the values are those of the explicit settings."""
+    default = _mlp_steps(HessTrace(curvature="hutchinson"), 2).get_output()
+    explicit = _mlp_steps(HessTrace(curvature="hutchinson", probes=16, seed=0), 2).get_output()
+    other_seed = _mlp_steps(HessTrace(curvature="hutchinson", probes=16, seed=1), 2).get_output()
+    assert capsys.readouterr().out == ""
+    for step in range(2):
+        assert default[step]["meta"]["HessTrace"]["probes"] == 16
+        assert default[step]["HessTrace"] == explicit[step]["HessTrace"] != other_seed[step]["HessTrace"]
+
+
+def test_verbose_prints_each_value(capsys):
+    _mlp_steps(HessTrace(curvature="hutchinson", probes=2, verbose=True), 1)
+    assert "HessTrace" in capsys.readouterr().out
