@@ -396,3 +396,34 @@ def test_batch_of_more_slots_than_float32_integers_uses_float64():
     counts, clipped, nonfinite = histogram.histogram1d_batch(list(values.reshape(-1, 1)), bins, (lo, hi))
     assert counts.shape == (count, bins) and int(clipped.sum()) == 0 and int(nonfinite.sum()) == 0
     assert torch.equal(counts.argmax(1), torch.as_tensor(chosen)) and torch.equal(counts.sum(1), torch.ones(count, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("scale", [0.0, float("inf"), float("nan")])
+def test_a_zero_or_non_finite_scale_is_refused(scale):
+    with pytest.raises(ValueError, match="^scale must be finite and non-zero"):
+        histogram1d(torch.zeros(3), 4, (-1, 1), scale=scale)
+
+
+def test_shapes_that_do_not_broadcast_are_refused():
+    with pytest.raises(ValueError, match="are not broadcastable$"):
+        histogram2d(torch.zeros(3), torch.zeros(4), (2, 2), ((-1, 1), (-1, 1)))
+
+
+@pytest.mark.parametrize("scale", [4.0, -0.25])
+def test_scale_with_a_range_away_from_zero(scale):
+    """The pivot (the range's point nearest to 0) is in scaled units: ``scale · x`` lands where
+    numpy puts it."""
+    x = randn(5000, std=3.0, seed=30) + 12 / scale
+    check(histogram1d(x, 13, (10.0, 14.5), scale=scale), reference1d(x, 13, (10.0, 14.5), scale=scale), "cpu")
+
+
+def test_a_zero_dimensional_tensor_is_one_value():
+    check(histogram1d(torch.tensor(0.3), 4, (-1, 1)), reference1d(torch.tensor([0.3]), 4, (-1, 1)), "cpu")
+    check(histogram2d(torch.tensor(0.3), torch.tensor(-0.9), (4, 2), ((-1, 1), (-1, 1))),
+          reference2d(torch.tensor([0.3]), torch.tensor([-0.9]), (4, 2), ((-1, 1), (-1, 1))), "cpu")
+
+
+def test_an_unhashable_scale_is_accepted():
+    """A 0-d numpy array (unhashable, so not cached) gives the histogram of its float value."""
+    x = randn(1000, std=1.0, seed=31)
+    check(histogram1d(x, 8, (-2, 2), scale=np.array(0.5)), reference1d(x, 8, (-2, 2), scale=0.5), "cpu")
