@@ -155,7 +155,6 @@ class Engine:
                 "cockpit-lite cannot tell the batch size: pass info['batch_size'] "
                 "(the number of samples of the forward pass)"
             )
-        state.global_indices = global_indices
         if global_indices:  # before any hook of this step exists: its backward passes must not fire them
             self._run_global(state, info, global_indices)
         for index, uses in routes.items():
@@ -471,7 +470,6 @@ class _Step:
         self.failed = set()
         self.flags = []
         self.low_precision = False
-        self.global_indices = []
         self.batch = _transforms.Batch()
 
     def ready(self, index, per_sample):

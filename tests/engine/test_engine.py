@@ -76,9 +76,10 @@ def test_gradient_accumulation_describes_the_micro_batch(name):
         problems.assert_close(entry["GradNorm"], [g.norm() for g in grads])
 
 
-@pytest.mark.parametrize("params_only", [False, True], ids=["rules", "global_path"])
-def test_alpha_under_accumulation_predicts_the_accumulated_update(params_only):
-    problem = problems.make("mlp", 8, steps=3)
+@pytest.mark.parametrize("name, params_only", [("mlp", False), ("mlp", True), ("gpt", False)],
+                         ids=["rules", "global_path", "tied_weights"])
+def test_alpha_under_accumulation_predicts_the_accumulated_update(name, params_only):
+    problem = problems.make(name, 8, steps=3)
     cp, _ = _micro_batch_run(problem, [quantities.Alpha()], params_only)
     flags = [f for entry in cp.get_output().values() for f in entry.get("flags", [])]
     assert not flags and all(math.isfinite(e["Alpha"]) for e in cp.get_output().values() if "Alpha" in e)
@@ -347,29 +348,37 @@ def test_a_failed_rule_gives_nan_to_every_first_order_quantity_and_only_its_own_
     assert [math.isnan(cp.get_output()[step]["Alpha"]) for step in (0, 1)] == [True, failing == 1]
 
 
-def test_a_parameter_whose_first_use_fails_is_flagged_once(monkeypatch):
-    """A LayerNorm called twice: its first call's rule fails, its second succeeds; the
-    parameter's values are NaN with one flag (the rules' sum, short of a use, is not checked again)."""
-    _broken_layer_norm(monkeypatch, fail_calls={0})
+@pytest.mark.parametrize("failing", [0, 1])  # the rules run in backward order: the outer call first
+def test_a_parameter_one_of_whose_uses_fails_is_flagged_once(failing, monkeypatch):
+    """A LayerNorm called twice: one call's rule fails, the other succeeds; the parameter's
+    values are NaN with one flag (the rules' sum, short of a use, is not checked again), and
+    the other parameters used twice (the Linear layer) keep exact values."""
+    _broken_layer_norm(monkeypatch, fail_calls={failing})
 
     class Twice(nn.Module):
         def __init__(self):
             super().__init__()
-            self.lin, self.norm, self.head = nn.Linear(4, 6), nn.LayerNorm(6), nn.Linear(6, 3)
+            self.lin, self.norm, self.head = nn.Linear(6, 6), nn.LayerNorm(6), nn.Linear(6, 3)
 
         def forward(self, x):
-            return self.head(self.norm(torch.tanh(self.norm(self.lin(x)))))
+            return self.head(self.norm(torch.tanh(self.lin(self.norm(self.lin(x))))))
 
     torch.manual_seed(0)
     model = Twice().double()
     cp = Cockpit(model, [quantities.GradVariance()], diagnose=False)
-    loss = F.cross_entropy(model(torch.randn(5, 4, dtype=torch.float64)), torch.tensor([0, 1, 2, 0, 1]))
+    x, y = torch.randn(5, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1])
+    loss = F.cross_entropy(model(x), y)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with cp(0, info={"loss": loss}):
             loss.backward()
     entry = cp.get_output()[0]
     assert [math.isnan(v) for v in entry["GradVariance"]] == [False, False, True, True, False, False]
+    contributions = F.cross_entropy(model(x), y, reduction="none") / 5
+    for i in (0, 1, 4, 5):
+        p = list(model.parameters())[i]
+        g = torch.stack([torch.autograd.grad(c, p, retain_graph=True)[0] * 5 for c in contributions])
+        problems.assert_close(entry["GradVariance"][i], g.var(0, unbiased=True).sum(), what="GradVariance, a use failed")
     assert sorted(f.split(" unavailable")[0] for f in entry["flags"]) == [
         "individual gradients of norm.bias", "individual gradients of norm.weight"]
 
@@ -451,3 +460,35 @@ def test_the_batch_axis_of_a_bare_sequence_first_recurrent_model_is_its_second()
 
     got, expected = _grad_variance_of(model, x, loss_of, 5)
     problems.assert_close(got, expected, what="GradVariance, sequence-first GRU")
+
+
+class ReadAgain(nn.Module):
+    """``lin.weight`` read again by the model's own code, scaled by ``scale``; ``upstream`` puts
+    a Linear layer and a BatchNorm in training mode in front (that Linear takes the global path)."""
+
+    def __init__(self, scale, upstream):
+        super().__init__()
+        self.scale = scale
+        self.front = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)) if upstream else nn.Identity()
+        self.lin, self.head = nn.Linear(4, 4), nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = torch.tanh(self.lin(self.front(x)))
+        return self.head(h + self.scale * F.linear(h, self.lin.weight))
+
+
+@pytest.mark.parametrize("scale, upstream", [(1e-3, False), (1.0, True)], ids=["small_second_use", "with_global_path"])
+def test_a_use_the_capture_missed_is_caught_when_small_or_beside_the_global_path(scale, upstream):
+    """The check compares in float64 to 1e-6 (a second use worth 0.1% of the gradient is
+    caught), and checks every parameter served by rules even when others took the global path."""
+    torch.manual_seed(0)
+    model = ReadAgain(scale, upstream).double()
+    cp = Cockpit(model, [quantities.GradVariance()], diagnose=False)
+    loss = F.cross_entropy(model(torch.randn(6, 4, dtype=torch.float64)), torch.tensor([0, 1, 2, 0, 1, 2]))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with cp(0, info={"loss": loss}):
+            loss.backward()
+    index = [name for name, _ in model.named_parameters()].index("lin.weight")
+    assert math.isnan(cp.get_output()[0]["GradVariance"][index])
+    assert any("lin.weight" in str(w.message) for w in caught)
