@@ -459,14 +459,14 @@ class Recurrent(nn.Module):
     """An RNN given its initial state ``hx``, read out through its outputs and final state
     (the output is ``[B, H]`` whatever the layout)."""
 
-    def __init__(self, kind, batch_first):
+    def __init__(self, kind, batch_first, layers=1):
         super().__init__()
-        self.rnn = getattr(nn, kind)(3, 4, batch_first=batch_first)
+        self.rnn = getattr(nn, kind)(3, 4, num_layers=layers, batch_first=batch_first)
         self.kind = kind
 
     def forward(self, x):
         batch = x.shape[0 if self.rnn.batch_first else 1]
-        h0 = torch.full((1, batch, 4), 0.1, dtype=x.dtype)
+        h0 = torch.full((self.rnn.num_layers, batch, 4), 0.1, dtype=x.dtype)
         hx = (h0, torch.full_like(h0, -0.2)) if self.kind == "LSTM" else h0
         out, state = self.rnn(x, hx)
         h_n = state[0] if self.kind == "LSTM" else state
@@ -548,6 +548,10 @@ GENERIC_CASES = {  # name: (model, sequence-first input, served by the generic r
     "dropout_attribute_zero": (lambda: DropoutInside(0.0), False, True),
     "dropout_attribute_in_eval_mode": (lambda: DropoutInside(0.5).eval(), False, True),
     "dropout_inside": (lambda: DropoutInside(0.5), False, False),
+    # an axis other than the batch's as long as the batch: only the layout tells them apart
+    "gru_sequence_first_as_long_as_the_batch": (lambda: Recurrent("GRU", False), True, True),
+    "lstm_as_many_layers_as_samples": (lambda: Recurrent("LSTM", True, layers=3), False, True),
+    "attention_sequence_first_as_long_as_the_batch": (lambda: Attending(False, "key_padding", weights=True), True, True),
 }
 
 
@@ -558,7 +562,7 @@ def test_the_generic_rule_serves_recurrent_attention_and_custom_layers(case, mon
     make, sequence_first, served = GENERIC_CASES[case]
     torch.manual_seed(0)
     model = make().double()
-    b, t, f = 3, 4, (6 if "attention" in case else 3)
+    b, t, f = 3, (3 if "as_long_as" in case else 4), (6 if "attention" in case else 3)
     x = torch.randn(t, b, f, dtype=torch.float64) if sequence_first else torch.randn(b, t, f, dtype=torch.float64)
     if case == "keyword_tensor_shared_by_the_samples" or case.startswith("dropout"):
         x = x[:, 0]
@@ -600,6 +604,31 @@ def test_a_block_registered_several_times_sums_its_uses(monkeypatch):
     torch.manual_seed(0)
     model = SharedBlock().double()
     x = torch.randn(5, 4, dtype=torch.float64)
+    used = _global_path_uses(monkeypatch)
+    got = engine_individual_gradients(model, x)
+    for index, reference in enumerate(individual_reference(model, x)):
+        torch.testing.assert_close(got[index], reference)
+    assert used == []
+
+
+def test_the_generic_rule_on_a_float32_model_keeps_float32_precision(monkeypatch):
+    """The re-run runs without autocast (a bf16 re-run would be 1e-2 off): within float32
+    rounding of a float64 reference."""
+    torch.manual_seed(0)
+    model = Recurrent("LSTM", True)
+    x = torch.randn(3, 4, 3)
+    got = engine_individual_gradients(model, x)
+    for index, reference in enumerate(_reference_over_output_samples(model.double(), x.double())):
+        torch.testing.assert_close(got[index].double(), reference, rtol=1e-4, atol=1e-5)
+
+
+def test_layers_before_an_evaluating_batch_norm_are_served_by_their_rules(monkeypatch):
+    """BatchNorm in evaluation mode uses its running statistics: it does not mix the samples."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 5), nn.BatchNorm1d(5), nn.Tanh(), nn.Linear(5, 2)).double()
+    model[1].running_mean.uniform_(-1, 1)
+    model.eval()
+    x = torch.randn(6, 4, dtype=torch.float64)
     used = _global_path_uses(monkeypatch)
     got = engine_individual_gradients(model, x)
     for index, reference in enumerate(individual_reference(model, x)):
