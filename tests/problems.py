@@ -316,3 +316,11 @@ def assert_counts_match(actual, count, values):
     low, high = variants.min(0), variants.max(0)
     bad = (actual < low) | (actual > high)
     assert not bad.any(), f"counts differ beyond edge rounding at bins {np.argwhere(bad).tolist()}: {actual[bad]} vs {variants[0][bad]}"
+
+
+def assert_prints_only_when_verbose(quantity_class, capsys, **kwargs):
+    """Three steps of the MLP problem with ``quantity_class(**kwargs)``: silent by default,
+    its name printed with ``verbose=True``."""
+    for verbose in (False, True):
+        run(make("mlp", 4, steps=3), [quantity_class(verbose=True, **kwargs) if verbose else quantity_class(**kwargs)])
+        assert (quantity_class.__name__ in capsys.readouterr().out) == verbose

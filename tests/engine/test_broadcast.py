@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from cockpit_lite.engine import broadcast
-from engine.test_rules import _global_path_uses, engine_individual_gradients, individual_reference
+from engine.test_rules import _global_path_uses, assert_matches_autograd, engine_individual_gradients, individual_reference
 
 B, T, D = 3, 4, 5
 
@@ -179,9 +179,4 @@ def test_a_layer_on_a_shared_tensor(case, monkeypatch):
     layer, keyword, table, expected = ON_SHARED[case]
     torch.manual_seed(0)
     model = LayerOnShared(layer(), keyword, table).double()
-    x = torch.randn(B, T, D, dtype=torch.float64)
-    used = _global_path_uses(monkeypatch)
-    got = engine_individual_gradients(model, x)
-    for index, reference in enumerate(individual_reference(model, x)):
-        torch.testing.assert_close(got[index], reference)
-    assert used == ([expected] if expected else [])
+    assert_matches_autograd(model, torch.randn(B, T, D, dtype=torch.float64), monkeypatch, global_path=expected)

@@ -93,35 +93,6 @@ def test_conv_rule_matches_a_sample_loop(config, dim, monkeypatch):
     assert used == []
 
 
-class ConvElsewhere(nn.Module):
-    """A Conv1d on ``x = [B = 3, 2, L]`` that the rule cannot read: called with a keyword, on
-    the samples as its channels (``[2, B, L]``), or unbatched on ``[B, L]`` (channels = samples)."""
-
-    def __init__(self, how):
-        super().__init__()
-        self.how = how
-        self.conv = nn.Conv1d(2 if how == "keyword" else 3, 3, 2)
-
-    def forward(self, x):
-        if self.how == "keyword":
-            return self.conv(input=x)
-        if self.how == "samples_as_channels":
-            return self.conv(x.transpose(0, 1)).transpose(0, 1)
-        return self.conv(x.sum(1))
-
-
-@pytest.mark.parametrize("how", ["keyword", "samples_as_channels", "unbatched"], ids=str)
-def test_convolutions_the_rule_cannot_read_go_to_the_global_path(how, monkeypatch):
-    torch.manual_seed(0)
-    model = ConvElsewhere(how).double()
-    x = torch.randn(3, 2, 4, dtype=torch.float64)
-    used = _global_path_uses(monkeypatch)
-    got = engine_individual_gradients(model, x)
-    for index, reference in enumerate(individual_reference(model, x)):
-        torch.testing.assert_close(got[index], reference)
-    assert used == [[0, 1]]
-
-
 @pytest.mark.parametrize("sequence", [(), (5,), (2, 3)], ids=str)
 def test_linear_rule_matches_a_sample_loop(sequence):
     """Weight (factored) and bias, also for inputs with sequence axes ``[B, *L, I]``."""
@@ -252,6 +223,17 @@ def _global_path_uses(monkeypatch):
     return used
 
 
+def assert_matches_autograd(model, x, monkeypatch, global_path=()):
+    """The engine's individual gradients of every parameter equal autograd's on the individual
+    losses of one forward pass, and exactly the parameters ``global_path`` (indices) take the
+    global path."""
+    used = _global_path_uses(monkeypatch)
+    got = engine_individual_gradients(model, x)
+    for index, reference in enumerate(individual_reference(model, x)):
+        torch.testing.assert_close(got[index], reference)
+    assert used == ([sorted(global_path)] if global_path else [])
+
+
 @pytest.mark.parametrize("norm", NORMS, ids=str)
 def test_norm_layers_are_served_by_their_rules_not_the_global_path(norm, monkeypatch):
     make, shape = NORMS[norm]
@@ -372,11 +354,31 @@ class SamplesAsChannels(nn.Module):
         return self.norm(x.transpose(0, 1)).transpose(0, 1)
 
 
-UNREADABLE = {
+class ConvElsewhere(nn.Module):
+    """A Conv1d on ``x = [B = 3, 2, L]`` that the rule cannot read: called with a keyword, on
+    the samples as its channels (``[2, B, L]``), or unbatched on ``[B, L]`` (channels = samples)."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+        self.conv = nn.Conv1d(2 if how == "keyword" else 3, 3, 2)
+
+    def forward(self, x):
+        if self.how == "keyword":
+            return self.conv(input=x)
+        if self.how == "samples_as_channels":
+            return self.conv(x.transpose(0, 1)).transpose(0, 1)
+        return self.conv(x.sum(1))
+
+
+UNREADABLE = {  # layers on inputs x = [B = 3, 2, 4] that their rules cannot read
     "layernorm_keyword_input": lambda: Keyword(nn.LayerNorm(4)),
     "linear_keyword_input": lambda: Keyword(nn.Linear(4, 3)),
     "groupnorm_samples_as_channels": SamplesAsChannels,
     "linear_samples_as_features": SamplesAsFeatures,
+    "conv_keyword_input": lambda: ConvElsewhere("keyword"),
+    "conv_samples_as_channels": lambda: ConvElsewhere("samples_as_channels"),
+    "conv_unbatched": lambda: ConvElsewhere("unbatched"),
 }
 
 
@@ -384,13 +386,9 @@ UNREADABLE = {
 def test_calls_the_rules_cannot_read_go_to_the_global_path(case, monkeypatch):
     torch.manual_seed(0)
     model = UNREADABLE[case]().double()
-    _random_affine(model.norm)
-    x = torch.randn(3, 2, 4, dtype=torch.float64)
-    used = _global_path_uses(monkeypatch)
-    got = engine_individual_gradients(model, x)
-    for index, reference in enumerate(individual_reference(model, x)):
-        torch.testing.assert_close(got[index], reference)
-    assert used == [[0, 1]]
+    if hasattr(model, "norm"):
+        _random_affine(model.norm)
+    assert_matches_autograd(model, torch.randn(3, 2, 4, dtype=torch.float64), monkeypatch, global_path=(0, 1))
 
 
 def _bfloat16_reference(layer, x, per_sample):
@@ -602,13 +600,7 @@ def test_a_block_registered_several_times_sums_its_uses(monkeypatch):
     """Each of its calls is one use (it crashed the user's backward pass: every registration
     counted its parameters again)."""
     torch.manual_seed(0)
-    model = SharedBlock().double()
-    x = torch.randn(5, 4, dtype=torch.float64)
-    used = _global_path_uses(monkeypatch)
-    got = engine_individual_gradients(model, x)
-    for index, reference in enumerate(individual_reference(model, x)):
-        torch.testing.assert_close(got[index], reference)
-    assert used == []
+    assert_matches_autograd(SharedBlock().double(), torch.randn(5, 4, dtype=torch.float64), monkeypatch)
 
 
 def test_the_generic_rule_on_a_float32_model_keeps_float32_precision(monkeypatch):
@@ -628,9 +620,4 @@ def test_layers_before_an_evaluating_batch_norm_are_served_by_their_rules(monkey
     model = nn.Sequential(nn.Linear(4, 5), nn.BatchNorm1d(5), nn.Tanh(), nn.Linear(5, 2)).double()
     model[1].running_mean.uniform_(-1, 1)
     model.eval()
-    x = torch.randn(6, 4, dtype=torch.float64)
-    used = _global_path_uses(monkeypatch)
-    got = engine_individual_gradients(model, x)
-    for index, reference in enumerate(individual_reference(model, x)):
-        torch.testing.assert_close(got[index], reference)
-    assert used == []
+    assert_matches_autograd(model, torch.randn(6, 4, dtype=torch.float64), monkeypatch)

@@ -208,8 +208,5 @@ def test_alpha_from_fit_without_a_finite_fit_is_nan():
     assert alpha_from_fit(np.array([1.0, -2.0, -1.0]), 1.0) == -1.0  # concave
 
 
-@pytest.mark.parametrize("verbose", [False, True])
-def test_verbose_prints_each_value(verbose, capsys):
-    problem = problems.make("mlp", 4, steps=3)
-    problems.run(problem, [Alpha(verbose=True) if verbose else Alpha()])
-    assert ("Alpha" in capsys.readouterr().out) == verbose
+def test_verbose_prints_each_value(capsys):
+    problems.assert_prints_only_when_verbose(Alpha, capsys)

@@ -26,19 +26,4 @@ def test_reference_point_is_first_step_seen_whatever_the_schedule():
 
 
 def test_verbose_prints_each_value(capsys):
-    import torch
-    from torch import nn
-
-    from cockpit_lite import Cockpit
-
-    for verbose in (False, True):
-        model = nn.Linear(3, 1)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        cp = Cockpit(model, [Distance(verbose=True)] if verbose else [Distance()], diagnose=False)
-        for step in range(3):
-            opt.zero_grad()
-            loss = model(torch.randn(4, 3)).square().mean()
-            with cp(step, info={"loss": loss}):
-                loss.backward()
-            opt.step()
-        assert ("Distance" in capsys.readouterr().out) == verbose
+    problems.assert_prints_only_when_verbose(Distance, capsys)
