@@ -128,3 +128,14 @@ def test_the_estimator_defaults_are_16_probes_and_seed_0(capsys):
 def test_verbose_prints_each_value(capsys):
     _mlp_steps(HessTrace(curvature="hutchinson", probes=2, verbose=True), 1)
     assert "HessTrace" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("probes", [0, -3, 1.5])
+def test_probes_must_be_a_positive_integer(probes):
+    with pytest.raises(ValueError, match="probes must be a positive integer"):
+        HessTrace(probes=probes)
+
+
+def test_a_single_probe_is_allowed():
+    cp = _mlp_steps(HessTrace(curvature="hutchinson", probes=1), 1)
+    assert cp.get_output()[0]["meta"]["HessTrace"]["probes"] == 1
