@@ -138,3 +138,28 @@ def test_verbose_prints_the_new_limits(capsys):
     assert capsys.readouterr().out == ""
     ParamAbsMax(None, verbose=True, padding=0.1, min_size=1.0).limits(3, _data([0.1, -0.2]), (-2.0, 2.0))
     assert capsys.readouterr().out == "[cockpit-lite | step 3] ParamAbsMax: new limits -0.55000, 0.55000\n"
+
+
+def test_a_histogram_whose_gradients_are_not_finite_keeps_its_range():
+    """Through the histogram: a due adaptation at a step with NaN individual gradients keeps
+    the current range (and the step is flagged, not failed)."""
+    import warnings
+
+    from torch import nn
+
+    from cockpit_lite import Cockpit
+
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    quantity = GradHist1d(bins=4, range=(-0.5, 1.5), adapt=GradAbsMax(lambda step: True))
+    cp = Cockpit(model, [quantity], diagnose=False)
+    x = torch.randn(4, 3)
+    x[1, 0] = math.nan
+    loss = model(x).square().mean()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with cp(0, info={"loss": loss}):
+            loss.backward()
+    assert quantity.range == (-0.5, 1.5)
+    entry = cp.get_output()[0]
+    assert entry["flags"] == ["nonfinite_loss", "nonfinite_grad"] and entry["GradHist1d"]["nonfinite"] > 0
