@@ -1,6 +1,7 @@
 """``suggest_clip_value``: the stated percentile of the total gradient norms, model untouched."""
 
 import numpy as np
+import pytest
 import torch
 from check_cases import CASES, digits
 
@@ -17,5 +18,7 @@ def test_percentile_of_observed_norms():
         grads = torch.autograd.grad(case.loss_fn(case.model(bx), by), list(case.model.parameters()))
         manual.append(float(torch.sqrt(sum((g ** 2).sum() for g in grads))))
     np.testing.assert_allclose(suggestion.norms, manual, rtol=1e-5)
-    assert float(suggestion) == float(np.percentile(manual, 90)) and "90th percentile of 10" in str(suggestion)
+    # the two norms are summed in different orders (float32): equal within rounding, not bit for bit
+    assert float(suggestion) == pytest.approx(float(np.percentile(manual, 90)), rel=1e-5)
+    assert "90th percentile of 10" in str(suggestion)
     assert all(p.grad is None for p in case.model.parameters())
