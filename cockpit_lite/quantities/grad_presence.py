@@ -7,9 +7,19 @@ backward pass alone. ``stepped`` counts the calls of ``info["optimizer"].step()`
 since the previous step's context ``cp(step)`` (counted at every step, due or not: a
 post-step hook registered on the optimizer the first time it is seen; ``None`` before
 that, or without an optimizer), so that a sparse schedule does not count the updates
-of untracked steps. ``before > 0`` with ``stepped ≥ 1`` means the gradients of an earlier batch,
-already used for an update, are being added to: a missing ``zero_grad``. Deliberate
-gradient accumulation has ``stepped = 0`` between its micro-batches.
+of untracked steps.
+
+``first_backward`` answers the question a missing ``zero_grad`` raises, whatever the
+micro-batch ``cp(step)`` is around: the norm of the gradients the parameters held when
+the *first* backward pass after the latest optimizer step reached them (0: they were
+zeroed or ``None``, as after ``zero_grad``; ``None``: no optimizer step seen yet). After
+each ``optimizer.step()`` a tensor hook is put on up to ``ARMED`` parameters that hold
+a gradient (it runs before autograd adds the new gradient in); the first one to fire
+reads the gradients those parameters still hold and all are removed. Deliberate
+gradient accumulation (``zero_grad`` once per optimizer step, ``cp(step)`` around the
+last micro-batch's backward) has ``before > 0`` and ``stepped = 1`` (the previous
+window's update) but ``first_backward = 0``; a loop without ``zero_grad`` has
+``first_backward > 0``: the gradients of batches already used for an update are added to.
 
 Also recorded from the optimizer's first parameter group, for the rules that compare
 a step size with curvature: ``optimizer`` (class name), ``lr`` and ``momentum`` (SGD's
@@ -20,9 +30,12 @@ import torch
 
 from cockpit_lite.quantities.base import Needs, Output, Quantity
 
+ARMED = 8
+"""Parameters watched for the first backward pass after an optimizer step."""
+
 
 class GradPresence(Quantity):
-    """``{"before", "after", "stepped", "optimizer", "lr", "momentum"}`` per step."""
+    """``{"before", "after", "stepped", "first_backward", "optimizer", "lr", "momentum"}`` per step."""
 
     def __init__(self, track_schedule=None, verbose=False):
         super().__init__(track_schedule, verbose)
@@ -30,14 +43,47 @@ class GradPresence(Quantity):
         self._handle = None
         self._steps = 0
         self._pending = None
+        self._armed = []
+        self._first = None
+        self._windows = 0  # optimizer steps ever seen: names the window a hook was armed in
 
     def unbind(self):
         if self._handle is not None:
             self._handle.remove()
-        self._handle, self._optimizer = None, None
+        self._disarm()
+        self._handle, self._optimizer, self._first = None, None, None
+
+    def _disarm(self):
+        for handle in self._armed:
+            handle.remove()
+        self._armed = []
 
     def _on_step(self, optimizer, args, kwargs):
         self._steps += 1
+        self._windows += 1
+        self._disarm()
+        self._first = None  # a new window: unknown until its first backward pass
+        watched = [p for group in optimizer.param_groups for p in group["params"]
+                   if p.requires_grad and p.grad is not None]
+        if not watched:
+            return
+        if len(watched) > ARMED:  # spread over the model: one branch left out of a pass does not hide them all
+            stride = len(watched) / ARMED
+            watched = [watched[int(i * stride)] for i in range(ARMED)]
+        self._armed = [p.register_hook(self._reached(watched)) for p in watched]
+
+    def _reached(self, watched):
+        window = self._windows
+
+        def hook(grad):
+            # the first watched parameter reached in this window: nothing was added to any of them yet
+            # (the handles are removed later, never while autograd runs the hooks)
+            if self._first is None and self._windows == window:
+                held = [p.grad.detach() for p in watched if p.grad is not None]
+                self._first = torch.stack(torch._foreach_norm(held)).norm() if held else 0.0
+            return None
+
+        return hook
 
     def needs(self, step, info):
         optimizer = info.get("optimizer")
@@ -63,7 +109,10 @@ class GradPresence(Quantity):
         before, stepped, hyper = self._pending
         self._pending = None
         after = torch.stack(data.grad_norms).norm() if data.grads else 0.0
-        return Output({"before": before, "after": after, "stepped": stepped, **hyper})
+        first = self._first if self._optimizer is not None else None
+        if first is not None:
+            self._disarm()
+        return Output({"before": before, "after": after, "stepped": stepped, "first_backward": first, **hyper})
 
 
 def _groups(info, optimizer):

@@ -150,3 +150,36 @@ def test_optimizers_without_a_learning_rate_or_momentum(make, expected):
         loss.backward()
     value = cp.output[0]["GradPresence"]
     assert (value["optimizer"], value["lr"], value["momentum"]) == expected
+
+
+def test_first_backward_reads_what_the_first_pass_after_an_update_finds():
+    """Accumulation over 3 micro-batches, the context around the last: ``before`` holds the first two
+    micro-batches' gradients, ``first_backward`` is 0 after ``zero_grad`` and the stale update's gradient
+    (brute force: the watched parameters' gradients right after ``opt.step()``) without it."""
+    for zero_grad in (True, False):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        cp = Cockpit(model, [GradPresence()], diagnose=False)
+        stale = [None]
+        for step in range(3):
+            if zero_grad:
+                opt.zero_grad()
+            for k in range(3):
+                loss = model(torch.randn(8, 5)).square().mean()
+                if k == 2:
+                    with cp(step, info={"loss": loss, "optimizer": opt}):
+                        loss.backward()
+                else:
+                    loss.backward()
+            opt.step()
+            stale.append(flat_norm([p.grad for p in model.parameters()]))
+        for step in range(3):
+            value = cp.output[step]["GradPresence"]
+            assert value["before"] > 0 and value["stepped"] == (None if step == 0 else 1)
+            if step == 0:
+                assert value["first_backward"] is None  # no update seen yet
+            elif zero_grad:
+                assert value["first_backward"] == 0
+            else:
+                assert value["first_backward"] == pytest.approx(stale[step], rel=1e-5)
