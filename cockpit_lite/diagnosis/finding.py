@@ -10,7 +10,9 @@ KINDS = (
 )
 """The vocabulary of ``Finding.kind``."""
 
-SEVERITIES = ("warning", "error")
+SEVERITIES = ("info", "warning", "error")
+"""``error``: breaks training (it cannot recover by itself); ``warning``: costs accuracy or time;
+``info``: an oddity worth knowing that costs nothing. A healthy run has no warning or error."""
 
 
 @dataclass
@@ -22,7 +24,8 @@ class Finding:
         layer: a module name from ``model.named_modules()``, ``"loss_fn"`` for the loss,
             or ``None`` for a run- or data-level finding.
         step: the first step it was seen at.
-        severity: ``"warning"`` or ``"error"`` (training cannot recover by itself).
+        severity: ``"error"`` (breaks training: it cannot recover by itself), ``"warning"`` (costs
+            accuracy or time) or ``"info"`` (an oddity that costs nothing), see ``SEVERITIES``.
         message: one plain sentence with the evidence (numbers, layer, step).
         suggestion: one line: the fix a person would make.
         evidence: the numbers behind it.

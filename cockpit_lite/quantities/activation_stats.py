@@ -27,6 +27,13 @@ The value is ``{module name: {"type": class name, "mean", "std", "zeros", "dead"
 apply). The hooks reduce on the device and keep 0-d tensors; they go to the host
 with the step's other values. No BackPACK, no ``extend``: works on any model with
 activation *modules* (a functional ``F.relu`` is not seen).
+
+Also, in the step's ``meta``: ``input_layer = {"name", "type"}``, the first module that
+receives the model's first floating-point input (through shape-only modules such as
+``Flatten``, ``Identity``, ``Dropout``, which are skipped), found on the first training
+forward pass and then fixed; absent when the input is transformed by a functional op
+before any module sees it. The ``unnormalized_inputs`` rule reads it: an input scale
+that a first BatchNorm/LayerNorm normalises away is an oddity, not a fault.
 """
 
 import torch
@@ -46,6 +53,12 @@ SATURATION = 0.99
 SUB_BATCH = 16
 """Samples (along the first axis) that ``zeros`` and ``saturated`` are computed on."""
 
+PASS_THROUGH = (nn.Flatten, nn.Unflatten, nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
+"""Modules that do not change the input's scale: the first layer is the one after them."""
+
+LOOK = 3
+"""Training forward passes in which the input layer is looked for (then the hooks are removed)."""
+
 
 class ActivationStats(Quantity):
     """Per activation module: mean, std, fraction of zeros, of dead units, of saturated entries."""
@@ -55,6 +68,10 @@ class ActivationStats(Quantity):
         self._handles = []
         self._sums = {}
         self._next = 0
+        self._first = None      # {"name", "type"} of the input layer, once found
+        self._finding = []      # handles of the hooks that look for it (removed once found)
+        self._carried = []      # the model's input and its pass-through copies in this forward pass
+        self._looked = 0        # training forward passes looked at (given up after LOOK)
 
     def bind(self, cockpit):
         model = cockpit.model
@@ -63,12 +80,45 @@ class ActivationStats(Quantity):
         for name, module in model.named_modules():
             if isinstance(module, ACTIVATIONS):
                 self._handles.append(module.register_forward_hook(self._hook(name, module)))
+        self._finding.append(model.register_forward_pre_hook(self._model_input))
+        for name, module in model.named_modules():
+            if name and not list(module.children()):  # leaves: the modules that compute
+                self._finding.append(module.register_forward_pre_hook(self._leaf(name)))
+                if isinstance(module, PASS_THROUGH):
+                    self._finding.append(module.register_forward_hook(self._carry))
 
     def unbind(self):
+        self._stop_looking()
         for handle in self._handles:
             handle.remove()
         self._handles = []
         self._sums = {}
+
+    def _stop_looking(self):
+        for handle in self._finding:
+            handle.remove()
+        self._finding, self._carried = [], []
+
+    def _model_input(self, module, args):
+        if torch.is_grad_enabled() and self._first is None:
+            self._looked += 1
+            self._carried = [a for a in args if torch.is_tensor(a) and a.is_floating_point()][:1]
+
+    def _leaf(self, name):
+        def hook(module, args):
+            if self._first is not None or not self._carried or not args or not torch.is_tensor(args[0]):
+                return None
+            if isinstance(module, PASS_THROUGH) or not any(args[0] is t for t in self._carried):
+                return None
+            self._first = {"name": name, "type": type(module).__name__}
+            self._carried = []
+            return None  # the hooks are removed after the pass (never while the module runs them)
+
+        return hook
+
+    def _carry(self, module, args, output):
+        if self._carried and args and any(args[0] is t for t in self._carried) and torch.is_tensor(output):
+            self._carried.append(output)
 
     def _hook(self, name, module):
         kind = "relu" if isinstance(module, RELU) else "tanh" if isinstance(module, TANH) else (
@@ -101,6 +151,9 @@ class ActivationStats(Quantity):
 
     def compute(self, step, data):
         sums, self._sums = self._sums, {}
+        if self._finding and (self._first is not None or self._looked >= LOOK):
+            self._stop_looking()
+        meta = {"input_layer": dict(self._first)} if self._first is not None else None
         if not sums:
             return None
         value = {}
@@ -111,7 +164,7 @@ class ActivationStats(Quantity):
                 "dead": mean[3] if kind == "relu" else None,
                 "saturated": mean[4] if kind in ("tanh", "sigmoid") else None,
             }
-        return Output(value)
+        return Output(value, meta=meta)
 
 
 def _statistics(y, kind):

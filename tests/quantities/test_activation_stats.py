@@ -205,3 +205,27 @@ def test_the_schedule_is_followed_and_verbose_prints(capsys):
         cp.close()
         assert sorted(s for s, e in cp.output.items() if "ActivationStats" in e) == [0, 2]
         assert capsys.readouterr().out.count("ActivationStats") == (2 if verbose else 0)
+
+
+def test_input_layer_is_the_first_module_the_input_reaches_through_pass_through_modules():
+    from cockpit_lite import Cockpit
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(8, 2)      # registered first, runs last
+            self.flat = nn.Flatten()
+            self.norm = nn.BatchNorm1d(8)
+            self.act = nn.ReLU()
+
+        def forward(self, x):
+            return self.head(self.act(self.norm(self.flat(x))))
+
+    model = Net()
+    cp = Cockpit(model, [ActivationStats()], diagnose=False)
+    for step in range(2):
+        loss = model(torch.randn(6, 2, 4)).square().mean()
+        with cp(step, info={"loss": loss}):
+            loss.backward()
+    for step in range(2):
+        assert cp.output[step]["meta"]["ActivationStats"]["input_layer"] == {"name": "norm", "type": "BatchNorm1d"}
