@@ -25,6 +25,18 @@ def finite(value):
     return _log.is_finite_number(value)
 
 
+def logged(entry, *keys):
+    """The first of ``keys`` that ``entry`` holds as a finite number (``cp.log`` stores ``None``s), or ``None``.
+
+    ``logged(entry, "valid_loss", "test_loss")``: the held-out loss, from the valid slot, else the test slot.
+    """
+    for key in keys:
+        value = entry.get(key)
+        if finite(value):
+            return float(value)
+    return None
+
+
 def rss(values):
     arr = np.asarray(values, dtype=float)
     return float(np.sqrt(np.sum(arr**2))) if arr.size else math.nan

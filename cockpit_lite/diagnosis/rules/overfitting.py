@@ -1,10 +1,10 @@
-"""``overfitting``: the held-out loss (``cp.log``'s valid_loss, else test_loss) rises
+"""``overfitting``: the held-out loss (``cp.log``'s valid_loss, else test_loss; a stored ``None`` is skipped) rises
 ``OVERFIT_RISE`` above its minimum while the training loss (train_loss, else the
 mini-batch loss) fell ``OVERFIT_FALL`` since that minimum, on 2 logs."""
 
 from cockpit_lite.diagnosis import thresholds as T
 from cockpit_lite.diagnosis.finding import Finding
-from cockpit_lite.diagnosis.history import Streak, finite, fmt, plain
+from cockpit_lite.diagnosis.history import Streak, finite, fmt, logged, plain
 from cockpit_lite.diagnosis.rules.base import Rule
 
 
@@ -17,8 +17,10 @@ class Overfitting(Rule):
         self.streak = Streak(2)
 
     def observe(self, step, entry, history):
-        held = entry.get("valid_loss", entry.get("test_loss"))
-        train = entry.get("train_loss", history.median_recent_loss(5) if "Loss" in entry else None)
+        held = logged(entry, "valid_loss", "test_loss")
+        train = logged(entry, "train_loss")
+        if train is None and "Loss" in entry:
+            train = history.median_recent_loss(5)
         if not (finite(held) and finite(train)):
             return []
         held, train = float(held), float(train)

@@ -6,7 +6,7 @@ import math
 
 from cockpit_lite.diagnosis import thresholds as T
 from cockpit_lite.diagnosis.finding import Finding
-from cockpit_lite.diagnosis.history import Streak, finite, fmt, plain
+from cockpit_lite.diagnosis.history import Streak, finite, fmt, logged, plain
 from cockpit_lite.diagnosis.rules.base import Rule
 
 
@@ -18,8 +18,8 @@ class ShuffledLabels(Rule):
         self.streak = Streak(2)
 
     def observe(self, step, entry, history):
-        accuracy = entry.get("valid_accuracy", entry.get("test_accuracy"))
-        if not finite(accuracy):
+        accuracy = logged(entry, "valid_accuracy", "test_accuracy")  # a stored None is skipped
+        if accuracy is None:
             return []
         ref = history.loss_ref
         if len(history.losses) < T.MIN_STEPS or not finite(ref) or ref <= 0:
