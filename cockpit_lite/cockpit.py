@@ -125,7 +125,7 @@ class Cockpit:
                 ],
                 "quantities": [q.name for q in self.quantities],
             }
-            self._writer = _log.JSONLinesWriter(log, header)
+            self._writer = _log.JSONLinesWriter(log, header, strict=strict)
 
     def add(self, quantity):
         """Track one more ``Quantity``.

@@ -57,13 +57,26 @@ sequence model's token losses are summed per sequence.
 
 On disk
 -------
-*JSON lines* (``.jsonl``): the first line is a header
-``{"format": "cockpit-lite", "version": 1, "params": [{"name", "shape"}, ...],
-"quantities": [...]}``; every further line is ``{"step": s, key: value, ...}`` and is
-merged into the record at step ``s`` (two-step quantities such as ``Alpha`` are
-known one step later and arrive in a later line). Lines are appended and flushed as
-each step ends, so a crash loses at most the step in flight; ``read`` skips a torn
-last line and warns once.
+*JSON lines* (``.jsonl``): a log holds one or more *run segments*. A segment starts
+with a header line ``{"format": "cockpit-lite", "version": 1, "run": id, "started":
+ISO time, "params": [{"name", "shape"}, ...], "quantities": [...]}``; every further
+line is ``{"step": s, key: value, ...}`` and is merged into the record at step ``s``
+(two-step quantities such as ``Alpha`` are known one step later and arrive in a
+later line). Lines are appended and flushed as each step ends, so a crash loses at
+most the step in flight; a reader skips the torn last line of a segment and warns
+once. A new ``JSONLinesWriter`` (a new ``Cockpit(log=path)``) on an existing log
+never truncates it: it appends a new segment with a new run id. A header that
+repeats the previous segment's run id (a resumed run, ``JSONLinesWriter(...,
+run=id)``) continues that segment. Readers return the last segment by default
+(``read(path)``, ``read_jsonl(path)``), any other with ``segment=i`` (an index as for
+a list, or a run id) and all of them with ``segment="all"``; ``segments(path)`` lists
+the headers. Logs written before segments existed (a header without ``"run"``) read
+as before. See ``docs/logs.md``.
+
+A failing write (``OSError``: a full disk, a lost network mount) never stops
+training: the writer warns once, keeps the unwritten lines in memory and writes
+them, in order, at the next step; ``strict=True`` raises instead. ``close`` writes
+what it can and ``fsync``s the file.
 
 *JSON* (``.json``): ``{str(step): {key: value}}``, the layout of Cockpit's
 ``write`` (quantity class names as keys), written by ``Cockpit.write``. Arrays in it
@@ -75,14 +88,29 @@ json_tricks' compact ``"b64:"`` / ``"b64.gz:"`` array strings).
 Values on disk are plain JSON; non-finite floats are written as ``NaN`` /
 ``Infinity`` (Python's JSON dialect) and histogram arrays in the JSON-lines log as
 nested lists.
+
+Reading untrusted files
+-----------------------
+Every reader validates as it reads: a line (or a ``.json`` file or step) that is not
+a record raises one ``RecordError`` (a ``ValueError``) naming the file, the line (or
+step) and the field. Nothing in a file selects code (arrays are numbers only). Sizes
+are bounded by ``LIMITS`` (``max_line_bytes``, ``max_file_bytes``, ``max_items``,
+``max_array_bytes``, ``max_depth``); a file beyond one raises ``RecordError`` naming
+the limit. For a file you trust, raise it for one call (``read(path,
+limits={"max_array_bytes": 2**31})``) or for the process
+(``cockpit_lite.log.LIMITS["max_array_bytes"] = 2**31``); on the command line
+``python -m instruments --limit max_array_bytes=2147483648 RUN.jsonl``.
 """
 
 import base64
-import gzip
+import collections
+import errno
 import json
 import math
 import os
+import time
 import warnings
+import zlib
 
 import numpy as np
 
@@ -169,119 +197,636 @@ def to_jsonable(value, tagged_arrays=False):
     return value
 
 
-def _tagged_array(tagged):
-    """The array of a json_tricks ``{"__ndarray__": ...}`` dict (list or ``b64[.gz]:`` data)."""
-    data, dtype = tagged["__ndarray__"], np.dtype(tagged.get("dtype", "float64"))
-    shape = tuple(tagged.get("shape", ()))
+#: Bounds on what a reader accepts from a file (see "Reading untrusted files" above).
+#: Change an entry to change the default of every reader in this process.
+LIMITS = {
+    "max_line_bytes": 64 * 2**20,   # one line of a .jsonl log
+    "max_file_bytes": 2**30,        # a whole .json file (read at once)
+    "max_items": 2**22,             # list/dict elements in one step's values (4,194,304)
+    "max_array_bytes": 64 * 2**20,  # one decoded json_tricks array (b64 / b64.gz / list)
+    "max_depth": 64,                # nesting of lists and dicts in one line / step
+}
+
+#: Record keys whose value is a number (or ``None``): Cockpit's scalar quantities.
+SCALAR_KEYS = ("Loss", "Alpha", "NormTest", "InnerTest", "OrthoTest", "MeanGSNR", "TICDiag", "TICTrace",
+               "HessMaxEV", "CABS", "EarlyStopping", "Time")
+#: Record keys whose value is a list of numbers, one per parameter tensor.
+PER_PARAMETER_KEYS = ("GradNorm", "Distance", "UpdateSize", "HessTrace", "GradVariance", "ParamNorm")
+#: Record keys whose value is a histogram dict.
+HISTOGRAM_KEYS = ("GradHist1d", "GradHist2d")
+
+
+class RecordError(ValueError):
+    """A file (or one of its lines) that is not a cockpit-lite record, or one beyond ``LIMITS``.
+
+    The message names the file, the line (or the step of a ``.json`` file) and the field.
+    """
+
+
+class _FieldError(ValueError):
+    """A problem inside one value; the reader adds the file and the line."""
+
+    def __init__(self, field, message):
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+def _limits(limits):
+    """``LIMITS`` updated by ``limits`` (a dict; unknown names are refused)."""
+    out = dict(LIMITS)
+    if limits:
+        unknown = set(limits) - set(LIMITS)
+        if unknown:
+            raise ValueError(f"unknown reader limit(s) {sorted(unknown)}; known: {sorted(LIMITS)}")
+        out.update(limits)
+    return out
+
+
+def _too_big(name, value, limits):
+    return (f"{value:,} exceeds the limit {name}={limits[name]:,}; for a file you trust, raise it: "
+            f"limits={{'{name}': N}} (cockpit_lite.log.LIMITS['{name}'] = N, or python -m instruments "
+            f"--limit {name}=N)")
+
+
+def _field_name(field):
+    return ".".join(str(k) for k in field) if field else None
+
+
+def _where(path, line=None, step=None, field=None):
+    parts = [os.fspath(path)]
+    if line is not None:
+        parts.append(f"line {line}")
+    if step is not None:
+        parts.append(f"step {step!r}")
+    if field:
+        parts.append(f"field {_field_name(field)!r}")
+    return ", ".join(parts)
+
+
+def _measure(obj, limits, field=()):
+    """Refuse values nested deeper than ``max_depth`` or holding more than ``max_items`` elements.
+
+    Iterative (an explicit stack), so no nesting makes it recurse.
+    """
+    max_depth, max_items = limits["max_depth"], limits["max_items"]
+    stack, items = [(obj, 1, field)], 0
+    while stack:
+        value, depth, where = stack.pop()
+        if depth > max_depth:
+            raise _FieldError(where, f"values nested more than {max_depth} levels deep: "
+                                     + _too_big("max_depth", depth, limits))
+        items += len(value)
+        if items > max_items:
+            raise _FieldError(where, f"more than {max_items:,} list or dict elements in one line: "
+                                     + _too_big("max_items", items, limits))
+        pairs = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, child in pairs:
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1, where + (key,) if isinstance(value, dict) and len(where) < 3
+                              else where))
+
+
+def _shape(tagged):
+    shape = tagged.get("shape")
+    if shape is None:
+        return None
+    if not isinstance(shape, list) or len(shape) > 32 or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        raise ValueError(f"array shape must be a list of at most 32 non-negative integers, got {shape!r}"[:300])
+    return tuple(shape)
+
+
+def _tagged_array(tagged, limits=None):
+    """The array of a json_tricks ``{"__ndarray__": ...}`` dict (list or ``b64[.gz]:`` data).
+
+    Only numeric dtypes are accepted, and the decoded size is bounded by
+    ``max_array_bytes`` before anything is decoded or decompressed.
+    """
+    limits = _limits(limits)
+    data, dtype = tagged["__ndarray__"], tagged.get("dtype", "float64")
+    if not isinstance(dtype, str):
+        raise ValueError(f"array dtype must be a string, got {type(dtype).__name__}")
+    try:
+        dtype = np.dtype(dtype)
+    except (TypeError, ValueError, SyntaxError) as error:
+        raise ValueError(f"unknown array dtype {dtype[:40]!r}") from error
+    if dtype.kind not in "biufc" or dtype.shape != () or dtype.names is not None:
+        raise ValueError(f"array dtype {str(dtype)[:40]!r} is not a number type (bool, int, uint, float, complex)")
+    shape = _shape(tagged)
     order = "C" if tagged.get("Corder", True) else "F"
     if isinstance(data, str):
+        if shape is None:
+            raise ValueError("an encoded (b64) array needs its 'shape'")
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes > limits["max_array_bytes"]:
+            raise ValueError(f"array of shape {list(shape)} ({dtype}) takes {nbytes:,} bytes: "
+                             + _too_big("max_array_bytes", nbytes, limits))
         prefix, _, payload = data.partition(":")
         if prefix not in ("b64", "b64.gz"):
-            raise ValueError(f"unknown json_tricks array encoding {prefix!r} (expected b64 or b64.gz)")
-        raw = base64.standard_b64decode(payload)
+            raise ValueError(f"unknown json_tricks array encoding {prefix[:20]!r} (expected b64 or b64.gz)")
+        if len(payload) > 2 * limits["max_array_bytes"] + 1024:
+            raise ValueError(f"encoded array of {len(payload):,} characters: "
+                             + _too_big("max_array_bytes", len(payload) // 2, limits))
+        try:
+            raw = base64.b64decode(payload, validate=True)
+        except ValueError as error:
+            raise ValueError(f"array data is not valid base64 ({error})") from error
         if prefix == "b64.gz":
-            raw = gzip.decompress(raw)
+            inflater = zlib.decompressobj(wbits=47)  # gzip or zlib header
+            try:
+                raw = inflater.decompress(raw, nbytes + 1)  # never more than the shape says, plus one byte
+            except zlib.error as error:
+                raise ValueError(f"array data does not decompress ({error})") from error
+        if len(raw) != nbytes:
+            more = " or more" if len(raw) > nbytes else ""
+            raise ValueError(f"array data holds {len(raw):,}{more} bytes, its shape {list(shape)} and dtype "
+                             f"{dtype} need {nbytes:,}")
         if tagged.get("endian") in ("little", "big"):
             dtype = dtype.newbyteorder("<" if tagged["endian"] == "little" else ">")
         return np.frombuffer(raw, dtype=dtype).reshape(shape, order=order).copy()
+    if not isinstance(data, list):
+        raise ValueError(f"array data must be a list or a b64 string, got {type(data).__name__}")
+    try:
+        array = np.asarray(data, dtype=dtype)
+    except (TypeError, ValueError, OverflowError) as error:
+        raise ValueError(f"array data is not a regular array of {dtype} ({error})"[:300]) from error
+    if array.nbytes > limits["max_array_bytes"]:
+        raise ValueError(f"array of {array.nbytes:,} bytes: " + _too_big("max_array_bytes", array.nbytes, limits))
+    if shape is None:
+        return array
+    if array.size != math.prod(shape):
+        raise ValueError(f"array data holds {array.size} values, its shape {list(shape)} needs {math.prod(shape)}")
     if order == "F":  # json_tricks lists a Fortran-ordered array's transpose
-        return np.asarray(data, dtype=dtype).reshape(shape[::-1]).T.copy()
-    return np.asarray(data, dtype=dtype).reshape(shape)
+        return array.reshape(shape[::-1]).T.copy()
+    return array.reshape(shape)
 
 
-def from_jsonable(value):
-    """Inverse of ``to_jsonable`` for the record layout: histograms become arrays.
+def _numeric_array(value, field):
+    """``value`` as an array of numbers (float for edges), refusing ragged or non-numeric data."""
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError) as error:
+        raise _FieldError(field, f"expected a regular array of numbers ({error})"[:300]) from error
+    if array.dtype.kind not in "biuf" and not (array.dtype.kind == "O" and array.size == 0) or array.ndim == 0:
+        raise _FieldError(field, f"expected an array of numbers, got {str(value)[:60]!r}")
+    return array
 
-    json_tricks' ``{"__ndarray__": ...}`` dicts (Cockpit's ``write``) become arrays
-    wherever they are.
-    """
+
+def _decode(value, limits, field):
     if isinstance(value, dict):
         if "__ndarray__" in value:
-            return _tagged_array(value)
-        out = {k: from_jsonable(v) for k, v in value.items()}
+            try:
+                return _tagged_array(value, limits)
+            except ValueError as error:
+                raise _FieldError(field, str(error)) from error
+        out = {k: _decode(v, limits, field + (k,) if len(field) < 3 else field) for k, v in value.items()}
         if "hist" in out:
-            out["hist"] = np.asarray(out["hist"])
+            out["hist"] = _numeric_array(out["hist"], field + ("hist",))
             edges = out.get("edges")
             if edges is not None:
                 if isinstance(edges, list) and len(edges) and np.ndim(edges[0]) == 1:
-                    out["edges"] = [np.asarray(e, dtype=float) for e in edges]
+                    out["edges"] = [_numeric_array(e, field + ("edges",)).astype(float) for e in edges]
                 else:
-                    out["edges"] = np.asarray(edges, dtype=float)
+                    out["edges"] = _numeric_array(edges, field + ("edges",)).astype(float)
         return out
     if isinstance(value, list):
-        return [from_jsonable(v) for v in value]
+        if not any(isinstance(v, (dict, list)) for v in value):
+            return value
+        return [_decode(v, limits, field) for v in value]
     return value
 
 
+def from_jsonable(value, limits=None):
+    """Inverse of ``to_jsonable`` for the record layout: histograms become arrays.
+
+    json_tricks' ``{"__ndarray__": ...}`` dicts (Cockpit's ``write``) become arrays
+    wherever they are, bounded by ``limits`` (default ``LIMITS``).
+
+    Raises:
+        ValueError: for an array that is not numeric, ragged or beyond the limits.
+    """
+    limits = _limits(limits)
+    try:
+        return _decode(value, limits, ())
+    except _FieldError as error:
+        raise ValueError(f"field {_field_name(error.field)!r}: {error.message}" if error.field else error.message)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and (not isinstance(value, int) or abs(value) < 2**1023)
+
+
+def _is_integer(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _expect(condition, field, expected, value):
+    if not condition:
+        shown = json.dumps(value, default=str)[:60] if not isinstance(value, np.ndarray) else "an array"
+        raise _FieldError(field, f"expected {expected}, got {shown}")
+
+
+def _number_or_none(value, field):
+    _expect(value is None or _is_number(value), field, "a number or null", value)
+
+
+def _check_finding(finding, field):
+    _expect(isinstance(finding, dict), field, "a finding (a dict)", finding)
+    for key in ("kind", "severity", "message"):
+        _expect(isinstance(finding.get(key), str), field + (key,), "a string", finding.get(key))
+    for key in ("layer", "suggestion"):
+        _expect(finding.get(key) is None or isinstance(finding[key], str), field + (key,), "a string or null",
+                finding.get(key))
+    _expect(_is_integer(finding.get("step")), field + ("step",), "an integer", finding.get("step"))
+    _expect(finding.get("evidence") is None or isinstance(finding["evidence"], dict), field + ("evidence",),
+            "a dict or null", finding.get("evidence"))
+
+
+def check_entry(entry, field=()):
+    """Raise ``ValueError`` unless ``entry`` (one decoded step of a record) has the record's layout.
+
+    The reserved keys and the quantities drawn by ``instruments`` and read by the
+    diagnosis are checked (``SCALAR_KEYS``, ``PER_PARAMETER_KEYS``, ``HISTOGRAM_KEYS``,
+    ``ActivationStats``, ``InputStats``); other keys (custom quantities) may hold any
+    JSON value. The error names the field.
+    """
+    _expect(isinstance(entry, dict), field, "a step record (a JSON object)", entry)
+    for key, value in entry.items():
+        where = field + (key,)
+        if key in SCALAR_KEYS:
+            _number_or_none(value, where)
+        elif key in EPOCH_KEYS:
+            _expect(value is None or _is_number(value) or (isinstance(value, list) and all(
+                v is None or _is_number(v) for v in value)), where, "a number, null or a list of numbers", value)
+        elif key in PER_PARAMETER_KEYS:
+            _expect(isinstance(value, (list, np.ndarray)), where, "a list of numbers (one per parameter)", value)
+            if isinstance(value, list):
+                for item in value:
+                    _number_or_none(item, where)
+        elif key in HISTOGRAM_KEYS:
+            _expect(isinstance(value, dict) and isinstance(value.get("hist"), np.ndarray), where,
+                    "a histogram {'hist': [...], 'edges': [...]}", value)
+        elif key == FLAGS:
+            _expect(isinstance(value, list) and all(isinstance(f, str) for f in value), where,
+                    "a list of strings", value)
+        elif key == FINDINGS:
+            _expect(isinstance(value, list), where, "a list of findings", value)
+            for finding in value:
+                _check_finding(finding, where)
+        elif key == LAYERS:
+            _expect(isinstance(value, dict), where, "a dict {quantity: per-layer list}", value)
+            for name, values in value.items():
+                _expect(isinstance(values, list), where + (name,), "a list (one value per parameter)", values)
+                for item in values:
+                    _expect(item is None or _is_number(item) or isinstance(item, (dict, list)), where + (name,),
+                            "numbers or histograms", item)
+        elif key in (META, BUDGET):
+            _expect(isinstance(value, dict), where, "a dict", value)
+        elif key == BATCH:
+            _expect(isinstance(value, dict), where, "a dict {'size': B, 'accumulated': bool}", value)
+            if "size" in value:
+                _number_or_none(value["size"], where + ("size",))
+        elif key == "ActivationStats":
+            _expect(isinstance(value, dict), where, "a dict {module: statistics}", value)
+            for module, stats in value.items():
+                _expect(isinstance(stats, dict), where + (module,), "a dict of statistics", stats)
+                for name, stat in stats.items():
+                    _expect(stat is None or _is_number(stat) or isinstance(stat, str), where + (module, name),
+                            "a number, a string or null", stat)
+        elif key == "InputStats":
+            _expect(isinstance(value, dict), where, "a dict of statistics", value)
+            for name, stat in value.items():
+                _number_or_none(stat, where + (name,))
+
+
+def check_header(header, field=()):
+    """Raise ``ValueError`` unless ``header`` is a cockpit-lite log header this reader understands."""
+    _expect(header.get("format") == FORMAT, field + ("format",), f"{FORMAT!r} (not a {FORMAT} log)",
+            header.get("format"))
+    version = header.get("version", 1)
+    _expect(_is_integer(version), field + ("version",), "an integer", version)
+    if version > FORMAT_VERSION:
+        raise _FieldError(field + ("version",), f"log format version {version} is newer than this reader "
+                                                f"({FORMAT_VERSION}); update cockpit-lite")
+    if "run" in header:
+        _expect(isinstance(header["run"], str), field + ("run",), "a string (the run id)", header["run"])
+    params = header.get("params")
+    if params is not None:
+        _expect(isinstance(params, list), field + ("params",), "a list of {'name', 'shape'}", params)
+        for param in params:
+            _expect(isinstance(param, dict) and isinstance(param.get("name"), str), field + ("params",),
+                    "{'name': str, 'shape': [int, ...]}", param)
+            shape = param.get("shape")
+            _expect(shape is None or (isinstance(shape, list) and all(_is_integer(n) and n >= 0 for n in shape)),
+                    field + ("params", "shape"), "a list of non-negative integers", shape)
+    quantities = header.get("quantities")
+    if quantities is not None:
+        _expect(isinstance(quantities, list) and all(isinstance(q, str) for q in quantities),
+                field + ("quantities",), "a list of quantity names", quantities)
+
+
+def _parse(text, where, limits):
+    """``json.loads`` that reports too deep nesting as a ``RecordError``, not a ``RecursionError``."""
+    try:
+        obj = json.loads(text)
+    except RecursionError as error:
+        raise RecordError(f"{where}: values nested too deeply to read: "
+                          + _too_big("max_depth", limits["max_depth"] + 1, limits)) from error
+    return obj
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def new_run_id():
+    """A fresh run id: UTC time of day and 6 random hex digits, e.g. ``"20250301T101500-3fa2c1"``."""
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + os.urandom(3).hex()
+
+
+def _check_appendable(path):
+    """Whether ``path`` can take a new segment; returns True if it lacks a final newline (torn)."""
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        return False
+    if size == 0:
+        return False
+    with open(path, "rb") as file:
+        first = file.readline(4096)
+        file.seek(-1, os.SEEK_END)
+        last = file.read(1)
+    if not first.lstrip().startswith(b'{"format": "' + FORMAT.encode() + b'"'):
+        raise ValueError(
+            f"{path} exists and is not a {FORMAT} log (its first line is no {FORMAT} header); refusing to "
+            "write into it. Fix: pass another log path, or move that file away."
+        )
+    return last != b"\n"
+
+
 class JSONLinesWriter:
-    """Append one JSON line per step part to ``path`` and flush it immediately."""
+    """Append one JSON line per step part to ``path``, written at once; never truncates.
 
-    def __init__(self, path, header):
-        """Create (truncate) ``path`` and write the header line.
+    Args:
+        path: file to write; its folder is created if needed. An existing log is kept:
+            the writer appends a new run segment (see the module docstring). A file
+            that is not a cockpit-lite log is refused (``ValueError``).
+        header: dict merged into ``{"format", "version", "run", "started"}``.
+        strict: raise ``OSError`` when a write fails. By default a failing write
+            (a full disk) warns once, keeps the line in memory and is retried, in
+            order, at the next ``append`` and at ``close``; nothing raises.
+        run: the run id of the segment to continue (a resumed run; default: a new
+            id, ``new_run_id()``). Readers treat consecutive segments with the same id
+            as one.
 
-        Args:
-            path: file to write; its folder is created if needed.
-            header: dict merged into ``{"format": ..., "version": ...}``.
-        """
+    Attributes:
+        run: the run id written in the header.
+        pending: number of lines (or line parts) not yet on disk.
+        errors: the ``OSError`` of every failed write, in order.
+    """
+
+    def __init__(self, path, header, strict=False, run=None):
         self.path = os.fspath(path)
+        self.strict = strict
+        self.run = run if run is not None else new_run_id()
+        self.errors = []
+        self.closed = False
+        self._queue, self._done, self._failing = collections.deque(), 0, False
         folder = os.path.dirname(self.path)
         if folder:
             os.makedirs(folder, exist_ok=True)
-        self._file = open(self.path, "w", encoding="utf-8")
-        self._write({"format": FORMAT, "version": FORMAT_VERSION, **header})
+        torn = _check_appendable(self.path)
+        self._file = open(self.path, "ab", buffering=0)  # unbuffered: a write is on disk or not at all
+        if torn:  # a crashed run left half a line: end it, so that the new header stands on its own line
+            self._queue.append(b"\n")
+        first = {"format": FORMAT, "version": FORMAT_VERSION, "run": self.run,
+                 "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        if run is not None:
+            first["resumed"] = True
+        self._put({**first, **{k: v for k, v in header.items() if k not in first}})
+
+    @property
+    def pending(self):
+        return len(self._queue)
 
     def append(self, step, entries):
-        """Append the ``entries`` of ``step`` as one line."""
-        self._write({"step": int(step), **to_jsonable(entries)})
+        """Append the ``entries`` of ``step`` as one line (and any line a failed write left)."""
+        if self.closed:
+            raise ValueError(f"the log {self.path} is closed; a closed Cockpit records no more steps")
+        self._put({"step": int(step), **to_jsonable(entries)})
 
-    def _write(self, obj):
-        self._file.write(json.dumps(obj) + "\n")
-        self._file.flush()
+    def _put(self, obj):
+        self._queue.append((json.dumps(obj) + "\n").encode("utf-8"))
+        self._flush()
+
+    def _flush(self):
+        """Write the queue in order; returns whether it is empty. Partial writes continue where they stopped."""
+        while self._queue:
+            chunk = self._queue[0]
+            try:
+                written = self._file.write(memoryview(chunk)[self._done:])
+                if not written:
+                    raise OSError(errno.EIO, "the file took no bytes")
+            except OSError as error:
+                self._fail(error)
+                return False
+            self._done += written
+            if self._done >= len(chunk):
+                self._queue.popleft()
+                self._done = 0
+        self._failing = False
+        return True
+
+    def _fail(self, error):
+        self.errors.append(error)
+        if self.strict:
+            raise OSError(error.errno, f"cannot write the log {self.path}: {error.strerror or error} "
+                                       "(strict=True; the line is kept and written at the next step)") from error
+        if not self._failing:
+            warnings.warn(
+                f"cockpit-lite: cannot write the log {self.path} ({error}); training goes on and the record "
+                "stays complete in memory (get_output()). The unwritten lines are retried, in order, at every "
+                "step and at close(); what close() cannot write stays in memory only (save it with "
+                "cp.write(path) elsewhere). Fix: free space on that disk (strict=True raises instead).",
+                RuntimeWarning, stacklevel=4,
+            )
+        self._failing = True
 
     def close(self):
-        """Close the file; later appends raise."""
-        self._file.close()
+        """Write what is pending, ``fsync`` and close the file. Later appends raise ``ValueError``.
+
+        A failing write or ``fsync`` warns (once per failure streak) unless ``strict``.
+        """
+        if self.closed:
+            return
+        try:
+            if self._flush():
+                try:
+                    os.fsync(self._file.fileno())
+                except OSError as error:
+                    if error.errno not in (errno.EINVAL, errno.ENOTSUP):  # a pipe or a special file
+                        self._fail(error)
+        finally:
+            self.closed = True
+            try:
+                self._file.close()
+            except OSError as error:  # pragma: no cover - unbuffered: nothing left to write
+                self.errors.append(error)
 
 
-def read_jsonl(path):
+# ----------------------------------------------------------------------------- reading
+
+
+def _raw_lines(file, limit):
+    """``(number, bytes or None)`` per line; ``None`` for a line longer than ``limit`` (skipped unread)."""
+    number = 0
+    while True:
+        line = file.readline(limit + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) > limit and not line.endswith(b"\n"):
+            while True:  # skip the rest of the overlong line without holding it
+                rest = file.readline(1 << 20)
+                if not rest or rest.endswith(b"\n"):
+                    break
+            yield number, None
+        else:
+            yield number, line
+
+
+class _Segment:
+    def __init__(self, header, line):
+        self.header, self.record, self.first_line, self.torn = header, {}, line, []
+
+
+def _read_segments(path, limits):
+    """Every segment of a JSON-lines log, validated (see ``read_jsonl``)."""
+    path = os.fspath(path)
+    segments, current, torn = [], None, None
+    with open(path, "rb") as file:
+        for number, raw in _raw_lines(file, limits["max_line_bytes"]):
+            if raw is None:
+                raise RecordError(f"{_where(path, number)}: line longer than "
+                                  + _too_big("max_line_bytes", limits["max_line_bytes"] + 1, limits))
+            if not raw.strip():
+                continue
+            try:
+                text = raw.decode("utf-8")
+                obj = _parse(text, _where(path, number), limits)
+            except (UnicodeDecodeError, json.JSONDecodeError) as error:
+                if torn is not None:
+                    raise torn[1]
+                torn = (number, RecordError(f"{_where(path, number)}: not valid JSON ({error})"))
+                continue
+            except ValueError as error:  # e.g. an integer with more than 4300 digits
+                raise RecordError(f"{_where(path, number)}: not valid JSON ({error})") from error
+            is_header = isinstance(obj, dict) and "format" in obj and "step" not in obj
+            if torn is not None:
+                if not is_header:
+                    raise torn[1]  # a broken line in the middle of a segment
+                if current is not None:
+                    current.torn.append(torn[0])
+                torn = None
+            if not isinstance(obj, dict):
+                raise RecordError(f"{_where(path, number)}: expected a JSON object (a header or a step), got "
+                                  f"{json.dumps(obj)[:60]}")
+            try:
+                _measure(obj, limits)
+                if is_header:
+                    check_header(obj)
+                    if current is not None and obj.get("run") is not None and obj.get("run") == current.header.get(
+                            "run"):
+                        current.header = {**current.header, **obj}  # a resumed run continues its segment
+                    else:
+                        current = _Segment(obj, number)
+                        segments.append(current)
+                    continue
+                if current is None:
+                    raise _FieldError(("format",), f"the log must start with a {FORMAT} header line "
+                                                   f'{{"format": "{FORMAT}", ...}}; this file is no {FORMAT} log')
+                if "step" not in obj:
+                    raise _FieldError(("step",), 'missing: every line after the header is {"step": s, ...}')
+                step = obj.pop("step")
+                _expect(_is_integer(step), ("step",), "an integer", step)
+                entry = _decode(obj, limits, ())
+                check_entry(entry)
+            except _FieldError as error:
+                raise RecordError(f"{_where(path, number, field=error.field)}: {error.message}") from None
+            merge(current.record, step, entry)
+    if torn is not None:
+        if current is None:
+            raise torn[1]
+        current.torn.append(torn[0])
+    return segments
+
+
+def _pick(segments, segment, path):
+    if segment == "all":
+        return segments
+    if isinstance(segment, str):
+        picked = [s for s in segments if s.header.get("run") == segment]
+        if not picked:
+            runs = [s.header.get("run") for s in segments]
+            raise ValueError(f"{path}: no run segment with run id {segment!r} (the runs: {runs})")
+        return picked[-1:]
+    if not _is_integer(segment):
+        raise ValueError(f"segment must be an index, a run id or 'all', not {segment!r}")
+    if not segments:
+        if segment in (0, -1):
+            return [_Segment({}, 0)]
+        raise ValueError(f"{path}: the log is empty; segment={segment} does not exist")
+    if not -len(segments) <= segment < len(segments):
+        raise ValueError(f"{path} holds {len(segments)} run segment(s): segment={segment} does not exist "
+                         f"(use 0..{len(segments) - 1}, -1 for the last or 'all')")
+    return [segments[segment]]
+
+
+def _warn_torn(path, picked):
+    for seg in picked:
+        for number in seg.torn:
+            warnings.warn(
+                f"{path}: last line ({number}) of a run segment is incomplete (the run probably stopped "
+                "while writing it); it was skipped.",
+                stacklevel=3,
+            )
+
+
+def segments(path, limits=None):
+    """The headers of the run segments of a JSON-lines log, oldest first (each with ``"steps"``: their count)."""
+    found = _read_segments(path, _limits(limits))
+    return [{**s.header, "steps": len(s.record)} for s in found]
+
+
+def read_jsonl(path, segment=-1, limits=None):
     """Read a JSON-lines log into ``(header, record)``.
 
-    A last line that does not parse (a run that crashed while writing it) is
-    skipped with one warning; a bad line elsewhere raises ``ValueError`` with its
-    line number.
+    Args:
+        path: the log.
+        segment: which run segment (see the module docstring): ``-1`` the last (the
+            default), any list index, a run id, or ``"all"``: then a list of
+            ``(header, record)``, oldest first.
+        limits: bounds overriding ``LIMITS`` for this call, e.g.
+            ``{"max_line_bytes": 2**30}``.
+
+    A segment's last line that does not parse (a run that crashed while writing
+    it) is skipped with one warning; every other line is validated.
+
+    Raises:
+        RecordError: (a ``ValueError``) for a line that is not a record or that is
+            beyond ``limits``, naming the file, the line and the field.
+        ValueError: for a segment that does not exist.
     """
-    with open(path, encoding="utf-8") as file:
-        lines = file.read().split("\n")
-    while lines and not lines[-1].strip():
-        lines.pop()
-    header, record = {}, {}
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as error:
-            if number == len(lines):
-                warnings.warn(
-                    f"{path}: last line ({number}) is incomplete (the run probably "
-                    "stopped while writing it); it was skipped.",
-                    stacklevel=2,
-                )
-                break
-            raise ValueError(f"{path}: line {number} is not valid JSON: {error}") from error
-        if "format" in obj and "step" not in obj:
-            if obj.get("format") != FORMAT:
-                raise ValueError(f"{path}: not a {FORMAT} log (format={obj.get('format')!r})")
-            if obj.get("version", 0) > FORMAT_VERSION:
-                raise ValueError(
-                    f"{path}: log format version {obj['version']} is newer than this "
-                    f"reader ({FORMAT_VERSION}); update cockpit-lite"
-                )
-            header = obj
-            continue
-        step = obj.pop("step")
-        merge(record, step, from_jsonable(obj))
-    return header, record
+    limits = _limits(limits)
+    path = os.fspath(path)
+    picked = _pick(_read_segments(path, limits), segment, path)
+    _warn_torn(path, picked)
+    if segment == "all":
+        return [(s.header, s.record) for s in picked]
+    return picked[0].header, picked[0].record
 
 
 def write_json(path, record):
@@ -294,21 +839,68 @@ def write_json(path, record):
         json.dump(data, file, indent=1)
 
 
-def read_json(path):
-    """Read a JSON file written by ``write_json`` (or by Cockpit) into a record."""
-    with open(path, encoding="utf-8") as file:
-        data = json.load(file)
-    return {int(step): from_jsonable(entry) for step, entry in data.items()}
+def read_json(path, limits=None):
+    """Read a JSON file written by ``write_json`` (or by Cockpit) into a record.
+
+    Validated as ``read_jsonl`` validates a line (each step's entry within ``limits``);
+    a bad file raises one ``RecordError`` naming the file, the step and the field.
+    """
+    limits = _limits(limits)
+    path = os.fspath(path)
+    size = os.path.getsize(path)
+    if size > limits["max_file_bytes"]:
+        raise RecordError(f"{path}: a .json file of {size:,} bytes: " + _too_big("max_file_bytes", size, limits))
+    with open(path, "rb") as file:
+        raw = file.read()
+    try:
+        data = _parse(raw.decode("utf-8"), path, limits)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        line = f", line {error.lineno}" if hasattr(error, "lineno") else ""
+        raise RecordError(f"{path}{line}: not valid JSON ({error})") from error
+    except ValueError as error:
+        raise RecordError(f"{path}: not valid JSON ({error})") from error
+    if not isinstance(data, dict):
+        raise RecordError(f"{path}: expected a record {{step: {{quantity: value}}}} (a JSON object), got "
+                          f"{json.dumps(data)[:60]}")
+    record = {}
+    for key, entry in data.items():
+        try:
+            step = int(key)
+        except ValueError:
+            raise RecordError(f"{path}: key {key[:40]!r} is not a step (an integer)") from None
+        try:
+            _expect(isinstance(entry, dict), (), "a step record (a JSON object)", entry)
+            _measure(entry, limits)
+            decoded = _decode(entry, limits, ())
+            check_entry(decoded)
+        except _FieldError as error:
+            raise RecordError(f"{_where(path, step=key, field=error.field)}: {error.message}") from None
+        record[step] = decoded
+    return record
 
 
-def read(source):
-    """Return the record held by ``source``: a record dict, a ``.jsonl`` or a ``.json`` path."""
+def read(source, segment=-1, limits=None):
+    """Return the record held by ``source``: a record dict, a ``.jsonl`` or a ``.json`` path.
+
+    Args:
+        source: what to read.
+        segment: for a ``.jsonl`` log, which run segment (``-1``: the last; an index, a
+            run id, or ``"all"`` for a list of records, oldest first). A ``.json`` file
+            holds one.
+        limits: bounds overriding ``LIMITS`` (see ``read_jsonl``).
+    """
     if isinstance(source, dict):
         return source
     path = os.fspath(source)
     if path.endswith(".jsonl"):
-        return read_jsonl(path)[1]
-    return read_json(path)
+        out = read_jsonl(path, segment, limits)
+        return [record for _, record in out] if segment == "all" else out[1]
+    record = read_json(path, limits)
+    if segment == "all":
+        return [record]
+    if segment not in (0, -1):
+        raise ValueError(f"{path}: a .json file holds one run; segment={segment!r} does not exist")
+    return record
 
 
 def is_finite_number(value):

@@ -59,3 +59,170 @@ def test_json_file_layout(tmp_path):
     data = json.loads((tmp_path / "r.json").read_text())
     assert list(data) == ["1", "3"] and data["3"]["GradNorm"] == [1.0, 2.0]
     assert np.isnan(log.read(tmp_path / "r.json")[1]["Loss"])
+
+
+# ----------------------------------------------------------------------------- run segments
+
+
+def _lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_a_second_writer_appends_a_run_segment_and_readers_pick_the_last(tmp_path):
+    path = tmp_path / "run.jsonl"
+    first = log.JSONLinesWriter(path, {"params": [{"name": "w", "shape": [2]}]})
+    for step in range(100):
+        first.append(step, {"Loss": 1.0})
+    first.close()
+    second = log.JSONLinesWriter(path, {"params": [{"name": "v", "shape": [3]}]})
+    for step in range(5):
+        second.append(step, {"Loss": 2.0})
+    second.close()
+    headers = [line for line in _lines(path) if "format" in line]
+    assert len(headers) == 2 and headers[0]["run"] != headers[1]["run"] == second.run
+    assert len(_lines(path)) == 100 + 5 + 2  # nothing lost
+    header, record = log.read_jsonl(path)
+    assert header["run"] == second.run and sorted(record) == list(range(5)) and record[0]["Loss"] == 2.0
+    assert log.read(path) == record
+    everything = log.read_jsonl(path, segment="all")
+    assert [h["params"][0]["name"] for h, _ in everything] == ["w", "v"]
+    assert len(everything[0][1]) == 100 and log.read(path, segment=0)[99]["Loss"] == 1.0
+    assert log.read_jsonl(path, segment=first.run)[0]["run"] == first.run
+    assert [s["steps"] for s in log.segments(path)] == [100, 5]
+    assert len(log.read(path, segment="all")) == 2
+    with pytest.raises(ValueError, match="2 run segment"):
+        log.read(path, segment=2)
+
+
+def test_a_resumed_run_continues_its_segment(tmp_path):
+    path = tmp_path / "run.jsonl"
+    first = log.JSONLinesWriter(path, {})
+    first.append(0, {"Loss": 1.0})
+    first.close()
+    resumed = log.JSONLinesWriter(path, {}, run=first.run)
+    resumed.append(1, {"Loss": 0.5})
+    resumed.close()
+    header, record = log.read_jsonl(path)
+    assert sorted(record) == [0, 1] and header["run"] == first.run and header["resumed"] is True
+    assert len(log.segments(path)) == 1
+
+
+def test_a_torn_line_before_a_new_segment_is_skipped(tmp_path):
+    path = tmp_path / "run.jsonl"
+    write_sample(path)
+    text = path.read_text()
+    path.write_text(text[: len(text) - 7])  # the run crashed while writing its last line
+    writer = log.JSONLinesWriter(path, {})  # ... and was restarted on the same log
+    writer.append(0, {"Loss": 3.0})
+    writer.close()
+    assert log.read(path) == {0: {"Loss": 3.0}}
+    with pytest.warns(UserWarning, match="last line .* incomplete"):
+        old = log.read(path, segment=0)
+    assert old[1].keys() == {"GradHist2d"}
+
+
+def test_a_file_that_is_no_log_is_not_written_into(tmp_path):
+    path = tmp_path / "notes.jsonl"
+    path.write_text("my notes\n")
+    with pytest.raises(ValueError, match="not a cockpit-lite log.*another log path"):
+        log.JSONLinesWriter(path, {})
+    assert path.read_text() == "my notes\n"
+
+
+def test_close_fsyncs(tmp_path, monkeypatch):
+    synced = []
+    real = log.os.fsync
+    monkeypatch.setattr(log.os, "fsync", lambda fd: (synced.append(fd), real(fd)))
+    writer = log.JSONLinesWriter(tmp_path / "run.jsonl", {})
+    writer.append(0, {"Loss": 1.0})
+    writer.close()
+    assert len(synced) == 1
+    with pytest.raises(ValueError, match="closed"):
+        writer.append(1, {"Loss": 1.0})
+
+
+# ----------------------------------------------------------------------------- a full disk
+
+
+class FullDisk:
+    """A file whose writes fail with ENOSPC while ``full`` (after taking ``partial`` bytes once)."""
+
+    def __init__(self, file):
+        self.file, self.full, self.partial, self.calls = file, False, 0, 0
+
+    def write(self, data):
+        self.calls += 1
+        if self.full:
+            if self.partial:
+                n, self.partial = self.partial, 0
+                return self.file.write(data[:n])
+            raise OSError(28, "No space left on device")
+        return self.file.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+
+def test_a_full_disk_warns_once_keeps_the_lines_and_catches_up_in_order(tmp_path):
+    path = tmp_path / "run.jsonl"
+    writer = log.JSONLinesWriter(path, {})
+    disk = writer._file = FullDisk(writer._file)
+    writer.append(0, {"Loss": 0.0})
+    disk.full, disk.partial = True, 5  # the disk fills in the middle of a line
+    with pytest.warns(RuntimeWarning, match=r"run.jsonl \(\[Errno 28\] No space left on device\)") as caught:
+        for step in range(1, 6):
+            writer.append(step, {"Loss": float(step)})
+    assert len(caught) == 1 and writer.pending == 5 and len(writer.errors) == 5
+    disk.full = False  # space freed
+    writer.append(6, {"Loss": 6.0})
+    writer.close()
+    assert writer.pending == 0
+    assert [line.get("step") for line in _lines(path)] == [None, 0, 1, 2, 3, 4, 5, 6]
+    assert log.read(path) == {s: {"Loss": float(s)} for s in range(7)}
+
+
+def test_a_full_disk_at_close_warns_and_does_not_raise(tmp_path):
+    writer = log.JSONLinesWriter(tmp_path / "run.jsonl", {})
+    disk = writer._file = FullDisk(writer._file)
+    disk.full = True
+    with pytest.warns(RuntimeWarning, match="No space left") as caught:
+        writer.append(0, {"Loss": 1.0})
+        writer.close()
+    assert len(caught) == 1 and writer.closed and writer.pending == 1
+
+
+def test_strict_raises_on_a_full_disk_and_keeps_the_line(tmp_path):
+    path = tmp_path / "run.jsonl"
+    writer = log.JSONLinesWriter(path, {}, strict=True)
+    disk = writer._file = FullDisk(writer._file)
+    disk.full = True
+    with pytest.raises(OSError, match="run.jsonl.*No space left") as raised:
+        writer.append(0, {"Loss": 1.0})
+    assert raised.value.errno == 28 and writer.pending == 1
+    disk.full = False
+    writer.close()
+    assert log.read(path) == {0: {"Loss": 1.0}}
+
+
+def test_a_full_disk_never_stops_a_cockpit(tmp_path):
+    import torch
+
+    from cockpit_lite import Cockpit
+    from cockpit_lite.quantities import GradNorm, Loss
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    path = tmp_path / "run.jsonl"
+    cp = Cockpit(model, quantities=[Loss(), GradNorm()], log=path, diagnose=False)
+    disk = cp._writer._file = FullDisk(cp._writer._file)
+    disk.full = True
+    with pytest.warns(RuntimeWarning, match="No space left") as caught:
+        for step in range(3):
+            loss = model(torch.randn(4, 3)).square().mean()
+            with cp(step, info={"loss": loss, "batch_size": 4}):
+                loss.backward()
+            model.zero_grad()
+        disk.full = False
+        cp.close()
+    assert len([w for w in caught if "No space left" in str(w.message)]) == 1
+    assert sorted(log.read(path)) == [0, 1, 2] == sorted(cp.get_output())
