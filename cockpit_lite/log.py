@@ -801,6 +801,21 @@ def segments(path, limits=None):
     return [{**s.header, "steps": len(s.record)} for s in found]
 
 
+def read_segment(path, segment=-1, limits=None):
+    """``(header, record, count)``: one run segment of a JSON-lines log and how many it holds.
+
+    ``segment`` and ``limits`` as for ``read_jsonl`` (``"all"`` is not accepted here).
+    """
+    if segment == "all":
+        raise ValueError("read_segment reads one segment; use read_jsonl(path, segment='all') for all")
+    limits = _limits(limits)
+    path = os.fspath(path)
+    found = _read_segments(path, limits)
+    picked = _pick(found, segment, path)
+    _warn_torn(path, picked)
+    return picked[0].header, picked[0].record, len(found)
+
+
 def read_jsonl(path, segment=-1, limits=None):
     """Read a JSON-lines log into ``(header, record)``.
 
@@ -820,13 +835,13 @@ def read_jsonl(path, segment=-1, limits=None):
             beyond ``limits``, naming the file, the line and the field.
         ValueError: for a segment that does not exist.
     """
-    limits = _limits(limits)
+    if segment != "all":
+        header, record, _ = read_segment(path, segment, limits)
+        return header, record
     path = os.fspath(path)
-    picked = _pick(_read_segments(path, limits), segment, path)
+    picked = _read_segments(path, _limits(limits))
     _warn_torn(path, picked)
-    if segment == "all":
-        return [(s.header, s.record) for s in picked]
-    return picked[0].header, picked[0].record
+    return [(s.header, s.record) for s in picked]
 
 
 def write_json(path, record):

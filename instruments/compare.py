@@ -14,7 +14,6 @@ From the command line: ``python -m instruments a.jsonl b.jsonl --compare -o cmp.
 """
 
 import math
-import os
 import warnings
 
 import numpy as np
@@ -169,10 +168,6 @@ def compare(sources, labels=None, rows=ROWS, overlay=True, figsize=None, dpi=100
         if len(twins) == len(row):
             _unify(twins)
     fig.suptitle(title or f"comparison of {n} run{'s' if n > 1 else ''}", fontsize=12, fontweight="bold")
-    if savepath is not None:
-        savepath = os.fspath(savepath)
-        folder = os.path.dirname(savepath)
-        if folder:
-            os.makedirs(folder, exist_ok=True)
-        fig.savefig(savepath, dpi=dpi)
+    if savepath is not None:  # a temporary file, renamed: never a half-written picture
+        data.atomic_save(lambda temporary: fig.savefig(temporary, dpi=dpi), savepath)
     return fig

@@ -9,15 +9,28 @@ Sources (``load``) may be
 - a record dict (steps may be ``int`` or ``str``);
 - a path to a ``.jsonl`` log (its header names the parameters) or a ``.json`` file
   written by ``Cockpit.write`` (a path without extension is tried with ``.jsonl``
-  then ``.json``, as Cockpit's plotter takes the log path without ``.json``);
+  then ``.json``, as Cockpit's plotter takes the log path without ``.json``). A log
+  that several runs appended to holds one *run segment* each: ``load`` reads the last
+  one unless ``segment=`` names another (an index or a run id; see
+  ``cockpit_lite.log``). Files are validated as they are read (``cockpit_lite.log``:
+  a file that is not a record raises ``ValueError`` naming the file, the line and the
+  field; sizes are bounded by ``limits``);
 - a live cockpit: any object with ``get_output()`` returning the record; when it
   also has ``param_names`` or ``names`` (list of str, as ``cockpit_lite.Cockpit``)
   or ``header["params"]``, those label the layers;
 - a ``Run`` (returned as is).
+
+Also here, for every place in ``instruments`` that writes a picture or draws text
+from a file: ``atomic_save`` (write to a temporary file in the same folder, then
+rename: a killed process never leaves a half-written picture under the final name)
+and ``literal_text`` (no mathtext: a ``$`` in a finding or a name is a dollar sign).
 """
 
+import contextlib
 import math
 import os
+import threading
+import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -63,6 +76,7 @@ class Run:
     name: str = "run"
     header: dict = field(default_factory=dict)
     path: str = None
+    segments: int = 1  # how many run segments the log it came from holds (``load`` picked one)
 
     def layer_names(self, n):
         """Names for ``n`` layers: the known parameter names, else ``param_i``."""
@@ -99,7 +113,7 @@ def resolve_path(path):
     raise FileNotFoundError(f"no log at {path!r} (no such file, also tried .jsonl and .json)")
 
 
-def load(source, name=None, discard=None):
+def load(source, name=None, discard=None, segment=-1, limits=None):
     """Turn ``source`` into a ``Run`` (see the module docstring for accepted sources).
 
     Args:
@@ -107,6 +121,14 @@ def load(source, name=None, discard=None):
         name: display name; defaults to the log's file name (without extension)
             or ``"cockpit"``.
         discard: if given, drop all steps after this one (as Cockpit's plotter).
+        segment: for a ``.jsonl`` log, the run segment to read (``-1``: the last;
+            an index or a run id).
+        limits: reader bounds for a file source (``cockpit_lite.log.LIMITS``).
+
+    Raises:
+        FileNotFoundError: for a path with no log.
+        ValueError: for a file that is not a record (naming the file, the line and
+            the field), one beyond ``limits``, or a segment it does not hold.
     """
     if isinstance(source, Run):
         run = source
@@ -126,10 +148,12 @@ def load(source, name=None, discard=None):
         path = resolve_path(source)
         stem = os.path.splitext(os.path.basename(path))[0]
         if path.endswith(".jsonl"):
-            header, record = log.read_jsonl(path)
-            run = Run(record, _param_names(header.get("params")), name or stem, header, path)
+            header, record, count = log.read_segment(path, segment, limits)
+            run = Run(record, _param_names(header.get("params")), name or stem, header, path, count)
         else:
-            run = Run(log.read_json(path), None, name or stem, {}, path)
+            if segment not in (0, -1):
+                raise ValueError(f"{path}: a .json file holds one run; segment={segment!r} does not exist")
+            run = Run(log.read_json(path, limits), None, name or stem, {}, path)
     else:
         raise TypeError(
             "source must be a record dict, a path to a .jsonl/.json log, or an object "
@@ -138,8 +162,55 @@ def load(source, name=None, discard=None):
     if name is not None:
         run.name = name
     if discard is not None:
-        run = Run({s: e for s, e in run.record.items() if s <= discard}, run.params, run.name, run.header, run.path)
+        run = Run({s: e for s, e in run.record.items() if s <= discard}, run.params, run.name, run.header, run.path,
+                  run.segments)
     return run
+
+
+def atomic_save(save, path):
+    """Write a file so that ``path`` only ever holds a complete one: ``save(temporary)``, then rename.
+
+    The temporary file lies in the same folder (so the rename is atomic, ``os.replace``)
+    and keeps the extension (so ``savefig`` infers the same format); it is removed if
+    ``save`` fails. A process killed while saving leaves at most a hidden
+    ``.<name>.*.tmp.<ext>`` file, never a truncated picture under the final name.
+
+    Args:
+        save: called with the temporary path; writes the file.
+        path: the final path (its folder is created).
+
+    Returns:
+        ``path``.
+    """
+    path = os.fspath(path)
+    folder, base = os.path.split(path)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    stem, ext = os.path.splitext(base)
+    temporary = os.path.join(folder, f".{stem}.{os.getpid()}-{threading.get_ident()}-{uuid.uuid4().hex[:8]}.tmp{ext}")
+    try:
+        save(temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    return path
+
+
+@contextlib.contextmanager
+def literal_text():
+    """Within this block matplotlib draws text as given (``text.parse_math`` off).
+
+    Text from a file (finding messages, parameter and run names) may hold ``$``: as
+    mathtext, ``$x^{$`` would fail to parse and stop the whole figure. Text objects
+    keep the setting they were created with, so drawing (not saving) must happen
+    inside the block. The setting is process-wide while the block runs.
+    """
+    import matplotlib
+
+    with matplotlib.rc_context({"text.parse_math": False}):
+        yield
 
 
 def snapshot(record, previous=None, settled=2):

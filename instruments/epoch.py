@@ -35,6 +35,10 @@ unbounded memory). ``timings`` holds, per call, the seconds the caller was block
 and the seconds the render took; ``python -m instruments.benchmark RUN.jsonl``
 measures both, and how much a loop running meanwhile slows down.
 Errors in the background are re-raised by ``wait``/``close``.
+
+Every picture is written to a temporary file in ``savedir`` and renamed to its final
+name (``instruments.data.atomic_save``), so a process killed while rendering never
+leaves a truncated PNG behind; text from the record is drawn literally (no mathtext).
 """
 
 import atexit
@@ -245,7 +249,9 @@ class EpochPlotter:
                        "path": path, "options": self.dashboard_options}
                 self._renderer.render(job)
             else:
-                Dashboard(**self.dashboard_options).save(run, path)
+                dashboard = Dashboard(**self.dashboard_options)
+                with data.literal_text():
+                    data.atomic_save(lambda temporary: dashboard.save(run, temporary), path)
         except Exception as error:  # reported by wait()/close()
             with self._lock:
                 self._errors.append(error)

@@ -30,6 +30,9 @@ Differences from Cockpit's plotter (all deliberate):
 - ``build_animation(logpath)`` renders its frames from the log in hindsight (Cockpit
   assembled PNGs that had to be saved during training under one naming pattern);
   the GIF goes where Cockpit put it, ``logpath`` without extension + ``"__primary.gif"``.
+- Files are written to a temporary name in the same folder and renamed
+  (``data.atomic_save``): never a half-written picture. Text from the record (finding
+  messages, names) is drawn literally, never as mathtext.
 """
 
 import os
@@ -130,7 +133,8 @@ class CockpitPlotter:
                 width, height = self.figsize
                 fig = plt.figure(num="cockpit-lite", figsize=(width, height + (3.2 if self._secondary_screen else 0)),
                                  clear=True, layout="constrained")
-        self.fig = self.dashboard.draw(run, fig=fig)
+        with data.literal_text():
+            self.fig = self.dashboard.draw(run, fig=fig)
 
         if plt is not None:
             plt.show(block=block)
@@ -157,8 +161,7 @@ class CockpitPlotter:
         if folder:
             os.makedirs(folder, exist_ok=True)
         kwargs.setdefault("dpi", self.dpi)
-        self.fig.savefig(path, **kwargs)
-        return path
+        return data.atomic_save(lambda temporary: self.fig.savefig(temporary, **kwargs), path)
 
     def build_animation(self, logpath, duration=200, loop=0, steps=None, max_frames=20):
         """Write an animated GIF of the dashboard growing over the run (Cockpit's signature).
@@ -195,12 +198,13 @@ class CockpitPlotter:
         frames = []
         for step in steps:
             frame = data.load(run, discard=step)
-            fig = Dashboard(figsize=self.figsize, dpi=self.dpi, layerwise=self._secondary_screen,
-                            **self.dashboard_options).draw(frame)
+            with data.literal_text():
+                fig = Dashboard(figsize=self.figsize, dpi=self.dpi, layerwise=self._secondary_screen,
+                                **self.dashboard_options).draw(frame)
             buffer = io.BytesIO()
             fig.savefig(buffer, format="png", dpi=self.dpi)
             buffer.seek(0)
             frames.append(Image.open(buffer).convert("RGB"))
         path = os.path.splitext(data.resolve_path(logpath))[0] + "__primary.gif"
-        frames[0].save(path, format="GIF", append_images=frames[1:], save_all=True, duration=duration, loop=loop)
-        return path
+        return data.atomic_save(lambda temporary: frames[0].save(temporary, format="GIF", append_images=frames[1:],
+                                                                 save_all=True, duration=duration, loop=loop), path)

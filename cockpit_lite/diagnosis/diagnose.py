@@ -79,8 +79,13 @@ class Diagnosis:
         return new, flags
 
 
-def _source(source):
-    """``(record, names, shapes)`` of a record dict, a Cockpit or a log path."""
+def _source(source, segment=-1, limits=None):
+    """``(record, names, shapes)`` of a record dict, a Cockpit or a log path.
+
+    A log path is read (and validated) by ``cockpit_lite.log``: its last run segment
+    unless ``segment`` names another; a file that is not a record raises
+    ``ValueError`` naming the file, the line and the field.
+    """
     if hasattr(source, "get_output"):
         params = getattr(source, "params", None)
         shapes = [tuple(p.shape) for p in params] if params is not None else None
@@ -89,24 +94,33 @@ def _source(source):
         return {int(k): v for k, v in source.items()}, None, None
     path = os.fspath(source)
     if path.endswith(".jsonl"):
-        header, record = _log.read_jsonl(path)
+        header, record = _log.read_jsonl(path, segment, limits)
         params = header.get("params") or []
-        return record, [p["name"] for p in params] or None, [p["shape"] for p in params] or None
-    return _log.read_json(path), None, None
+        return record, [p["name"] for p in params] or None, [p.get("shape") or [] for p in params] or None
+    if segment not in (0, -1):
+        raise ValueError(f"{path}: a .json file holds one run; segment={segment!r} does not exist")
+    return _log.read_json(path, limits), None, None
 
 
-def diagnose(source, names=None):
+def diagnose(source, names=None, segment=-1, limits=None):
     """The findings of a run: ``source`` is a record dict, a ``Cockpit`` or a ``.jsonl``/``.json`` log.
 
     Args:
         source: what to diagnose. A ``.jsonl`` log names its parameters in its header;
             for a record dict or a ``.json`` file pass ``names`` to get layer names.
         names: parameter names in record order (overrides the source's).
+        segment: for a ``.jsonl`` log that several runs appended to, which run segment
+            (``-1``: the last, as every reader; an index or a run id).
+        limits: reader bounds (``cockpit_lite.log.LIMITS``) for a file source.
 
     Returns:
         ``list[Finding]``, in the order they were first seen.
+
+    Raises:
+        ValueError: for a file that is not a record (naming the file, the line and
+            the field) or one beyond ``limits``.
     """
-    record, found_names, shapes = _source(source)
+    record, found_names, shapes = _source(source, segment, limits)
     diagnosis = Diagnosis(names or found_names, shapes if not names else None)
     diagnosis.feed_record(record)
     return diagnosis.findings
