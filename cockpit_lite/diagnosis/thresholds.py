@@ -23,7 +23,7 @@ consecutive records, so that one noisy mini-batch cannot raise a finding.
 | missing_zero_grad | GradPresence.first_backward | the first backward pass after an optimizer step finds non-zero gradients in the parameters, 2 records (old logs: gradients present in `cp(step)` with an update since the previous context) | a zeroed gradient is exactly 0 or `None`: no threshold; accumulation done right (`zero_grad` once per optimizer step, `cp` around any micro-batch) starts each window from 0 |
 | shuffled_labels | valid/test accuracy (``cp.log``), Loss, UpdateSize | held-out accuracy ≤ ``CHANCE_FACTOR`` (1.6) / C, C = round(exp L₀), at 2 logs after ``MIN_STEPS``, while the step size is not too small and the loss not diverging | labels independent of the inputs leave nothing to generalise; any real signal lifts digits above 16 % within 10 steps |
 | nan_loss | Loss / flags, NonfiniteOrigin | the first non-finite loss | none needed |
-| noise_dominates | GradVariance (tr Σ), GradNorm, batch size (or NormTest²) | over a window of 5 records, B_simple / B = mean tr Σ / (B (mean ‖g‖² − mean tr Σ / B)) ≥ ``NOISE_RATIO`` (10) (‖g‖² of a batch overestimates ‖G‖² by tr Σ / B: subtracted) | measured: healthy digits MLP at B = 64 ≤ 3.8; B = 2 on noisy regression reaches 10 – ∞  McCandlish et al. 2018: below the noise scale B_simple, a step makes less progress than the same samples would in one batch; 10× means the batch is an order of magnitude too small |
+| noise_dominates | GradVariance (tr Σ), GradNorm, batch size (or NormTest²) | over a window of 5 records, B_simple / B = mean tr Σ / (B (mean ‖g‖² − mean tr Σ / B)) ≥ ``NOISE_RATIO`` (10) (‖g‖² of a batch overestimates ‖G‖² by tr Σ / B: subtracted) | measured: healthy digits MLP at B = 64 ≤ 3.8; B = 2 on noisy regression reaches 10 – ∞  McCandlish et al. 2018: below the noise scale B_simple, a step makes less progress than the same samples would in one batch; 10× means the batch is an order of magnitude too small ; above ``NOISE_QUOTE`` (1000) × B (or ∞) no batch size or lr factor is quoted (the estimate is then all noise); `info` while the loss still falls below 0.9 L₀ |
 | edge_of_stability | HessMaxEV, GradPresence (lr, momentum) | η λ_max ≥ 2 (1 + β) (SGD, momentum β), 2 records | Cohen et al. 2021: gradient descent on a quadratic of curvature λ diverges for η > 2/λ; heavy-ball momentum moves the limit to 2(1+β)/λ |
 | overfitting | train/valid loss (``cp.log``) | held-out loss ≥ (1 + ``OVERFIT_RISE``) (25 %) above its minimum while the training loss fell ≥ ``OVERFIT_FALL`` (20 %) since, 2 logs | a diverging gap, not noise between two evaluations |
 """
@@ -48,6 +48,7 @@ INPUT_SCALE = 10.0
 CHANCE_FACTOR = 1.6
 NOISE_RATIO = 10.0
 NOISE_WINDOW = 5
+NOISE_QUOTE = 1000.0
 OVERFIT_RISE = 0.25
 OVERFIT_FALL = 0.2
 EOS = 2.0

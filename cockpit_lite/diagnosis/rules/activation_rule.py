@@ -31,7 +31,7 @@ class ActivationRule(Rule):
             if streak.see(step, value >= self.THRESHOLD, value):
                 found.append(Finding(
                     self.KIND, module, streak.start, "error" if value >= 0.9 else "warning",
-                    self.describe(module, values.get("type"), value, streak.start),
+                    self.describe(module, values.get("type"), streak.first, streak.start),  # the named step's
                     self.SUGGESTION, {self.FIELD: plain(value), "first": plain(streak.first),
                                       "type": values.get("type")},
                 ))

@@ -1,5 +1,6 @@
 """``edge_of_stability``: η λ_max ≥ ``EOS`` (1 + β) for SGD with learning rate η and
-momentum β (Cohen et al. 2021), on ``EOS_RECORDS`` records where ``HessMaxEV`` is tracked."""
+momentum β (Cohen et al. 2021), on ``EOS_RECORDS`` records where ``HessMaxEV`` is tracked.
+The message quotes λ_max and η of the first such record, the step it names."""
 
 from cockpit_lite.diagnosis import thresholds as T
 from cockpit_lite.diagnosis.finding import Finding
@@ -30,14 +31,18 @@ class EdgeOfStability(Rule):
         if product < limit:
             return []
         self.count += 1
-        self.first = self.first if self.first is not None else step
+        if self.first is None:
+            self.first = (step, self.lr, float(sharpness), product)
         if self.count != T.EOS_RECORDS:
             return []
+        at, lr, lam, first_product = self.first  # every number quoted is the named step's
         return [Finding(
-            self.KIND, None, self.first, "warning",
-            f"lr * lambda_max = {fmt(self.lr)} * {fmt(sharpness)} = {fmt(product)} >= {fmt(limit)} (the stability "
-            f"limit 2(1+momentum)) at step {self.first}: the step size is at the edge of stability",
-            f"lower the learning rate below {fmt(limit / float(sharpness), 2)} if the loss oscillates; or accept "
-            "it (training at the edge of stability is common) and watch the loss",
-            {"lr": plain(self.lr), "lambda_max": plain(sharpness), "product": plain(product), "limit": plain(limit)},
+            self.KIND, None, at, "warning",
+            f"lr * lambda_max = {fmt(lr)} * {fmt(lam)} = {fmt(first_product)} >= {fmt(limit)} (the stability "
+            f"limit 2(1+momentum)) at step {at}, and {fmt(product)} at step {step}: the step size is at the edge of "
+            "stability",
+            f"lower the learning rate below {fmt(limit / lam, 2)} if the loss oscillates; or accept it (training at "
+            "the edge of stability is common) and watch the loss",
+            {"lr": plain(lr), "lambda_max": plain(lam), "product": plain(first_product), "limit": plain(limit),
+             "step_confirmed": step, "product_confirmed": plain(product)},
         )]

@@ -4,7 +4,10 @@ al. 2018) is ≥ ``NOISE_RATIO`` times the batch size B over ``NOISE_WINDOW`` re
 tr Σ from ``GradVariance`` (unbiased), ‖g‖² of the mini-batch gradient from ``GradNorm``;
 a batch's ‖g‖² overestimates the true ‖G‖² by tr Σ / B, so over the window
 ``B_simple = mean tr Σ / (mean ‖g‖² − mean tr Σ / B)`` (∞ when the noise explains all
-of ‖g‖²). Without ``GradVariance``, ``NormTest² = tr Σ / (B ‖g‖²)`` gives the same parts.
+of ‖g‖²). A ratio above ``NOISE_QUOTE`` (or ∞) quotes no batch size or learning-rate factor:
+the mean gradient is then indistinguishable from zero and any number would be noise.
+Severity ``info`` while the loss still falls (3-median < 0.9 L₀), ``warning`` otherwise.
+Without ``GradVariance``, ``NormTest² = tr Σ / (B ‖g‖²)`` gives the same parts.
 """
 
 from cockpit_lite.diagnosis import thresholds as T
@@ -36,13 +39,26 @@ class NoiseDominates(Rule):
         if ratio < T.NOISE_RATIO:
             return []
         self.done = True
-        simple = ratio * batch
+        ref, loss = history.loss_ref, history.median_recent_loss(3)
+        learning = finite(ref) and finite(loss) and loss < 0.9 * ref
+        severity = "info" if learning else "warning"  # a loss that falls anyway: the noise costs speed only
+        span = f"over steps {window[0][0]}-{step}"
+        if finite(ratio) and ratio <= T.NOISE_QUOTE:
+            simple = ratio * batch
+            message = (f"the gradient noise scale B_simple = tr(Sigma)/|G|^2 is {fmt(ratio, 2)}x the batch size "
+                       f"({fmt(simple, 3)} vs B = {batch}) {span}: each step follows mostly noise")
+            suggestion = (f"increase the batch size towards ~{fmt(simple, 2)} (or accumulate gradients), or lower the "
+                          f"learning rate by ~{fmt(ratio, 2)}x")
+        else:  # the noise explains all (or nearly all) of |g|^2: no meaningful size to quote
+            simple = ratio * batch if finite(ratio) else float("inf")
+            message = (f"the mini-batch gradients' variance tr(Sigma)/B ({fmt(trace / batch)}) explains "
+                       f"{'all' if not finite(ratio) or signal <= 0 else 'nearly all'} of their squared norm "
+                       f"({fmt(trace / batch + max(signal, 0.0))}, mean) {span}: the mean gradient is not measurably "
+                       f"different from zero at B = {batch}, so each step follows noise")
+            suggestion = ("if the loss has stopped improving, use a several times larger batch (or accumulate "
+                          "gradients) or a lower learning rate; near a minimum this is expected")
         return [Finding(
-            self.KIND, None, window[0][0], "warning",
-            f"the gradient noise scale B_simple = tr(Sigma)/|G|^2 is {fmt(ratio, 2)}x the batch size "
-            f"({fmt(simple, 3)} vs B = {batch}) over steps {window[0][0]}-{step}: each step follows mostly noise",
-            f"increase the batch size towards ~{fmt(min(simple, 1e6), 2)} (or accumulate gradients, or lower the "
-            f"learning rate by ~{fmt(min(ratio, 1e6), 2)}x)",
+            self.KIND, None, window[0][0], severity, message, suggestion,
             {"noise_over_batch": plain(ratio), "B_simple": plain(simple), "batch_size": batch},
         )]
 
