@@ -1,6 +1,7 @@
 """Drop-in compatibility with Cockpit: its example scripts with only the imports changed, its
 JSON files read both ways (against the real cockpit-for-pytorch), its import paths, and the
-README sections that show this (every snippet there runs here)."""
+docs pages that show this (docs/porting.md, docs/integrations.md, the custom quantity of
+docs/quantities.md: every snippet there runs here, with checks of its results)."""
 
 import io
 import os
@@ -312,21 +313,28 @@ def test_backpack_advice_only_when_backpack_runs():
     assert "BackPACK lost a layer's stored input" in fail([quantities.HessTrace()])
 
 
-# ---------------------------------------------------------------- the README's snippets
+# ---------------------------------------------------------------- the docs' snippets
 
 
-def _readme_snippets():
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as file:
-        text = file.read()
-    section = text[text.index("## Porting a Cockpit script"):text.index("## Layout")]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+def _doc_snippets():
+    """The python blocks of docs/porting.md, docs/integrations.md and the custom quantity
+    of docs/quantities.md (tests/test_docs.py runs the other blocks of the docs)."""
+    def blocks(page, start=None, end=None):
+        with open(os.path.join(ROOT, "docs", page), encoding="utf-8") as file:
+            text = file.read()
+        if start is not None:
+            text = text[text.index(start):text.index(end) if end else None]
+        return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+    return (blocks("porting.md") + blocks("quantities.md", "## Custom quantities")
+            + blocks("integrations.md"))
 
 
-SNIPPETS = _readme_snippets()
+SNIPPETS = _doc_snippets()
 
 
-def test_the_readme_has_its_snippets():
-    assert len(SNIPPETS) == 6  # porting (2), custom quantities, integrations (2), diagnosis
+def test_the_docs_have_their_snippets():
+    assert len(SNIPPETS) == 5  # porting, custom quantity, integrations (3)
 
 
 @pytest.mark.parametrize("index", range(len(SNIPPETS)))
@@ -338,7 +346,7 @@ def test_readme_snippet_runs(index, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": "__readme__"}
     with redirect_stdout(io.StringIO()):
-        exec(compile(code, f"README snippet {index}", "exec"), namespace)
+        exec(compile(code, f"docs snippet {index}", "exec"), namespace)
     if "OpposingFraction" in namespace:
         _check_opposing_fraction(namespace["OpposingFraction"], tmp_path)
     if "plotter" in namespace:
@@ -346,7 +354,7 @@ def test_readme_snippet_runs(index, tmp_path, monkeypatch):
 
 
 def _check_opposing_fraction(cls, tmp_path):
-    """The README's custom quantity against brute force, and its dashboard panel."""
+    """The docs' custom quantity against brute force, and its dashboard panel."""
     assert os.path.isfile(tmp_path / "runs" / "cockpit__primary.png")
     for case in [("mlp", 5, "mean"), ("cnn", 2, "sum"), ("gpt", 4, "mean")]:
         problem = problems.make(*case)

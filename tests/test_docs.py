@@ -1,0 +1,241 @@
+"""The README and docs/ as a user reads them: every python block runs as pasted, and
+every number they quote is the one in ``docs/numbers.json``.
+
+- Code: each fenced ``python`` block of README.md and docs/*.md runs in a fresh
+  namespace in an empty folder. A block preceded by ``<!-- docs-test: skip (why) -->``
+  is left out (keep that rare: e.g. a GPU or a second machine). Blocks that need an
+  optional package are skipped when it is not installed.
+- Tables: each ``<!-- table: NAME -->`` block is exactly what
+  ``python -m experiments.make_docs --tables`` renders from ``docs/numbers.json``.
+- Quoted numbers: ``QUOTES`` lists (file, quoted text, key in numbers.json); the text
+  must be in the file and contain the file's value. A timing (``ms``) or ratio (``×``)
+  in README.md or docs/performance.md outside code must be a value of numbers.json.
+"""
+
+import io
+import json
+import os
+import re
+from contextlib import redirect_stdout
+
+import pytest
+
+from experiments import make_docs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SKIP = re.compile(r"<!-- docs-test: skip \((.+?)\) -->\s*$")
+#: pages whose blocks tests/test_compat.py runs, with checks of their results (brute force,
+#: the files they write): not run a second time here.
+RUN_BY_TEST_COMPAT = ("docs/porting.md", "docs/integrations.md", "docs/quantities.md#custom-quantities")
+#: optional package -> the extra that installs it (a block using it is skipped without it).
+OPTIONAL = {"lightning": "lightning", "transformers": "hf", "tensorboard": "tensorboard"}
+
+
+def _files():
+    return [os.path.relpath(p, ROOT) for p in make_docs.doc_files()]
+
+
+def _read(name):
+    with open(os.path.join(ROOT, name), encoding="utf-8") as file:
+        return file.read()
+
+
+def _blocks():
+    """``(file, line, code, skip reason or None)`` of every python block."""
+    out = []
+    for name in _files():
+        lines = _read(name).split("\n")
+        i = 0
+        while i < len(lines):
+            if lines[i].strip() == "```python":
+                start = i
+                i += 1
+                while lines[i].strip() != "```":
+                    i += 1
+                before = lines[start - 1] if start else ""
+                match = SKIP.search(before)
+                out.append((name, start + 1, "\n".join(lines[start + 1:i]) + "\n", match and match.group(1)))
+            i += 1
+    return out
+
+
+BLOCKS = _blocks()
+
+
+def _run_by_test_compat(name, line):
+    for entry in RUN_BY_TEST_COMPAT:
+        page, _, section = entry.partition("#")
+        if page != name:
+            continue
+        if not section:
+            return True
+        heading = "## " + section.replace("-", " ")
+        lines = _read(name).split("\n")
+        above = [text for text in lines[:line] if text.startswith("## ")]
+        if above and above[-1].lower() == heading.lower():
+            return True
+    return False
+
+
+def test_there_are_blocks_and_few_are_skipped():
+    assert len(BLOCKS) >= 10
+    assert sum(skip is not None for *_, skip in BLOCKS) <= 2, [b[:2] for b in BLOCKS if b[3]]
+
+
+@pytest.mark.parametrize("name, line, code, skip", BLOCKS, ids=[f"{b[0]}:{b[1]}" for b in BLOCKS])
+def test_block_runs_as_pasted(name, line, code, skip, tmp_path, monkeypatch):
+    if skip:
+        pytest.skip(skip)
+    if _run_by_test_compat(name, line):
+        pytest.skip("run by tests/test_compat.py, which checks its results")
+    for package, extra in OPTIONAL.items():
+        if re.search(rf"^\s*(import|from) {package}\b", code, flags=re.M):
+            pytest.importorskip(package, reason=f"the {extra} extra is not installed")
+    monkeypatch.chdir(tmp_path)
+    namespace = {"__name__": "__docs__"}
+    with redirect_stdout(io.StringIO()):
+        exec(compile(code, f"{name}:{line}", "exec"), namespace)
+
+
+# ----------------------------------------------------------------------------- numbers
+
+
+def _numbers():
+    return make_docs.load_numbers()
+
+
+def test_every_table_is_rendered_from_numbers_json():
+    numbers = _numbers()
+    used = set()
+    for name in _files():
+        for table, body in make_docs.tables_in(_read(name)):
+            used.add(table)
+            expected = make_docs.TABLES[table](numbers)
+            assert body == expected, f"{name}: table {table!r} differs from docs/numbers.json; " \
+                                     "run python -m experiments.make_docs --tables"
+    assert used == set(make_docs.TABLES), set(make_docs.TABLES) - used
+
+
+def _get(numbers, key):
+    value = numbers
+    for part in key.split("/"):
+        value = value[int(part)] if isinstance(value, list) else value[part]
+    return str(value)
+
+
+O = "measured/overhead/rows"
+#: (file, quoted text, key in numbers.json: "/"-separated, list indices as numbers).
+QUOTES = [
+    ("README.md", "economy costs 88.1× the plain step on an MLP", f"{O}/2/2"),
+    ("README.md", "(cockpit-lite: 21.8×)", f"{O}/2/1"),
+    ("docs/performance.md", "Plain steps: MLP 0.40 ms", "measured/overhead/plain_step_ms/MLP"),
+    ("docs/performance.md", "CNN 12.3 ms", "measured/overhead/plain_step_ms/CNN"),
+    ("docs/performance.md", "transformer 15.6 ms", "measured/overhead/plain_step_ms/transformer"),
+    ("docs/performance.md", "ResNet 63.6 ms", "measured/overhead/plain_step_ms/ResNet"),
+    ("docs/performance.md", "The MLP's plain step (0.40 ms)", "measured/overhead/plain_step_ms/MLP"),
+    ("docs/performance.md", "MLP's 0.40 ms step", "measured/overhead/plain_step_ms/MLP"),
+    ("docs/performance.md", "1.43× averaged over the dense start", f"{O}/1/1"),
+    ("docs/performance.md", "costs 1.2–1.3× in steady state", "measured/diagnosis_cost/rows/0/2"),
+    ("docs/performance.md", "`GradHist1d` alone is 15.5×", "measured/overhead/per_quantity/GradHist1d_mlp"),
+    ("docs/performance.md", "1.88× on the CNN", "measured/overhead/per_quantity/GradHist1d_cnn"),
+    ("docs/performance.md", "3.22× on the\n  transformer", "measured/overhead/per_quantity/GradHist1d_transformer"),
+    ("docs/performance.md", "(NormTest alone): 3.6×", "measured/overhead/per_quantity/NormTest_mlp"),
+    ("docs/performance.md", "1.55× on the CNN", "measured/overhead/per_quantity/NormTest_cnn"),
+    ("docs/performance.md", "2.33× on the transformer", "measured/overhead/per_quantity/NormTest_transformer"),
+    ("docs/performance.md", "40× is that floor", "measured/overhead/per_quantity/resnet_economy_floor"),
+    ("docs/performance.md", "(about 15–25 µs)", "measured/overhead/per_quantity/cockpit_step_bookkeeping_us"),
+    ("docs/performance.md", "1.18× measured", "measured/budget/cnn_2000_steps/measured"),
+    ("docs/performance.md", "1.22× planned", "measured/budget/cnn_2000_steps/planned"),
+    ("docs/performance.md", "costs 65 (CNN)", "measured/budget/rows/1/2"),
+    ("docs/performance.md", "to 139 (transformer)", "measured/budget/rows/1/3"),
+    ("docs/performance.md", "Even the CNN's plan, 1.28×", "measured/budget/rows/0/2"),
+    ("docs/performance.md", "nothing due 1.06×", "measured/ddp/untracked"),
+    ("docs/performance.md", "`economy` every step 12.4×", "measured/ddp/economy"),
+    ("docs/performance.md", "step (3.5 ms)", "measured/ddp/plain_step_ms"),
+    ("docs/performance.md", "took 5–21 products", "measured/hess_max_ev_products/min|measured/hess_max_ev_products/max"),
+    ("docs/performance.md", "(median 8)", "measured/hess_max_ev_products/median"),
+    ("docs/curvature.md", "needs 5–21 Hessian-vector products",
+     "measured/hess_max_ev_products/min|measured/hess_max_ev_products/max"),
+    ("docs/curvature.md", "(median 8)", "measured/hess_max_ev_products/median"),
+    ("docs/experiments.md", "ends at 96.9% test accuracy", "demo_last_epoch/0"),
+    ("docs/experiments.md", "(Spearman ρ = +0.93)", "lr_comparison/conclusion"),
+    ("docs/experiments.md", "× 3 seeds", "lr_comparison/config/seeds"),
+    ("docs/experiments.md", ", 20 epochs", "lr_comparison/config/epochs"),
+    ("docs/experiments.md", "up to +0.57", "lr_comparison/conclusion"),
+    ("docs/experiments.md", "final losses 5.34", "measured/experiments/noisy_quadratic/final_loss_large"),
+    ("docs/experiments.md", "vs 5.31", "measured/experiments/noisy_quadratic/final_loss_small"),
+    ("docs/experiments.md", "α medians +1.00", "measured/experiments/noisy_quadratic/alpha_large"),
+    ("docs/experiments.md", "vs −0.99", "measured/experiments/noisy_quadratic/alpha_small"),
+    ("docs/experiments.md", "update sizes 590× apart", "measured/experiments/noisy_quadratic/update_ratio"),
+    ("docs/experiments.md", "are 79× and", "measured/experiments/vanishing_gradients/layer1_smaller"),
+    ("docs/experiments.md", "and 11× smaller", "measured/experiments/vanishing_gradients/layer2_smaller"),
+    ("docs/experiments.md", "(100% and 99% of their elements", "measured/experiments/vanishing_gradients/centre_bin"),
+    ("docs/experiments.md", "at 8% test accuracy", "measured/experiments/vanishing_gradients/sigmoid_accuracy"),
+    ("docs/experiments.md", "net reaches 80%", "measured/experiments/vanishing_gradients/relu_accuracy"),
+    ("docs/experiments.md", "15.1%\nof all", "measured/experiments/data_scaling_bug/outside_unnormalised"),
+    ("docs/experiments.md", "(0.0%\nnormalised)", "measured/experiments/data_scaling_bug/outside_normalised"),
+    ("docs/experiments.md", "158× larger", "measured/experiments/data_scaling_bug/first_layer_larger"),
+]
+
+
+@pytest.mark.parametrize("name, quoted, key", QUOTES, ids=[f"{q[0]}:{q[2]}" for q in QUOTES])
+def test_quoted_number_is_the_one_in_numbers_json(name, quoted, key):
+    text = _read(name)
+    assert quoted in text, f"{name} no longer says {quoted!r}: update QUOTES"
+    value = " ".join(_get(_numbers(), k) for k in key.split("|"))
+    numbers_in_quote = re.findall(r"[+−-]?\d+(?:\.\d+)?", quoted)
+    assert numbers_in_quote and all(n in value for n in numbers_in_quote), (quoted, value)
+
+
+def _prose(text):
+    """``text`` without fenced code blocks, HTML comments and table blocks."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"<!-- table: \w+ -->.*?<!-- /table -->", "", text, flags=re.S)
+    return re.sub(r"<!--.*?-->", "", text, flags=re.S)
+
+
+def _flat(value):
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _flat(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _flat(v)]
+    return [str(value)]
+
+
+#: ratios in the prose that are settings, not measurements.
+SETTINGS = {"1.25×", "2.5×"}
+
+
+@pytest.mark.parametrize("name", ["README.md", "docs/performance.md", "docs/porting.md"])
+def test_every_timing_and_ratio_is_in_numbers_json(name):
+    values = " ".join(_flat(_numbers()))
+    prose = _prose(_read(name))
+    found = re.findall(r"\d+(?:\.\d+)?(?:–\d+(?:\.\d+)?)?(?: ms|×)", prose)
+    unknown = sorted({f for f in found if f not in SETTINGS and f.replace(" ms", "") not in values
+                      and f not in values})
+    assert not unknown, f"{name} quotes {unknown}, which docs/numbers.json does not hold"
+
+
+def test_counts_quoted_are_the_code_s():
+    from cockpit_lite.diagnosis import KINDS
+    from experiments import broken_networks
+
+    assert f"({len(KINDS)} kinds:" in _read("README.md")
+    broken, healthy = len(broken_networks.BROKEN), len(broken_networks.HEALTHY)
+    for name in ("README.md", "docs/diagnosis.md"):
+        assert f"{broken} broken set-ups and {healthy} healthy twins" in _read(name), name
+    assert len(json.loads(_read("docs/numbers.json"))["lr_comparison"]["per_lr"]) == 13
+
+
+def test_links_between_pages_resolve():
+    missing = []
+    later = {"docs/install.md", "docs/logs.md", "docs/resume.md"}  # written alongside, by other changes
+    for name in _files():
+        folder = os.path.dirname(name)
+        for target in re.findall(r"\]\(([^)#\s]+\.(?:md|png|json))(?:#[^)]*)?\)", _read(name)):
+            if target.startswith("http"):
+                continue
+            path = os.path.normpath(os.path.join(folder, target))
+            if not os.path.exists(os.path.join(ROOT, path)) and path not in later:
+                missing.append(f"{name} -> {target}")
+    assert not missing, missing
