@@ -54,9 +54,12 @@ class Cockpit:
             params: what to track: a ``torch.nn.Module`` (its named parameters; the
                 recommended form: individual gradients then come from fast layer rules),
                 an iterable of parameters (e.g. ``model.parameters()``) or of
-                ``(name, parameter)`` pairs (``model.named_parameters()``); without the
-                module, individual gradients take the exact but slower global path of
-                ``cockpit_lite.engine``. Names label the per-layer values. Parameters
+                ``(name, parameter)`` pairs (``model.named_parameters()``; Cockpit's
+                recipe): then the engine finds the modules that own them in the first
+                tracked forward pass and serves them by the same fast layer rules (and,
+                on a BackPACK-extended model, the same exact curvature) as with the
+                module; parameters no module owns take the exact but slower global path
+                of ``cockpit_lite.engine``. Names label the per-layer values. Parameters
                 with ``requires_grad=False`` are left out with a warning.
             quantities: list of ``Quantity`` objects, e.g. ``configuration("full")``.
             log: path of a JSON-lines log, appended and flushed after every step
@@ -290,7 +293,9 @@ class _StepContext:
         self.debug = debug
         if last is not None and step != last + 1:
             cockpit._jumped = True  # step numbers are not consecutive: keep watching every forward
-        self.info = StepInfo(info, step, batch_size=cockpit.engine.batch_size(), model=cockpit.model)
+        if isinstance(info, dict):  # given parameters only: the modules that own them, from the forward pass
+            cockpit.engine.discover(info.get("loss"))
+        self.info = StepInfo(info, step, batch_size=cockpit.engine.batch_size(), model=cockpit.engine.model)
         shape = cockpit.engine.input_shape()
         if self.info.get("batch_size") is not None and shape is not None and int(self.info.get("batch_size")) not in shape:
             raise ValueError(

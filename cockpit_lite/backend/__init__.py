@@ -16,6 +16,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 __all__ = [
     "CURVATURES",
     "add_advice",
+    "backpack_extended",
     "backpack_untouched",
     "curvature_support",
     "extend",
@@ -103,13 +104,13 @@ def curvature_support(model, loss, name):
     """
     if model is None:
         return (
-            "the Cockpit was given parameters, not the model, so cockpit-lite cannot "
-            "check which layers BackPACK supports"
+            "cockpit-lite found no module owning the tracked parameters in this step's "
+            "forward pass, so it cannot check which layers BackPACK supports"
         )
     rules = CURVATURES[name]()._BackpropExtension__module_extensions
     for module_name, module in model.named_modules():
         label = f"{module_name or 'the model'} ({type(module).__name__})"
-        if is_no_op(module):
+        if is_no_op(module) or type(module) in _UNCALLED_CONTAINERS:
             continue
         if not getattr(module, "_backpack_extend", False):
             return f"the layer {label} is not BackPACK-extended"
@@ -127,14 +128,27 @@ def curvature_support(model, loss, name):
     return None
 
 
+_UNCALLED_CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict)
+"""Containers without a forward of their own (BackPACK never sees them called)."""
+
+
+def backpack_extended(model, loss):
+    """Whether the user meant BackPACK to run: some module of ``model`` or the module that
+    computed ``loss`` is BackPACK-extended."""
+    node = getattr(loss, "grad_fn", None)
+    if node is not None and type(node).__name__ == "BackwardHookFunctionBackward":
+        return True
+    return model is not None and any(getattr(m, "_backpack_extend", False) for m in model.modules())
+
+
 def unsupported_message(quantity, name, reason):
     """The refusal of an explicitly chosen BackPACK curvature, with fixes that work."""
     return (
         f"{quantity} cannot use curvature={name!r} on this model: {reason}. Fix: "
         f"{quantity}(curvature='hutchinson') (or configuration(level, curvature='auto'), "
         "the default) estimates it from Hessian-vector products on any model; for exact "
-        "BackPACK diagonals give the Cockpit the model, Cockpit(model, ...), with model "
-        "and loss wrapped in cockpit_lite.extend(...) (residual networks: "
+        "BackPACK diagonals wrap the model and the loss module in cockpit_lite.extend(...) "
+        "and use only layers BackPACK supports (residual networks: "
         "cockpit_lite.extend(model, use_converter=True) with curvature='diag_ggn_exact')."
     )
 

@@ -26,7 +26,14 @@ How a step runs:
    products of the individual losses, computed right here while the graph exists):
    parameters used before a layer that mixes the samples (BatchNorm in training mode),
    parameters of modules that draw random numbers or call sub-modules of their own,
-   and every parameter when the Cockpit was given parameters without their model.
+   and parameters no module owns (given to the Cockpit without a model, used by the
+   training loop's own code).
+
+Given parameters without their model (``Cockpit(model.parameters())``, Cockpit's
+recipe), the first watched forward pass *discovers* the model (``Engine.discover``):
+torch's global module hooks see every module call, and the outermost calls that own
+tracked parameters become the model; from then on everything is as if the Cockpit had
+been given it.
 3. *During backward*: per call, the rule's individual gradients go through the due
    transforms (``cockpit_lite.transforms``) and are dropped. A parameter with several
    uses sums its uses per sample first.
@@ -39,6 +46,7 @@ How a step runs:
 """
 
 import warnings
+import weakref
 
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -61,8 +69,8 @@ class Engine:
     def __init__(self, model, params, names, group=None):
         """
         Args:
-            model: the ``torch.nn.Module`` holding ``params``, or ``None`` (then every
-                parameter takes the global path).
+            model: the ``torch.nn.Module`` holding ``params``, or ``None`` (then the
+                modules that own them are found in the first watched forward pass).
             params, names: the tracked parameters and their names.
             group: the ``cockpit_lite.distributed.Group`` of a DDP run, or ``None``.
         """
@@ -77,18 +85,20 @@ class Engine:
         self._global_mode = global_path.Mode()
         self._warned = set()
         self._step = None
-        self.capture = None
+        self._owners, self._parents = {}, {}
+        self._owning = weakref.WeakKeyDictionary()
+        self._roots = ()  # the modules a ModuleList ``model`` of several found ones holds (``discover``)
         if model is not None:
             self._owners, self._parents, modules = _ownership(model, self.index)
             self.capture = ForwardCapture(modules, self._on_grad)
-            self.capture.arm()
+        else:  # parameters only: find their modules in the first watched forward pass (``discover``)
+            self.capture = ForwardCapture(None, self._on_grad, keep=self._keeps)
+        self.capture.arm()
 
     # -- arming -------------------------------------------------------------------------
 
     def arm(self, on):
         """Watch the next forward pass (``on``) or not."""
-        if self.capture is None:
-            return
         if on:
             self.capture.arm()
         else:
@@ -96,15 +106,63 @@ class Engine:
 
     def forget(self):
         """Drop what the capture recorded (the step ends)."""
-        if self.capture is not None and (self.capture.calls or self.capture._tensor_handles):
+        if self.capture.calls or self.capture._tensor_handles:
             self.capture.clear()
+
+    def discover(self, loss):
+        """Given parameters only: find the modules that own them in the watched forward pass.
+
+        The outermost calls (among those the step's ``loss`` depends on) of modules that
+        own tracked parameters are the model: one module, or several called one after the
+        other by the training loop (then a ``ModuleList`` of them). From then on the
+        engine serves them exactly as if the Cockpit had been given that model (the fast
+        layer rules; ``info.model`` for the curvature), the capture watches them with
+        per-module hooks, and tracked parameters that none of them owns take the global
+        path. Nothing happens once a model is known, or when no such call was seen (the
+        next watched forward pass tries again).
+        """
+        if self.model is not None or not self.capture.calls:
+            return
+        graph = _Graph(loss)
+        calls = [c for c in self.capture.calls if not graph.ready() or any(graph.reaches(leaf) for leaf in c.leaves)]
+        roots = []
+        for call in calls:
+            if self._owns(call.module) and not any(other.contains(call) for other in calls):
+                module = call.module
+                if isinstance(module, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+                    module = module.module
+                if module not in roots:
+                    roots.append(module)
+        if not roots:
+            return
+        self.model = roots[0] if len(roots) == 1 else torch.nn.ModuleList(roots)
+        self._roots = tuple(roots) if len(roots) > 1 else ()
+        self._owners, self._parents, modules = _ownership(self.model, self.index)
+        self.capture.watch(modules)
+        self.capture.calls = [c for c in self.capture.calls if c.module in modules]
+        for call in self.capture.calls:
+            call.name = modules[call.module]
+
+    def _owns(self, module):
+        """Whether ``module`` holds a tracked parameter somewhere below it (cached)."""
+        owns = self._owning.get(module)
+        if owns is None:
+            owns = any(id(p) in self.index for p in module.parameters())
+            self._owning[module] = owns
+        return owns
+
+    def _keeps(self, module):
+        """Which calls the discovering capture keeps: owners of tracked parameters and
+        the layers that mix the samples (their position decides the routes)."""
+        return isinstance(module, _BatchNorm) or self._owns(module)
 
     def input_shape(self):
         """Shape of the model's first input in the observed forward pass, or ``None``."""
-        if self.capture is None or not self.capture.calls:
+        if self.model is None or not self.capture.calls:
             return None
-        for call in self.capture.calls:
-            if call.module is self.model:
+        roots = (self.model, *self._roots)
+        for call in sorted(self.capture.calls, key=lambda c: c.start):
+            if any(call.module is root for root in roots):
                 inputs = first_tensor(list(call.args) + list(call.kwargs.values()))
                 return None if inputs is None or inputs.dim() == 0 else tuple(inputs.shape)
         return None
@@ -136,8 +194,8 @@ class Engine:
             needed_by: names of the quantities that need the transforms (for messages).
         """
         state = _Step(transforms, batch_size, grads_before, needed_by, deferred=self.group is not None)
-        graph = _Graph(info)
-        calls = self.capture.calls if self.capture is not None else []
+        graph = _Graph(info.get("loss"))
+        calls = self.capture.calls if self.model is not None else []
         if calls and graph.ready():  # only the forward passes this loss came from
             calls = [c for c in calls if any(graph.reaches(leaf) for leaf in c.leaves)]
         if self.model is not None and not calls:
@@ -149,7 +207,10 @@ class Engine:
                 "path. Enter cp(step) at every step, with consecutive step numbers.",
             )
         routes = self._routes(calls, state, graph) if calls else {}
-        global_indices = [i for i in range(len(self.params)) if routes.get(i) == "global" or (i not in routes and not calls)]
+        global_indices = [  # no module owns it (parameters given without their model): global too
+            i for i in range(len(self.params))
+            if routes.get(i) == "global" or (i not in routes and (not calls or i not in self._owners))
+        ]
         if state.batch_size is None and not global_indices:
             raise ValueError(
                 "cockpit-lite cannot tell the batch size: pass info['batch_size'] "
@@ -484,15 +545,14 @@ class _Step:
 class _Graph:
     """The autograd graph of the step's loss, walked once, on demand (``cockpit_lite.engine.broadcast``)."""
 
-    def __init__(self, info):
-        self._info = info
+    def __init__(self, loss):
+        self._loss = loss
         self._users = None
 
     def ready(self):
         """Whether the loss has a graph (walked on the first call)."""
         if self._users is None:
-            loss = self._info.get("loss")
-            self._root = getattr(loss, "grad_fn", None)
+            self._root = getattr(self._loss, "grad_fn", None)
             self._users = broadcast.consumers(self._root) if self._root is not None else {}
             self._accumulators = broadcast.accumulators(self._users)
         return self._root is not None

@@ -10,12 +10,21 @@ output (``δ``) during the backward pass. Nothing is copied and nothing is compu
 The Cockpit installs the hooks only before a forward pass whose step is due (it
 *arms* the capture at the end of the previous step, see ``cockpit_lite.engine``), so a
 step where nothing is due runs without any hook.
+
+Without the modules (a Cockpit given parameters only), the capture *discovers* them:
+armed with ``modules=None``, it installs torch's global module hooks
+(``register_module_forward_pre_hook`` / ``register_module_forward_hook``), which see
+every module call of the process, and keeps the calls of the modules ``keep`` accepts
+(those owning tracked parameters somewhere below them, and the layers that mix the
+samples). Once the engine has found the modules, ``watch`` switches the capture to
+ordinary per-module hooks; either way the hooks exist only while the capture is armed.
 """
 
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.nn.modules import module as _module
 from torch.utils import _pytree as pytree
 
 
@@ -54,14 +63,17 @@ class Call:
 class ForwardCapture:
     """Hooks on ``modules`` that record ``Call`` objects (see the module docstring)."""
 
-    def __init__(self, modules, on_grad):
+    def __init__(self, modules, on_grad, keep=None):
         """
         Args:
-            modules: ``{module: name}`` of the modules to watch.
+            modules: ``{module: name}`` of the modules to watch, or ``None``: every
+                module call of the process that ``keep`` accepts (global hooks).
             on_grad: ``on_grad(call, leaf position, δ)``, called during the backward pass.
+            keep: ``keep(module) -> bool`` for ``modules=None``.
         """
         self.modules = modules
         self.on_grad = on_grad
+        self.keep = keep
         self.calls = []
         self.paused = False
         self._open = {}
@@ -77,9 +89,27 @@ class ForwardCapture:
         """Install the module hooks (no-op if installed)."""
         if self.armed:
             return
+        if self.modules is None:
+            self._module_handles.append(_module.register_module_forward_pre_hook(self._global_pre))
+            self._module_handles.append(_module.register_module_forward_hook(self._post, with_kwargs=True))
+            return
         for module in self.modules:
             self._module_handles.append(module.register_forward_pre_hook(self._pre, with_kwargs=True))
             self._module_handles.append(module.register_forward_hook(self._post, with_kwargs=True))
+
+    def watch(self, modules):
+        """From now on watch ``modules`` (``{module: name}``) with per-module hooks.
+
+        The calls recorded so far and their gradient hooks are kept; armed global hooks
+        are replaced by the per-module ones.
+        """
+        armed = self.armed
+        for handle in self._module_handles:
+            handle.remove()
+        self._module_handles = []
+        self.modules, self.keep = modules, None
+        if armed:
+            self.arm()
 
     def disarm(self):
         """Remove the module hooks and forget every call."""
@@ -104,11 +134,17 @@ class ForwardCapture:
         self._counter += 1
         return None
 
+    def _global_pre(self, module, args):
+        if self.keep(module):
+            self._pre(module, args, None)
+        return None
+
     def _post(self, module, args, kwargs, output):
         starts = self._open.get(module)
         if self.paused or not starts:
             return None
-        call = Call(module, self.modules[module], args, kwargs, output, starts.pop(), self._counter)
+        name = self.modules[module] if self.modules is not None else ""
+        call = Call(module, name, args, kwargs, output, starts.pop(), self._counter)
         self._counter += 1
         for position, leaf in enumerate(pytree.tree_leaves(output)):
             if torch.is_tensor(leaf) and leaf.requires_grad:

@@ -15,8 +15,12 @@ Where the curvature comes from (``curvature=``, recorded at every step under
 - ``"auto"`` (default): ``"diag_h"`` where BackPACK supports the step's model and loss
   (``cockpit_lite.backend.curvature_support``, decided before the backward pass), else
   ``"hutchinson"``. Both are the Hessian: "auto" never switches to the GGN, a different
-  matrix. Without the model (``Cockpit(model.parameters())``) nothing can be checked
-  and "auto" takes Hutchinson's estimator, with a warning.
+  matrix. Given parameters only (``Cockpit(model.parameters())``, Cockpit's recipe), the
+  model is the module the engine found owning them in the forward pass, so an extended
+  model and loss get BackPACK's exact diagonal as with ``Cockpit(model)``. Where "auto"
+  estimates although the model or the loss is BackPACK-extended (the user meant the exact
+  diagonal), or no owning module was found, it warns once before the backward pass,
+  naming the layer BackPACK cannot serve.
 
 An explicitly chosen BackPACK curvature that the model does not support raises a
 ``ValueError`` naming the layer and the fix before the backward pass runs.
@@ -27,7 +31,9 @@ import warnings
 import torch
 
 from cockpit_lite.curvature import hutchinson, sdpa
-from cockpit_lite.backend import CURVATURES, curvature_extension, curvature_support, unsupported_message
+from cockpit_lite.backend import (
+    CURVATURES, backpack_extended, curvature_extension, curvature_support, unsupported_message,
+)
 from cockpit_lite.quantities.base import Needs, Output, SingleStepQuantity
 
 HUTCHINSON = "hutchinson"
@@ -69,12 +75,13 @@ class CurvatureQuantity(SingleStepQuantity):
             return self.curvature
         if reason is None:
             return "diag_h"
-        if info.model is None and not self._warned:
+        if not self._warned and (info.model is None or backpack_extended(info.model, info.get("loss"))):
             self._warned = True
             warnings.warn(
                 f"{self.name}: {reason}; curvature='auto' uses Hutchinson's estimator "
-                "(Hessian-vector products). Give the Cockpit the model for exact BackPACK "
-                "diagonals where BackPACK supports it.",
+                "(Hessian-vector products) instead of BackPACK's exact Hessian diagonal. "
+                "For the exact diagonal, extend every layer and the loss module with "
+                "cockpit_lite.extend(...) and use only layers BackPACK supports.",
                 stacklevel=5,
             )
         return HUTCHINSON

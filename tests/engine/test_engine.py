@@ -31,8 +31,8 @@ def grad_variance_reference(problem, snapshots, step):
 
 
 @pytest.mark.parametrize("name", ["gpt", "resnet_bn_train", "lstm", "mlp"])
-def test_parameters_without_their_model_take_the_exact_global_path(name):
-    """``Cockpit(model.parameters())`` (Cockpit's style) gives the same numbers."""
+def test_parameters_without_their_model_give_the_exact_numbers(name):
+    """``Cockpit(model.parameters())`` (Cockpit's style): exact against the brute force (tests/engine/test_discovery.py checks the route)."""
     problem = problems.make(name, 4, steps=2)
     cp, snapshots = problems.run(problem, [quantities.NormTest(), quantities.GradVariance()], params_only=True)
     for step in snapshots:

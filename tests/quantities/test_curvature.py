@@ -74,12 +74,68 @@ def _mlp_steps(quantity, steps, params_only=False):
     return cp
 
 
-def test_without_the_model_auto_warns_once():
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        cp = _mlp_steps(HessTrace(probes=2), 3, params_only=True)
-    assert sum("Give the Cockpit the model" in str(w.message) for w in caught) == 1
-    assert all(cp.get_output()[s]["meta"]["HessTrace"]["curvature"] == "hutchinson" for s in range(3))
+def test_parameters_of_an_extended_model_get_the_exact_diagonal():
+    """Cockpit's recipe (parameters only, model and loss extended): "auto" finds the model in the
+    forward pass and takes BackPACK's exact Hessian diagonal, silently, equal to autograd's."""
+    model_given = _mlp_steps(HessTrace(), 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        params_given = _mlp_steps(HessTrace(), 3, params_only=True)
+    for step in range(3):
+        assert params_given.get_output()[step]["meta"]["HessTrace"]["curvature"] == "diag_h"
+        assert params_given.get_output()[step]["HessTrace"] == pytest.approx(model_given.get_output()[step]["HessTrace"], rel=1e-12)
+    torch.manual_seed(0)  # step 0 again, against the Hessian of autograd
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double()
+    x, y = torch.randn(5, 3, dtype=torch.float64), torch.randint(0, 2, (5,))
+    params = list(model.parameters())
+    sizes = [p.numel() for p in params]
+    names = [n for n, _ in model.named_parameters()]
+
+    def loss_of(flat):
+        tensors = {n: v.reshape(p.shape) for n, v, p in zip(names, flat.split(sizes), params)}
+        return nn.functional.cross_entropy(torch.func.functional_call(model, tensors, (x,)), y)
+
+    hessian = torch.autograd.functional.hessian(loss_of, torch.cat([p.detach().reshape(-1) for p in params]))
+    exact = [float(block.sum()) for block in hessian.diagonal().split(sizes)]
+    assert params_given.get_output()[0]["HessTrace"] == pytest.approx(exact, rel=1e-10)
+
+
+def test_auto_says_before_backward_where_backpack_cannot_serve_an_extended_model():
+    """An extended model with a layer BackPACK has no DiagHessian rule for (LayerNorm): the
+    warning names the layer, once, when the step's context is created (before backward)."""
+    torch.manual_seed(0)
+    model = extend(nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4), nn.Linear(4, 2)).double())
+    lossfunc = extend(nn.CrossEntropyLoss())
+    for tracked in (model, model.parameters()):
+        cp = Cockpit(tracked, [HessTrace(probes=2)], diagnose=False)
+        for step in range(2):
+            loss = lossfunc(model(torch.randn(5, 3, dtype=torch.float64)), torch.tensor([0, 1, 1, 0, 1]))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                context = cp(step, info={"loss": loss})
+            messages = [str(w.message) for w in caught if "Hutchinson" in str(w.message)]
+            assert len(messages) == (1 if step == 0 else 0)
+            if step == 0:
+                assert "1 (LayerNorm)" in messages[0] and "cockpit_lite.extend" in messages[0]
+            with context:
+                loss.backward(create_graph=cp.create_graph(step))
+            for p in model.parameters():
+                p.grad = None
+        assert cp.get_output()[1]["meta"]["HessTrace"]["curvature"] == "hutchinson"
+
+
+def test_parameters_no_module_owns_warn_and_estimate():
+    """Parameters used by functional code only: no module to check, so "auto" estimates and says why."""
+    torch.manual_seed(0)
+    weight = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    cp = Cockpit([weight], [HessTrace(probes=2)], diagnose=False)
+    x, y = torch.randn(4, 3, dtype=torch.float64), torch.tensor([0, 1, 1, 0])
+    loss = nn.functional.cross_entropy(nn.functional.linear(x, weight), y)
+    with pytest.warns(UserWarning, match="found no module owning the tracked parameters"):
+        context = cp(0, info={"loss": loss})
+    with context:
+        loss.backward(create_graph=cp.create_graph(0))
+    assert cp.get_output()[0]["meta"]["HessTrace"]["curvature"] == "hutchinson"
 
 
 def test_with_the_model_auto_falls_back_without_a_warning():

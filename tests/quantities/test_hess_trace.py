@@ -107,15 +107,15 @@ def test_estimates_are_reproducible_and_leave_the_user_random_state_alone():
     assert values[0] == values[1]
 
 
-def test_without_the_model_auto_warns_and_estimates():
+def test_without_the_model_auto_finds_it_and_is_exact():
+    """Cockpit's recipe, parameters of an extended model: the exact diagonal, as with the model."""
     problem = problems.make("mlp", 3, steps=1)
     x, y = problem.batches[0]
     cp = Cockpit(problem.model.parameters(), [HessTrace(probes=4)])
     loss = problem.lossfunc(problem.model(x), y)
-    with pytest.warns(UserWarning, match="Give the Cockpit the model"):
-        with cp(0, info={"loss": loss}):
-            loss.backward(create_graph=cp.create_graph(0))
-    assert cp.get_output()[0]["meta"]["HessTrace"]["curvature"] == "hutchinson"
+    with cp(0, info={"loss": loss}):
+        loss.backward(create_graph=cp.create_graph(0))
+    assert cp.get_output()[0]["meta"]["HessTrace"]["curvature"] == "diag_h"
 
 
 def test_explicit_backpack_curvature_on_an_unsupported_model_names_layer_and_fix():
