@@ -339,9 +339,9 @@ def _tagged_array(tagged, limits=None):
             except zlib.error as error:
                 raise ValueError(f"array data does not decompress ({error})") from error
         if len(raw) != nbytes:
-            more = " or more" if len(raw) > nbytes else ""
-            raise ValueError(f"array data holds {len(raw):,}{more} bytes, its shape {list(shape)} and dtype "
-                             f"{dtype} need {nbytes:,}")
+            held = f"more than {nbytes:,}" if len(raw) > nbytes else f"{len(raw):,}"
+            raise ValueError(f"array data holds {held} bytes, its shape {list(shape)} and dtype {dtype} "
+                             f"need {nbytes:,}")
         if tagged.get("endian") in ("little", "big"):
             dtype = dtype.newbyteorder("<" if tagged["endian"] == "little" else ">")
         return np.frombuffer(raw, dtype=dtype).reshape(shape, order=order).copy()
