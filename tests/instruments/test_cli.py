@@ -98,3 +98,27 @@ def test_diagnose_missing_log_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         cli.main(["diagnose", str(tmp_path / "nope.jsonl")])
     assert stop.value.code == 2
+
+
+def test_the_dashboard_is_written_atomically(tmp_path, full_jsonl, monkeypatch):
+    from matplotlib.figure import Figure
+
+    def savefig(self, fname, **kwargs):
+        with open(fname, "wb") as file:
+            file.write(b"\x89PNG half")
+        raise KeyboardInterrupt  # killed while saving
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    out = tmp_path / "dash.png"
+    with pytest.raises(KeyboardInterrupt):
+        cli.main([full_jsonl, "-o", str(out), "--dpi", "20"])
+    assert os.listdir(tmp_path) == ["run.jsonl"]  # no dash.png, no temporary file
+
+
+def test_a_second_run_on_the_same_log_is_drawn_and_the_first_is_kept(tmp_path, economy_record, capsys):
+    log = str(tmp_path / "run.jsonl")
+    records.write_jsonl(log, economy_record)
+    records.write_jsonl(log, {s: e for s, e in economy_record.items() if s < 5})
+    assert cli.main([log, "-o", str(tmp_path / "a.png"), "--dpi", "20"]) == 0
+    assert "2 run segments" in capsys.readouterr().err
+    assert cli.main(["diagnose", log, "--segment", "0"]) == 0

@@ -99,3 +99,67 @@ def test_incremental_snapshot(full_record):
     assert second[9]["Alpha"] == 0.5 and second[10] is not live[10]
     assert second[0] is first[0]  # settled steps are not copied again
     assert second[9] is not live[9]
+
+
+# ----------------------------------------------------------------------------- atomic pictures
+
+
+@pytest.fixture
+def killed_while_saving(monkeypatch):
+    """``Figure.savefig`` writes half a PNG and then the process 'dies' (an exception in place of SIGKILL)."""
+    from matplotlib.figure import Figure
+
+    class Killed(BaseException):
+        pass
+
+    def savefig(self, fname, **kwargs):
+        with open(fname, "wb") as file:
+            file.write(b"\x89PNG\r\n\x1a\n half a picture")
+        raise Killed()
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    return Killed
+
+
+@pytest.mark.parametrize("mode", ["sync", "thread"])
+def test_a_render_killed_while_saving_leaves_no_truncated_png(tmp_path, economy_record, killed_while_saving, mode):
+    final = tmp_path / "cp__epoch_000.png"
+    final.write_bytes(b"the previous, complete picture")
+    plotter = EpochPlotter(tmp_path, savename="cp", mode=mode, **FAST)
+    if mode == "thread":  # the background thread dies: run its render directly to see the exception
+        with pytest.raises(killed_while_saving):
+            plotter._render(plotter._snapshot(economy_record), str(final), {})
+    else:
+        with pytest.raises(killed_while_saving):
+            plotter.plot(economy_record, epoch=0)
+    assert final.read_bytes() == b"the previous, complete picture"
+    assert os.listdir(tmp_path) == ["cp__epoch_000.png"]  # the temporary file is gone too
+
+
+def test_the_render_worker_killed_by_sigkill_never_leaves_a_truncated_png(tmp_path, economy_record):
+    """The worker process (mode="process") is SIGKILLed in the middle of writing a PNG."""
+    import pickle
+    import subprocess
+    import sys
+
+    from conftest import _ROOT
+
+    final = tmp_path / "w.png"
+    job = {"run": {"record": economy_record, "params": None, "name": "w"}, "path": str(final),
+           "options": dict(FAST)}
+    (tmp_path / "job.pkl").write_bytes(pickle.dumps(job))
+    code = (
+        "import os, pickle, signal, sys\n"
+        "from matplotlib.figure import Figure\n"
+        "def savefig(self, fname, **kw):\n"
+        "    open(fname, 'wb').write(b'\\x89PNG half')\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "Figure.savefig = savefig\n"
+        "from instruments import _worker\n"
+        "_worker.render(pickle.load(open(sys.argv[1], 'rb')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path / "job.pkl")], cwd=_ROOT,
+                            env=dict(os.environ, MPLBACKEND="Agg"), capture_output=True)
+    assert result.returncode == -9, result.stderr
+    assert not final.exists()  # at most a hidden temporary file, never the final name
+    assert all(name.startswith(".w.") for name in os.listdir(tmp_path) if name != "job.pkl")

@@ -124,3 +124,42 @@ def test_bad_source():
         CockpitPlotter().plot(42, show_plot=False)
     with pytest.raises(FileNotFoundError):
         CockpitPlotter().plot("/nonexistent/run", show_plot=False)
+
+
+def test_saving_is_atomic(tmp_path, economy_record, monkeypatch):
+    """A failure (or a kill) while saving leaves the previous picture, never a truncated one."""
+    from matplotlib.figure import Figure
+
+    from instruments import compare
+
+    def savefig(self, fname, **kwargs):
+        with open(fname, "wb") as file:
+            file.write(b"\x89PNG half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    plotter = CockpitPlotter(**FAST)
+    final = tmp_path / "cockpit__primary.png"
+    final.write_bytes(b"complete")
+    with pytest.raises(KeyboardInterrupt):
+        plotter.plot(economy_record, show_plot=False, save_plot=True, savedir=tmp_path)
+    cmp = tmp_path / "cmp.png"
+    with pytest.raises(KeyboardInterrupt):
+        compare([economy_record, economy_record], savepath=cmp, dpi=20)
+    assert final.read_bytes() == b"complete" and not cmp.exists()
+    assert sorted(os.listdir(tmp_path)) == ["cockpit__primary.png"]
+
+
+def test_animation_is_written_atomically(tmp_path, economy_record, monkeypatch):
+    from PIL import Image
+
+    log = records.write_jsonl(str(tmp_path / "run.jsonl"), {s: e for s, e in economy_record.items() if s < 6})
+    real_save = Image.Image.save
+
+    def save(self, fp, *args, **kwargs):
+        assert not str(fp).endswith("run__primary.gif")  # never written under its final name directly
+        return real_save(self, fp, *args, **kwargs)
+
+    monkeypatch.setattr(Image.Image, "save", save)
+    path = CockpitPlotter(figsize=(6, 4), dpi=20).build_animation(log, max_frames=2)
+    assert path == str(tmp_path / "run__primary.gif") and Image.open(path).n_frames == 2
