@@ -208,8 +208,9 @@ SCENARIOS = {
                                     note="Adam at 1e-6 on a CNN"),
     # -- gradient flow
     "exploding_deep_batchnorm": Scenario(lambda s: (deep_batchnorm(32), digits(s, scaling="standard"), sgd(1e-3)),
-                                         ("exploding_gradients", "4"),
-                                         note="33 Linear+BatchNorm+ReLU blocks without residuals (Yang et al. 2019)"),
+                                         ("exploding_gradients", "1"),
+                                         note="33 Linear+BatchNorm+ReLU blocks without residuals (Yang et al. 2019); "
+                                              "the gradient is largest, relative to the weights, at the input end"),
     "vanishing_deep_sigmoid": Scenario(lambda s: (mlp([32] * 8, nn.Sigmoid), digits(s), sgd(0.1)),
                                        ("vanishing_gradients", "1"), note="9 layers with sigmoid",
                                        also=("lr_too_low",)),

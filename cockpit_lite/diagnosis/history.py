@@ -11,6 +11,7 @@ import statistics
 import numpy as np
 
 from cockpit_lite import log as _log
+from cockpit_lite.diagnosis import thresholds as T
 
 #: Per-parameter lists whose network total is the root of the sum of squares.
 RSS = ("GradNorm", "ParamNorm", "UpdateSize")
@@ -110,18 +111,34 @@ class History:
         return statistics.median(values) if values else math.nan
 
     def relative_gradients(self, entry):
-        """``[(index, ‖g‖/‖θ‖)]`` of the weight tensors at this step, or ``None``."""
+        """``[(index, ‖g‖/‖θ‖)]`` of the weight tensors at this step, or ``None``.
+
+        A weight tensor whose size per entry (‖θ‖/√numel when the shapes are known, else
+        ‖θ‖) is below ``TINY_WEIGHT`` of the median over the weight tensors is left out: a
+        zero-initialised tensor (a ViT class token, a zero-initialised head) has a relative
+        gradient as large as it likes while its absolute gradient is ordinary.
+        """
         grads, norms = entry.get("GradNorm"), entry.get("ParamNorm")
         if not isinstance(grads, (list, tuple, np.ndarray)) or not isinstance(norms, (list, tuple, np.ndarray)):
             return None
         if len(grads) != len(norms) or len(grads) < 2:
             return None
-        out = []
+        picked = []
         for i in self.weights(len(grads)):
             g, p = float(grads[i]), float(norms[i])
             if finite(g) and finite(p) and p > 0:
-                out.append((i, g / p))
+                picked.append((i, g, p, p / math.sqrt(self.numel(i)) if self.numel(i) else p))
+        if len(picked) < 2:
+            return None
+        typical = statistics.median(size for *_, size in picked)
+        out = [(i, g / p) for i, g, p, size in picked if size >= T.TINY_WEIGHT * typical]
         return out if len(out) >= 2 else None
+
+    def numel(self, index):
+        """Entries of parameter ``index`` (``None`` without shapes)."""
+        if not self.shapes or index >= len(self.shapes):
+            return None
+        return int(np.prod(self.shapes[index])) if self.shapes[index] else 1
 
 
 class Streak:

@@ -10,12 +10,13 @@ consecutive records, so that one noisy mini-batch cannot raise a finding.
 |---|---|---|---|
 | lr_too_high | Loss | median of the last 3 losses > ``SPIKE`` · L₀ (2) | a healthy run never gets far above its starting loss; a divergent step size doubles it within a few steps |
 | lr_too_high | Loss | one loss > ``SPIKE_ONE`` (10) × the first loss | a single mini-batch 10x worse than at initialisation is a blown-up step (Adam at 0.3 on the CNN: 30x); healthy batches stay ≤ 1.5x |
-| lr_too_high | Loss | learned ≥ ``LEARNED`` (30 %) of L₀, then the 3-median climbs back ``COLLAPSE`` (60 %) of the way to L₀, sustained ``SUSTAIN`` | "learns and then collapses" (dead units, a blown-up step); mini-batch noise on digits moves the 3-median by < 20 % of the gained loss |
+| lr_too_high | Loss, valid/test loss | learned ≥ ``LEARNED`` (30 %) of L₀, then the median of the last ``COLLAPSE_WINDOW`` (7) records climbs back ``COLLAPSE`` (60 %) of the way to L₀, sustained ``SUSTAIN``; with a logged held-out loss, it must have climbed back the same way | "learns and then collapses" (dead units, a blown-up step); a 7-median ignores up to 3 outlier batches (a regression with outlier targets swings 0.06 – 1.4 by batch while its held-out loss falls); mini-batch noise on digits moves it by < 20 % of the gained loss |
 | lr_too_high | UpdateSize, ParamNorm | median ‖Δθ‖/‖θ‖ of the last 3 steps ≥ ``HIGH_RATIO`` (0.5) while the 3-median loss stays ≥ 0.9 L₀ | measured: healthy SGD/Adam runs ≤ 0.11 per step (shallow sigmoid net at SGD 0.5); Adam at 0.3 gives 3.5 |
 | lr_too_high | NonfiniteOrigin | non-finite loss with non-finite parameters | an update made the weights Inf/NaN: divergence, not a bug in one op |
 | lr_too_low | Loss, UpdateSize, ParamNorm | after ``MIN_STEPS`` (10): loss moved < ``LOW_DROP`` (2 %) of L₀ either way (a worse loss is not a small step) **and** median ‖Δθ‖/‖θ‖ < ``LOW_RATIO`` (3e-4), every layer getting a gradient | healthy SGD/Adam runs move weights by 1e-3 – 1e-2 of their norm per step (Karpathy's 1e-3 rule); both conditions together separate a too small step from a hard problem |
 | lr_too_low | learning rate (GradPresence / cp.log), UpdateSize, Loss | late: the lr fell in one step (≥ ``LATE_STEP`` (5) × lower than on the previous record, not after 5 records of steady decrease) to ≤ 1/``LATE_COLLAPSE`` (30) of its peak, then ‖Δθ‖/‖θ‖ ≤ 1/``LATE_COLLAPSE`` of its largest 3-record median before and the 3-median loss no lower by ``LOW_DROP`` L₀ than at the drop | one healthy step decay is 10× (StepLR's gamma 0.1) and the loss falls after it; the tail of a smooth schedule (cosine, linear, OneCycle) falls ≥ 5× between records only after many records of steady decrease |
-| exploding_gradients | GradNorm, ParamNorm | per weight tensor r = ‖g‖/‖θ‖: r(first) / max r(last two) ≥ ``EXPLODE_RATIO`` (50), or total ‖g‖ ≥ ``EXPLODE_GROWTH`` (100) × its first value, sustained | measured on the healthy suite: first/last within 0.1 – 8.1 (transformer), 33 BatchNorm blocks without residuals ~180 (Yang et al. 2019), ‖g‖ never above 10× its start; in a homogeneous (ReLU, no normalisation) net every layer's r scales alike, so growth towards the input shows in saturating or normalised deep nets (tanh in the chaotic phase: ×χ per layer) |
+| exploding_gradients | GradNorm, ParamNorm | per weight tensor r = ‖g‖/‖θ‖: min r of the first two / max r of the last two ≥ ``EXPLODE_RATIO`` (50), sustained; or total ‖g‖ ≥ ``EXPLODE_GROWTH`` (100) × its early level (median of the first 3 records) on 2 records, or ≥ ``EXPLODE_SPIKE`` (1000) × on one, at any point of the run | measured on the healthy suite: first/last within 0.1 – 8.1 (transformer), 33 BatchNorm blocks without residuals ~180 (Yang et al. 2019), ‖g‖ never above 10× its start; an LSTM without clipping: 2.6e4× by step 3, then NaN (one record is all there is); in a homogeneous (ReLU, no normalisation) net every layer's r scales alike, so growth towards the input shows in saturating or normalised deep nets |
+| exploding/vanishing_gradients | ParamNorm (shapes) | a weight tensor whose ‖θ‖/√numel is < ``TINY_WEIGHT`` (1 %) of the median over the weight tensors is left out of the relative comparison | a zero-initialised ViT class token had ‖g‖/‖θ‖ = 830 at ‖θ‖ = 4e-4 while the total ‖g‖ was flat; trained weights sit within 10× of each other's per-entry size |
 | vanishing_gradients | GradNorm, ParamNorm | r(first) / max r(last two weight tensors) ≤ ``VANISH_RATIO`` (1e-3), sustained | measured: healthy nets ≥ 0.03; 8 sigmoid layers give ~1e-5 (each layer multiplies by ≤ 0.25) |
 | dead_relu | ActivationStats.dead | ≥ ``DEAD`` (50 %) of a ReLU module's units never fire in a batch, sustained | SageMaker Debugger's DeadRelu threshold; healthy nets measured < 25 % (digits' always-zero border pixels included) |
 | saturated_activations | ActivationStats.saturated | ≥ ``SATURATED`` (50 %) of tanh/sigmoid outputs in the flat tails (derivative < 2 % of its peak), sustained | healthy tanh/sigmoid layers measured < 10 % early in training |
@@ -34,12 +35,15 @@ SPIKE = 2.0
 SPIKE_ONE = 10.0
 LEARNED = 0.3
 COLLAPSE = 0.6
+COLLAPSE_WINDOW = 7
 LOW_DROP = 0.02
 LOW_RATIO = 3e-4
 LATE_STEP = 5.0
 LATE_COLLAPSE = 30.0
 EXPLODE_RATIO = 50.0
 EXPLODE_GROWTH = 100.0
+EXPLODE_SPIKE = 1000.0
+TINY_WEIGHT = 0.01
 HIGH_RATIO = 0.5
 VANISH_RATIO = 1e-3
 DEAD = 0.5

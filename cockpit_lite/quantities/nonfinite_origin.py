@@ -51,6 +51,11 @@ LABELS = {"ExpBackward0": "exp", "SqrtBackward0": "sqrt", "RsqrtBackward0": "rsq
           "ReciprocalBackward0": "div", "PowBackward1": "pow"}
 """Op names of nodes that save their result."""
 
+DIVISIONS = ("DivBackward0", "DivBackward1")
+"""Division nodes: one whose saved divisor holds a 0 creates a non-finite value (its finite inputs
+checked first), whether or not the numerator was saved (``a / d`` with ``d`` not requiring a
+gradient saves ``d`` only)."""
+
 
 class NonfiniteOrigin(Quantity):
     """The module (or ``"loss_fn"`` / ``"input"``) and op of the first non-finite value."""
@@ -178,6 +183,16 @@ def _nonfinite(tensor):
     return tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())
 
 
+def _zero_divisor(node):
+    try:
+        other = node._saved_other
+    except (AttributeError, RuntimeError):
+        return False
+    if torch.is_tensor(other):
+        return other.numel() > 0 and bool((other == 0).any())
+    return isinstance(other, (int, float)) and other == 0
+
+
 def _creates_nonfinite(node):
     """Whether ``node``'s saved inputs are finite and its result is not."""
     name = type(node).__name__
@@ -187,6 +202,8 @@ def _creates_nonfinite(node):
     result = saved.pop("_saved_result", None)
     if any(_nonfinite(t) for t in saved.values()):
         return False
+    if name in DIVISIONS and _zero_divisor(node):
+        return True  # finite / 0 is ±inf or NaN: no need for the numerator (not saved when the divisor needs no grad)
     if result is None and name in OPS:
         try:
             with torch.no_grad():

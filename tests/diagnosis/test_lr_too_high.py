@@ -27,3 +27,25 @@ def test_non_finite_parameters_at_the_first_loss_seen_are_not_blamed_on_the_lear
     # tracking began at step 3 (a budget's untracked first steps): non-finite data at step 0
     # may have written NaN into the parameters; nothing says an update diverged
     assert _findings([(3, {"Loss": math.nan, "NonfiniteOrigin": ORIGIN}), (6, {"Loss": math.nan})]) == []
+
+
+def noisy_run(held_out):
+    """A regression whose mini-batch loss swings by batch (outlier targets in some batches) while
+    ``held_out(step)`` is logged every 5 steps."""
+    entries = []
+    for step in range(60):
+        outlier = step >= 6 and step % 6 in (0, 1, 2)
+        entry = {"Loss": (1.0, 1.1, 0.9)[step] if step < 3 else (1.4 if outlier else 0.06 + 0.3 / (1 + step))}
+        if step % 5 == 0:
+            entry.update({"train_loss": None, "valid_loss": None, "test_loss": held_out(step)})
+        entries.append((step, entry))
+    return entries
+
+
+def test_a_noisy_loss_whose_held_out_loss_falls_is_no_collapse():
+    assert _findings(noisy_run(lambda s: 1.0 / (1 + 0.1 * s))) == []
+
+
+def test_a_collapse_the_held_out_loss_confirms_is_found():
+    found = _findings(noisy_run(lambda s: 1.0 / (1 + 0.1 * s) if s < 30 else 0.9))
+    assert found and {f.kind for f in found} == {"lr_too_high"} and "held-out loss" in found[0].message

@@ -358,3 +358,21 @@ def test_an_overflowing_product_has_no_creator_and_names_the_output_op():
     big = torch.full((4, 4), 1e200, dtype=torch.float64)
     model = nn.Sequential(nn.Linear(3, 4), Apply(lambda h: ((h * 1e200) @ big) * h + 1)).double()
     assert record(model, X.double()) == {"module": "1", "op": "add", "params_nonfinite": False}
+
+
+def _per_sequence_mean(h):
+    """A masked mean over 2 positions of 2 features, one sequence empty: 0 / 0 for that row; the
+    division by the count (which needs no gradient, so the numerator is not saved) makes the NaN,
+    the mean over the features after it only passes it on."""
+    mask = torch.ones(h.shape[0], 2)
+    mask[0] = 0
+    pooled = (h.reshape(h.shape[0], 2, 2) * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+    return pooled.mean(1, keepdim=True).expand(-1, 4)
+
+
+@pytest.mark.parametrize("fn", [
+    _per_sequence_mean,
+    lambda h: (h.sum(1, keepdim=True) / 0.0).mean(1, keepdim=True).expand(-1, 4),  # a Python zero divisor
+])
+def test_a_division_by_zero_is_div_even_when_its_numerator_is_not_saved(fn):
+    assert record(body(fn), X) == {"module": "1", "op": "div", "params_nonfinite": False}

@@ -2,8 +2,12 @@
 
 - spike / divergence: the median of the last 3 losses exceeds ``SPIKE`` · L₀, or one
   loss exceeds ``SPIKE_ONE`` · L₀;
-- collapse: the 3-median went below (1 − ``LEARNED``) L₀, then climbs back ``COLLAPSE``
-  of the way to L₀ for ``SUSTAIN`` steps;
+- collapse: the robust loss level (median of the last ``COLLAPSE_WINDOW`` records, so that
+  heavy-tailed mini-batch losses, e.g. a regression with outlier targets, do not move it)
+  went below (1 − ``LEARNED``) L₀, then climbs back ``COLLAPSE`` of the way to L₀ for
+  ``SUSTAIN`` records; when a held-out loss is logged (``cp.log``'s valid_loss, else
+  test_loss) it must have climbed back the same way too (its best against its first log):
+  a held-out loss that keeps falling says the training did not collapse;
 - updates of ≥ ``HIGH_RATIO`` of the weights' norm per step (median of the last 3) while
   the loss does not improve (3-median ≥ 0.9 L₀);
 - a non-finite loss whose origin has non-finite parameters (an update diverged), after a
@@ -17,7 +21,7 @@ import statistics
 
 from cockpit_lite.diagnosis import thresholds as T
 from cockpit_lite.diagnosis.finding import Finding
-from cockpit_lite.diagnosis.history import Streak, fmt, plain
+from cockpit_lite.diagnosis.history import Streak, fmt, logged, plain
 from cockpit_lite.diagnosis.rules.base import Rule
 
 SUGGESTION = "lower the learning rate (by 3-10x), add warm-up, or clip the gradient norm"
@@ -30,6 +34,7 @@ class LrTooHigh(Rule):
     def __init__(self):
         self.best = math.inf
         self.collapse = Streak(T.SUSTAIN)
+        self.held = None  # (first, best, last) held-out loss, once logged
 
     def observe(self, step, entry, history):
         ref = history.loss_ref
@@ -59,14 +64,27 @@ class LrTooHigh(Rule):
             return [self._finding(step, f"the loss rose from {fmt(ref)} at the start to {fmt(median)} "
                                   f"(median of steps up to {step}), {fmt(median / ref, 2)}x its initial value",
                                   {"loss_ref": plain(ref), "loss": plain(median), "ratio": plain(median / ref)})]
-        self.best = min(self.best, median)
+        held = logged(entry, "valid_loss", "test_loss")
+        if held is not None:
+            first_held, best_held, _ = self.held or (held, held, held)
+            self.held = (first_held, min(best_held, held), held)
+        level = history.median_recent_loss(T.COLLAPSE_WINDOW)
+        self.best = min(self.best, level)
         learned = self.best < (1 - T.LEARNED) * ref
-        back = median > self.best + T.COLLAPSE * (ref - self.best)
-        if self.collapse.see(step, learned and back, median):
+        back = level > self.best + T.COLLAPSE * (ref - self.best)
+        if self.held is not None:  # the held-out loss must say so too
+            first_held, best_held, last_held = self.held
+            back = back and best_held < (1 - T.LEARNED) * first_held and \
+                last_held > best_held + T.COLLAPSE * (first_held - best_held)
+        if self.collapse.see(step, learned and back, level):
+            also = (f"; the held-out loss went {fmt(self.held[0])} -> {fmt(self.held[1])} -> {fmt(self.held[2])}"
+                    if self.held is not None else "")
             return [self._finding(self.collapse.start,
-                                  f"the loss fell from {fmt(ref)} to {fmt(self.best)}, then climbed back to "
-                                  f"{fmt(median)} by step {step}: training collapsed",
-                                  {"loss_ref": plain(ref), "best": plain(self.best), "loss": plain(median)})]
+                                  f"the loss fell from {fmt(ref)} to {fmt(self.best)} (medians of "
+                                  f"{T.COLLAPSE_WINDOW} records), then climbed back to {fmt(self.collapse.first)} "
+                                  f"by step {self.collapse.start} ({fmt(level)} at step {step}){also}: training "
+                                  "collapsed",
+                                  {"loss_ref": plain(ref), "best": plain(self.best), "loss": plain(level)})]
         return []
 
     def _finding(self, step, message, evidence):

@@ -1,0 +1,80 @@
+"""``exploding_gradients``: not from a tiny or zero-initialised tensor's relative gradient on its own;
+found late (gradients that start exploding at step 100) and while the loss spikes too (both findings);
+its layer choice is no near-tie of floats."""
+
+import logging
+import math
+
+import torch
+from torch import nn
+
+import cockpit_lite
+from cockpit_lite.diagnosis import Diagnosis
+from cockpit_lite.diagnosis.rules.exploding_gradients import robust_argmax
+from experiments.common import load_digits_tensors
+
+logging.getLogger("cockpit_lite.diagnosis").setLevel(logging.CRITICAL)
+
+NAMES = ["cls_token", "patch.weight", "patch.bias", "block.weight", "block.bias", "head.weight", "head.bias"]
+SHAPES = [(1, 1, 32), (32, 64), (32,), (32, 32), (32,), (10, 32), (10,)]
+
+
+def entry(step, cls_norm, grads=None, loss=2.3):
+    grads = grads or [0.33, 0.5, 0.05, 0.4, 0.05, 0.3, 0.05]
+    return {"Loss": loss, "GradNorm": grads, "ParamNorm": [cls_norm, 4.0, 0.5, 3.0, 0.5, 2.0, 0.3],
+            "UpdateSize": [1e-3, 4e-3, 5e-4, 3e-3, 5e-4, 2e-3, 3e-4]}
+
+
+def kinds(entries):
+    diagnosis = Diagnosis(names=NAMES, shapes=SHAPES)
+    for step, e in enumerate(entries):
+        diagnosis.feed(step, e)
+    return diagnosis.findings
+
+
+def test_a_zero_initialised_class_token_does_not_fire_on_its_own():
+    # the class token starts at 0 and grows slowly: ||g||/||w|| = 830 at ||w|| = 4e-4, the total norm flat
+    found = kinds([entry(s, 4e-4 * (s + 1)) for s in range(12)])
+    assert [f for f in found if f.kind in ("exploding_gradients", "vanishing_gradients")] == [], found
+
+
+def test_growth_over_the_early_level_is_found_even_while_the_loss_spikes():
+    grads = [0.33, 0.5, 0.05, 0.4, 0.05, 0.3, 0.05]
+    entries = [entry(s, 0.5) for s in range(3)]
+    for s, factor in ((3, 30.0), (4, 4e4)):  # an LSTM without clipping: 0.6 -> 15,600 by step 4
+        spiked = [g * (factor if i in (3, 4) else 2.0) for i, g in enumerate(grads)]
+        entries.append(entry(s, 0.5, spiked, loss=2.3 * (1 + s)))
+    found = kinds(entries)
+    assert {"exploding_gradients", "lr_too_high"} <= {f.kind for f in found}, found
+    hit = next(f for f in found if f.kind == "exploding_gradients")
+    assert hit.layer == "block" and hit.step == 4
+
+
+def test_the_layer_is_the_first_within_a_factor_2_of_the_largest():
+    assert robust_argmax([98.0, 98.1, 40.0]) == 0
+    assert robust_argmax([98.1, 98.0, 40.0]) == 0
+    assert robust_argmax([10.0, 98.0, 60.0]) == 1
+
+
+def test_gradients_that_start_exploding_at_step_100_are_found_within_30_steps():
+    """An MLP trains normally; from step 100 the loss is scaled up 10x every 5 steps (a loss-scale bug)."""
+    torch.manual_seed(0)
+    (x, y), _ = load_digits_tensors(seed=0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    cp = cockpit_lite.Cockpit(model)
+    g = torch.Generator().manual_seed(1)
+    for step in range(150):
+        index = torch.randint(0, len(x), (32,), generator=g)
+        opt.zero_grad()
+        scale = 10.0 ** (max(0, step - 100) / 5)
+        loss = scale * nn.functional.cross_entropy(model(x[index]), y[index])
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+        with torch.no_grad():  # keep the weights finite: the update is what a clipped optimizer would do
+            for p in model.parameters():
+                p -= 0.05 * p.grad / max(1.0, scale)
+    cp.close()
+    hits = [f for f in cp.findings if f.kind == "exploding_gradients"]
+    assert hits and 100 <= hits[0].step <= 130, cp.findings
+    assert not [f for f in cp.findings if f.step < 100 and f.severity != "info"], cp.findings
