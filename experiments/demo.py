@@ -56,7 +56,7 @@ def train(epochs=5, lr=0.2, level="full", model_name="cnn", out="runs/demo", see
     schedule = schedules.linear(track_every)
     cp = Cockpit(  # the model itself: the engine's layer rules, and BackPACK's exact curvature
         model,
-        configuration(level, track_schedule=schedule) + [CABS(schedule), EarlyStopping(schedule)],
+        configuration(level, track_schedule=schedule, extras=True) + [CABS(schedule), EarlyStopping(schedule)],
         log=logpath,
     )
     plotter = None

@@ -22,7 +22,7 @@ STEPS = 3
 
 
 def _quantities():
-    return configuration("economy") + [quantities.CABS(), quantities.EarlyStopping()]
+    return configuration("economy", extras=True) + [quantities.CABS(), quantities.EarlyStopping()]
 
 
 class TiedInOwnCode(torch.nn.Module):

@@ -153,7 +153,7 @@ def test_observer_effect_on_realistic_models_is_zero():
             problem = problems.make(name, 4, steps=3)
             torch.manual_seed(5)
             if tracked:
-                problems.run(problem, configuration("economy"))
+                problems.run(problem, configuration("economy", extras=True))
             else:
                 opt = torch.optim.SGD(problem.model.parameters(), lr=0.1)
                 for x, y in problem.batches:
