@@ -20,4 +20,8 @@ $PIP install -q -c "$constraint" -e ".[test,demo,compare,lightning,hf,tensorboar
 # the torchvision wheel BackPACK pulls in is built for another torch and fails to load
 # ("operator torchvision::nms does not exist"); cockpit-lite never imports it, but
 # torchmetrics (a Lightning dependency) imports it whenever it is installed: remove it then
-.venv/bin/python -c "import torchvision" 2>/dev/null || $PIP uninstall -y -q torchvision
+# (the same one-line remedy docs/install.md gives for an installation without this script)
+if $PIP show -q torchvision 2>/dev/null && ! .venv/bin/python -c "import torchvision" 2>/dev/null; then
+    echo "install.sh: removing torchvision, it does not load with torch ${TORCH_VERSION} (see docs/install.md)"
+    $PIP uninstall -y -q torchvision
+fi
