@@ -1,6 +1,10 @@
 """``gradient_check``: analytic gradients agree with central finite differences (float64).
 
-Catches a wrong ``torch.autograd.Function.backward`` (or any custom gradient).
+Catches a wrong ``torch.autograd.Function.backward`` (or any custom gradient), and a
+graph cut inside ``forward`` (a ``.detach()``, ``torch.no_grad()``, ``.data``): the
+differences run through the whole forward pass, so they see the dependence autograd
+drops. Every trainable parameter is checked, those autograd gives no gradient (``None``
+or all zero) too: ``DETACHED_ENTRIES = 12`` entries drawn uniformly, analytic gradient 0.
 A float64 copy of the model (dropout off; tensors the model creates in
 ``forward`` are float64 too, the default dtype is switched for the check and
 restored) and the loss on the first ``SAMPLES = 8`` samples; for every parameter
@@ -29,6 +33,7 @@ from .report import CheckResult
 NAME = "gradient_check"
 SAMPLES = 8
 ENTRIES = 3
+DETACHED_ENTRIES = 12
 EPS = 1e-6
 TOLERANCE = 1e-4
 SCALE_FLOOR = 1e-3
@@ -52,6 +57,8 @@ def _as64(tensor):
 
 def _entries(grad, generator):
     flat = grad.reshape(-1)
+    if not bool(flat.any()):  # no analytic gradient: where does the loss still depend on it?
+        return torch.randperm(flat.numel(), generator=generator)[:DETACHED_ENTRIES].tolist()
     picked = torch.randperm(flat.numel(), generator=generator)[:ENTRIES]
     nonzero = torch.nonzero(flat).reshape(-1)
     extra = nonzero[torch.randperm(nonzero.numel(), generator=generator)[:ENTRIES]]
@@ -83,6 +90,9 @@ def check(problem):
         if not grads or max(float(g.abs().max()) for g in grads.values()) == 0:
             return CheckResult.skip(NAME, "no parameter gets a non-zero gradient (see nonzero_gradients)")
         scale = SCALE_FLOOR * max(float(g.abs().max()) for g in grads.values())
+        for n, p in params:  # autograd's graph does not reach them: the analytic gradient is 0
+            if n not in grads:
+                grads[n] = torch.zeros_like(p)
 
         @torch.no_grad()
         def loss_at():
@@ -117,4 +127,9 @@ def check(problem):
                f"(error {worst[0]:.2g})")
     fix = (f"a custom backward (torch.autograd.Function) between `{name}` and the loss returns a wrong "
            "gradient: compare it with torch.autograd.gradcheck")
+    if a == 0 and not bool(grads[name].any()):
+        message = (f"autograd gives `{name}` no gradient, but the loss depends on it: numerical {n:.4g} at "
+                   f"index {index}")
+        fix = (f"the graph is cut between `{name}` and the loss: look for a .detach(), torch.no_grad(), .data or "
+               "a conversion to NumPy/Python numbers in forward")
     return CheckResult(NAME, False, worst[0], f"<= {TOLERANCE:g}", message, fix)

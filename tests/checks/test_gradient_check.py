@@ -19,3 +19,48 @@ def test_relu_maxpool_batchnorm_and_attention_agree():
     for name in ("bn_cnn", "causal_transformer", "lstm_classifier"):
         result = _result(CASES[name]())
         assert result.passed and result.value < 1e-5, result.message
+
+
+class _DetachedBranch(__import__("torch").nn.Module):
+    """Every parameter gets a gradient, yet ``body``'s features reach the head's second input detached:
+    the check must see the dependence autograd drops."""
+
+    def __init__(self):
+        from torch import nn
+
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.Tanh())
+        self.head = nn.Linear(32, 10)
+        self.gate = nn.Linear(32, 10)
+
+    def forward(self, x):
+        h = self.body(x)
+        return self.head(h) * self.gate(h.detach()).sigmoid()  # BUG: .detach() on one of the two uses
+
+
+def _digits_batch():
+    import torch
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = torch.tensor(digits.images[:32], dtype=torch.float32).unsqueeze(1) / 16.0
+    return x, torch.tensor(digits.target[:32])
+
+
+def test_a_detach_inside_forward_fails():
+    import torch
+
+    torch.manual_seed(0)
+    result = checks.run(_DetachedBranch(), torch.nn.functional.cross_entropy, _digits_batch(),
+                        checks=["gradient_check"])["gradient_check"]
+    assert result.passed is False and result.message.startswith("`body.1."), result.message
+
+
+def test_a_detached_layer_without_any_gradient_fails_and_says_the_graph_is_cut():
+    result = _result(BROKEN["detached_layer"]())
+    assert result.passed is False and "no gradient" in result.message and "detach" in result.fix
+
+
+def test_frozen_parameters_are_not_checked():
+    result = _result(CASES["frozen_mlp"]()) if "frozen_mlp" in CASES else _result(BROKEN["frozen_layer"]())
+    assert result.passed, result.message
