@@ -243,10 +243,10 @@ def _limits(limits):
     return out
 
 
-def _too_big(name, value, limits):
-    return (f"{value:,} exceeds the limit {name}={limits[name]:,}; for a file you trust, raise it: "
-            f"limits={{'{name}': N}} (cockpit_lite.log.LIMITS['{name}'] = N, or python -m instruments "
-            f"--limit {name}=N)")
+def _too_big(name, limits):
+    """The end of a message about a value beyond ``LIMITS[name]``: the limit and how to raise it."""
+    return (f"the limit {name}={limits[name]:,}; for a file you trust, raise it: limits={{'{name}': N}} "
+            f"(cockpit_lite.log.LIMITS['{name}'] = N, or python -m instruments --limit {name}=N)")
 
 
 def _field_name(field):
@@ -262,29 +262,6 @@ def _where(path, line=None, step=None, field=None):
     if field:
         parts.append(f"field {_field_name(field)!r}")
     return ", ".join(parts)
-
-
-def _measure(obj, limits, field=()):
-    """Refuse values nested deeper than ``max_depth`` or holding more than ``max_items`` elements.
-
-    Iterative (an explicit stack), so no nesting makes it recurse.
-    """
-    max_depth, max_items = limits["max_depth"], limits["max_items"]
-    stack, items = [(obj, 1, field)], 0
-    while stack:
-        value, depth, where = stack.pop()
-        if depth > max_depth:
-            raise _FieldError(where, f"values nested more than {max_depth} levels deep: "
-                                     + _too_big("max_depth", depth, limits))
-        items += len(value)
-        if items > max_items:
-            raise _FieldError(where, f"more than {max_items:,} list or dict elements in one line: "
-                                     + _too_big("max_items", items, limits))
-        pairs = value.items() if isinstance(value, dict) else enumerate(value)
-        for key, child in pairs:
-            if isinstance(child, (dict, list)):
-                stack.append((child, depth + 1, where + (key,) if isinstance(value, dict) and len(where) < 3
-                              else where))
 
 
 def _shape(tagged):
@@ -320,14 +297,14 @@ def _tagged_array(tagged, limits=None):
             raise ValueError("an encoded (b64) array needs its 'shape'")
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes > limits["max_array_bytes"]:
-            raise ValueError(f"array of shape {list(shape)} ({dtype}) takes {nbytes:,} bytes: "
-                             + _too_big("max_array_bytes", nbytes, limits))
+            raise ValueError(f"array of shape {list(shape)} ({dtype}) takes {nbytes:,} bytes, more than "
+                             + _too_big("max_array_bytes", limits))
         prefix, _, payload = data.partition(":")
         if prefix not in ("b64", "b64.gz"):
             raise ValueError(f"unknown json_tricks array encoding {prefix[:20]!r} (expected b64 or b64.gz)")
         if len(payload) > 2 * limits["max_array_bytes"] + 1024:
-            raise ValueError(f"encoded array of {len(payload):,} characters: "
-                             + _too_big("max_array_bytes", len(payload) // 2, limits))
+            raise ValueError(f"encoded array of {len(payload):,} characters, more than twice "
+                             + _too_big("max_array_bytes", limits))
         try:
             raw = base64.b64decode(payload, validate=True)
         except ValueError as error:
@@ -352,7 +329,7 @@ def _tagged_array(tagged, limits=None):
     except (TypeError, ValueError, OverflowError) as error:
         raise ValueError(f"array data is not a regular array of {dtype} ({error})"[:300]) from error
     if array.nbytes > limits["max_array_bytes"]:
-        raise ValueError(f"array of {array.nbytes:,} bytes: " + _too_big("max_array_bytes", array.nbytes, limits))
+        raise ValueError(f"array of {array.nbytes:,} bytes, more than " + _too_big("max_array_bytes", limits))
     if shape is None:
         return array
     if array.size != math.prod(shape):
@@ -373,28 +350,45 @@ def _numeric_array(value, field):
     return array
 
 
-def _decode(value, limits, field):
-    if isinstance(value, dict):
-        if "__ndarray__" in value:
-            try:
-                return _tagged_array(value, limits)
-            except ValueError as error:
-                raise _FieldError(field, str(error)) from error
-        out = {k: _decode(v, limits, field + (k,) if len(field) < 3 else field) for k, v in value.items()}
-        if "hist" in out:
-            out["hist"] = _numeric_array(out["hist"], field + ("hist",))
-            edges = out.get("edges")
-            if edges is not None:
-                if isinstance(edges, list) and len(edges) and np.ndim(edges[0]) == 1:
-                    out["edges"] = [_numeric_array(e, field + ("edges",)).astype(float) for e in edges]
-                else:
-                    out["edges"] = _numeric_array(edges, field + ("edges",)).astype(float)
-        return out
+_CONTAINERS = (dict, list)
+
+
+def _decode(value, limits, field, depth=1, budget=None):
+    """Decode one parsed value: tagged arrays and histograms become arrays, sizes are checked.
+
+    Refuses values nested deeper than ``max_depth`` or holding more than ``max_items``
+    list and dict elements in all (``budget``: the elements left). The recursion is
+    bounded by ``max_depth``, so no nesting makes it overflow the stack.
+    """
+    if not isinstance(value, _CONTAINERS):
+        return value
+    if budget is None:
+        budget = [limits["max_items"]]
+    if depth > limits["max_depth"]:
+        raise _FieldError(field, "values nested deeper than " + _too_big("max_depth", limits))
+    budget[0] -= len(value)
+    if budget[0] < 0:
+        raise _FieldError(field, "more list and dict elements in one step than " + _too_big("max_items", limits))
     if isinstance(value, list):
-        if not any(isinstance(v, (dict, list)) for v in value):
+        if set(map(type, value)).isdisjoint(_CONTAINERS):  # numbers and strings: nothing to decode
             return value
-        return [_decode(v, limits, field) for v in value]
-    return value
+        return [_decode(v, limits, field, depth + 1, budget) for v in value]
+    if "__ndarray__" in value:
+        try:
+            return _tagged_array(value, limits)
+        except ValueError as error:
+            raise _FieldError(field, str(error)) from error
+    out = {k: _decode(v, limits, field + (k,) if len(field) < 3 else field, depth + 1, budget)
+           for k, v in value.items()}
+    if "hist" in out:
+        out["hist"] = _numeric_array(out["hist"], field + ("hist",))
+        edges = out.get("edges")
+        if edges is not None:
+            if isinstance(edges, list) and len(edges) and np.ndim(edges[0]) == 1:
+                out["edges"] = [_numeric_array(e, field + ("edges",)).astype(float) for e in edges]
+            else:
+                out["edges"] = _numeric_array(edges, field + ("edges",)).astype(float)
+    return out
 
 
 def from_jsonable(value, limits=None):
@@ -534,8 +528,8 @@ def _parse(text, where, limits):
     try:
         obj = json.loads(text)
     except RecursionError as error:
-        raise RecordError(f"{where}: values nested too deeply to read: "
-                          + _too_big("max_depth", limits["max_depth"] + 1, limits)) from error
+        raise RecordError(f"{where}: values nested too deeply for the JSON parser (thousands of levels; a record "
+                          f"nests a few, the limit max_depth is {limits['max_depth']}): not a record") from error
     return obj
 
 
@@ -710,8 +704,7 @@ def _read_segments(path, limits):
     with open(path, "rb") as file:
         for number, raw in _raw_lines(file, limits["max_line_bytes"]):
             if raw is None:
-                raise RecordError(f"{_where(path, number)}: line longer than "
-                                  + _too_big("max_line_bytes", limits["max_line_bytes"] + 1, limits))
+                raise RecordError(f"{_where(path, number)}: line longer than " + _too_big("max_line_bytes", limits))
             if not raw.strip():
                 continue
             try:
@@ -735,8 +728,8 @@ def _read_segments(path, limits):
                 raise RecordError(f"{_where(path, number)}: expected a JSON object (a header or a step), got "
                                   f"{json.dumps(obj)[:60]}")
             try:
-                _measure(obj, limits)
                 if is_header:
+                    obj = _decode(obj, limits, ())
                     check_header(obj)
                     if current is not None and obj.get("run") is not None and obj.get("run") == current.header.get(
                             "run"):
@@ -864,7 +857,7 @@ def read_json(path, limits=None):
     path = os.fspath(path)
     size = os.path.getsize(path)
     if size > limits["max_file_bytes"]:
-        raise RecordError(f"{path}: a .json file of {size:,} bytes: " + _too_big("max_file_bytes", size, limits))
+        raise RecordError(f"{path}: a .json file of {size:,} bytes, more than " + _too_big("max_file_bytes", limits))
     with open(path, "rb") as file:
         raw = file.read()
     try:
@@ -885,7 +878,6 @@ def read_json(path, limits=None):
             raise RecordError(f"{path}: key {key[:40]!r} is not a step (an integer)") from None
         try:
             _expect(isinstance(entry, dict), (), "a step record (a JSON object)", entry)
-            _measure(entry, limits)
             decoded = _decode(entry, limits, ())
             check_entry(decoded)
         except _FieldError as error:
