@@ -553,7 +553,9 @@ def _check_appendable(path):
         first = file.readline(4096)
         file.seek(-1, os.SEEK_END)
         last = file.read(1)
-    if not first.lstrip().startswith(b'{"format": "' + FORMAT.encode() + b'"'):
+    signature, start = b'{"format": "' + FORMAT.encode() + b'"', first.strip()
+    torn_header = not first.endswith(b"\n") and signature.startswith(start)  # a run that died writing it
+    if not (start.startswith(signature) or torn_header):
         raise ValueError(
             f"{path} exists and is not a {FORMAT} log (its first line is no {FORMAT} header); refusing to "
             "write into it. Fix: pass another log path, or move that file away."
@@ -723,6 +725,9 @@ def _read_segments(path, limits):
                     raise torn[1]  # a broken line in the middle of a segment
                 if current is not None:
                     current.torn.append(torn[0])
+                else:
+                    warnings.warn(f"{path}: line {torn[0]} is incomplete (a run stopped while writing its header); "
+                                  "it was skipped.", stacklevel=4)
                 torn = None
             if not isinstance(obj, dict):
                 raise RecordError(f"{_where(path, number)}: expected a JSON object (a header or a step), got "

@@ -226,3 +226,13 @@ def test_a_full_disk_never_stops_a_cockpit(tmp_path):
         cp.close()
     assert len([w for w in caught if "No space left" in str(w.message)]) == 1
     assert sorted(log.read(path)) == [0, 1, 2] == sorted(cp.get_output())
+
+
+def test_a_log_whose_header_was_torn_is_appended_to(tmp_path):
+    path = tmp_path / "run.jsonl"
+    path.write_text('{"format": "cockpit')  # the first run died (or the disk was full) while writing its header
+    writer = log.JSONLinesWriter(path, {})
+    writer.append(0, {"Loss": 1.0})
+    writer.close()
+    with pytest.warns(UserWarning, match="incomplete"):
+        assert log.read(path, segment="all") == [{0: {"Loss": 1.0}}]
