@@ -40,3 +40,14 @@ def test_broken_scenario_is_found(name, tmp_path):
 def test_healthy_twin_raises_nothing(name):
     cp = bn.train(name)
     assert cp.findings == [], cp.findings
+
+
+@pytest.mark.parametrize("name", ["exploding_deep_batchnorm", "vanishing_deep_sigmoid", "dead_relu_cnn",
+                                  "healthy_cnn_batchnorm"])
+def test_findings_do_not_depend_on_the_thread_count(name):
+    """Float reductions differ with the thread count; no finding (kind, layer, step) may hinge on it."""
+    seen = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        seen.append([(f.kind, f.layer, f.step) for f in bn.train(name, steps=25).findings])
+    assert seen[0] == seen[1], seen

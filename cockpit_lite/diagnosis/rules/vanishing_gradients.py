@@ -21,7 +21,7 @@ class VanishingGradients(GradientFlowRule):
         affected = [i for i, r in ratios if r <= T.VANISH_RATIO * ref]
         where = layer(history, affected[0])
         return Finding(
-            self.KIND, where, self.streak.start, "error",
+            self.KIND, where, self.streak.start, "warning",  # the head still trains: it costs accuracy
             f"{where!r} gets {fmt(shrink, 2)} of the output layers' gradient (relative to its weights) since step "
             f"{self.streak.start}; {len(affected)} of {len(ratios)} weight tensors are below "
             f"{fmt(T.VANISH_RATIO)} of it",
