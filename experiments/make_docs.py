@@ -3,8 +3,9 @@
     python -m experiments.make_docs            # train, draw, write docs/numbers.json, render tables
     python -m experiments.make_docs --tables   # only re-render the tables from docs/numbers.json
 
-The full run trains the demo and the learning-rate comparison at their default sizes
-(about 2-3 minutes on one core), copies their figures to ``docs/`` and writes the
+The full run trains the demo, the broken network the README shows (Adam at 0.3 on a
+CNN) and the learning-rate comparison at their default sizes (a few minutes on one
+core), copies their figures to ``docs/`` and writes the
 numbers they came from to ``docs/numbers.json`` (keys ``demo_last_epoch`` and
 ``lr_comparison``). The benchmark numbers (key ``measured``) come from the commands
 named in each entry (``python -m experiments.bench_overhead`` and friends: hours on a
@@ -145,18 +146,20 @@ def main(argv=None):
     parser.add_argument("--tables", action="store_true", help="only re-render the tables from docs/numbers.json")
     args = parser.parse_args(argv)
     if not args.tables:
-        from experiments import common, demo, lr_comparison
+        from experiments import broken_networks, common, demo, lr_comparison
 
         work = os.path.join("runs", "docs")
         cp, paths = demo.train(out=os.path.join(work, "demo"), progress=False)
         small_copy(paths["dashboards"][-1], "demo_dashboard.png")
+        broken_networks.main(["--only", "lr_too_high_adam_cnn", "--out", os.path.join(work, "broken")])
+        small_copy(os.path.join(work, "broken", "lr_too_high_adam_cnn.png"), "diagnosis_dashboard.png")
         lr = lr_comparison.main(["--out", os.path.join(work, "lr_comparison")])
         small_copy(os.path.join(work, "lr_comparison", "lr_comparison.png"), "lr_comparison.png")
         numbers = load_numbers() if os.path.exists(NUMBERS) else {}
         numbers["demo_last_epoch"] = demo.summary(cp.get_output())
         numbers["lr_comparison"] = {k: lr[k] for k in ("config", "per_lr", "best_lr", "conclusion")}
         common.write_json(NUMBERS, numbers)
-        print(f"wrote {DOCS}/demo_dashboard.png, lr_comparison.png, numbers.json")
+        print(f"wrote {DOCS}/demo_dashboard.png, diagnosis_dashboard.png, lr_comparison.png, numbers.json")
     for path in render_tables():
         print(f"re-rendered the tables of {os.path.relpath(path, ROOT)}")
 

@@ -10,8 +10,9 @@ Public API
 - ``CockpitPlotter().plot(source, show_plot=..., save_plot=..., savedir=...,
   savename=..., savename_append=...)``: Cockpit-compatible entry point.
 - ``Dashboard(...).draw(source)`` -> Figure; ``.save(source, path)``;
-  ``render(source, path)``: all gauges in groups (step size, gradients, gradient
-  noise, curvature, hyperparameters, performance).
+  ``render(source, path)``: the gauges of what the record holds, in groups (step
+  size, gradients, gradient noise, curvature, layer health, hyperparameters,
+  performance, diagnosis); ``plan(record)`` says which.
 - ``compare(sources, labels=..., rows=("alpha", "performance"), savepath=...)``:
   several runs side by side.
 - ``EpochPlotter(savedir, savename, mode="process")``: ``.plot(cockpit)`` once per
@@ -26,7 +27,7 @@ Public API
 """
 
 from .compare import compare
-from .dashboard import BOTTOM, LAYOUT, Dashboard, render
+from .dashboard import BOTTOM, HEALTH, LAYOUT, Dashboard, plan, render
 from .data import Run, load
 from .epoch import EpochPlotter
 from .gauges import GAUGES, Gauge
@@ -40,10 +41,12 @@ __all__ = [
     "EpochPlotter",
     "GAUGES",
     "Gauge",
+    "HEALTH",
     "LAYOUT",
     "Run",
     "compare",
     "draw_gauge",
     "load",
+    "plan",
     "render",
 ]

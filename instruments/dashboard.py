@@ -1,17 +1,26 @@
-"""The dashboard: all gauges on one figure, laid out in groups, saved as a PNG.
+"""The dashboard: the gauges of what a record holds, laid out in groups, saved as a PNG.
 
-Layout (16 x 10 inches at 100 dpi by default, constrained layout)::
+Only gauges with something to draw get a panel (``Gauge.has_data``); the groups that
+remain share the figure. For a record with Cockpit's quantities (16 x 10 inches at
+100 dpi by default, constrained layout)::
 
     +-------------+---------------+----------------+--------------+
-    | STEP SIZE   | GRADIENTS     | GRADIENT NOISE | CURVATURE    |
-    | α           | tests         | mean GSNR      | λmax         |
-    | distance    | 1-d histogram | variance tr Σ  | Hessian trace|
+    | STEP SIZE   | GRADIENTS     | GRADIENT NOISE | CURVATURE    |   one column per group
+    | α           | tests         | mean GSNR      | λmax         |   with at least one
+    | distance    | 1-d histogram | variance tr Σ  | Hessian trace|   tracked gauge
     | ‖g‖         | 2-d histogram | CABS           | TIC          |
     +-------------+---------------+----------------+--------------+
-    | HYPERPARAM. | PERFORMANCE: losses & accuracies | early stop | DIAGNOSIS: findings |
-    +-------------+--------------------------------------------------------------------+
+    | LAYER HEALTH: dead units | saturation | ‖g‖/‖θ‖ | ‖Δθ‖/‖θ‖     |   where the diagnosis
+    +-------------+-------------------------------+----------------+   signals are recorded
+    | HYPERPARAM. | PERFORMANCE: losses, early st. | DIAGNOSIS      |
+    +-------------+-------------------------------+----------------+
     (optional LAYERWISE row: one histogram per parameter tensor)
     legend: the colour of each layer's thin line (shared by all panels)
+
+A diagnosis-only record (``Cockpit(model)``: loss, gradient and parameter norms,
+update sizes, activation statistics) has none of the upper groups: it gets the loss
+and ‖g‖ with the findings marked next to the DIAGNOSIS panel on top, and the LAYER
+HEALTH heat maps (layers × steps) below.
 
 The DIAGNOSIS panel lists the record's findings, numbered; each finding's step is
 marked (dashed line, same number) on the time axis of the gauges it concerns
@@ -40,12 +49,42 @@ LAYOUT = (
     ("GRADIENT NOISE", ("mean_gsnr", "grad_variance", "cabs")),
     ("CURVATURE", ("max_ev", "hess_trace", "tic")),
 )
+#: (group title, gauge names) of the row of per-layer heat maps (the diagnosis signals).
+HEALTH = ("LAYER HEALTH", ("dead_units", "saturation", "grad_ratio", "update_ratio"))
 #: (group title, [(gauge name, column span)], relative group width) of the bottom row.
 BOTTOM = (
     ("HYPERPARAMETERS", (("hyperparameters", 1),), 1),
     ("PERFORMANCE", (("performance", 2), ("early_stopping", 1)), 3),
     ("DIAGNOSIS", (("findings", 1),), 2),
 )
+#: Gauges of the upper block that a diagnosis-only record has too (they then join PERFORMANCE).
+BOOKKEEPING = ("grad_norm", "distance")
+
+
+def plan(record):
+    """Which gauges a ``Dashboard`` draws for ``record``, grouped as it lays them out.
+
+    Returns ``{"upper": [(group, [gauge names])], "health": [gauge names],
+    "bottom": [(group, [(gauge name, span)], width)], "diagnosis_only": bool}``.
+    """
+    has = {name: GAUGES[name].has_data(record) for name in GAUGES}
+    upper = [(group, [n for n in names if has[n]]) for group, names in LAYOUT]
+    upper = [(group, names) for group, names in upper if names]
+    diagnosis_only = all(n in BOOKKEEPING for _, names in upper for n in names)
+    moved = [n for _, names in upper for n in names] if diagnosis_only else []
+    if diagnosis_only:
+        upper = []
+    health = [n for n in HEALTH[1] if has[n]]
+    bottom = []
+    for group, members, _ in BOTTOM:
+        kept = [(n, span) for n, span in members if has[n]]
+        if group == "PERFORMANCE":
+            kept += [(n, 1) for n in moved]
+        if kept:
+            width = (sum(span for _, span in kept) if group == "PERFORMANCE" else
+                     (2 if findings.findings_of(record) else 1) if group == "DIAGNOSIS" else 1)
+            bottom.append((group, kept, width))
+    return {"upper": upper, "health": health, "bottom": bottom, "diagnosis_only": diagnosis_only}
 
 
 def _suptitle(run, title):
@@ -120,7 +159,10 @@ class Dashboard:
         names = run.layer_names(n_layers)
         common = {"params": names, "log_steps": self.log_steps, "step_range": data.step_range(record)}
 
+        layout = plan(record)
         width, height = self.figsize
+        if layout["upper"] and layout["health"]:
+            height += 2.6
         if self.layerwise:
             height += 3.2
         if self.extra:
@@ -132,33 +174,59 @@ class Dashboard:
         fig.get_layout_engine().set(w_pad=0.04, h_pad=0.04, wspace=0.02, hspace=0.02)
         self.axes = {}
         self.figure = fig
+        self.layout = layout
 
-        rows = [3.0, 1.15] + ([1.3] if self.layerwise else []) + ([1.0] if self.extra else [])
-        outer = fig.subfigures(len(rows), 1, height_ratios=rows, hspace=0.01)
-        upper = outer[0].subfigures(1, len(LAYOUT), wspace=0.008)
-        for sub, (group, names_in_group) in zip(upper, LAYOUT):
-            sub.set_facecolor(style.GROUP_COLORS.get(group, "white"))
-            sub.suptitle(group, fontsize=10, fontweight="bold")
-            axes = sub.subplots(len(names_in_group), 1)
-            for name, ax in zip(names_in_group, axes):
-                self._draw_gauge(name, record, ax, common)
+        blocks = []  # (kind, height ratio)
+        if layout["upper"]:
+            tallest = max(len(names) for _, names in layout["upper"])
+            blocks.append(("upper", 1.0 * tallest))
+        if layout["diagnosis_only"] and layout["bottom"]:
+            blocks.append(("bottom", 1.5))
+        if layout["health"]:
+            blocks.append(("health", 1.35))
+        if layout["bottom"] and not layout["diagnosis_only"]:
+            blocks.append(("bottom", 1.15))
+        if not blocks:  # nothing any gauge can draw: say so in one panel
+            blocks.append(("empty", 1.0))
+        blocks += ([("layerwise", 1.3)] if self.layerwise else []) + ([("extra", 1.0)] if self.extra else [])
+        outer = fig.subfigures(len(blocks), 1, height_ratios=[h for _, h in blocks], hspace=0.01, squeeze=False)
+        rows = dict(zip([kind for kind, _ in blocks], outer[:, 0]))
 
-        lower = outer[1].subfigures(1, len(BOTTOM), width_ratios=[w for *_, w in BOTTOM], wspace=0.008)
-        for sub, (group, members, _) in zip(lower, BOTTOM):
-            sub.set_facecolor(style.GROUP_COLORS.get(group, "white"))
-            sub.suptitle(group, fontsize=10, fontweight="bold")
-            grid = sub.add_gridspec(1, sum(span for _, span in members))
-            column = 0
-            for name, span in members:
-                ax = sub.add_subplot(grid[0, column:column + span])
-                column += span
+        if "upper" in rows:
+            groups = layout["upper"]
+            upper = rows["upper"].subfigures(1, len(groups), wspace=0.008, squeeze=False)[0]
+            for sub, (group, names_in_group) in zip(upper, groups):
+                self._group(sub, group)
+                axes = sub.subplots(len(names_in_group), 1, squeeze=False)[:, 0]
+                for name, ax in zip(names_in_group, axes):
+                    self._draw_gauge(name, record, ax, common)
+        if "health" in rows:
+            sub = rows["health"]
+            self._group(sub, HEALTH[0])
+            for name, ax in zip(layout["health"], sub.subplots(1, len(layout["health"]), squeeze=False)[0]):
                 self._draw_gauge(name, record, ax, common)
+        if "bottom" in rows:
+            groups = layout["bottom"]
+            lower = rows["bottom"].subfigures(1, len(groups), width_ratios=[w for *_, w in groups], wspace=0.008,
+                                              squeeze=False)[0]
+            for sub, (group, members, _) in zip(lower, groups):
+                self._group(sub, group)
+                grid = sub.add_gridspec(1, sum(span for _, span in members))
+                column = 0
+                for name, span in members:
+                    ax = sub.add_subplot(grid[0, column:column + span])
+                    column += span
+                    self._draw_gauge(name, record, ax, common)
+        if "empty" in rows:
+            ax = rows["empty"].subplots()
+            style.note(ax, "nothing to draw: the record holds no quantity a gauge reads")
+            self.axes["empty"] = ax
         findings.mark(record, self.axes)
 
         if self.layerwise:
             from .gauges.histogram_2d import layerwise_grid
 
-            sub = outer[2]
+            sub = rows["layerwise"]
             sub.set_facecolor(style.GROUP_COLORS["LAYERWISE"])
             sub.suptitle("LAYERWISE", fontsize=10, fontweight="bold")  # layerwise_grid names the step
             self.axes["layerwise"] = layerwise_grid(record, sub, params=names, log_steps=self.log_steps,
@@ -167,7 +235,7 @@ class Dashboard:
         if self.extra:
             from .gauges import any_quantity
 
-            sub = outer[-1]
+            sub = rows["extra"]
             sub.set_facecolor(style.GROUP_COLORS.get("MORE QUANTITIES", "white"))
             sub.suptitle("MORE QUANTITIES", fontsize=10, fontweight="bold")
             for key, ax in zip(self.extra, sub.subplots(1, len(self.extra), squeeze=False)[0]):
@@ -184,6 +252,11 @@ class Dashboard:
             self._layer_legend(fig, names)
         fig.suptitle(_suptitle(run, self.title), fontsize=12, fontweight="bold")
         return fig
+
+    @staticmethod
+    def _group(sub, title):
+        sub.set_facecolor(style.GROUP_COLORS.get(title, "white"))
+        sub.suptitle(title, fontsize=10, fontweight="bold")
 
     @staticmethod
     def _layer_legend(fig, names):

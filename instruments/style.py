@@ -37,6 +37,7 @@ GROUP_COLORS = {
     "HYPERPARAMETERS": "#e9e9ee",
     "PERFORMANCE": "#e9e9ee",
     "LAYERWISE": "#f5f0dc",
+    "LAYER HEALTH": "#f5f0dc",
     "DIAGNOSIS": "#f7e3e3",
 }
 
@@ -164,8 +165,32 @@ def step_axis(ax, log_steps=False, label=True):
 
 
 def set_title(ax, text):
-    """Set a panel title (name plus key numbers)."""
-    ax.set_title(text, fontsize=TITLE_SIZE, fontweight="bold", pad=3)
+    """Set a panel title (name plus key numbers), cut with "…" where it would be wider than the panel."""
+    ax.set_title(fit(ax, text, TITLE_SIZE, bold=True), fontsize=TITLE_SIZE, fontweight="bold", pad=3)
+
+
+def fit(ax, text, size, bold=False, slack=1.15):
+    """``text`` cut to about the width of ``ax`` (estimated from its place before the layout).
+
+    Only inside a layout of panels (an Axes of a ``SubFigure``, as the dashboard draws),
+    where a long title would run into the next panel; a gauge drawn on an Axes of its
+    own keeps its whole title.
+    """
+    if type(getattr(ax, "figure", None)).__name__ != "SubFigure":
+        return text
+    try:
+        width = ax.get_window_extent().width * 72 / ax.figure.dpi * slack  # points
+    except Exception:  # noqa: BLE001 - no figure to measure: leave it
+        return text
+    chars = int(width / (size * (0.64 if bold else 0.58)))
+    text = str(text)
+    if chars < 8 or len(text) <= chars or "\n" in text:
+        return text
+    parts = text.split(" · ")
+    while len(parts) > 1 and len(" · ".join(parts)) > chars:  # drop whole trailing parts first
+        parts.pop()
+    text = " · ".join(parts)
+    return text if len(text) <= chars else text[: chars - 1].rstrip(" ·,") + "…"
 
 
 def auto_yscale(ax, *arrays, scale="auto"):

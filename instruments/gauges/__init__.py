@@ -7,8 +7,10 @@ go into the panel title. Unknown options are ignored, so a layout can pass commo
 options (``params=`` layer names, ``log_steps=``) to every gauge.
 
 Adding a gauge: write ``instruments/gauges/<name>.py`` with ``TITLE``, ``KEYS``
-and ``gauge``, then add one line to ``_MODULES`` (and to a dashboard group in
-``instruments.dashboard.LAYOUT`` if it should appear there).
+and ``gauge`` (and ``has_data(record)`` if "some key is present" is not the right
+test), then add one line to ``_MODULES`` (and to a dashboard group in
+``instruments.dashboard.LAYOUT`` if it should appear there). The dashboard draws a
+gauge only when ``Gauge.has_data(record)`` holds.
 """
 
 from dataclasses import dataclass
@@ -17,10 +19,12 @@ from typing import Callable
 from . import (
     alpha,
     cabs,
+    dead_units,
     distance,
     early_stopping,
     findings,
     grad_norm,
+    grad_ratio,
     grad_variance,
     gradient_tests,
     hess_trace,
@@ -30,8 +34,11 @@ from . import (
     max_ev,
     mean_gsnr,
     performance,
+    saturation,
     tic,
+    update_ratio,
 )
+from .. import data
 
 
 @dataclass(frozen=True)
@@ -43,9 +50,16 @@ class Gauge:
     title: str
     keys: tuple
     doc: str
+    present: Callable = None
 
     def __call__(self, record, ax, **options):
         return self.draw(record, ax, **options)
+
+    def has_data(self, record):
+        """Whether ``record`` holds something this gauge draws (the dashboard leaves it out otherwise)."""
+        if self.present is not None:
+            return bool(self.present(record))
+        return bool(data.tracked(record, *self.keys))
 
 
 _MODULES = {
@@ -65,11 +79,16 @@ _MODULES = {
     "hyperparameters": hyperparameters,
     "performance": performance,
     "findings": findings,
+    "dead_units": dead_units,
+    "saturation": saturation,
+    "grad_ratio": grad_ratio,
+    "update_ratio": update_ratio,
 }
 
 #: name -> Gauge, in dashboard order.
 GAUGES = {
-    name: Gauge(name, module.gauge, module.TITLE, tuple(module.KEYS), (module.__doc__ or "").strip())
+    name: Gauge(name, module.gauge, module.TITLE, tuple(module.KEYS), (module.__doc__ or "").strip(),
+                getattr(module, "has_data", None))
     for name, module in _MODULES.items()
 }
 

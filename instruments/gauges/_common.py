@@ -65,18 +65,43 @@ def raw_and_smooth(ax, xs, ys, color, label=None, smooth=True, marker_size=2.5, 
     return None
 
 
+#: More layers than this: only the ``TOP_K`` largest get a line (the heat maps show them all).
+MAX_LINES = 16
+TOP_K = 8
+#: More points than this: lines are smoothed (``data.smooth``), so that a long run is not a smear.
+SMOOTH_ABOVE = 300
+
+
+def top_layers(matrix, k=TOP_K):
+    """Column indices of the ``k`` layers with the largest median absolute value."""
+    with np.errstate(all="ignore"):
+        score = np.array([np.nanmedian(np.abs(c)) if np.isfinite(c).any() else -np.inf for c in matrix.T])
+    return sorted(np.argsort(-score)[:k].tolist())
+
+
 def layer_lines(ax, xs, matrix, colors=None, linewidth=0.8, alpha=0.85):
-    """Thin lines, one per layer (column of ``matrix``)."""
+    """Thin lines, one per layer (column of ``matrix``); of many layers only the largest few.
+
+    With more than ``MAX_LINES`` layers only the ``TOP_K`` largest (median absolute
+    value) are drawn, in their colours of the shared legend, and the panel says so;
+    with more than ``SMOOTH_ABOVE`` points each line is smoothed.
+    """
     if matrix.size == 0:
         return []
     colors = colors or style.layer_colors(matrix.shape[1])
+    columns = range(matrix.shape[1])
+    if matrix.shape[1] > MAX_LINES:
+        columns = top_layers(matrix)
+        ax.text(0.99, 0.02, f"{len(columns)} largest of {matrix.shape[1]} layers", transform=ax.transAxes,
+                ha="right", va="bottom", fontsize=style.LEGEND_SIZE, color=style.REFERENCE)
     lines = []
-    for j in range(matrix.shape[1]):
+    for j in columns:
         column = matrix[:, j]
         mask = np.isfinite(column)
         if mask.any():
             marker = "o" if mask.sum() < 3 else None
-            (line,) = ax.plot(xs[mask], column[mask], color=colors[j], linewidth=linewidth, alpha=alpha,
+            ys = data.smooth(column[mask]) if mask.sum() > SMOOTH_ABOVE else column[mask]
+            (line,) = ax.plot(xs[mask], ys, color=colors[j], linewidth=linewidth, alpha=alpha,
                               marker=marker, markersize=2.5)
             lines.append(line)
     return lines
@@ -88,6 +113,9 @@ def total_line(ax, xs, ys, label="total", color=style.TOTAL, linewidth=2.0):
     if len(xs) == 0:
         return None
     marker = "o" if len(xs) <= 12 else None
+    if len(xs) > SMOOTH_ABOVE:  # a long run: the raw values faint, their moving average bold
+        ax.plot(xs, ys, color=color, linewidth=0.5, alpha=0.25)
+        ys = data.smooth(ys)
     (line,) = ax.plot(xs, ys, color=color, linewidth=linewidth, marker=marker, markersize=3.5, label=label)
     return line
 

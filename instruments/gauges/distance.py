@@ -26,6 +26,11 @@ TITLE = "Distance & update size"
 KEYS = ("Distance", "UpdateSize")
 
 
+def has_data(record):
+    """Drawn where ``Distance`` is tracked (``UpdateSize`` alone is drawn per layer by ``update_ratio``)."""
+    return bool(data.tracked(record, "Distance"))
+
+
 def gauge(record, ax, *, layers=True, yscale="auto", **options):
     """Draw distance from initialisation (left) and update size (right) on ``ax``.
 

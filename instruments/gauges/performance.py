@@ -26,6 +26,8 @@ KEYS = LOSS_KEYS + ACC_KEYS
 MINIBATCH_COLOR = "#4d4d4d"  # neutral: the split colours belong to train/valid/test
 SPLIT_COLORS = {"train": style.PRIMARY, "valid": style.SECONDARY, "test": style.TERTIARY}
 FLAG_LABELS = {"nonfinite_loss": "non-finite loss"}
+FEW = 60
+"""Up to this many losses are drawn as one raw line, unsmoothed."""
 
 
 def gauge(record, ax, *, yscale="auto", accuracy=True, compact=False, smooth=True, color=None, outside_legend=True,
@@ -47,7 +49,11 @@ def gauge(record, ax, *, yscale="auto", accuracy=True, compact=False, smooth=Tru
     if "Loss" not in absent:
         xs, ys = data.finite(*data.series(record, "Loss"))
         if len(xs):
-            raw_and_smooth(ax, xs, ys, color or MINIBATCH_COLOR, label="mini-batch loss", smooth=smooth)
+            if len(xs) <= FEW:  # a short run: every value on one line (smoothing would hide a spike)
+                ax.plot(xs, ys, color=color or MINIBATCH_COLOR, linewidth=1.5, marker="o", markersize=2.5,
+                        label="mini-batch loss")
+            else:
+                raw_and_smooth(ax, xs, ys, color or MINIBATCH_COLOR, label="mini-batch loss", smooth=smooth)
             shown.append(ys)
             parts.append(f"loss {style.fmt(data.recent(ys))} (recent median)")
     for split in ("train", "valid", "test"):

@@ -161,3 +161,94 @@ def write_jsonl(path, record, params=PARAMS, late=("Alpha", "UpdateSize")):
                 writer.append(previous, delayed)
     writer.close()
     return path
+
+
+# ----------------------------------------------------------------------------- diagnosis runs
+
+
+def diagnosis_schedule(step):
+    """The default schedule of the diagnosis signals: the first 10 steps, then every 10th."""
+    return step < 10 or step % 10 == 0
+
+
+def _finding(kind, step, layer=None, severity="error", message=None):
+    return {"kind": kind, "layer": layer, "step": step, "severity": severity,
+            "message": message or f"{kind} since step {step}: a synthetic finding for the tests",
+            "suggestion": "a synthetic fix, long enough to wrap onto a second line of the diagnosis panel "
+                          "when the panel is narrow",
+            "evidence": {}}
+
+
+def diagnosis_record(n_steps=200, n_params=6, n_relu=3, n_tanh=1, broken=True, seed=2, every=None):
+    """What ``Cockpit(model)`` records with its default signals only, on the diagnosis schedule.
+
+    ``broken``: the ReLUs die after a blown-up step at ``n_steps // 10`` (with the
+    findings the rules would make); otherwise a healthy run without findings.
+    ``every``: record every ``every``-th step instead of the diagnosis schedule.
+    """
+    rng = np.random.default_rng(seed)
+    spike = max(2, n_steps // 10)
+    record = {}
+    norms = 1.0 + rng.random(n_params) * 5
+    relus = [f"features.{2 * i + 1}" for i in range(n_relu)]
+    tanhs = [f"head.{i}" for i in range(n_tanh)]
+    for step in range(n_steps):
+        due = diagnosis_schedule(step) if every is None else step % every == 0
+        if not due:
+            continue
+        decay = math.exp(-step / max(n_steps / 4, 1))
+        dead_now = broken and step >= spike
+        loss = 2.3 * decay + 0.2 + 0.05 * rng.standard_normal()
+        if broken and step == spike:
+            loss = 60.0
+        elif dead_now:
+            loss = 2.2 + 0.05 * rng.standard_normal()
+        scale = np.geomspace(1.0, 1e-2 if not dead_now else 1e-6, n_params)
+        grad = scale * (0.3 + decay) * np.exp(0.2 * rng.standard_normal(n_params))
+        if dead_now:
+            grad[: n_params // 2] = 0.0
+        update = 0.1 * grad * (50 if broken and step == spike else 1)
+        norms = norms + update * 0.1
+        stats = {}
+        for i, name in enumerate(relus):
+            dead = min(1.0, 0.9 + 0.05 * i) if dead_now else 0.05 + 0.02 * rng.random()
+            stats[name] = {"type": "ReLU", "mean": 0.3, "std": 0.5, "zeros": 0.5 + dead / 2, "dead": dead,
+                           "saturated": None}
+        for name in tanhs:
+            stats[name] = {"type": "Tanh", "mean": 0.0, "std": 0.6, "zeros": 0.0, "dead": None,
+                           "saturated": float(np.clip(0.1 + (0.6 if dead_now else 0.0) + 0.05 * rng.random(), 0, 1))}
+        entry = {
+            "Loss": float(loss),
+            "GradNorm": grad.tolist(),
+            "ParamNorm": norms.tolist(),
+            "UpdateSize": update.tolist(),
+            "ActivationStats": stats,
+            "InputStats": {"mean": 0.1, "std": 1.0, "min": -3.0, "max": 3.0, "nonfinite": 0.0},
+            "GradPresence": {"before": 0.0, "after": float(np.sqrt((grad**2).sum())), "stepped": 1,
+                             "first_backward": 0.0, "optimizer": "SGD", "lr": 0.1, "momentum": 0.0},
+        }
+        if broken and step == spike:
+            entry["findings"] = [_finding("lr_too_high", step)]
+        if broken and step == spike + 10:
+            entry["findings"] = [_finding("dead_relu", spike + 1, relus[0]),
+                                 _finding("saturated_activations", spike + 1, tanhs[0] if tanhs else None,
+                                          "warning")]
+        record[step] = entry
+    return record
+
+
+def diagnosis_params(n_params=6):
+    """Header ``params`` for a ``diagnosis_record`` (``features.k.weight`` / ``.bias``)."""
+    return [{"name": f"features.{2 * (i // 2)}.{'weight' if i % 2 == 0 else 'bias'}", "shape": [4]}
+            for i in range(n_params)]
+
+
+def economy_with_diagnosis(n_steps=60):
+    """``Cockpit(model, configuration("economy"))``: Cockpit's quantities plus the diagnosis signals."""
+    record = economy_record(n_steps)
+    signals = diagnosis_record(n_steps, n_params=N_LAYERS, broken=False)
+    for step, entry in signals.items():
+        merged = record.setdefault(step, {})
+        for key, value in entry.items():
+            merged.setdefault(key, value)
+    return record

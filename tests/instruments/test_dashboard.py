@@ -1,14 +1,15 @@
-"""The dashboard lays out every gauge in its group and writes a readable PNG."""
+"""The dashboard lays out the gauges of what a record holds, in groups, and writes a readable PNG:
+no empty or "not tracked" panel, no text over other text, for every kind of record."""
 
 import subprocess
 import sys
 
 import pytest
 from conftest import FAST, _ROOT
-from figure_text import all_titles, not_tracked
+from figure_text import all_titles, drawn_texts, empty_axes, not_tracked, outside_parent, overlapping_texts, texts
 from matplotlib.image import imread
 
-from instruments import BOTTOM, GAUGES, LAYOUT, Dashboard, Run, render
+from instruments import BOTTOM, GAUGES, LAYOUT, Dashboard, Run, plan, render
 from instruments import gauges as gauges_module
 
 import records
@@ -36,6 +37,11 @@ def _groups(fig):
     return [sub._suptitle.get_text() for sub in fig.subfigs[0].subfigs + fig.subfigs[1].subfigs]
 
 
+DIAGNOSIS_GAUGES = {"findings", "dead_units", "saturation", "grad_ratio", "update_ratio"}
+ECONOMY_GAUGES = {"alpha", "distance", "grad_norm", "gradient_tests", "histogram_1d", "mean_gsnr", "grad_variance",
+                  "performance"}
+
+
 def test_full_dashboard_png(tmp_path, full_record, names):
     path = tmp_path / "dash.png"
     dashboard = Dashboard()
@@ -46,22 +52,92 @@ def test_full_dashboard_png(tmp_path, full_record, names):
     titles = all_titles(dashboard.figure)
     for expected in EXPECTED_FULL:
         assert any(t.startswith(expected) for t in titles), (expected, titles)
-    assert set(dashboard.axes) == set(GAUGES)
+    assert set(dashboard.axes) == set(GAUGES) - DIAGNOSIS_GAUGES  # no diagnosis signals in this record
     assert not any(not_tracked(ax) for ax in dashboard.axes.values())
-    assert _groups(dashboard.figure) == [g for g, _ in LAYOUT] + [g for g, *_ in BOTTOM]
+    assert _groups(dashboard.figure) == [g for g, _ in LAYOUT] + [g for g, *_ in BOTTOM if g != "DIAGNOSIS"]
     assert dashboard.figure._suptitle.get_text().startswith("cockpit-lite · full")
     legend_labels = [t.get_text() for t in dashboard.figure.legends[0].get_texts()]
     assert legend_labels == ["total"] + names
 
 
-def test_economy_dashboard_shows_untracked_panels(economy_record):
+def test_economy_dashboard_draws_only_what_it_tracks(economy_record):
     dashboard = Dashboard(**FAST)
     dashboard.draw(economy_record)
-    untracked = {name for name, ax in dashboard.axes.items() if not_tracked(ax)}
-    assert untracked == {"max_ev", "hess_trace", "tic", "histogram_2d", "cabs", "early_stopping", "hyperparameters"}
+    assert set(dashboard.axes) == ECONOMY_GAUGES
+    assert not any(not_tracked(ax) for ax in dashboard.axes.values())
+    assert _groups(dashboard.figure) == ["STEP SIZE", "GRADIENTS", "GRADIENT NOISE", "PERFORMANCE"]
     # without names from a header the layers are numbered
     legend_labels = [t.get_text() for t in dashboard.figure.legends[0].get_texts()]
     assert legend_labels[1] == "param_0"
+
+
+def test_a_diagnosis_only_run_gets_gauges_of_its_own_signals():
+    record = records.diagnosis_record()
+    layout = plan(record)
+    assert layout["diagnosis_only"] and not layout["upper"]
+    assert layout["health"] == ["dead_units", "saturation", "grad_ratio", "update_ratio"]
+    dashboard = Dashboard(**FAST)
+    dashboard.draw(Run(record, [p["name"] for p in records.diagnosis_params()]))
+    assert set(dashboard.axes) == {"performance", "grad_norm", "findings", *layout["health"]}
+    assert _groups(dashboard.figure) == ["PERFORMANCE", "DIAGNOSIS"]
+    assert [sub._suptitle.get_text() for sub in dashboard.figure.subfigs[1:2]] == ["LAYER HEALTH"]
+    # the findings are numbered on the heat maps that show them: lr_too_high (1), dead_relu (2), saturation (3)
+    marked = {name: [t.get_text().strip() for t in dashboard.axes[name].texts] for name in layout["health"]}
+    assert "1" in marked["update_ratio"] and "2" in marked["dead_units"] and "3" in marked["saturation"]
+    # the ReLU rows of the dead-unit map, the tanh row of the saturation map
+    assert [t.get_text() for t in dashboard.axes["dead_units"].get_yticklabels()] == [
+        "features.1 (ReLU)", "features.3 (ReLU)", "features.5 (ReLU)"]
+    assert [t.get_text() for t in dashboard.axes["saturation"].get_yticklabels()] == ["head.0 (Tanh)"]
+
+
+def test_a_healthy_diagnosis_run_says_so_and_leaves_out_saturation_without_tanh():
+    record = records.diagnosis_record(60, n_tanh=0, broken=False)
+    dashboard = Dashboard(**FAST)
+    dashboard.draw(record)
+    assert "saturation" not in dashboard.axes and "dead_units" in dashboard.axes
+    assert "no problem found" in texts(dashboard.axes["findings"])
+
+
+def test_many_layers_and_steps_stay_readable():
+    from instruments.gauges import _common, _heatmap
+
+    wide = records.diagnosis_record(300, n_params=100, n_relu=50, n_tanh=0)
+    dashboard = Dashboard(**FAST)
+    dashboard.draw(Run(wide, [p["name"] for p in records.diagnosis_params(100)]))
+    for name in ("dead_units", "grad_ratio", "update_ratio"):
+        assert len(dashboard.axes[name].get_yticklabels()) <= _heatmap.MAX_LABELS
+    assert len(dashboard.axes["grad_norm"].lines) <= _common.TOP_K + 4  # total, markers, not 100 layers
+    assert any("largest of 100 layers" in t for t in texts(dashboard.axes["grad_norm"]))
+
+    long = records.diagnosis_record(10_000, every=1)
+    dashboard.draw(long)
+    mesh = dashboard.axes["grad_ratio"].collections[0]
+    assert mesh.get_array().shape[-1] <= _heatmap.MAX_COLUMNS
+    assert dashboard.axes["grad_ratio"].get_xlim()[1] >= 9999
+
+
+KINDS = {
+    "diagnosis only, healthy": lambda: records.diagnosis_record(60, broken=False),
+    "diagnosis only, broken": lambda: records.diagnosis_record(),
+    "10,000 steps": lambda: records.diagnosis_record(10_000, every=1),
+    "100 layers": lambda: records.diagnosis_record(300, n_params=100, n_relu=50, n_tanh=0),
+    "economy": records.economy_record,
+    "economy with diagnosis": records.economy_with_diagnosis,
+    "full": records.full_record,
+    "only a loss": lambda: {0: {"Loss": 1.0}, 1: {"Loss": 0.5}},
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_record_kind_renders_without_empty_panels_or_overlapping_text(kind):
+    dashboard = Dashboard(dpi=50)
+    fig = dashboard.draw(KINDS[kind]())
+    assert not [name for name, ax in dashboard.axes.items() if not_tracked(ax)]
+    assert not empty_axes(fig)
+    boxes = drawn_texts(fig)
+    assert len(boxes) > 20
+    assert not overlapping_texts(fig, boxes=boxes)
+    assert not outside_parent(fig, boxes=boxes)
 
 
 def test_step_axes_are_aligned(full_record):

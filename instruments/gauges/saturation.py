@@ -1,0 +1,37 @@
+"""Saturation gauge: which tanh/sigmoid layers sit in their flat tails, and when.
+
+A heat map, one row per tanh- or sigmoid-family module, one column per recorded
+step: the fraction of outputs in the flat tails, where the derivative is below 2 %
+of its peak (``ActivationStats.saturated``). White is healthy; dark red means the
+layer passes almost no gradient. The red mark on the colour bar is the
+``saturated_activations`` rule's threshold (50 %, sustained).
+
+How to read it
+- Red from step 0: the initialisation is too large for tanh/sigmoid, or the inputs
+  are not normalised.
+- Turning red during training: a too large learning rate drives pre-activations out.
+"""
+
+from .. import style
+from . import _heatmap, activations
+from ._common import not_tracked
+
+TITLE = "Saturated activations"
+KEYS = (activations.KEY,)
+
+
+def has_data(record):
+    """Whether the record holds saturation fractions (only tanh/sigmoid modules have them)."""
+    return activations.has(record, "saturated")
+
+
+def gauge(record, ax, **options):
+    """Draw the saturated fraction of every tanh/sigmoid module over steps on ``ax``."""
+    if not has_data(record):
+        return not_tracked(ax, TITLE, KEYS)
+    xs, matrix, labels = activations.matrix(record, "saturated")
+    _heatmap.draw(ax, xs, matrix, labels, vmin=0.0, vmax=1.0, cmap="Reds", label="saturated fraction",
+                  threshold=0.5, threshold_label="rule, 50%", options=options)
+    name, value = _heatmap.worst(matrix, labels)
+    title = "Saturation" + (f" · worst {style.percent(value)} in {name}" if name else "")
+    style.set_title(ax, title)
