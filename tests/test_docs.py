@@ -95,6 +95,19 @@ def test_block_runs_as_pasted(name, line, code, skip, tmp_path, monkeypatch):
     namespace = {"__name__": "__docs__"}
     with redirect_stdout(io.StringIO()):
         exec(compile(code, f"{name}:{line}", "exec"), namespace)
+    if name == "README.md" and "cp.report()" in code:
+        _check_the_report_shown(namespace["cp"])
+
+
+def _check_the_report_shown(cp):
+    """The README shows the first example's report: the same findings, in the same order."""
+    text = _read("README.md")
+    shown = text[text.index("```text\ncockpit-lite diagnosis"):]
+    shown = shown[:shown.index("```", 8)]
+    heads = re.findall(r"^- \[(\w+)\] (\w+)(?: in '([^']+)')?, step (\d+)$", shown, flags=re.M)
+    found = [(f.severity, f.kind, f.layer or "", str(f.step)) for f in cp.findings]
+    assert heads == found, "the README's sample report no longer matches what its first example finds"
+    assert f"diagnosis: {len(found)} finding(s)" in shown
 
 
 # ----------------------------------------------------------------------------- numbers
