@@ -8,7 +8,7 @@ consecutive records, so that one noisy mini-batch cannot raise a finding.
 
 | rule | signal | threshold | why |
 |---|---|---|---|
-| lr_too_high | Loss | median of the last 3 losses > ``SPIKE`` · L₀ (2) | a healthy run never gets far above its starting loss; a divergent step size doubles it within a few steps |
+| lr_too_high | Loss | median of the last ``COLLAPSE_WINDOW`` (7) finite losses > ``SPIKE`` · L₀ (2), unless a logged held-out loss is below its first value | a healthy run never gets far above its starting loss; a divergent step size doubles it within a few steps ; a Huber regression with 3 % outlier targets has 3-medians up to 3.8 L₀ (its L₀ a lucky low batch), 7-medians ≤ 1.6 L₀ |
 | lr_too_high | Loss | one loss > ``SPIKE_ONE`` (10) × the first loss | a single mini-batch 10x worse than at initialisation is a blown-up step (Adam at 0.3 on the CNN: 30x); healthy batches stay ≤ 1.5x |
 | lr_too_high | Loss, valid/test loss | learned ≥ ``LEARNED`` (30 %) of L₀, then the median of the last ``COLLAPSE_WINDOW`` (7) records climbs back ``COLLAPSE`` (60 %) of the way to L₀, sustained ``SUSTAIN``; with a logged held-out loss, it must have climbed back the same way | "learns and then collapses" (dead units, a blown-up step); a 7-median ignores up to 3 outlier batches (a regression with outlier targets swings 0.06 – 1.4 by batch while its held-out loss falls); mini-batch noise on digits moves it by < 20 % of the gained loss |
 | lr_too_high | UpdateSize, ParamNorm | median ‖Δθ‖/‖θ‖ of the last 3 steps ≥ ``HIGH_RATIO`` (0.5) while the 3-median loss stays ≥ 0.9 L₀ | measured: healthy SGD/Adam runs ≤ 0.11 per step (shallow sigmoid net at SGD 0.5); Adam at 0.3 gives 3.5 |

@@ -1,7 +1,9 @@
 """``lr_too_high``: the loss spikes or diverges, or learns and then collapses.
 
-- spike / divergence: the median of the last 3 losses exceeds ``SPIKE`` · L₀, or one
-  loss exceeds ``SPIKE_ONE`` · L₀;
+- spike / divergence: the median of the last ``COLLAPSE_WINDOW`` (7) finite losses
+  exceeds ``SPIKE`` · L₀ (unless a logged held-out loss is below its first log:
+  mini-batch losses dominated by a few outlier targets are not a divergence), or one
+  loss exceeds ``SPIKE_ONE`` times the first;
 - collapse: the robust loss level (median of the last ``COLLAPSE_WINDOW`` records, so that
   heavy-tailed mini-batch losses, e.g. a regression with outlier targets, do not move it)
   went below (1 − ``LEARNED``) L₀, then climbs back ``COLLAPSE`` of the way to L₀ for
@@ -56,18 +58,20 @@ class LrTooHigh(Rule):
             return [self._finding(step, f"the loss spiked to {fmt(last)} at step {step}, "
                                   f"{fmt(last / first, 2)}x its first value {fmt(first)}",
                                   {"loss_first": plain(first), "loss": plain(last), "ratio": plain(last / first)})]
-        recent = [v for v in history.recent_losses(3) if math.isfinite(v)]
-        if len(recent) < 3 or not math.isfinite(ref) or ref <= 0:
-            return []
-        median = statistics.median(recent)
-        if median > T.SPIKE * ref:
-            return [self._finding(step, f"the loss rose from {fmt(ref)} at the start to {fmt(median)} "
-                                  f"(median of steps up to {step}), {fmt(median / ref, 2)}x its initial value",
-                                  {"loss_ref": plain(ref), "loss": plain(median), "ratio": plain(median / ref)})]
         held = logged(entry, "valid_loss", "test_loss")
         if held is not None:
             first_held, best_held, _ = self.held or (held, held, held)
             self.held = (first_held, min(best_held, held), held)
+        improving = self.held is not None and self.held[2] < self.held[0]  # the held-out loss says it learns
+        recent = [v for v in history.recent_losses(T.COLLAPSE_WINDOW) if math.isfinite(v)]
+        if len(recent) < T.COLLAPSE_WINDOW or not math.isfinite(ref) or ref <= 0:
+            return []
+        median = statistics.median(recent)  # of 7 records: a few outlier batches do not move it
+        if median > T.SPIKE * ref and not improving:
+            return [self._finding(step, f"the loss rose from {fmt(ref)} at the start to {fmt(median)} "
+                                  f"(median of the {len(recent)} records up to step {step}), {fmt(median / ref, 2)}x "
+                                  "its initial value",
+                                  {"loss_ref": plain(ref), "loss": plain(median), "ratio": plain(median / ref)})]
         level = history.median_recent_loss(T.COLLAPSE_WINDOW)
         self.best = min(self.best, level)
         learned = self.best < (1 - T.LEARNED) * ref
