@@ -43,7 +43,7 @@ def test_growth_over_the_early_level_is_found_even_while_the_loss_spikes():
     entries = [entry(s, 0.5) for s in range(3)]
     for s, factor in ((3, 30.0), (4, 4e4)):  # an LSTM without clipping: 0.6 -> 15,600 by step 4
         spiked = [g * (factor if i in (3, 4) else 2.0) for i, g in enumerate(grads)]
-        entries.append(entry(s, 0.5, spiked, loss=2.3 * (1 + s)))
+        entries.append(entry(s, 0.5, spiked, loss=2.3 * 10.0 ** (s - 2)))  # 23, then 230: the loss spikes too
     found = kinds(entries)
     assert {"exploding_gradients", "lr_too_high"} <= {f.kind for f in found}, found
     hit = next(f for f in found if f.kind == "exploding_gradients")

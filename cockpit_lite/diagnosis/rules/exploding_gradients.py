@@ -3,7 +3,8 @@
 Two conditions, either one is enough (reported once):
 
 - *growth*: the total gradient norm ‖g‖ is ≥ ``EXPLODE_GROWTH`` times its early level (the
-  median of its first 3 finite records) on 2 consecutive records, or ≥ ``EXPLODE_SPIKE``
+  median of its first 3 finite records that had not grown so, checked from the second
+  record on) on 2 consecutive records, or ≥ ``EXPLODE_SPIKE``
   times on one (an LSTM without clipping goes 0.6 → 15,600 in 3 steps, then NaN). Checked at
   every record of the run, so gradients that start exploding late are found within 2 records;
   a loss that spikes at the same time does not hide it (``lr_too_high`` reports the loss).
@@ -68,13 +69,15 @@ class ExplodingGradients(Rule):
         if not (finite(total) and total > 0):
             self.grown = []
             return []
-        if len(self.early) < EARLY:
+        if not self.early:
             self.early.append((total, norms))
             return []
         level = statistics.median(t for t, _ in self.early)
         growth = total / level
         if growth < T.EXPLODE_GROWTH:
             self.grown = []
+            if len(self.early) < EARLY:
+                self.early.append((total, norms))
             return []
         self.grown.append((step, growth, norms))
         if len(self.grown) < 2 and growth < T.EXPLODE_SPIKE:
