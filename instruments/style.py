@@ -169,7 +169,7 @@ def set_title(ax, text):
     ax.set_title(fit(ax, text, TITLE_SIZE, bold=True), fontsize=TITLE_SIZE, fontweight="bold", pad=3)
 
 
-def fit(ax, text, size, bold=False, slack=1.15):
+def fit(ax, text, size, bold=False, slack=1.2):
     """``text`` cut to about the width of ``ax`` (estimated from its place before the layout).
 
     Only inside a layout of panels (an Axes of a ``SubFigure``, as the dashboard draws),
@@ -182,7 +182,7 @@ def fit(ax, text, size, bold=False, slack=1.15):
         width = ax.get_window_extent().width * 72 / ax.figure.dpi * slack  # points
     except Exception:  # noqa: BLE001 - no figure to measure: leave it
         return text
-    chars = int(width / (size * (0.64 if bold else 0.58)))
+    chars = int(width / (size * (0.58 if bold else 0.52)))
     text = str(text)
     if chars < 8 or len(text) <= chars or "\n" in text:
         return text

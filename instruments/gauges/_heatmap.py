@@ -87,6 +87,10 @@ def draw(ax, xs, matrix, labels, *, log=False, vmin=None, vmax=None, cmap="virid
         ax.set_xlim(first - (0 if options.get("log_steps") else pad), last + pad)
     bar = ax.figure.colorbar(mesh, ax=ax, fraction=0.05, pad=0.015, aspect=18,
                              extend="min" if log and (finite <= 0).any() else "neither")
+    if log:  # plain tick labels (10, 0.01, 1e-4), never mathtext: text may be drawn literally
+        style.log_ticks(bar.ax.yaxis)
+    else:
+        style.compact_yaxis(bar.ax)
     bar.ax.tick_params(labelsize=style.TICK_SIZE - 0.5, length=2, pad=1)
     marked = threshold is not None and norm.vmin < threshold < norm.vmax
     if marked:

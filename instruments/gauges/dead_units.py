@@ -34,5 +34,5 @@ def gauge(record, ax, **options):
     _heatmap.draw(ax, xs, matrix, labels, vmin=0.0, vmax=1.0, cmap="Reds", label="dead fraction",
                   threshold=0.5, threshold_label="rule, 50%", options=options)
     name, value = _heatmap.worst(matrix, labels)
-    title = "Dead units" + (f" · worst {style.percent(value)} in {name}" if name else "")
+    title = "Dead units" + (f" · worst {style.percent(value)} in {name.split(' (')[0]}" if name else "")
     style.set_title(ax, title)

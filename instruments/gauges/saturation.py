@@ -33,5 +33,5 @@ def gauge(record, ax, **options):
     _heatmap.draw(ax, xs, matrix, labels, vmin=0.0, vmax=1.0, cmap="Reds", label="saturated fraction",
                   threshold=0.5, threshold_label="rule, 50%", options=options)
     name, value = _heatmap.worst(matrix, labels)
-    title = "Saturation" + (f" · worst {style.percent(value)} in {name}" if name else "")
+    title = "Saturation" + (f" · worst {style.percent(value)} in {name.split(' (')[0]}" if name else "")
     style.set_title(ax, title)
