@@ -67,6 +67,8 @@ class ExplodingGradients(Rule):
 
     def _growth(self, step, total, norms, history):
         if not (finite(total) and total > 0):
+            if self.grown and not finite(total):  # grown, then non-finite: the explosion ran out of range
+                return self._report(step, self.grown[-1][1], history, overflow=True)
             self.grown = []
             return []
         if not self.early:
@@ -82,6 +84,11 @@ class ExplodingGradients(Rule):
         self.grown.append((step, growth, norms))
         if len(self.grown) < 2 and growth < T.EXPLODE_SPIKE:
             return []
+        return self._report(step, growth, history)
+
+    def _report(self, step, growth, history, overflow=False):
+        level = statistics.median(t for t, _ in self.early)
+        norms = self.grown[-1][2]
         start, first_growth, first_norms = self.grown[0]
         per = []
         for i in range(len(norms)):
@@ -94,6 +101,8 @@ class ExplodingGradients(Rule):
         index = robust_argmax(finite_per) if max(finite_per) > 0 else 0
         where = module_of(history.name(index))
         later = f", {fmt(growth, 2)}x at step {step}" if step != start else ""
+        if overflow:
+            later = f", non-finite at step {step}"
         return [Finding(
             self.KIND, where, start, "error",
             f"the gradient norm is {fmt(first_growth, 2)}x its early level {fmt(level)} at step {start}{later}; "

@@ -1,6 +1,7 @@
 """``shuffled_labels``: held-out accuracy stays at chance (≤ ``CHANCE_FACTOR``/C, C =
 round(exp L₀)) on 2 logs after ``MIN_STEPS``, while the updates are not too small and
-the loss is not diverging: there is nothing in the inputs that predicts the labels."""
+the loss is not diverging, and the accuracy has not risen above ``CHANCE_FACTOR`` times its
+first logged value: there is nothing in the inputs that predicts the labels."""
 
 import math
 
@@ -16,11 +17,14 @@ class ShuffledLabels(Rule):
 
     def __init__(self):
         self.streak = Streak(2)
+        self.first = None  # the first held-out accuracy logged
 
     def observe(self, step, entry, history):
         accuracy = logged(entry, "valid_accuracy", "test_accuracy")  # a stored None is skipped
         if accuracy is None:
             return []
+        if self.first is None and len(history.losses) < T.MIN_STEPS:
+            self.first = float(accuracy)
         ref = history.loss_ref
         if len(history.losses) < T.MIN_STEPS or not finite(ref) or ref <= 0:
             self.streak.see(step, False)
@@ -30,7 +34,12 @@ class ShuffledLabels(Rule):
         loss = history.median_recent_loss(5)
         ratio = history.median_recent_ratio(5)
         moving = not finite(ratio) or ratio >= T.LOW_RATIO
-        holds = float(accuracy) <= T.CHANCE_FACTOR * chance and moving and loss <= 1.1 * ref
+        if self.first is None:
+            self.first = float(accuracy)
+        # and not lifted above where it started: C from exp(L0) is wrong when the loss is scaled (loss / k
+        # under gradient accumulation), a held-out accuracy that rose is learning whatever C is
+        lifted = float(accuracy) > T.CHANCE_FACTOR * max(self.first, 1e-3)
+        holds = float(accuracy) <= T.CHANCE_FACTOR * chance and not lifted and moving and loss <= 1.1 * ref
         if not self.streak.see(step, holds, float(accuracy)):
             return []
         return [Finding(

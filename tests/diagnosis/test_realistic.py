@@ -1,0 +1,44 @@
+"""A fast subset of the realistic suite (``experiments/realistic_diagnosis.py``): healthy recipes raise
+no warning or error, each faulty twin is found (right kind and layer) within 30 steps of its onset."""
+
+import logging
+
+import pytest
+import torch
+
+from experiments import realistic_diagnosis as rd
+
+logging.getLogger("cockpit_lite.diagnosis").setLevel(logging.CRITICAL)
+
+FAST = {  # name -> steps (short where the finding comes early)
+    "accumulation_x4": 40,
+    "huber_outliers": 120,
+    "bn_first_raw255": 40,
+    "accumulation_no_zero_grad": 20,
+    "lr_collapse_multistep": 70,
+    "shuffled_labels_test_slot": 40,
+    "irnn_lm_unclipped": 8,
+    "masked_mean_empty_row": 5,
+}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_the_suite_has_a_dozen_healthy_recipes_and_their_faulty_twins():
+    assert len(rd.HEALTHY) >= 12 and len(rd.FAULTY) >= 8
+    assert set(FAST) <= set(rd.RECIPES)
+
+
+@pytest.mark.parametrize("name", list(FAST))
+def test_recipe(name):
+    cp, summary = rd.train(name, seed=0, steps=FAST[name])
+    passed, first = rd.outcome(name, cp, FAST[name])
+    assert passed, f"{name}: {rd.RECIPES[name].expect or 'healthy'}, got {cp.findings}"
+    if rd.RECIPES[name].expect is None:
+        assert summary["last"] < summary["first"], summary  # it genuinely trains
