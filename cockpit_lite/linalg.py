@@ -15,7 +15,11 @@ is nearly an eigenvector has a tiny residual from the first product on, whatever
 its eigenvalue.
 """
 
+import math
+
+import numpy as np
 import torch
+from scipy.linalg import eigh_tridiagonal
 
 
 def lanczos_max_eig(matvec, v0, rtol=1e-3, maxiter=100, keep=3):
@@ -37,34 +41,37 @@ def lanczos_max_eig(matvec, v0, rtol=1e-3, maxiter=100, keep=3):
     """
     basis = v0.new_empty((min(maxiter + 1, 16), v0.numel()))  # rows q_1, q_2, ...; grows by doubling
     basis[0] = v0 / v0.norm()
-    alphas, betas = [], []
+    alphas, betas = [], []  # T's diagonal and off-diagonal, on the host (T is tiny)
     for k in range(1, maxiter + 1):
         q, done = basis[k - 1], basis[:k]
         w = matvec(q)
-        if not bool(torch.isfinite(w).all()):
-            return torch.tensor(float("nan"), dtype=v0.dtype), basis[:1].clone(), k
-        alphas.append(torch.dot(w, q))
-        norm = w.norm()
+        norm = float(w.norm())
+        if not math.isfinite(norm):
+            if not bool(torch.isfinite(w).all()):
+                return torch.tensor(float("nan"), dtype=v0.dtype), basis[:1].clone(), k
+            norm = float(w.double().norm())  # finite, but the norm overflowed the dtype
+        alphas.append(float(torch.dot(w, q)))
         w -= done.T @ (done @ w)  # full re-orthogonalisation,
-        if w.norm() < 0.7 * norm:  # twice if cancellation lost accuracy (Daniel et al., 1976)
+        beta = float(w.norm())
+        if beta < 0.7 * norm:  # twice if cancellation lost accuracy (Daniel et al., 1976)
             w -= done.T @ (done @ w)
-        beta = w.norm()
-        t = torch.diag(torch.stack(alphas))
+            beta = float(w.norm())
         if betas:
-            off = torch.stack(betas)
-            t = t + torch.diag(off, 1) + torch.diag(off, -1)
-        evals, evecs = torch.linalg.eigh(t.double().cpu())
+            evals, evecs = eigh_tridiagonal(np.array(alphas), np.array(betas))
+        else:
+            evals, evecs = np.array(alphas), np.ones((1, 1))
         theta, s = evals[-1], evecs[:, -1]
-        scale = abs(float(theta))
-        residual = abs(float(beta) * float(s[-1]))
-        if residual <= rtol * scale or float(beta) <= 1e-12 * scale:
+        scale = abs(theta)
+        residual = abs(beta * s[-1])
+        if residual <= rtol * scale or beta <= 1e-12 * scale:
             break
         betas.append(beta)
         if k == basis.shape[0]:
             basis = torch.cat([basis, torch.empty_like(basis[: min(k, maxiter + 1 - k)])])
         basis[k] = w / beta
-    ritz = evecs[:, -min(keep, k):].flip(1).to(basis).T @ basis[:k]
-    return theta.to(v0.dtype), ritz / ritz.norm(dim=1, keepdim=True), k
+    top = torch.from_numpy(evecs[:, ::-1][:, : min(keep, k)].copy()).to(basis)
+    ritz = top.T @ basis[:k]
+    return torch.tensor(theta, dtype=v0.dtype), ritz / ritz.norm(dim=1, keepdim=True), k
 
 
 def power_max_eig(matvec, v0, rtol=1e-3, atol=1e-6, maxiter=100):

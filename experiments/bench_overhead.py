@@ -21,7 +21,12 @@ one process with one thread:
   are BackPACK-extended, so their curvature is BackPACK's exact Hessian diagonal; the transformer and the ResNet are not (BackPACK cannot do
   them) and their curvature is Hutchinson's estimate,
 - cockpit-lite with each quantity alone,
-- the original Cockpit at each level, when ``cockpit-for-pytorch`` is installed (MLP, CNN).
+- Cockpit's recipe with cockpit-lite, "(recipe)" (MLP, CNN): model and loss BackPACK-extended,
+  ``Cockpit(model.parameters(), configuration(level))``, ``info`` with ``batch_size`` and
+  ``individual_losses``, ``create_graph=cp.create_graph(step)`` (diagnosis off, as the
+  level rows),
+- the original Cockpit at each level on the same recipe, when ``cockpit-for-pytorch`` is
+  installed (MLP, CNN).
 
 ``--budget [FACTOR]`` instead runs 500 steps (``--budget-steps``) of each problem plain,
 with ``configuration("full")`` (``--budget-level``) and ``Cockpit(model, ...,
@@ -232,6 +237,11 @@ def configurations(problem, with_quantities, with_peer):
                 problem, lambda m: Cockpit(m, [cls()], diagnose=False),
                 backpack=issubclass(cls, CurvatureQuantity),
             )
+    if PROBLEMS[problem][2]:  # Cockpit's recipe: extended model and loss, parameters, its info keys
+        for level in LEVELS:
+            configs[f"lite {level} (recipe)"] = lambda level=level: Runner(
+                problem, lambda m: Cockpit(m.parameters(), configuration(level), diagnose=False), peer=True
+            )
     if with_peer and PROBLEMS[problem][2]:
         import cockpit
         from cockpit.utils.configuration import configuration as peer_configuration
@@ -302,6 +312,7 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="2 repeats, 2 steps, no per-quantity rows")
+    parser.add_argument("--no-quantities", action="store_true", help="no per-quantity rows")
     parser.add_argument("--no-peer", action="store_true", help="leave out the original Cockpit")
     parser.add_argument("--problems", nargs="+", default=list(PROBLEMS))
     parser.add_argument("--json", help="also write the numbers to this JSON file")
@@ -328,7 +339,7 @@ def main(argv=None):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for problem in args.problems:
-            medians, memory = measure(problem, args.repeats, args.steps, not args.quick, with_peer)
+            medians, memory = measure(problem, args.repeats, args.steps, not (args.quick or args.no_quantities), with_peer)
             results[problem] = {"median_step_s": medians, "peak_memory_bytes": memory}
     print(f"step time / plain step time (median of {args.repeats} interleaved rounds of "
           f"{args.steps} steps, batch {BATCH}, 1 thread)")

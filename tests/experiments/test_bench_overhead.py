@@ -7,7 +7,7 @@ def test_quick_mlp(capsys, tmp_path):
     out = tmp_path / "overhead.json"
     bench_overhead.main(["--quick", "--no-peer", "--problems", "mlp", "--json", str(out)])
     printed = capsys.readouterr().out
-    assert "plain" in printed and "lite economy" in printed
+    assert "plain" in printed and "lite economy" in printed and "lite economy (recipe)" in printed
     assert out.exists()
 
 
