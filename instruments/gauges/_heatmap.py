@@ -66,7 +66,8 @@ def draw(ax, xs, matrix, labels, *, log=False, vmin=None, vmax=None, cmap="virid
         hi = vmax if vmax is not None else (np.percentile(positive, 99) if positive.size else 1.0)
         hi = max(hi, lo * 10)
         norm = colors.LogNorm(vmin=lo, vmax=hi)
-        shown = np.where(np.isfinite(matrix) & (matrix <= 0), lo * 1e-3, matrix)
+        # values outside the colour range take its end colours; only a value <= 0 is drawn black
+        shown = np.where(np.isfinite(matrix) & (matrix <= 0), lo * 1e-3, np.clip(matrix, lo, hi))
     else:
         lo = vmin if vmin is not None else (float(finite.min()) if finite.size else 0.0)
         hi = vmax if vmax is not None else (float(finite.max()) if finite.size else 1.0)

@@ -142,3 +142,25 @@ def test_smooth_is_local():
     values = np.r_[np.ones(200), np.exp(np.arange(1, 30))]  # a run that explodes at the end
     smoothed = data.smooth(values)
     assert np.allclose(smoothed[:150], 1.0)  # the explosion does not bend the early curve
+
+
+def test_heat_maps_draw_black_only_for_zero(ax):
+    """A log heat map's colour range is robust (percentiles), but values beyond it take its end
+    colours: only a ratio of exactly 0 (no gradient, no update) is drawn in the black "under" colour."""
+    record = records.diagnosis_record(120, broken=False)
+    record[50]["GradNorm"] = [1e-9] + record[50]["GradNorm"][1:]  # far below the rest, not zero
+    record[60]["GradNorm"] = [0.0] + record[60]["GradNorm"][1:]
+    draw_gauge("grad_ratio", record, ax)
+    mesh = ax.collections[0]
+    values = np.ma.filled(mesh.get_array(), np.nan).reshape(len(ax.get_yticklabels()), -1)
+    below = np.argwhere(values < mesh.norm.vmin)
+    assert below.tolist() == [[0, list(sorted(s for s in record if "ParamNorm" in record[s])).index(60)]]
+
+
+def test_layer_health_gauges_read_the_diagnosis_signals(ax):
+    record = records.diagnosis_record()
+    for name in ("dead_units", "saturation", "grad_ratio", "update_ratio"):
+        assert GAUGES[name].has_data(record), name
+        assert not GAUGES[name].has_data(records.economy_record()), name
+    draw_gauge("dead_units", record, ax)
+    assert ax.get_title().startswith("Dead units · worst 100.0% in features.5")
