@@ -13,6 +13,7 @@ every number they quote is the one in ``docs/numbers.json``.
 """
 
 import io
+import math
 import json
 import os
 import re
@@ -252,3 +253,41 @@ def test_links_between_pages_resolve():
             if not os.path.exists(os.path.join(ROOT, path)) and path not in later:
                 missing.append(f"{name} -> {target}")
     assert not missing, missing
+
+
+T = "cockpit_lite.diagnosis.thresholds"
+#: (file, quoted text, "module:NAME", factor): the number in the text is the constant × factor.
+CONSTANTS = [
+    ("docs/diagnosis.md", "the 3-median loss > 2 L₀", f"{T}:SPIKE", 1),
+    ("docs/diagnosis.md", "one loss > 10× the first", f"{T}:SPIKE_ONE", 1),
+    ("docs/diagnosis.md", "learned ≥ 30 % of L₀", f"{T}:LEARNED", 100),
+    ("docs/diagnosis.md", "climbed back 60 % of the way", f"{T}:COLLAPSE", 100),
+    ("docs/diagnosis.md", "‖Δθ‖/‖θ‖ ≥ 0.5 while", f"{T}:HIGH_RATIO", 1),
+    ("docs/diagnosis.md", "after 10 records the loss", f"{T}:MIN_STEPS", 1),
+    ("docs/diagnosis.md", "fell < 2 % of L₀", f"{T}:LOW_DROP", 100),
+    ("docs/diagnosis.md", "‖Δθ‖/‖θ‖ < 3e-4", f"{T}:LOW_RATIO", 1),
+    ("docs/diagnosis.md", "first layer ≥ 50× the last two", f"{T}:EXPLODE_RATIO", 1),
+    ("docs/diagnosis.md", "total ‖g‖ ≥ 100× its first value", f"{T}:EXPLODE_GROWTH", 1),
+    ("docs/diagnosis.md", "≤ 1e-3 of the last two", f"{T}:VANISH_RATIO", 1),
+    ("docs/diagnosis.md", "≥ 50 % of a ReLU module's units", f"{T}:DEAD", 100),
+    ("docs/diagnosis.md", "≥ 50 % of tanh/sigmoid outputs", f"{T}:SATURATED", 100),
+    ("docs/diagnosis.md", "std) of the first input ≥ 10", f"{T}:INPUT_SCALE", 1),
+    ("docs/diagnosis.md", "held-out accuracy ≤ 1.6 / C", f"{T}:CHANCE_FACTOR", 1),
+    ("docs/diagnosis.md", "‖G‖² ≥ 10 × B", f"{T}:NOISE_RATIO", 1),
+    ("docs/diagnosis.md", "over 5 records the gradient noise", f"{T}:NOISE_WINDOW", 1),
+    ("docs/diagnosis.md", "≥ 25 % above its minimum", f"{T}:OVERFIT_RISE", 100),
+    ("docs/diagnosis.md", "fell ≥ 20 % since", f"{T}:OVERFIT_FALL", 100),
+    ("docs/diagnosis.md", "each of the first 10 steps", "cockpit_lite.diagnosis:DENSE_STEPS", 1),
+    ("docs/diagnosis.md", "at every 10th step", "cockpit_lite.diagnosis:EVERY", 1),
+]
+
+
+@pytest.mark.parametrize("name, quoted, where, factor", CONSTANTS, ids=[c[2] + ":" + c[1][:20] for c in CONSTANTS])
+def test_quoted_setting_is_the_code_s(name, quoted, where, factor):
+    import importlib
+
+    assert quoted in _read(name), f"{name} no longer says {quoted!r}: update CONSTANTS"
+    module, constant = where.split(":")
+    value = getattr(importlib.import_module(module), constant) * factor
+    numbers = [float(n) for n in re.findall(r"\d+(?:\.\d+)?(?:e-?\d+)?", quoted)]
+    assert any(math.isclose(n, value, rel_tol=1e-9) for n in numbers), (quoted, value)
