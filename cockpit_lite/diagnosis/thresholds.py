@@ -27,6 +27,35 @@ consecutive records, so that one noisy mini-batch cannot raise a finding.
 | noise_dominates | GradVariance (tr Σ), GradNorm, batch size (or NormTest²) | over a window of 5 records, B_simple / B = mean tr Σ / (B (mean ‖g‖² − mean tr Σ / B)) ≥ ``NOISE_RATIO`` (10) (‖g‖² of a batch overestimates ‖G‖² by tr Σ / B: subtracted) | measured: healthy digits MLP at B = 64 ≤ 3.8; B = 2 on noisy regression reaches 10 – ∞  McCandlish et al. 2018: below the noise scale B_simple, a step makes less progress than the same samples would in one batch; 10× means the batch is an order of magnitude too small ; above ``NOISE_QUOTE`` (1000) × B (or ∞) no batch size or lr factor is quoted (the estimate is then all noise); `info` while the loss still falls below 0.9 L₀ |
 | edge_of_stability | HessMaxEV, GradPresence (lr, momentum) | η λ_max ≥ 2 (1 + β) (SGD, momentum β), 2 records | Cohen et al. 2021: gradient descent on a quadratic of curvature λ diverges for η > 2/λ; heavy-ball momentum moves the limit to 2(1+β)/λ |
 | overfitting | train/valid loss (``cp.log``) | held-out loss ≥ (1 + ``OVERFIT_RISE``) (25 %) above its minimum while the training loss fell ≥ ``OVERFIT_FALL`` (20 %) since, 2 logs | a diverging gap, not noise between two evaluations |
+
+Calibration (what each threshold was measured against, healthy spread → threshold):
+
+- Suites: the toy suite (``experiments/broken_networks.py``: 10 healthy MLP/CNN/transformer
+  twins on digits and synthetic data, 24 planted bugs) and the realistic suite
+  (``experiments/realistic_diagnosis.py``: 12 healthy recipes × 3 seeds — char GPT with AdamW,
+  warm-up + cosine, clipping, dropout; LSTM LM; ViT with a zero class token; ResNet-BN with SGD +
+  weight decay + OneCycle; bf16 autocast; accumulation ×4; batch 4 SGD; label smoothing + dropout;
+  Huber regression with outlier targets; a head on a frozen body; raw pixels into a first
+  BatchNorm; held-out numbers in cp.log's test slots — and 8 faulty twins × 3 seeds).
+  ``python -m experiments.realistic_diagnosis`` prints the spread below for every healthy run.
+- ``SPIKE`` (2): 7-record median loss / L₀ over the 36 healthy realistic runs 0.95 – 1.02, except
+  the Huber regression with outliers 1.35 – 2.73 (its mini-batch loss is dominated by the outlier
+  batches; its held-out loss falls, which vetoes the rule).
+- ``EXPLODE_GROWTH`` (100) / ``EXPLODE_SPIKE`` (1000): total ‖g‖ / early level 1.02 – 3.6 on the
+  healthy realistic runs (label smoothing + dropout highest), ≤ 10 on the toy twins; the faulty
+  twins reach 105 (a ReLU RNN, then NaN) to 1e10.
+- ``EXPLODE_RATIO`` (50): min r(first two) / max r(last two) 0.009 (GPT) – 16.5 (ViT with its class
+  token, after ``TINY_WEIGHT`` leaves the zero-initialised token out while it is tiny); 33
+  BatchNorm blocks without residuals ~150 – 350.
+- ``LOW_RATIO`` (3e-4): 5-record median ‖Δθ‖/‖θ‖ 3.1e-4 (the GPT at the end of its cosine
+  schedule) – 0.025 on the healthy realistic runs; it fires only together with a loss that moved
+  < ``LOW_DROP`` of L₀, which no healthy run has after 10 records. ``LATE_COLLAPSE`` (30): the
+  per-batch MultiStepLR twin drops the update 47 – 60×; one StepLR decay is 10×.
+- ``CHANCE_FACTOR`` (1.6): held-out accuracy of the shuffled-label twins 5 – 17 % (10 classes:
+  ≤ 16 %); the rise guard (accuracy ≤ 1.6 × its first log) was added after healthy accumulation
+  ×4, which logs loss / 4 (C read as 2), raised ``shuffled_labels`` on 1 of 3 seeds.
+- ``INPUT_SCALE`` (10), ``DEAD``, ``SATURATED``, ``NOISE_RATIO``, ``EOS``, ``OVERFIT_*``: as in the
+  table (toy suite); not re-measured on the realistic suite, where no healthy run raised them.
 """
 
 SUSTAIN = 3
