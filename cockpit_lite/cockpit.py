@@ -119,6 +119,8 @@ class Cockpit:
         self.strict = strict
         self.seed = seed
         self._last_step = None
+        self._open_step = None  # the step whose context was entered and not exited yet
+        self._closed = False
         self._writer = None
         self.sinks = list(sinks)
         if log is not None and (self.group is None or self.group.main):  # rank 0 writes
@@ -147,6 +149,14 @@ class Cockpit:
             )
         if any(q.name == quantity.name for q in self.quantities):
             raise ValueError(f"{quantity.name} is tracked already; each class can be tracked once")
+        if getattr(quantity, "_tracked_by_a_cockpit", False):
+            raise ValueError(
+                f"this {quantity.name} instance already belongs to another Cockpit, and its state "
+                "(θ₀, histories, the last step's values) is that run's. Fix: give each Cockpit its "
+                "own quantities, e.g. configuration(level) or [quantities.NormTest(), ...] built "
+                "anew for every run of a sweep"
+            )
+        quantity._tracked_by_a_cockpit = True
         self.quantities.append(quantity)
         quantity.bind(self)
 
@@ -203,7 +213,12 @@ class Cockpit:
         test_accuracy,
         learning_rate,
     ):
-        """Record epoch-level metrics at ``global_step`` (as Cockpit's ``log``)."""
+        """Record epoch-level metrics at ``global_step`` (as Cockpit's ``log``).
+
+        Raises:
+            ValueError: after ``close()``.
+        """
+        self._check_open("log")
         values = dict(zip(_log.EPOCH_KEYS, (
             epoch_count, train_loss, valid_loss, test_loss,
             train_accuracy, valid_accuracy, test_accuracy, learning_rate,
@@ -212,7 +227,14 @@ class Cockpit:
         self._diagnose()
 
     def close(self):
-        """End tracking: remove the engine's forward hooks, close the JSON-lines log and the sinks."""
+        """End tracking: remove the engine's forward hooks, close the JSON-lines log and the sinks.
+
+        A closed Cockpit tracks nothing more (``cp(step)`` and ``log`` raise); its record
+        stays readable. Closing twice does nothing.
+        """
+        if self._closed:
+            return
+        self._closed = True
         self.engine.arm(False)
         self._diagnose(final=True)
         for quantity in self.quantities:
@@ -222,6 +244,14 @@ class Cockpit:
             self._writer = None
         for sink in self.sinks:
             sink.close()
+
+    def _check_open(self, what):
+        if self._closed:
+            raise ValueError(
+                f"{what}: this Cockpit was closed, so nothing more would reach its log or sinks. "
+                "Fix: call close() once, after the last step; for another run create a new "
+                "Cockpit (with new quantities)"
+            )
 
     @property
     def findings(self):
@@ -279,6 +309,14 @@ class _StepContext:
         if not isinstance(step, numbers.Integral) or isinstance(step, bool):
             raise ValueError(f"global_step must be an integer, got {step!r}")
         step = int(step)
+        cockpit._check_open(f"cp({step})")
+        if cockpit._open_step is not None:
+            raise ValueError(
+                f"cp({step}) was called while the context of step {cockpit._open_step} is still "
+                "open (entered, never exited: nested, or __enter__ called by hand). Fix: run each "
+                "step's backward in its own `with cp(step, info=...): loss.backward()` block, "
+                "one after the other"
+            )
         last = cockpit._last_step
         if last is not None and step <= last:
             raise ValueError(
@@ -291,11 +329,18 @@ class _StepContext:
         self.cockpit = cockpit
         self.step = step
         self.debug = debug
+        self.entered = False
         if last is not None and step != last + 1:
             cockpit._jumped = True  # step numbers are not consecutive: keep watching every forward
-        if isinstance(info, dict):  # given parameters only: the modules that own them, from the forward pass
-            cockpit.engine.discover(info.get("loss"))
+        # the step's own forward calls (given parameters only: the modules that own them, too)
+        cockpit.engine.prepare(info.get("loss") if isinstance(info, dict) else None)
         self.info = StepInfo(info, step, batch_size=cockpit.engine.batch_size(), model=cockpit.engine.model)
+        if self.info.batch_size == 0:
+            raise ValueError(
+                f"step {step}: the batch is empty (0 samples), so there is nothing to measure. "
+                "Fix: skip empty batches before the forward pass (e.g. DataLoader(..., "
+                "drop_last=True), or `if len(x) == 0: continue`)"
+            )
         shape = cockpit.engine.input_shape()
         if self.info.get("batch_size") is not None and shape is not None and int(self.info.get("batch_size")) not in shape:
             raise ValueError(
@@ -342,7 +387,19 @@ class _StepContext:
             )
 
     def __enter__(self):
+        if self.entered:
+            raise ValueError(
+                f"the context of step {self.step} was entered twice. Fix: one "
+                "`with cp(step, info=...):` per step, with a new cp(step) each time"
+            )
+        if self.cockpit._open_step is not None:
+            raise ValueError(
+                f"the context of step {self.step} was entered inside the open context of step "
+                f"{self.cockpit._open_step}. Fix: exit one step's context before entering the next"
+            )
+        self.entered = True
         if self.idle:
+            self.cockpit._open_step = self.step
             return self
         params = self.cockpit.params
         self.grads_before = [None if p.grad is None else p.grad.detach().clone() for p in params]
@@ -360,10 +417,12 @@ class _StepContext:
         if self.extensions:
             self._backpack = backpack(*self.extensions)
             self._backpack.__enter__()
+        self.cockpit._open_step = self.step  # open only once entered (a refusal above leaves nothing open)
         return self
 
     def __exit__(self, exc_type, exc, traceback):
         cockpit = self.cockpit
+        cockpit._open_step = None
         if self.idle:
             cockpit.engine.forget()
             nxt = self.step + 1

@@ -85,6 +85,12 @@ def contributions_from_graph(loss, batch_size=None, keep_graph=False):
         ValueError: if the graph does not end in a supported loss function, or its rows
             are not a multiple of ``batch_size``.
     """
+    if loss.grad_fn is None:
+        raise ValueError(
+            "info['loss'] has no autograd graph (it was detached, made by .item() or computed "
+            "under torch.no_grad()), so its samples' losses cannot be read from it. Fix: pass "
+            "the loss tensor itself, the one loss.backward() is called on"
+        )
     node, factor = _unscaled(loss.grad_fn)
     derive = LOSS_NODES.get(type(node).__name__)
     reduction = getattr(node, "_saved_reduction", None)

@@ -349,3 +349,82 @@ def test_each_quantity_class_once():
         Cockpit(problem.model, [quantities.GradNorm(), quantities.GradNorm()])
     with pytest.raises(ValueError, match="Quantity instances"):
         Cockpit(problem.model, [quantities.GradNorm])
+
+
+def _one_step(cp, model, step, x=None, y=None):
+    x = torch.randn(4, 6, dtype=torch.float64) if x is None else x
+    y = torch.tensor([0, 1, 2, 0]) if y is None else y
+    loss = nn.functional.cross_entropy(model(x), y)
+    with cp(step, info={"loss": loss}):
+        loss.backward()
+    return loss
+
+
+def test_a_quantity_belongs_to_one_cockpit_and_the_fix_works():
+    """A sweep reusing one list would carry run 1's θ₀ into run 2: refused, naming the fix."""
+    shared = configuration("economy")
+    problem = problems.make("mlp", 3)
+    Cockpit(problem.model, shared, diagnose=False)
+    with pytest.raises(ValueError, match="already belongs to another Cockpit.*built anew for every run"):
+        Cockpit(problem.model, shared, diagnose=False)
+    for _ in range(2):  # the fix: a fresh list per run; Distance starts from each run's own θ₀
+        problem = problems.make("mlp", 3, steps=1)
+        cp, _ = problems.run(problem, configuration("economy"))
+        assert cp.get_output()[0]["Distance"] == [0.0] * len(list(problem.model.parameters()))
+
+
+def test_nested_or_unexited_contexts_are_refused_with_the_fix():
+    model = nn.Sequential(nn.Linear(6, 3)).double()
+    cp = Cockpit(model, [quantities.GradNorm()], diagnose=False)
+    loss = nn.functional.cross_entropy(model(torch.randn(4, 6, dtype=torch.float64)), torch.tensor([0, 1, 2, 0]))
+    outer = cp(0, info={"loss": loss})
+    outer.__enter__()
+    with pytest.raises(ValueError, match="context of step 0 is still open.*one after the other"):
+        cp(1, info={"loss": loss})
+    loss.backward()
+    outer.__exit__(None, None, None)
+    with pytest.raises(ValueError, match="entered twice"):
+        outer.__enter__()
+    _one_step(cp, model, 1)  # the fix: one with-block per step
+    assert set(cp.get_output()) == {0, 1}
+
+
+def test_a_closed_cockpit_refuses_to_track():
+    model = nn.Sequential(nn.Linear(6, 3)).double()
+    cp = Cockpit(model, [quantities.GradNorm()], diagnose=False)
+    _one_step(cp, model, 0)
+    cp.close()
+    cp.close()  # twice: nothing
+    with pytest.raises(ValueError, match="was closed.*create a new"):
+        _one_step(cp, model, 1)
+    with pytest.raises(ValueError, match="was closed"):
+        cp.log(1, 0, 1.0, None, None, None, None, None, 0.1)
+    fresh = Cockpit(model, [quantities.GradNorm()], diagnose=False)  # the fix
+    _one_step(fresh, model, 1)
+    assert 1 in fresh.get_output() and 0 in cp.get_output()
+
+
+def test_an_empty_batch_is_refused_with_the_fix():
+    model = nn.Sequential(nn.Linear(6, 3)).double()
+    cp = Cockpit(model, [quantities.NormTest()], diagnose=False)
+    with pytest.raises(ValueError, match="batch is empty.*drop_last=True"):
+        _one_step(cp, model, 0, torch.randn(0, 6, dtype=torch.float64), torch.zeros(0, dtype=torch.long))
+    _one_step(cp, model, 1)  # the fix: the next (non-empty) batch is tracked
+    assert math.isfinite(cp.get_output()[1]["NormTest"])
+
+
+def test_a_detached_loss_names_the_fix():
+    """Where the samples' losses must be read from the loss (here: a parameter no module owns,
+    on the global path), a detached ``info["loss"]`` is refused before backward, naming the fix."""
+    weight = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+    cp = Cockpit([weight], [quantities.NormTest()], diagnose=False)
+    x, y = torch.randn(4, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
+    loss = nn.functional.cross_entropy(x @ weight.T, y)
+    with pytest.raises(ValueError, match="has no autograd graph.*the one loss.backward"):
+        with cp(0, info={"loss": loss.detach()}):
+            loss.backward()
+    weight.grad = None
+    loss = nn.functional.cross_entropy(x @ weight.T, y)
+    with cp(1, info={"loss": loss}):  # the fix
+        loss.backward()
+    assert math.isfinite(cp.get_output()[1]["NormTest"])

@@ -88,6 +88,7 @@ class Engine:
         self._owners, self._parents = {}, {}
         self._owning = weakref.WeakKeyDictionary()
         self._roots = ()  # the modules a ModuleList ``model`` of several found ones holds (``discover``)
+        self._graph = None  # the step's loss graph (``prepare``)
         if model is not None:
             self._owners, self._parents, modules = _ownership(model, self.index)
             self.capture = ForwardCapture(modules, self._on_grad)
@@ -106,14 +107,32 @@ class Engine:
 
     def forget(self):
         """Drop what the capture recorded (the step ends)."""
+        self._graph = None
         if self.capture.calls or self.capture._tensor_handles:
             self.capture.clear()
 
-    def discover(self, loss):
+    def prepare(self, loss):
+        """Before the step's quantities are asked what they need: the step's own calls.
+
+        Only the watched calls that the step's ``loss`` depends on belong to the step: a
+        validation pass with gradients on, or the forward pass of a step whose ``cp(step)``
+        was refused, are dropped (the autograd graph is walked only when the model was
+        called more than once, or to find the model, ``discover``).
+        """
+        self._graph = _Graph(loss)
+        roots = (self.model, *self._roots)
+        forwards = sum(1 for c in self.capture.calls if any(c.module is root for root in roots))
+        if (self.model is None or forwards > 1) and self.capture.calls and self._graph.ready():
+            reaches = self._graph.reaches
+            self.capture.calls = [c for c in self.capture.calls if any(reaches(leaf) for leaf in c.leaves)]
+        if self.model is None:
+            self.discover()
+
+    def discover(self):
         """Given parameters only: find the modules that own them in the watched forward pass.
 
-        The outermost calls (among those the step's ``loss`` depends on) of modules that
-        own tracked parameters are the model: one module, or several called one after the
+        The outermost calls (of the step's, ``prepare``) of modules that own tracked
+        parameters are the model: one module, or several called one after the
         other by the training loop (then a ``ModuleList`` of them). From then on the
         engine serves them exactly as if the Cockpit had been given that model (the fast
         layer rules; ``info.model`` for the curvature), the capture watches them with
@@ -123,8 +142,7 @@ class Engine:
         """
         if self.model is not None or not self.capture.calls:
             return
-        graph = _Graph(loss)
-        calls = [c for c in self.capture.calls if not graph.ready() or any(graph.reaches(leaf) for leaf in c.leaves)]
+        calls = self.capture.calls
         roots = []
         for call in calls:
             if self._owns(call.module) and not any(other.contains(call) for other in calls):
@@ -194,7 +212,7 @@ class Engine:
             needed_by: names of the quantities that need the transforms (for messages).
         """
         state = _Step(transforms, batch_size, grads_before, needed_by, deferred=self.group is not None)
-        graph = _Graph(info.get("loss"))
+        graph = self._graph if self._graph is not None else _Graph(info.get("loss"))
         calls = self.capture.calls if self.model is not None else []
         if calls and graph.ready():  # only the forward passes this loss came from
             calls = [c for c in calls if any(graph.reaches(leaf) for leaf in c.leaves)]

@@ -492,3 +492,26 @@ def test_a_use_the_capture_missed_is_caught_when_small_or_beside_the_global_path
     index = [name for name, _ in model.named_parameters()].index("lin.weight")
     assert math.isnan(cp.get_output()[0]["GradVariance"][index])
     assert any("lin.weight" in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize("params_only", [False, True])
+def test_a_validation_pass_with_gradients_on_is_not_a_use(params_only):
+    """``model.eval()`` without ``no_grad`` on a larger batch between training steps: only the
+    calls the step's loss depends on count, so the next step is exact, not refused."""
+    problem = problems.make("resnet_bn_train", 4, steps=3)
+    model = problem.model
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cp = Cockpit(model.parameters() if params_only else model, [quantities.GradVariance()], diagnose=False, strict=True)
+    for step, (x, y) in enumerate(problem.batches):
+        model.train()
+        snapshot = problems.Snapshot([p.detach().clone() for p in model.parameters()], x, y,
+                                     {k: v.clone() for k, v in model.state_dict().items()}, torch.get_rng_state())
+        opt.zero_grad()
+        loss = problem.lossfunc(model(x), y)
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+        opt.step()
+        expected = [g.reshape(4, -1).var(0, unbiased=True).sum() for g in problems.individual_gradients(problem, snapshot)]
+        problems.assert_close(cp.get_output()[step]["GradVariance"], expected, what="GradVariance after a validation pass")
+        model.eval()
+        model(torch.randn(7, *x.shape[1:], dtype=x.dtype)).sum()  # validation, gradients on, 7 samples
