@@ -376,6 +376,7 @@ class _StepContext:
             e.savefield for e in self.extensions if e.savefield not in self.user_savefields
         }
         self.grads_before = None
+        self._loss_hook, self.backward_seen = None, False
         self.results, self.batch_size, self.engine_flags = {}, None, []
         self._stack = ExitStack()
         self._backpack = None
@@ -417,8 +418,14 @@ class _StepContext:
         if self.extensions:
             self._backpack = backpack(*self.extensions)
             self._backpack.__enter__()
+        loss = self.info.get("loss")
+        if torch.is_tensor(loss) and loss.requires_grad:  # did the backward pass run through it?
+            self._loss_hook = loss.register_hook(self._reached)
         self.cockpit._open_step = self.step  # open only once entered (a refusal above leaves nothing open)
         return self
+
+    def _reached(self, grad):
+        self.backward_seen = True
 
     def __exit__(self, exc_type, exc, traceback):
         cockpit = self.cockpit
@@ -430,6 +437,8 @@ class _StepContext:
             return False
         if self._backpack is not None:  # leave BackPACK before computing (HVPs must not trigger it)
             self._backpack.__exit__(exc_type, exc, traceback)
+        if self._loss_hook is not None:
+            self._loss_hook.remove()
         try:
             if self.transforms:
                 with backpack_untouched():
@@ -451,7 +460,17 @@ class _StepContext:
     def _collect(self):
         cockpit = self.cockpit
         params = cockpit.params
-        self._check_backward(params)
+        no_backward = self._loss_hook is not None and not self.backward_seen
+        if no_backward:
+            reason = (
+                f"no backward pass of info['loss'] ran inside cp({self.step}): the quantities "
+                "that need it are NaN. Fix: call loss.backward() inside the `with cp(step, "
+                "info={'loss': loss, ...}):` block, on the loss passed as info['loss'] (or on a "
+                "total that contains it)"
+            )
+            warnings.warn(f"cockpit-lite: step {self.step}: {reason}", stacklevel=4)
+        else:
+            self._check_backward(params)
         if cockpit.group is not None:
             self._combine_ranks()
         batch_size = self.batch_size if self.batch_size is not None else self.info.batch_size
@@ -465,8 +484,15 @@ class _StepContext:
             self.step, params, cockpit.names, self.info, self.results, batch_size,
             self.transforms, self.grads_before, cockpit.group, cockpit.engine.pass_grads,
         )
-        outputs = []
+        outputs, too_few = [], []
         for quantity, _ in self.due:
+            if no_backward and quantity.NEEDS_BACKWARD:
+                outputs.append((quantity, Output(float("nan"))))
+                continue
+            if batch_size is not None and batch_size < quantity.MIN_BATCH_SIZE:
+                too_few.append(quantity.name)
+                outputs.append((quantity, Output(float("nan"))))
+                continue
             outputs.extend((quantity, out) for out in self._compute(quantity, data))
         loss = self.info.get("loss")
         checks = [torch.stack(data.grad_norms).amax()]  # NaN/Inf propagate
@@ -474,7 +500,12 @@ class _StepContext:
             checks.append(loss.detach().sum())
         host_outputs, checks = _to_host(([(o.value, o.layers, o.meta) for _, o in outputs], checks))
 
-        flags = list(self.engine_flags)
+        flags = list(self.engine_flags) + ([reason] if no_backward else [])
+        if too_few:
+            flags.append(
+                f"a batch of {batch_size} sample(s) has no variance across samples: "
+                f"{', '.join(too_few)} are NaN at step {self.step}. Fix: batches of at least 2 samples"
+            )
         if len(checks) > 1 and not math.isfinite(checks[1]):
             flags.append(NONFINITE_LOSS)
         if not math.isfinite(checks[0]):

@@ -428,3 +428,45 @@ def test_a_detached_loss_names_the_fix():
     with cp(1, info={"loss": loss}):  # the fix
         loss.backward()
     assert math.isfinite(cp.get_output()[1]["NormTest"])
+
+
+def test_no_backward_inside_the_context_is_nan_and_flagged_at_every_step():
+    """Without a backward pass of info["loss"] in the block the gradients are stale (here:
+    none): NaN and a flag naming the fix at each such step, not zeros; Loss is still recorded."""
+    model = nn.Sequential(nn.Linear(6, 3)).double()
+    cp = Cockpit(model, [quantities.GradNorm(), quantities.NormTest(), quantities.Loss()], diagnose=False)
+    x, y = torch.randn(4, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
+    for step in range(2):
+        loss = nn.functional.cross_entropy(model(x), y)
+        with pytest.warns(UserWarning, match="no backward pass of info\\['loss'\\] ran inside"):
+            with cp(step, info={"loss": loss}):
+                pass
+        entry = cp.get_output()[step]
+        assert math.isnan(entry["GradNorm"]) and math.isnan(entry["NormTest"])
+        assert entry["Loss"] == pytest.approx(float(loss))
+        assert any("call loss.backward() inside" in f for f in entry["flags"])
+    _one_step(cp, model, 2, x, y)  # the fix
+    assert math.isfinite(cp.get_output()[2]["NormTest"]) and "flags" not in cp.get_output()[2]
+
+
+def test_a_batch_of_one_sample_has_no_variance():
+    """B = 1: the statistics over samples are NaN with one flag naming the fix (not ±inf or a
+    huge MeanGSNR), without torch's warnings; the ones defined for one sample stay finite."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Linear(4, 3)).double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cp = Cockpit(model, configuration("economy", extras=True), diagnose=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for step in range(3):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(torch.randn(1, 6, dtype=torch.float64)), torch.tensor([1]))
+            with cp(step, info={"loss": loss, "optimizer": opt}):
+                loss.backward()
+            opt.step()
+    entry = cp.get_output()[1]
+    for name in ("NormTest", "InnerTest", "OrthoTest", "GradVariance", "MeanGSNR", "Alpha"):
+        assert math.isnan(entry[name]), name
+    assert all(math.isfinite(v) for v in entry["GradNorm"]) and entry["GradHist1d"]["hist"].sum() > 0
+    assert sum("at least 2 samples" in f for f in entry["flags"]) == 1
+    assert any("Alpha: a batch of one sample" in f for f in entry["flags"])

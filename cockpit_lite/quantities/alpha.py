@@ -89,7 +89,7 @@ class Alpha(Quantity):
                 "params": data.params,
                 "params_before": [p.detach().clone() for p in data.params],
                 "f": loss,
-                "var_f": float(losses.var()),
+                "var_f": _variance(losses),
                 "dots": sum(data.per_sample(("Alpha", "start"))),
                 "predicted": [self._pending.get(i) for i in range(len(data.params))],
             }
@@ -110,6 +110,8 @@ class Alpha(Quantity):
                 "Alpha: the update differs from the optimizer's predicted update "
                 "(a scheduler or gradient clipping between backward and step?)"
             )
+        if losses.numel() < 2 or not math.isfinite(start["var_f"]):
+            flags.append("Alpha: a batch of one sample has no variance of the losses and slopes, which the fit needs")
         if flags:
             return Output(float("nan"), step=step - 1, flags=flags)
         predicted_norm = float(torch.cat(predicted).norm())
@@ -119,8 +121,8 @@ class Alpha(Quantity):
             t,
             [start["f"], loss],
             [float(slopes_start.mean()), float(slopes_end.mean())],
-            [start["var_f"], float(losses.var())],
-            [float(slopes_start.var()), float(slopes_end.var())],
+            [start["var_f"], _variance(losses)],
+            [_variance(slopes_start), _variance(slopes_end)],
         )
         return Output(alpha_from_fit(mu, t), step=step - 1)
 
@@ -161,3 +163,8 @@ def alpha_from_fit(mu, t):
     if mu[2] < 0:
         return -1.0
     return float(2 * t / (-mu[1] / mu[2]) - 1)
+
+
+def _variance(values):
+    """The unbiased variance of the samples' values; NaN (no warning) for fewer than two."""
+    return float(values.var()) if values.numel() > 1 else float("nan")

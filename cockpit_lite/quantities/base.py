@@ -77,6 +77,15 @@ class Quantity:
                 "from the StepData bundle; see the README section 'Custom quantities'."
             )
 
+    NEEDS_BACKWARD = True
+    """Whether the values depend on the step's backward pass (gradients, per-sample
+    statistics, curvature). A step whose context saw no backward pass of ``info["loss"]``
+    records such a quantity as NaN with a flag instead of a value of stale gradients."""
+
+    MIN_BATCH_SIZE = 1
+    """The fewest samples the statistic is defined for (2 for a variance across samples); a
+    smaller batch records NaN with a flag."""
+
     def __init__(self, track_schedule=None, verbose=False):
         """
         Args:

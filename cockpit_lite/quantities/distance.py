@@ -11,6 +11,8 @@ class Distance(Quantity):
     parameters.
     """
 
+    NEEDS_BACKWARD = False
+
     def __init__(self, track_schedule=None, verbose=False):
         super().__init__(track_schedule, verbose)
         self._initial = None

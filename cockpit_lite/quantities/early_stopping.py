@@ -12,6 +12,8 @@ class EarlyStopping(SingleStepQuantity):
     Defined for plain SGD (as in Cockpit). Per layer: the mean over one parameter tensor.
     """
 
+    MIN_BATCH_SIZE = 2  # a variance across samples
+
     INFO = ("optimizer",)
     TRANSFORMS = (SumGradSquared,)
 

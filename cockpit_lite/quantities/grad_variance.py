@@ -13,6 +13,8 @@ class GradVariance(SingleStepQuantity):
     variance of the mini-batch gradient is this divided by ``B``.
     """
 
+    MIN_BATCH_SIZE = 2  # a variance across samples
+
     TRANSFORMS = (SumGradSquared,)
 
     def compute(self, step, data):

@@ -14,6 +14,8 @@ class InnerTest(SingleStepQuantity):
     restricted to it).
     """
 
+    MIN_BATCH_SIZE = 2  # a variance across samples
+
     TRANSFORMS = (BatchDotGrad,)
 
     def compute(self, step, data):

@@ -23,6 +23,8 @@ SUB_BATCH = 16
 class InputStats(Quantity):
     """``{"mean", "std", "min", "max", "nonfinite"}`` of the model's first input."""
 
+    NEEDS_BACKWARD = False
+
     def __init__(self, track_schedule=None, verbose=False):
         super().__init__(track_schedule, verbose)
         self._handle = None

@@ -6,6 +6,8 @@ from cockpit_lite.quantities.base import Output, SingleStepQuantity
 class Loss(SingleStepQuantity):
     """The mini-batch loss ``L`` as passed in ``info["loss"]``."""
 
+    NEEDS_BACKWARD = False
+
     INFO = ("loss",)
 
     def __init__(self, track_schedule=None, verbose=False, required=True):

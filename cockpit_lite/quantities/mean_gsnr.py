@@ -12,6 +12,8 @@ class MeanGSNR(SingleStepQuantity):
     parameter tensor's elements.
     """
 
+    MIN_BATCH_SIZE = 2  # a variance across samples
+
     TRANSFORMS = (SumGradSquared,)
 
     def __init__(self, track_schedule=None, verbose=False, epsilon=1e-5):

@@ -12,6 +12,8 @@ class NormTest(SingleStepQuantity):
     would help. Per layer: the same statistic on one parameter tensor's gradient.
     """
 
+    MIN_BATCH_SIZE = 2  # a variance across samples
+
     TRANSFORMS = (BatchL2,)
 
     def compute(self, step, data):

@@ -14,6 +14,8 @@ class OrthoTest(SingleStepQuantity):
     one parameter tensor.
     """
 
+    MIN_BATCH_SIZE = 2  # a variance across samples
+
     TRANSFORMS = (BatchL2, BatchDotGrad)
 
     def compute(self, step, data):

@@ -12,5 +12,7 @@ class ParamNorm(SingleStepQuantity):
     per layer (Karpathy's rule of thumb: about 1e-3 for a healthy learning rate).
     """
 
+    NEEDS_BACKWARD = False
+
     def compute(self, step, data):
         return Output(list(torch._foreach_norm([p.detach() for p in data.params])))

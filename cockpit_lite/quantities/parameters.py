@@ -6,5 +6,7 @@ from cockpit_lite.quantities.base import Output, SingleStepQuantity
 class Parameters(SingleStepQuantity):
     """A copy of every tracked parameter tensor (array per parameter). Large: use a sparse schedule."""
 
+    NEEDS_BACKWARD = False
+
     def compute(self, step, data):
         return Output([p.detach().clone() for p in data.params])

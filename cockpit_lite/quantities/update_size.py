@@ -11,6 +11,8 @@ class UpdateSize(Quantity):
     to appear (a copy older than the previous step is dropped).
     """
 
+    NEEDS_BACKWARD = False
+
     def __init__(self, track_schedule=None, verbose=False):
         super().__init__(track_schedule, verbose)
         self._start = None
