@@ -285,6 +285,19 @@ def _frozen_body(seed):
     return model, digits(seed), lambda params: torch.optim.Adam([p for p in params if p.requires_grad], lr=3e-3)
 
 
+def _biased_mlp(value):
+    model = mlp(hidden=(64, 64))
+    nn.init.constant_(model[3].bias, value)  # BUG: the second hidden layer's bias initialised at -4
+    return model
+
+
+def _tanh_mlp(gain):
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 10))
+    with torch.no_grad():
+        model[1].weight.mul_(gain)  # BUG: std 1 instead of 1/sqrt(fan_in) (20x too large)
+    return model
+
+
 def huber(output, target):
     return nn.functional.huber_loss(output, target, delta=1.0)
 
@@ -339,6 +352,12 @@ RECIPES = {
                                  ("unnormalized_inputs", None), note="raw 0..255 pixels into a Linear layer"),
     "vit_adam_lr_1": Recipe(lambda s: (TinyViT(), digits(s, scaling="standard"), adam(1.0)), ("lr_too_high", None),
                             note="ViT, Adam at 1.0"),
+    "gpt_adamw_no_warmup_high_lr": Recipe(_chars(lambda v: CharGPT(v), adamw(0.1)), ("lr_too_high", None),
+                                          task="chars", steps=100, note="char GPT, AdamW 0.1, no warm-up"),
+    "dead_relu_negative_bias": Recipe(lambda s: (_biased_mlp(-4.0), digits(s), sgd(0.05)), ("dead_relu", "4"),
+                                      note="a hidden bias initialised at -4"),
+    "tanh_huge_init": Recipe(lambda s: (_tanh_mlp(20.0), digits(s), sgd(0.05)), ("saturated_activations", "2"),
+                             note="tanh after weights 20x too large"),
 }
 """name -> Recipe."""
 
@@ -454,7 +473,8 @@ def outcome(name, cp, steps=None):
 def spread(cp):
     """The statistics the thresholds cut, measured on one run (for calibrating on healthy runs).
 
-    ``spike``: largest 7-record median loss / L₀; ``growth``: largest total ‖g‖ / its early level
+    ``spike``: largest 7-record median loss / L₀; ``rise3``: largest 3-record median loss / L₀ over
+    the first 20 records; ``peak_update3``: largest 3-step median ‖Δθ‖/‖θ‖; ``growth``: largest total ‖g‖ / its early level
     (median of the first 3 records); ``input_to_output``: largest min r(first two) / max r(last two)
     (tiny tensors left out); ``update``: smallest and largest 5-record median ‖Δθ‖/‖θ‖.
     """
@@ -483,7 +503,10 @@ def spread(cp):
     spikes = [statistics.median(losses[i - 7:i]) / ref for i in range(7, len(losses) + 1)] or [math.nan]
     early = statistics.median(norms[:3]) if norms else math.nan
     updates = [statistics.median(r for _, r in history.ratios[i - 5:i]) for i in range(5, len(history.ratios) + 1)]
-    return {"spike": max(spikes), "growth": max(n / early for n in norms) if norms else math.nan,
+    rises = [statistics.median(losses[i - 3:i]) / ref for i in range(3, min(len(losses), 20) + 1)] or [math.nan]
+    peaks = [statistics.median(r for _, r in history.ratios[i - 3:i]) for i in range(3, len(history.ratios) + 1)]
+    return {"spike": max(spikes), "rise3": max(rises), "peak_update3": max(peaks, default=math.nan),
+            "growth": max(n / early for n in norms) if norms else math.nan,
             "input_to_output": max(relative, default=math.nan),
             "update_min": min(updates, default=math.nan), "update_max": max(updates, default=math.nan)}
 

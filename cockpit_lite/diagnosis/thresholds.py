@@ -12,6 +12,7 @@ consecutive records, so that one noisy mini-batch cannot raise a finding.
 | lr_too_high | Loss | one loss > ``SPIKE_ONE`` (10) × the first loss | a single mini-batch 10x worse than at initialisation is a blown-up step (Adam at 0.3 on the CNN: 30x); healthy batches stay ≤ 1.5x |
 | lr_too_high | Loss, valid/test loss | learned ≥ ``LEARNED`` (30 %) of L₀, then the median of the last ``COLLAPSE_WINDOW`` (7) records climbs back ``COLLAPSE`` (60 %) of the way to L₀, sustained ``SUSTAIN``; with a logged held-out loss, it must have climbed back the same way | "learns and then collapses" (dead units, a blown-up step); a 7-median ignores up to 3 outlier batches (a regression with outlier targets swings 0.06 – 1.4 by batch while its held-out loss falls); mini-batch noise on digits moves it by < 20 % of the gained loss |
 | lr_too_high | UpdateSize, ParamNorm | median ‖Δθ‖/‖θ‖ of the last 3 steps ≥ ``HIGH_RATIO`` (0.5) while the 3-median loss stays ≥ 0.9 L₀ | measured: healthy SGD/Adam runs ≤ 0.11 per step (shallow sigmoid net at SGD 0.5); Adam at 0.3 gives 3.5 |
+| lr_too_high | UpdateSize, ParamNorm, Loss | a 3-step median ‖Δθ‖/‖θ‖ (the largest so far) ≥ ``OVERSHOOT_RATIO`` (0.2) and the 3-median loss is ≥ ``OVERSHOOT_LOSS`` (1.05) · L₀ | the healthy realistic runs (36): largest 3-step median update 0.003 – 0.029, largest 3-median loss in the first 20 records 1.0 – 1.07 L₀ (the Huber regression 3.8, at updates ≤ 0.013); healthy toy runs ≤ 0.11 with a falling loss; a char GPT with AdamW at 0.1 without warm-up: updates 0.27, loss 1.09 – 1.4 L₀ (3 seeds). The loss condition alone would be noise: it only counts together with updates ≥ 7× the healthy maximum |
 | lr_too_high | NonfiniteOrigin | non-finite loss with non-finite parameters | an update made the weights Inf/NaN: divergence, not a bug in one op |
 | lr_too_low | Loss, UpdateSize, ParamNorm | after ``MIN_STEPS`` (10): loss moved < ``LOW_DROP`` (2 %) of L₀ either way (a worse loss is not a small step) **and** median ‖Δθ‖/‖θ‖ < ``LOW_RATIO`` (3e-4), every layer getting a gradient | healthy SGD/Adam runs move weights by 1e-3 – 1e-2 of their norm per step (Karpathy's 1e-3 rule); both conditions together separate a too small step from a hard problem |
 | lr_too_low | learning rate (GradPresence / cp.log), UpdateSize, Loss | late: the lr fell in one step (≥ ``LATE_STEP`` (5) × lower than on the previous record, not after 5 records of steady decrease) to ≤ 1/``LATE_COLLAPSE`` (30) of its peak, then ‖Δθ‖/‖θ‖ ≤ 1/``LATE_COLLAPSE`` of its largest 3-record median before and the 3-median loss no lower by ``LOW_DROP`` L₀ than at the drop | one healthy step decay is 10× (StepLR's gamma 0.1) and the loss falls after it; the tail of a smooth schedule (cosine, linear, OneCycle) falls ≥ 5× between records only after many records of steady decrease |
@@ -74,6 +75,8 @@ EXPLODE_GROWTH = 100.0
 EXPLODE_SPIKE = 1000.0
 TINY_WEIGHT = 0.01
 HIGH_RATIO = 0.5
+OVERSHOOT_RATIO = 0.2
+OVERSHOOT_LOSS = 1.05
 VANISH_RATIO = 1e-3
 DEAD = 0.5
 SATURATED = 0.5

@@ -49,3 +49,19 @@ def test_a_noisy_loss_whose_held_out_loss_falls_is_no_collapse():
 def test_a_collapse_the_held_out_loss_confirms_is_found():
     found = _findings(noisy_run(lambda s: 1.0 / (1 + 0.1 * s) if s < 30 else 0.9))
     assert found and {f.kind for f in found} == {"lr_too_high"} and "held-out loss" in found[0].message
+
+
+def overshoot(losses, update=0.3):
+    return _findings([(s, {"Loss": loss, "ParamNorm": [10.0, 1.0], "UpdateSize": [10.0 * update, update]})
+                      for s, loss in enumerate(losses)])
+
+
+def test_overshooting_steps_while_the_loss_rises_are_lr_too_high():
+    # AdamW at a high learning rate without warm-up: the loss jumps, then plateaus (no 2x divergence)
+    found = overshoot([4.55, 3.68, 4.98, 5.43, 4.02, 4.09, 4.33])
+    assert found and "overshoot" in found[0].message
+
+
+def test_large_steps_on_a_falling_loss_or_ordinary_steps_on_a_noisy_loss_are_not():
+    assert overshoot([2.3, 2.2, 2.1, 1.9, 1.7, 1.5, 1.3]) == []
+    assert overshoot([4.55, 3.68, 4.98, 5.43, 4.02, 4.09, 4.33], update=0.02) == []

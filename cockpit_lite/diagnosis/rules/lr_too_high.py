@@ -12,6 +12,9 @@
   a held-out loss that keeps falling says the training did not collapse;
 - updates of ≥ ``HIGH_RATIO`` of the weights' norm per step (median of the last 3) while
   the loss does not improve (3-median ≥ 0.9 L₀);
+- overshooting steps: updates of ≥ ``OVERSHOOT_RATIO`` of the weights' norm (a 3-step
+  median, at any step so far) and the 3-median loss ≥ ``OVERSHOOT_LOSS`` · L₀ (AdamW at a high learning
+  rate without warm-up: the loss jumps, then plateaus far above the healthy twin's);
 - a non-finite loss whose origin has non-finite parameters (an update diverged), after a
   finite loss was seen: when the first loss seen is already non-finite (tracking began
   late, e.g. after an overhead budget's untracked first steps), non-finite parameters
@@ -23,7 +26,7 @@ import statistics
 
 from cockpit_lite.diagnosis import thresholds as T
 from cockpit_lite.diagnosis.finding import Finding
-from cockpit_lite.diagnosis.history import Streak, fmt, logged, plain
+from cockpit_lite.diagnosis.history import Streak, finite, fmt, logged, plain
 from cockpit_lite.diagnosis.rules.base import Rule
 
 SUGGESTION = "lower the learning rate (by 3-10x), add warm-up, or clip the gradient norm"
@@ -37,6 +40,7 @@ class LrTooHigh(Rule):
         self.best = math.inf
         self.collapse = Streak(T.SUSTAIN)
         self.held = None  # (first, best, last) held-out loss, once logged
+        self.peak = (0.0, None)  # the largest 3-step median update ratio so far, and where
 
     def observe(self, step, entry, history):
         ref = history.loss_ref
@@ -52,6 +56,17 @@ class LrTooHigh(Rule):
             return [self._finding(history.ratios[-3][0], f"each update changes the weights by {fmt(ratio, 2)} of "
                                   f"their norm (median of the 3 steps up to {step}; healthy: ~1e-3 to 1e-2)",
                                   {"update_ratio": plain(ratio), "loss_ref": plain(ref)})]
+        if len(history.ratios) >= 3 and finite(ratio) and ratio > self.peak[0]:
+            self.peak = (ratio, history.ratios[-1][0])
+        rose = history.median_recent_loss(3) >= T.OVERSHOOT_LOSS * ref if len(history.losses) >= 3 else False
+        if self.peak[0] >= T.OVERSHOOT_RATIO and rose:
+            peak, at = self.peak
+            return [self._finding(step, f"updates changed the weights by {fmt(peak, 2)} of their norm (median of "
+                                  f"the 3 steps up to {at}; healthy: ~1e-3 to 1e-2) and the "
+                                  f"loss rose from {fmt(ref)} to {fmt(history.median_recent_loss(3))} (median of the "
+                                  f"3 records up to step {step}): the steps overshoot",
+                                  {"update_ratio": plain(peak), "loss_ref": plain(ref),
+                                   "loss": plain(history.median_recent_loss(3))})]
         first = next((v for _, v in history.losses if math.isfinite(v)), math.nan)
         last = history.losses[-1][1] if history.losses and history.losses[-1][0] == step else math.nan
         if len(history.losses) >= 2 and first > 0 and last > T.SPIKE_ONE * first:
