@@ -120,6 +120,8 @@ class Cockpit:
         self.seed = seed
         self._last_step = None
         self._open_step = None  # the step whose context was entered and not exited yet
+        self._noted = set()  # changes of the tracked set already said (``_reread_parameters``)
+        self._known_names = set(self.names)  # trainable ones not among them are said once (added, unfrozen)
         self._closed = False
         self._writer = None
         self.sinks = list(sinks)
@@ -245,6 +247,42 @@ class Cockpit:
         for sink in self.sinks:
             sink.close()
 
+    def _reread_parameters(self, step):
+        """The tracked set as it is at this step, re-read from the model (or the given list).
+
+        A parameter frozen since (``requires_grad_(False)``) drops out of every statistic
+        (zero gradient, no individual gradients); one the model's attribute now holds
+        another tensor for (``layer.weight = nn.Parameter(...)``) is tracked as that tensor,
+        by name; a trainable parameter added to the model (or unfrozen) after the Cockpit
+        was created is not tracked (the record's layers are fixed at construction). Each is
+        said once.
+        """
+        if self.model is not None:
+            current = dict(self.model.named_parameters())
+            for index, name in enumerate(self.names):
+                param = current.get(name)
+                if param is not None and param is not self.params[index]:
+                    self.engine.replace(index, param)
+                    self._note(("replaced", name), f"{name} was replaced by a new tensor: from step {step} on "
+                               "its statistics are the new tensor's (quantities with a memory of it, like "
+                               "Distance, compare against the old one's)")
+            added = [n for n, p in current.items() if p.requires_grad and n not in self._known_names]
+            if added:
+                self._known_names.update(added)
+                self._note(("added", *added), f"{', '.join(added)} joined the model or became trainable after "
+                           "the Cockpit was created and are not tracked. Fix: create the Cockpit once the model "
+                           "is complete, with every parameter to track trainable")
+        for index, param in enumerate(self.params):
+            if not param.requires_grad:
+                self._note(("frozen", self.names[index]), f"{self.names[index]} no longer requires a gradient: "
+                           f"from step {step} on it is left out of every statistic (zero gradient, zero "
+                           "individual gradients)")
+
+    def _note(self, key, message):
+        if key not in self._noted:
+            self._noted.add(key)
+            warnings.warn(f"cockpit-lite: {message}", stacklevel=5)
+
     def _check_open(self, what):
         if self._closed:
             raise ValueError(
@@ -352,6 +390,8 @@ class _StepContext:
             if plan is not None:
                 cockpit._record(step, {_log.BUDGET: plan})
         self.due = [(q, n) for q in cockpit.quantities if (n := q.needs(step, self.info)) is not None]
+        if self.due:
+            cockpit._reread_parameters(step)
         if cockpit.budget is not None:
             cockpit.budget.saw(step, self.due)
         cockpit._last_step = step

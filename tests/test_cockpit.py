@@ -470,3 +470,35 @@ def test_a_batch_of_one_sample_has_no_variance():
     assert all(math.isfinite(v) for v in entry["GradNorm"]) and entry["GradHist1d"]["hist"].sum() > 0
     assert sum("at least 2 samples" in f for f in entry["flags"]) == 1
     assert any("Alpha: a batch of one sample" in f for f in entry["flags"])
+
+
+def test_the_tracked_set_is_reread_at_every_tracked_step():
+    """Frozen after construction: out of every statistic (against the brute force over the
+    trainable parameters), said once; a parameter replaced by assignment: its new tensor,
+    by name; a layer added later: said, not silently missing."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+    cp = Cockpit(model, [quantities.NormTest(), quantities.GradNorm()], diagnose=False)
+    x, y = torch.randn(8, 6, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    _one_step(cp, model, 0, x, y)
+    model.zero_grad()
+    model[0].requires_grad_(False)
+    with pytest.warns(UserWarning, match="0.weight no longer requires a gradient"):
+        _one_step(cp, model, 1, x, y)
+    per_sample = nn.functional.cross_entropy(model(x), y, reduction="none") / 8
+    trainable = [model[2].weight, model[2].bias]
+    rows = torch.stack([8 * torch.cat([g.reshape(-1) for g in torch.autograd.grad(per_sample[n], trainable, retain_graph=True)])
+                        for n in range(8)])
+    g = rows.mean(0)
+    expected = torch.sqrt(((rows - g) ** 2).sum() / (7 * 8 * (g**2).sum()))
+    problems.assert_close(cp.get_output()[1]["NormTest"], expected, what="NormTest, frozen after construction")
+    assert cp.get_output()[1]["GradNorm"][:2] == [0.0, 0.0]
+    model.zero_grad()
+    model[2].weight = nn.Parameter(torch.randn(3, 5, dtype=torch.float64))
+    model.add_module("3", nn.Linear(3, 3).double())
+    with pytest.warns(UserWarning) as caught:
+        loss = _one_step(cp, model, 2, x, y)
+    messages = " ".join(str(w.message) for w in caught)
+    assert "2.weight was replaced" in messages and "3.weight, 3.bias joined the model" in messages
+    problems.assert_close(cp.get_output()[2]["GradNorm"][2], model[2].weight.grad.norm(), what="GradNorm, replaced")
+    assert loss.requires_grad

@@ -111,6 +111,16 @@ class Engine:
         if self.capture.calls or self.capture._tensor_handles:
             self.capture.clear()
 
+    def replace(self, index, param):
+        """Track ``param`` as parameter ``index`` from now on (the model's attribute was reassigned)."""
+        self.params[index] = param
+        self.index = {id(p): i for i, p in enumerate(self.params)}
+        self.force_global.discard(index)
+        self._owning = weakref.WeakKeyDictionary()
+        if self.model is not None:
+            self._owners, self._parents, modules = _ownership(self.model, self.index)
+            self.capture.watch(modules)
+
     def prepare(self, loss):
         """Before the step's quantities are asked what they need: the step's own calls.
 
@@ -137,10 +147,11 @@ class Engine:
         engine serves them exactly as if the Cockpit had been given that model (the fast
         layer rules; ``info.model`` for the curvature), the capture watches them with
         per-module hooks, and tracked parameters that none of them owns take the global
-        path. Nothing happens once a model is known, or when no such call was seen (the
-        next watched forward pass tries again).
+        path. Nothing happens once a model is known; when modules ran but none owns a
+        tracked parameter (functional code), the engine stops looking (no more global hooks);
+        when no module ran while watched, the next watched forward pass tries again.
         """
-        if self.model is not None or not self.capture.calls:
+        if self.model is not None:
             return
         calls = self.capture.calls
         roots = []
@@ -152,6 +163,8 @@ class Engine:
                 if module not in roots:
                     roots.append(module)
         if not roots:
+            if self.capture.saw_a_call:  # modules ran, none owns a tracked parameter: stop looking
+                self.capture.watch({})
             return
         self.model = roots[0] if len(roots) == 1 else torch.nn.ModuleList(roots)
         self._roots = tuple(roots) if len(roots) > 1 else ()
@@ -226,8 +239,8 @@ class Engine:
             )
         routes = self._routes(calls, state, graph) if calls else {}
         global_indices = [  # no module owns it (parameters given without their model): global too
-            i for i in range(len(self.params))
-            if routes.get(i) == "global" or (i not in routes and (not calls or i not in self._owners))
+            i for i, p in enumerate(self.params)
+            if routes.get(i) == "global" or (i not in routes and p.requires_grad and (not calls or i not in self._owners))
         ]
         if state.batch_size is None and not global_indices:
             raise ValueError(
@@ -300,6 +313,8 @@ class Engine:
         mixing = [c for c in calls if mixes_samples(c.module)]
         routes = {}
         for index, param in enumerate(self.params):
+            if not param.requires_grad:  # frozen since: no individual gradients (zeros in the statistics)
+                continue
             if index in self.force_global:
                 routes[index] = "global"
                 continue

@@ -20,6 +20,7 @@ samples). Once the engine has found the modules, ``watch`` switches the capture 
 ordinary per-module hooks; either way the hooks exist only while the capture is armed.
 """
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +75,7 @@ class ForwardCapture:
         self.modules = modules
         self.on_grad = on_grad
         self.keep = keep
+        self.saw_a_call = False  # global hooks: whether any module ran while armed
         self.calls = []
         self.paused = False
         self._open = {}
@@ -89,9 +91,23 @@ class ForwardCapture:
         """Install the module hooks (no-op if installed)."""
         if self.armed:
             return
-        if self.modules is None:
-            self._module_handles.append(_module.register_module_forward_pre_hook(self._global_pre))
-            self._module_handles.append(_module.register_module_forward_hook(self._post, with_kwargs=True))
+        if self.modules is None:  # global hooks hold the capture weakly: a Cockpit dropped unclosed
+            ref = weakref.ref(self)  # leaves no hook behind once it is collected
+
+            def pre(module, args):
+                capture = ref()
+                if capture is not None:
+                    capture._global_pre(module, args)
+
+            def post(module, args, kwargs, output):
+                capture = ref()
+                if capture is not None:
+                    capture._post(module, args, kwargs, output)
+
+            for handle in (_module.register_module_forward_pre_hook(pre),
+                           _module.register_module_forward_hook(post, with_kwargs=True)):
+                self._module_handles.append(handle)
+                weakref.finalize(self, handle.remove)
             return
         for module in self.modules:
             self._module_handles.append(module.register_forward_pre_hook(self._pre, with_kwargs=True))
@@ -135,6 +151,7 @@ class ForwardCapture:
         return None
 
     def _global_pre(self, module, args):
+        self.saw_a_call = True
         if self.keep(module):
             self._pre(module, args, None)
         return None

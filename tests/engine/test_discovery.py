@@ -83,13 +83,14 @@ def test_an_untracked_step_has_no_hook():
     problem = problems.make("mlp", 4, steps=4)
     model = problem.model
     before = {id(m): (len(m._forward_hooks), len(m._forward_pre_hooks)) for m in model.modules()}
+    others = len(torch_module._global_forward_pre_hooks) + len(torch_module._global_forward_hooks)
     cp = Cockpit(model.parameters(), [quantities.NormTest(track_schedule=lambda s: s in (0, 2))], diagnose=False)
     assert torch_module._global_forward_pre_hooks  # armed for step 0, before the model is known
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     hooks_at = {}
     for step, (x, y) in enumerate(problem.batches):
         hooks_at[step] = (
-            len(torch_module._global_forward_pre_hooks) + len(torch_module._global_forward_hooks),
+            len(torch_module._global_forward_pre_hooks) + len(torch_module._global_forward_hooks) - others,
             sum(len(m._forward_hooks) + len(m._forward_pre_hooks) - sum(before[id(m)]) for m in model.modules()),
         )
         opt.zero_grad()
@@ -101,7 +102,27 @@ def test_an_untracked_step_has_no_hook():
     assert hooks_at[1] == (0, 0) and hooks_at[3] == (0, 0)  # untracked: nothing
     assert hooks_at[2][0] == 0 and hooks_at[2][1] > 0  # due again: per-module hooks on the found model
     cp.close()
-    assert not torch_module._global_forward_pre_hooks and not torch_module._global_forward_hooks
+    assert len(torch_module._global_forward_pre_hooks) + len(torch_module._global_forward_hooks) == others
+
+
+def test_a_cockpit_dropped_unclosed_or_on_functional_code_leaves_no_global_hook():
+    """Parameters no module owns: the engine stops looking after the first watched forward pass;
+    a Cockpit dropped before any step: its global hooks go with it."""
+    import gc
+
+    hooks = lambda: len(torch_module._global_forward_pre_hooks) + len(torch_module._global_forward_hooks)  # noqa: E731
+    gc.collect()
+    before = hooks()
+    weight = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    cp = Cockpit([weight], [quantities.NormTest()], diagnose=False)
+    x, y = torch.randn(5, 4, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1])
+    loss = nn.CrossEntropyLoss()(x @ weight.T, y)  # a module ran (the loss), owning nothing tracked
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    assert hooks() == before and math.isfinite(cp.get_output()[0]["NormTest"])
+    Cockpit(list(problems.make("mlp", 3).model.parameters()), [quantities.NormTest()], diagnose=False)
+    gc.collect()
+    assert hooks() == before
 
 
 class _Head(nn.Module):

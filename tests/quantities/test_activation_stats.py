@@ -177,7 +177,7 @@ def test_a_one_dimensional_output_is_a_batch_of_scalars():
     assert run(model, x)["2"]["dead"] == 1.0
 
 
-def test_close_removes_the_hooks_and_the_quantity_can_be_reused():
+def test_close_removes_the_hooks_and_a_new_cockpit_takes_a_new_quantity():
     torch.manual_seed(0)
     quantity = ActivationStats()
     model = nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 1))
@@ -185,7 +185,9 @@ def test_close_removes_the_hooks_and_the_quantity_can_be_reused():
     first = run(model, x, quantity)
     assert not model[1]._forward_hooks
     other = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 1))
-    second = run(other, x, quantity)
+    with pytest.raises(ValueError, match="already belongs to another Cockpit"):
+        run(other, x, quantity)  # a quantity keeps its run's state: one Cockpit each
+    second = run(other, x, ActivationStats())
     y = torch.tanh(other[0](x)).detach().numpy()
     assert first["1"]["type"] == "ReLU" and second["1"]["type"] == "Tanh"
     assert second["1"]["mean"] == pytest.approx(y.mean(), rel=1e-5)

@@ -292,12 +292,11 @@ def test_the_schedule_is_followed_and_verbose_prints(capsys):
 @pytest.mark.parametrize("reuse", [False, True])
 def test_submodules_called_without_the_model(reuse):
     """A ``ModuleDict`` whose members the loop calls directly: the model's own forward never runs.
-    With ``reuse``, the quantity served a closed Cockpit first."""
-    quantity = NonfiniteOrigin()
+    With ``reuse``, a closed Cockpit ran first (each Cockpit with its own quantity)."""
     for fn, op in [(lambda h: torch.log(h - 10), "log")] * reuse + [(lambda h: torch.sqrt(h - 10), "sqrt")]:
         torch.manual_seed(0)
         model = nn.ModuleDict({"enc": nn.Linear(3, 4), "act": Apply(fn), "head": nn.Linear(4, 2)})
-        cp = Cockpit(model, [quantity], diagnose=False)
+        cp = Cockpit(model, [NonfiniteOrigin()], diagnose=False)
         loss = model["head"](model["act"](model["enc"](X))).square().mean()
         with cp(0, info={"loss": loss}):
             loss.backward()
