@@ -515,3 +515,42 @@ def test_a_validation_pass_with_gradients_on_is_not_a_use(params_only):
         problems.assert_close(cp.get_output()[step]["GradVariance"], expected, what="GradVariance after a validation pass")
         model.eval()
         model(torch.randn(7, *x.shape[1:], dtype=x.dtype)).sum()  # validation, gradients on, 7 samples
+
+
+class _KeyBiasAttention(nn.Module):
+    """Attention whose key bias adds ``q·b_k`` to every score of a query, which softmax ignores:
+    its gradient is zero in exact arithmetic (BERT's, DistilBERT's, HF ViT's key biases)."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v, self.head = nn.Linear(3, 4), nn.Linear(3, 4), nn.Linear(3, 4), nn.Linear(4, 2)
+
+    def forward(self, x):
+        attention = torch.softmax(self.q(x) @ self.k(x).transpose(1, 2) / 2, -1)
+        return self.head((attention @ self.v(x)).mean(1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_an_exactly_zero_gradient_is_zero_not_a_failure(dtype):
+    """Rounding noise in autograd's and the rules' sums of a zero gradient is not a missed use:
+    no flag, the rules keep serving it, and the statistics match the brute force."""
+    torch.manual_seed(0)
+    model = _KeyBiasAttention().to(dtype)
+    cp = Cockpit(model, [quantities.NormTest()], diagnose=False, strict=True)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 5, 3, generator=g, dtype=dtype), torch.randint(0, 2, (8,), generator=g)
+    for step in range(2):
+        model.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        with cp(step, info={"loss": loss}):
+            loss.backward()
+    assert cp.engine.force_global == set() and "flags" not in cp.get_output()[0]
+    reference = model.double()
+    per_sample = F.cross_entropy(reference(x.double()), y, reduction="none") / 8
+    params = list(reference.parameters())
+    rows = torch.stack([8 * torch.cat([p.reshape(-1) for p in torch.autograd.grad(per_sample[n], params, retain_graph=True)])
+                        for n in range(8)])
+    mean = rows.mean(0)
+    expected = torch.sqrt(((rows - mean) ** 2).sum() / (7 * 8 * (mean**2).sum()))
+    problems.assert_close(cp.get_output()[1]["NormTest"], expected, rtol=1e-4 if dtype == torch.float32 else 1e-10,
+                          what="NormTest, an exactly zero gradient")
