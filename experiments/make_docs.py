@@ -55,7 +55,7 @@ def _overhead_subset(numbers):
     columns = [0, 1, 2, 3, 4]
     rows = [row for row in entry["rows"] if row[0] in ("economy", "business", "full")]
     header = [entry["header"][0] or "level"] + entry["header"][1:5]
-    header = ["`Cockpit(model)` level" if i == 0 else h for i, h in enumerate(header)]
+    header = ["level" if i == 0 else h for i, h in enumerate(header)]
     return markdown_table(header, [[row[i] for i in columns] for row in rows])
 
 

@@ -258,7 +258,7 @@ def test_links_between_pages_resolve():
 T = "cockpit_lite.diagnosis.thresholds"
 #: (file, quoted text, "module:NAME", factor): the number in the text is the constant × factor.
 CONSTANTS = [
-    ("docs/diagnosis.md", "the 3-median loss > 2 L₀", f"{T}:SPIKE", 1),
+    ("docs/diagnosis.md", "last 7 losses > 2 L₀", f"{T}:SPIKE", 1),
     ("docs/diagnosis.md", "one loss > 10× the first", f"{T}:SPIKE_ONE", 1),
     ("docs/diagnosis.md", "learned ≥ 30 % of L₀", f"{T}:LEARNED", 100),
     ("docs/diagnosis.md", "climbed back 60 % of the way", f"{T}:COLLAPSE", 100),
@@ -267,7 +267,10 @@ CONSTANTS = [
     ("docs/diagnosis.md", "fell < 2 % of L₀", f"{T}:LOW_DROP", 100),
     ("docs/diagnosis.md", "‖Δθ‖/‖θ‖ < 3e-4", f"{T}:LOW_RATIO", 1),
     ("docs/diagnosis.md", "first layer ≥ 50× the last two", f"{T}:EXPLODE_RATIO", 1),
-    ("docs/diagnosis.md", "total ‖g‖ ≥ 100× its first value", f"{T}:EXPLODE_GROWTH", 1),
+    ("docs/diagnosis.md", "total ‖g‖ ≥ 100× its early level", f"{T}:EXPLODE_GROWTH", 1),
+    ("docs/diagnosis.md", "1000× on one", f"{T}:EXPLODE_SPIKE", 1),
+    ("docs/diagnosis.md", "the median of the last 7 losses", f"{T}:COLLAPSE_WINDOW", 1),
+    ("docs/diagnosis.md", "or ≥ 0.2 with the loss above L₀", f"{T}:OVERSHOOT_RATIO", 1),
     ("docs/diagnosis.md", "≤ 1e-3 of the last two", f"{T}:VANISH_RATIO", 1),
     ("docs/diagnosis.md", "≥ 50 % of a ReLU module's units", f"{T}:DEAD", 100),
     ("docs/diagnosis.md", "≥ 50 % of tanh/sigmoid outputs", f"{T}:SATURATED", 100),
