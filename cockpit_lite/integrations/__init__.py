@@ -18,5 +18,6 @@ def require(module, extra):
         return importlib.import_module(module)
     except ImportError as error:
         raise ImportError(
-            f"{module} is not installed; this integration needs it: pip install \"cockpit-lite[{extra}]\""
+            f"{module} is not installed; this integration needs it: in a clone of cockpit-lite, "
+            f"pip install \".[{extra}]\" (or pip install {module})"
         ) from error

@@ -5,7 +5,7 @@
     trainer.train()
     trainer.cockpit.get_output()
 
-Needs ``transformers`` and ``accelerate`` (``pip install "cockpit-lite[hf]"``).
+Needs ``transformers`` and ``accelerate`` (``pip install ".[hf]" in a clone of cockpit-lite``).
 
 Why a ``Trainer`` mixin and not a ``TrainerCallback``: a Cockpit step must be entered
 after the forward pass and before ``loss.backward()`` (it plans the step from the

@@ -4,7 +4,7 @@
     trainer = lightning.Trainer(max_epochs=3, callbacks=[CockpitCallback()])
     trainer.fit(module, loader)
 
-Needs ``lightning`` (``pip install "cockpit-lite[lightning]"``). How it hooks in:
+Needs ``lightning`` (``pip install ".[lightning]" in a clone of cockpit-lite``). How it hooks in:
 
 - ``on_before_backward`` enters the Cockpit's step context (``cp(step, info={"loss",
   "optimizer"})``) and ``on_after_backward`` leaves it, so the Cockpit sees exactly the

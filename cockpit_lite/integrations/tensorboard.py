@@ -4,7 +4,7 @@
     cp = Cockpit(model, configuration("economy"), sinks=[TensorBoardSink("runs/tb")])
 
 Through ``torch.utils.tensorboard.SummaryWriter`` (needs the ``tensorboard`` package:
-``pip install "cockpit-lite[tensorboard]"``). Tags (``prefix`` first, default
+``pip install ".[tensorboard]" in a clone of cockpit-lite``). Tags (``prefix`` first, default
 ``"cockpit"``):
 
 - every scalar quantity and epoch value: ``cockpit/NormTest``, ``cockpit/train_loss``;

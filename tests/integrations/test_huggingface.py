@@ -11,8 +11,8 @@ import os
 import pytest
 import torch
 
-pytest.importorskip("transformers", reason="the hf extra is not installed (pip install 'cockpit-lite[hf]')")
-pytest.importorskip("accelerate", reason="the hf extra is not installed (pip install 'cockpit-lite[hf]')")
+pytest.importorskip("transformers", reason="the hf extra is not installed (pip install '.[hf]' in a clone of cockpit-lite)")
+pytest.importorskip("accelerate", reason="the hf extra is not installed (pip install '.[hf]' in a clone of cockpit-lite)")
 import transformers  # noqa: E402
 
 from cockpit_lite import quantities  # noqa: E402

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-pytest.importorskip("lightning", reason="the lightning extra is not installed (pip install 'cockpit-lite[lightning]')")
+pytest.importorskip("lightning", reason="the lightning extra is not installed (pip install '.[lightning]' in a clone of cockpit-lite)")
 import lightning.pytorch as pl  # noqa: E402
 
 from cockpit_lite import quantities  # noqa: E402

@@ -8,7 +8,7 @@ import torch
 
 from cockpit_lite import Cockpit, configuration, quantities
 
-pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed (pip install 'cockpit-lite[tensorboard]')")
+pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed (pip install '.[tensorboard]' in a clone of cockpit-lite)")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 from cockpit_lite.integrations.tensorboard import TensorBoardSink  # noqa: E402
