@@ -458,7 +458,7 @@ class Engine:
                     )
                     per_sample.grad = total.reshape(-1)
                     parts[index].append(grad_batch if state.deferred else _transforms.run(state.transforms, per_sample))
-        for index, chunks in parts.items():
+        for (index, chunks), total in zip(parts.items(), totals):
             if state.deferred:  # the transforms wait for the global gradient (DDP)
                 grad_batch = torch.cat([chunk for chunk in chunks])
                 state.ready(index, _transforms.PerSample(
@@ -469,7 +469,8 @@ class Engine:
             state.results[index] = {
                 t.key: t.combine([chunk[t.key] for chunk in chunks]) for t in state.transforms
             }
-            state.served[index] = None  # exact by construction: not checked
+            state.served[index] = total.reshape(-1)  # checked too: was info["loss"] what ran backward?
+            state.global_path.add(index)
 
     def _run_deferred(self, state):
         """DDP: the global gradient and batch size (one packed all-reduce), then the transforms.
@@ -528,12 +529,17 @@ class Engine:
             scale = max(norm, MODEL_SCALE_FRACTION * model * (true.numel() / size) ** 0.5)
             error = float((engine_grad - true).norm())
             if error > rtol * scale + 1e-30 and torch.isfinite(true).all():
-                self._fail(
-                    state, index,
-                    f"the individual gradients sum to a gradient {error / max(norm, 1e-30):.2g} "
-                    "(relative) away from autograd's: the parameter is used somewhere the engine "
-                    "did not see (e.g. read by a parent module's own code as well)",
-                )
+                away = f"{error / max(norm, 1e-30):.2g} (relative) away from autograd's"
+                self._fail(state, index, (
+                    f"the gradient of info['loss'] is {away} in this backward pass: backward ran on "
+                    "another loss (e.g. an explicit L2 term added to it). Fix: pass as info['loss'] "
+                    "the loss you call backward on, with info['individual_losses'] = each sample's "
+                    "share of it (e.g. ce_none + l2), or use the optimizer's weight_decay"
+                ) if index in state.global_path else (
+                    f"the individual gradients sum to a gradient {away}: the parameter is used "
+                    "somewhere the engine did not see (e.g. read by a parent module's own code as "
+                    "well), or backward ran on another loss than info['loss']"
+                ))
 
     def _fail(self, state, index, reason):
         """Mark a parameter's values of this step NaN; it takes the global path from now on."""
@@ -541,12 +547,18 @@ class Engine:
         self.force_global.add(index)
         name = self.names[index]
         state.flags.append(f"individual gradients of {name} unavailable at this step: {reason}")
-        self._warn_once(
-            ("failed", index),
-            f"cockpit-lite: individual gradients of {name} could not be formed by a layer rule "
-            f"({reason}); this step's values involving it are NaN, and from the next step on it "
-            "takes the exact global path (slower).",
-        )
+        if index in state.global_path:
+            self._warn_once(("loss", index), (
+                f"cockpit-lite: the individual gradients of {name} are not those of the backward "
+                f"pass ({reason}); its values are NaN at every step where this holds."
+            ))
+        else:
+            self._warn_once(
+                ("failed", index),
+                f"cockpit-lite: individual gradients of {name} could not be formed by a layer rule "
+                f"({reason}); this step's values involving it are NaN, and from the next step on it "
+                "takes the exact global path (slower).",
+            )
         if index not in state.results:  # values of the right shapes, from zeros
             param = self.params[index]
             zeros = param.new_zeros((state.batch_size or 1, *param.shape))
@@ -579,7 +591,8 @@ class _Step:
         self.done = set()
         self.dense = {}
         self.results = {}
-        self.served = {}  # index -> the rules' gradient (None: the global path)
+        self.served = {}  # index -> the gradient the engine's individual gradients sum to (None: not checked)
+        self.global_path = set()  # indices served by the global path
         self.failed = set()
         self.flags = []
         self.low_precision = False

@@ -8,7 +8,6 @@ import torch
 from torch import nn
 from torch.nn.modules import module as torch_module
 
-import models
 import problems
 from cockpit_lite import Cockpit, configuration, quantities
 from cockpit_lite.engine import global_path

@@ -554,3 +554,41 @@ def test_an_exactly_zero_gradient_is_zero_not_a_failure(dtype):
     expected = torch.sqrt(((rows - mean) ** 2).sum() / (7 * 8 * (mean**2).sum()))
     problems.assert_close(cp.get_output()[1]["NormTest"], expected, rtol=1e-4 if dtype == torch.float32 else 1e-10,
                           what="NormTest, an exactly zero gradient")
+
+
+def test_backward_of_another_loss_than_info_loss_is_flagged_at_every_step_and_the_fix_works():
+    """``(ce + λ·l2).backward()`` with ``info["loss"] = ce``: the individual gradients (of ce) are
+    not the backward pass's (of ce + λ·l2), on the rules and on the global path alike: NaN and a
+    flag at every step, never finite values that match nothing. The fix it names (the loss
+    backpropagated, and each sample's share of it) is exact against the brute force."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+    x, y = torch.randn(8, 4, dtype=torch.float64), torch.randint(0, 3, (8,))
+    cp = Cockpit(model, [quantities.NormTest()], diagnose=False)
+
+    def terms():
+        l2 = sum((p**2).sum() for p in model.parameters())
+        return F.cross_entropy(model(x), y, reduction="none") + 1e-2 * l2  # ℓ_n, mean_n ℓ_n = ce + λ·l2
+
+    for step in range(3):
+        model.zero_grad()
+        ce = F.cross_entropy(model(x), y)
+        with pytest.warns(UserWarning) if step < 2 else warnings.catch_warnings():
+            with cp(step, info={"loss": ce}):
+                (ce + 1e-2 * sum((p**2).sum() for p in model.parameters())).backward()
+        entry = cp.get_output()[step]
+        assert math.isnan(entry["NormTest"]) and any("another loss" in f for f in entry["flags"]), step
+    for step in range(3, 5):  # the fix
+        model.zero_grad()
+        losses = terms()
+        total = losses.mean()
+        with cp(step, info={"loss": total, "individual_losses": losses}):
+            total.backward()
+        assert "flags" not in cp.get_output()[step]
+        shares = terms() / 8
+        params = list(model.parameters())
+        rows = torch.stack([8 * torch.cat([g.reshape(-1) for g in torch.autograd.grad(shares[n], params, retain_graph=True)])
+                            for n in range(8)])
+        mean = rows.mean(0)
+        expected = torch.sqrt(((rows - mean) ** 2).sum() / (7 * 8 * (mean**2).sum()))
+        problems.assert_close(cp.get_output()[step]["NormTest"], expected, what="NormTest, an explicit L2 term")
