@@ -49,16 +49,6 @@ def _measured(name):
     return table
 
 
-def _overhead_subset(numbers):
-    """The Cockpit-comparison columns of the overhead table (MLP and CNN, levels only)."""
-    entry = numbers["measured"]["overhead"]
-    columns = [0, 1, 2, 3, 4]
-    rows = [row for row in entry["rows"] if row[0] in ("economy", "business", "full")]
-    header = [entry["header"][0] or "level"] + entry["header"][1:5]
-    header = ["level" if i == 0 else h for i, h in enumerate(header)]
-    return markdown_table(header, [[row[i] for i in columns] for row in rows])
-
-
 def _lr_table(numbers):
     """One row per learning rate of the comparison: median α, test accuracy, note."""
     lr = numbers["lr_comparison"]
@@ -93,7 +83,7 @@ TABLES = {
     "memory": _measured("memory"),
     "histogram": _measured("histogram"),
     "correctness": _measured("correctness"),
-    "porting_speed": _overhead_subset,
+    "porting_speed": _measured("recipe"),
     "lr_comparison": _lr_table,
     "demo_last_epoch": _demo_summary,
 }
