@@ -189,7 +189,7 @@ def _run(args):
             run = _load(log, args)
             dashboard = Dashboard(figsize=tuple(args.size) if args.size else (16, 10), dpi=args.dpi,
                                   layerwise=args.layerwise, log_steps=args.log_steps, title=args.title)
-            data.atomic_save(lambda temporary: dashboard.save(run, temporary), output)
+            dashboard.save(run, output)  # atomic (Dashboard.save)
     print(output)
     return 0
 

@@ -279,15 +279,15 @@ class Dashboard:
     def save(self, source, path, **savefig_kwargs):
         """Draw ``source`` and save it to ``path`` (format from the extension, PNG by default).
 
-        Returns the path written.
+        Text from the record is drawn literally (``data.literal_text``: a ``$`` in a finding
+        is a dollar sign), and the file is written atomically (``data.atomic_save``: a
+        process killed while saving never leaves a truncated picture). Returns the path.
         """
-        fig = self.draw(source)
+        with data.literal_text():
+            fig = self.draw(source)
         path = os.fspath(path)
-        folder = os.path.dirname(path)
-        if folder:
-            os.makedirs(folder, exist_ok=True)
         savefig_kwargs.setdefault("dpi", self.dpi)
-        fig.savefig(path, **savefig_kwargs)
+        data.atomic_save(lambda temporary: fig.savefig(temporary, **savefig_kwargs), path)
         return path
 
 

