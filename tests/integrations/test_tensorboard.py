@@ -58,7 +58,7 @@ def test_event_file_holds_the_record(tmp_path):
 
 def test_missing_package_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorboard", None)
-    with pytest.raises(ImportError, match=r"cockpit-lite\[tensorboard\]"):
+    with pytest.raises(ImportError, match=r"pip install \"\.\[tensorboard\]\""):
         TensorBoardSink("unused")
 
 
