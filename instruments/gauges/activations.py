@@ -7,7 +7,9 @@ on every activation module), ``{module: {"type", "mean", "std", "zeros", "dead",
 
 import numpy as np
 
-from .. import data
+from .. import data, style
+from . import _heatmap
+from ._common import not_tracked
 
 KEY = "ActivationStats"
 
@@ -39,3 +41,16 @@ def has(record, field):
         if isinstance(stats, dict) and any(isinstance(v, dict) and v.get(field) is not None for v in stats.values()):
             return True
     return False
+
+
+def draw_fraction(record, ax, field, title, short, options):
+    """The heat map of one fraction (``dead`` or ``saturated``) per module over steps, with
+    the rules' 50 % threshold on the colour bar and the worst module in the title."""
+    if not has(record, field):
+        return not_tracked(ax, title, (KEY,))
+    xs, values, labels = matrix(record, field)
+    _heatmap.draw(ax, xs, values, labels, vmin=0.0, vmax=1.0, cmap="Reds", label=f"{field} fraction",
+                  threshold=0.5, threshold_label="rule, 50%", options=options)
+    name, value = _heatmap.worst(values, labels)
+    style.set_title(ax, short + (f" · worst {style.percent(value)} in {name.split(' (')[0]}" if name else ""))
+    return None

@@ -13,9 +13,7 @@ How to read it
 - Rows of digit images' border pixels are never quite white (always-zero inputs).
 """
 
-from .. import style
-from . import _heatmap, activations
-from ._common import not_tracked
+from . import activations
 
 TITLE = "Dead units (ReLU)"
 KEYS = (activations.KEY,)
@@ -28,11 +26,4 @@ def has_data(record):
 
 def gauge(record, ax, **options):
     """Draw the dead fraction of every ReLU-family module over steps on ``ax``."""
-    if not has_data(record):
-        return not_tracked(ax, TITLE, KEYS)
-    xs, matrix, labels = activations.matrix(record, "dead")
-    _heatmap.draw(ax, xs, matrix, labels, vmin=0.0, vmax=1.0, cmap="Reds", label="dead fraction",
-                  threshold=0.5, threshold_label="rule, 50%", options=options)
-    name, value = _heatmap.worst(matrix, labels)
-    title = "Dead units" + (f" · worst {style.percent(value)} in {name.split(' (')[0]}" if name else "")
-    style.set_title(ax, title)
+    return activations.draw_fraction(record, ax, "dead", TITLE, "Dead units", options)

@@ -12,9 +12,7 @@ How to read it
 - Turning red during training: a too large learning rate drives pre-activations out.
 """
 
-from .. import style
-from . import _heatmap, activations
-from ._common import not_tracked
+from . import activations
 
 TITLE = "Saturated activations"
 KEYS = (activations.KEY,)
@@ -27,11 +25,4 @@ def has_data(record):
 
 def gauge(record, ax, **options):
     """Draw the saturated fraction of every tanh/sigmoid module over steps on ``ax``."""
-    if not has_data(record):
-        return not_tracked(ax, TITLE, KEYS)
-    xs, matrix, labels = activations.matrix(record, "saturated")
-    _heatmap.draw(ax, xs, matrix, labels, vmin=0.0, vmax=1.0, cmap="Reds", label="saturated fraction",
-                  threshold=0.5, threshold_label="rule, 50%", options=options)
-    name, value = _heatmap.worst(matrix, labels)
-    title = "Saturation" + (f" · worst {style.percent(value)} in {name.split(' (')[0]}" if name else "")
-    style.set_title(ax, title)
+    return activations.draw_fraction(record, ax, "saturated", TITLE, "Saturation", options)
