@@ -6,9 +6,10 @@ Keys
 - ``"optimizer"``: the ``torch.optim.Optimizer`` that makes the step (``Alpha``,
   ``CABS``, ``EarlyStopping``).
 - ``"individual_losses"``: the per-sample losses. Derived when absent: the loss
-  function's node in the autograd graph of ``info["loss"]`` (cross-entropy / NLL,
-  MSE, BCE-with-logits, called with ``reduction="mean"`` or ``"sum"``) is re-evaluated
-  with ``reduction="none"``. Either way they are normalised to the convention of
+  function's node in the autograd graph of ``info["loss"]`` (cross-entropy / NLL
+  with class weights, ``ignore_index`` and ``label_smoothing``, MSE, Huber, smooth L1,
+  BCE-with-logits, called with ``reduction="mean"`` or ``"sum"``) is re-evaluated with
+  ``reduction="none"``. Either way they are normalised to the convention of
   ``cockpit_lite.transforms``: ``ℓ_n`` such that ``mean_n ℓ_n`` is the mini-batch loss
   (for ``reduction="sum"`` that is ``B`` times the per-sample term).
 - ``"batch_size"``: optional; derived from the individual gradients, and checked
@@ -27,18 +28,37 @@ import torch.nn.functional as F
 _MEAN, _SUM = 1, 2  # ATen's reduction codes saved in loss nodes
 
 
-def _nll_loss(node):
+def _ignore_index(node):
     ignore_index = node._saved_ignore_index
     if ignore_index >= 2**63:  # saved as an unsigned 64-bit integer
         ignore_index -= 2**64
+    return ignore_index
+
+
+def _nll_loss(node):
     elements = F.nll_loss(
         node._saved_self,
         node._saved_target,
         weight=node._saved_weight,
-        ignore_index=ignore_index,
+        ignore_index=_ignore_index(node),
         reduction="none",
     )
     return elements, node._saved_total_weight
+
+
+def _smoothed_cross_entropy(nll, smoothing):
+    """Cross-entropy with ``label_smoothing=ε`` over ``C`` classes, from its NLL node.
+
+    Per element ``e = (1 − ε) w_y (−log p_y) + (ε/C) Σ_c w_c (−log p_c)``, zero where
+    the target is ``ignore_index`` (``w = 1`` without class weights); torch divides
+    both terms of the mean by the NLL's total weight ``Σ w_y`` of the kept targets.
+    """
+    elements, denominator = _nll_loss(nll)
+    log_p, weight = nll._saved_self, nll._saved_weight
+    if weight is not None:
+        log_p = log_p * weight.reshape(-1, *[1] * (log_p.dim() - 2))
+    smooth = (-log_p.sum(1)).masked_fill(nll._saved_target == _ignore_index(nll), 0.0)
+    return (1 - smoothing) * elements + (smoothing / log_p.shape[1]) * smooth, denominator
 
 
 def _mse_loss(node):
@@ -57,13 +77,58 @@ def _bce_with_logits_loss(node):
     return elements, elements.numel()
 
 
+def _huber_loss(node):
+    elements = F.huber_loss(node._saved_self, node._saved_target, reduction="none", delta=node._saved_delta)
+    return elements, elements.numel()
+
+
+def _smooth_l1_loss(node):
+    elements = F.smooth_l1_loss(node._saved_self, node._saved_target, reduction="none", beta=node._saved_beta)
+    return elements, elements.numel()
+
+
 LOSS_NODES = {
     "NllLossBackward0": _nll_loss,
     "NllLoss2DBackward0": _nll_loss,
     "MseLossBackward0": _mse_loss,
     "BinaryCrossEntropyWithLogitsBackward0": _bce_with_logits_loss,
+    "HuberLossBackward0": _huber_loss,
+    "SmoothL1LossBackward0": _smooth_l1_loss,
 }
 """Autograd node name of a loss function → ``node -> (unreduced losses, mean denominator)``."""
+
+_SMOOTHING_TAIL = ("SumBackward0", "MaskedFillBackward0", "NegBackward0", "SumBackward1")
+"""The smoothing term's nodes below its factor ε/C (a mean divides first, ``DivBackward0``)."""
+
+
+def _loss_function(node):
+    """``(derive, reduction)`` of the loss function whose output ``node`` makes, or ``(None, None)``.
+
+    Label smoothing makes cross-entropy a sum of two terms in the graph,
+    ``(1 − ε) · NLL + (ε/C) · smoothing`` (``AddBackward0``); it is recognised by that
+    structure and by the factors adding up (``(1 − ε)`` and ``ε/C``).
+    """
+    derive = LOSS_NODES.get(type(node).__name__)
+    if derive is not None:
+        return derive, getattr(node, "_saved_reduction", None)
+    if type(node).__name__ != "AddBackward0" or getattr(node, "_saved_alpha", None) != 1:
+        return None, None
+    (first, _), (second, _) = node.next_functions
+    if not all(type(n).__name__ == "MulBackward1" for n in (first, second)):
+        return None, None
+    nll = first.next_functions[0][0]
+    if type(nll).__name__ not in ("NllLossBackward0", "NllLoss2DBackward0"):
+        return None, None
+    smoothing, reduction = 1 - first._saved_other, nll._saved_reduction
+    tail = (("DivBackward0",) if reduction == _MEAN else ()) + _SMOOTHING_TAIL
+    current = second
+    for name in tail:
+        current = current.next_functions[0][0] if current is not None and current.next_functions else None
+        if type(current).__name__ != name:
+            return None, None
+    if not math.isclose(second._saved_other, smoothing / nll._saved_self.shape[1], rel_tol=1e-9):
+        return None, None
+    return (lambda _: _smoothed_cross_entropy(nll, smoothing)), reduction
 
 
 def contributions_from_graph(loss, batch_size=None, keep_graph=False):
@@ -92,12 +157,12 @@ def contributions_from_graph(loss, batch_size=None, keep_graph=False):
             "the loss tensor itself, the one loss.backward() is called on"
         )
     node, factor = _unscaled(loss.grad_fn)
-    derive = LOSS_NODES.get(type(node).__name__)
-    reduction = getattr(node, "_saved_reduction", None)
+    derive, reduction = _loss_function(node)
     if derive is None or reduction not in (_MEAN, _SUM):
         raise ValueError(
             "cannot derive 'individual_losses': info['loss'] must come from a "
-            "cross-entropy/NLL, MSE or BCE-with-logits loss with reduction 'mean' or "
+            "cross-entropy/NLL (label smoothing too), MSE, Huber, smooth-L1 or BCE-with-logits "
+            "loss with reduction 'mean' or "
             f"'sum', optionally times a constant (its autograd node is {type(node).__name__}). "
             "Pass them yourself: info={'individual_losses': "
             "lossfunc_with_reduction_none(output, target), ...}"

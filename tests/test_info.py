@@ -28,6 +28,22 @@ LOSSES = {
     "nll": (nn.NLLLoss, LOGITS.log_softmax(1), CLASSES),
     "mse": (nn.MSELoss, LOGITS, TARGETS),
     "bce_logits": (nn.BCEWithLogitsLoss, LOGITS, TARGETS.sigmoid()),
+    "ce_smoothed": (lambda reduction: nn.CrossEntropyLoss(label_smoothing=0.1, reduction=reduction), LOGITS, CLASSES),
+    "ce_weighted_ignore_smoothed": (
+        lambda reduction: nn.CrossEntropyLoss(
+            weight=torch.tensor([1.0, 2.0, 0.5, 3.0], dtype=torch.float64), ignore_index=1,
+            label_smoothing=0.25, reduction=reduction,
+        ),
+        LOGITS,
+        CLASSES,
+    ),
+    "ce_spatial_smoothed": (
+        lambda reduction: nn.CrossEntropyLoss(label_smoothing=0.1, reduction=reduction),
+        LOGITS.reshape(B, 4, 1).expand(B, 4, 3),
+        SEGMENTS,
+    ),
+    "huber": (lambda reduction: nn.HuberLoss(delta=0.5, reduction=reduction), LOGITS, TARGETS),
+    "smooth_l1": (lambda reduction: nn.SmoothL1Loss(beta=0.5, reduction=reduction), LOGITS, TARGETS),
 }
 
 
@@ -59,6 +75,28 @@ def test_a_loss_times_a_constant_is_derived():
     base = nn.CrossEntropyLoss(reduction="none")(LOGITS, CLASSES)
     for loss, factor in ((nn.CrossEntropyLoss()(LOGITS, CLASSES) / 4, 0.25), (3 * nn.CrossEntropyLoss()(LOGITS, CLASSES), 3.0)):
         torch.testing.assert_close(individual_losses_from_graph(loss), base * factor)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("name", ["ce_smoothed", "ce_weighted_ignore_smoothed", "huber"])
+def test_contributions_of_smoothed_and_robust_losses_have_the_loss_gradient(name, reduction):
+    """The exact global path differentiates c_n with its graph: Σ_n ∇c_n is the loss's gradient."""
+    make, inputs, targets = LOSSES[name]
+    loss = make(reduction=reduction)(inputs, targets)
+    contributions = StepInfo({"loss": loss}, 0).contributions("Quantity")
+    (from_contributions,) = torch.autograd.grad(contributions.sum(), LOGITS, retain_graph=True)
+    (from_loss,) = torch.autograd.grad(loss, LOGITS)
+    torch.testing.assert_close(from_contributions, from_loss)
+
+
+def test_a_sum_that_only_looks_like_label_smoothing_is_refused():
+    """0.9 · cross-entropy plus another term (here the smoothing term with the wrong factor, and an
+    L2 penalty) is not a label-smoothed cross-entropy."""
+    nll = nn.CrossEntropyLoss()(LOGITS, CLASSES)
+    smoothing = -LOGITS.log_softmax(1).sum(1).masked_fill(CLASSES == -100, 0.0).sum() / B
+    for loss in (0.9 * nll + 0.05 * smoothing, 0.9 * nll + 0.025 * LOGITS.square().sum()):
+        with pytest.raises(ValueError, match="AddBackward0"):
+            individual_losses_from_graph(loss)
 
 
 def test_underivable_loss_explains_the_fix():
