@@ -189,3 +189,32 @@ def test_business_on_an_extended_model_is_equal_in_both_recipes():
             for key in ("HessTrace", "TICDiag", "NormTest", "InnerTest", "OrthoTest", "Alpha"):
                 if key in records[0][step]:
                     problems.assert_close(records[1][step][key], records[0][step][key], rtol=1e-10, what=f"{key}, {name}")
+
+
+def test_an_extended_token_model_with_a_flattened_loss_is_exact():
+    """``extend(model)``, ``extend(nn.CrossEntropyLoss())`` on ``[B·T, V]`` logits and the named
+    parameters, no ``batch_size``: each sample is a sequence (its mean token loss), as the brute
+    force of per-sequence gradients says (this recipe once took the B·T rows for samples)."""
+    from cockpit_lite import extend
+    from models import GPT, SEQ, VOCAB
+
+    torch.manual_seed(0)
+    model, b = GPT().double(), 4
+    x, y = torch.randint(0, VOCAB, (b, SEQ)), torch.randint(0, VOCAB, (b, SEQ))
+    params = list(model.parameters())
+    per_sequence = nn.functional.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1), reduction="none")
+    per_sequence = per_sequence.reshape(b, SEQ).mean(1)
+    rows = torch.stack([
+        torch.cat([g.reshape(-1) for g in torch.autograd.grad(per_sequence[n], params, retain_graph=True)])
+        for n in range(b)
+    ])
+    sizes = [p.numel() for p in params]
+    expected = [part.var(0, unbiased=True).sum() for part in rows.split(sizes, dim=1)]
+
+    model = extend(model)
+    cp = Cockpit(model.named_parameters(), [quantities.GradVariance()], diagnose=False)
+    loss = extend(nn.CrossEntropyLoss())(model(x).reshape(-1, VOCAB), y.reshape(-1))
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    assert not cp.get_output()[0].get("flags")
+    problems.assert_close(cp.get_output()[0]["GradVariance"], expected, what="GradVariance, extended token model")
