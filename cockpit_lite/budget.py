@@ -20,8 +20,9 @@ step where tiers ``0..k`` are due costs ``C_k``, the cost of all of them togethe
 measured as such.
 
 1. *Calibration* (steps ``0 .. start − 1``; ``start`` = 21 at ``full``; counted from the
-   first step entered, so a resumed run calibrates where it resumes, while the planned
-   schedules below are logarithmic in the global step): steps 0-2 track nothing
+   first step entered, so a run resumed without the saved state calibrates where it
+   resumes, while the planned schedules below are logarithmic in the global step; one
+   resumed with ``Cockpit.load_state_dict`` keeps the saved plan): steps 0-2 track nothing
    (warm-up). At step 3 every quantity is due (its first recorded value; its
    ``Needs`` give its tier), at step 6 every quantity of the tiers below the top one,
    and so on, one set every third step; the bookkeeping tier, cheap enough to go every
@@ -134,6 +135,32 @@ class Budget:
         self._starts = {}  # step -> time.perf_counter() at its cp(step) call
         self._due_at = {}  # name -> step -> bool, once the plan is fixed
         self.group = None
+
+    def state_dict(self):
+        """``{"factor", "horizon", "plan"}``: the plan once fixed (plain values), ``None`` during calibration."""
+        return {"factor": self.factor, "horizon": self.horizon, "plan": self.plan}
+
+    def load_state_dict(self, state):
+        """Go on with a saved run's plan: its schedules, no new calibration.
+
+        A state saved during calibration (no plan yet) leaves this budget to calibrate from
+        the first step it sees (the saved run's timings were of another process).
+
+        Raises:
+            ValueError: for another factor or horizon than this budget's.
+        """
+        if (state["factor"], state["horizon"]) != (self.factor, self.horizon):
+            raise ValueError(
+                f"the saved run's overhead budget is {state['factor']}x over {state['horizon']} steps, this "
+                f"Cockpit's {self.factor}x over {self.horizon}. Fix: create the resumed Cockpit with "
+                f"budget=Budget({state['factor']}, horizon={state['horizon']})"
+            )
+        if state["plan"] is None:
+            return
+        self.plan = state["plan"]
+        self.tiers = dict(self.plan["tiers"])
+        self.origin = self.plan.get("origin", 0)
+        self._fix()
 
     @property
     def levels(self):

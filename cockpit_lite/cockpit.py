@@ -34,6 +34,7 @@ from cockpit_lite import budget as _budget
 from cockpit_lite import diagnosis as _diagnosis
 from cockpit_lite import distributed as _distributed
 from cockpit_lite import log as _log
+from cockpit_lite import state as _state
 from cockpit_lite.backend import add_advice, backpack_untouched, uses_random_numbers
 from cockpit_lite.engine import Engine
 from cockpit_lite.info import StepInfo
@@ -43,6 +44,9 @@ from cockpit_lite.step import StepData
 
 NONFINITE_LOSS = "nonfinite_loss"
 NONFINITE_GRAD = "nonfinite_grad"
+STATE_FORMAT = "cockpit-lite state"
+STATE_VERSION = 1
+"""The ``"format"`` and ``"version"`` of ``Cockpit.state_dict()``."""
 
 
 class Cockpit:
@@ -246,6 +250,140 @@ class Cockpit:
             self._writer = None
         for sink in self.sinks:
             sink.close()
+
+    def state_dict(self):
+        """What a resumed run needs to record, from the next step on, what this run would have.
+
+        Plain tensors and Python values, so ``torch.save(cp.state_dict(), path)`` writes it
+        and ``torch.load(path, weights_only=True)`` reads it (see ``cockpit_lite.state``):
+
+        - ``"format"``, ``"version"``; ``"params"``: the tracked parameters' names and
+          shapes (``load_state_dict`` checks them);
+        - ``"quantities"``: every tracked quantity's ``state_dict()`` (its ``STATE``:
+          ``Distance``'s θ₀, the pending first half of ``Alpha`` and ``UpdateSize``, the
+          adapted histogram ranges, ``HessMaxEV``'s warm start and noise generator, the
+          diagnosis signals' counters), by name;
+        - ``"last_step"``, ``"jumped"``: the last step entered, and whether step numbers
+          ever skipped one;
+        - ``"record"``: the record from the last step entered on (values of two-step
+          quantities and the diagnosis still need it; earlier steps are in the log), and
+          ``"undiagnosed"``: its steps the diagnosis has not read yet;
+        - ``"diagnosis"``: its running summaries, every rule's state and the findings
+          made (``Diagnosis.state_dict``), or ``None`` with ``diagnose=False``;
+        - ``"budget"``: the overhead budget's plan (``Budget.state_dict``), or ``None``;
+        - ``"run"``: the log's run id (``None`` without a log), so that the resumed run
+          continues the same run segment;
+        - ``"noted"``, ``"known_names"``: the changes of the tracked set already said.
+
+        Tensors are references, not copies (as ``Module.state_dict``'s); they are not
+        changed in place later, so the dict stays a snapshot of this moment.
+
+        Raises:
+            ValueError: inside a step's context (save between steps), or for a custom
+                quantity whose ``STATE`` holds something a state dict cannot (naming it).
+        """
+        if self._open_step is not None:
+            raise ValueError(
+                f"state_dict() inside the context of step {self._open_step}: the step is half done. Fix: save "
+                "between steps, after the `with cp(step, ...):` block (e.g. with the model and optimizer)"
+            )
+        settling = set(self._undiagnosed) | ({self._last_step} if self._last_step is not None else set())
+        first = min(settling, default=None)
+        state = {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "params": [[n, list(p.shape)] for n, p in zip(self.names, self.params)],
+            "quantities": {q.name: q.state_dict() for q in self.quantities},
+            "last_step": self._last_step,
+            "jumped": self._jumped,
+            "record": {s: e for s, e in self.output.items() if first is None or s >= first},
+            "undiagnosed": sorted(self._undiagnosed),
+            "diagnosis": self._diagnosis.state_dict() if self._diagnosis is not None else None,
+            "budget": self.budget.state_dict() if self.budget is not None else None,
+            "run": self._writer.run if self._writer is not None else None,
+            "noted": sorted(self._noted),
+            "known_names": sorted(self._known_names),
+        }
+        try:
+            return _state.encode(state, self.params, "state_dict()")
+        except TypeError as error:
+            raise ValueError(f"cannot save the Cockpit's state: {error}") from None
+
+    def load_state_dict(self, state):
+        """Go on with the run that saved ``state`` (``state_dict()``'s dict, e.g. from ``torch.load``).
+
+        Call it on a new Cockpit, created like the saved run's (the same model, quantities,
+        ``diagnose`` and ``budget``), before its first step. Afterwards each quantity holds
+        its saved state, the diagnosis reports no finding twice, the budget keeps its plan,
+        the record holds the saved run's last step (later values of it arrive as in the
+        uninterrupted run), and the log continues the saved run's segment: its header
+        repeats the run id with ``"resumed_after": last step``, so readers return one run
+        in which what the saved run recorded after that step is replaced by the resumed
+        run's (see ``cockpit_lite.log``). Tensors move to the tracked parameters' devices.
+
+        Raises:
+            ValueError: for something other than a Cockpit state dict, another state
+                version, other tracked parameters or quantities, another ``diagnose``
+                or ``budget``, or a Cockpit that has recorded a step; each names the fix.
+        """
+        self._check_open("load_state_dict")
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise ValueError(
+                f"load_state_dict expects the dict Cockpit.state_dict() returned, got "
+                f"{type(state).__name__}{' without its format' if isinstance(state, dict) else ''}. Fix: pass "
+                "the Cockpit's state saved with the checkpoint (not the model's or the optimizer's)"
+            )
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(
+                f"the Cockpit state has version {state.get('version')!r}; this cockpit-lite reads version "
+                f"{STATE_VERSION}. Fix: resume with the cockpit-lite version that saved it"
+            )
+        if self._last_step is not None or self.output:
+            raise ValueError(
+                "load_state_dict on a Cockpit that has recorded steps already: their values would mix with the "
+                "saved run's. Fix: create a new Cockpit and load the state before its first step"
+            )
+        here = [[n, list(p.shape)] for n, p in zip(self.names, self.params)]
+        saved = [[n, list(s)] for n, s in state["params"]]
+        if saved != here:
+            diff = next((i for i, (a, b) in enumerate(zip(saved, here)) if a != b), min(len(saved), len(here)))
+            raise ValueError(
+                f"the state was saved by a run tracking {len(saved)} parameters, this Cockpit tracks {len(here)}; "
+                f"the first difference is at position {diff}: saved {saved[diff] if diff < len(saved) else None}, "
+                f"here {here[diff] if diff < len(here) else None}. Fix: create the Cockpit over the same model "
+                "(the same trainable parameters, in the same order and shapes) before loading"
+            )
+        tracked, kept = {q.name for q in self.quantities}, set(state["quantities"])
+        if tracked != kept:
+            raise ValueError(
+                f"the saved run tracked {sorted(kept - tracked)} which this Cockpit does not, and this Cockpit "
+                f"tracks {sorted(tracked - kept)} which the saved run did not. Fix: create the resumed Cockpit "
+                "with the same quantities (and diagnose=, which adds the diagnosis signals) as the saved run"
+            )
+        for key, here_on in (("diagnosis", self._diagnosis is not None), ("budget", self.budget is not None)):
+            if (state[key] is not None) != here_on:
+                option = "diagnose" if key == "diagnosis" else "budget"
+                raise ValueError(
+                    f"the saved run had {'a' if state[key] is not None else 'no'} {key}, this Cockpit has "
+                    f"{'one' if here_on else 'none'}. Fix: create the resumed Cockpit with the saved run's {option}="
+                )
+        state = _state.decode(state, self.params)
+        for quantity in self.quantities:
+            quantity.load_state_dict(state["quantities"][quantity.name])
+        if self._diagnosis is not None:
+            self._diagnosis.load_state_dict(state["diagnosis"])
+        if self.budget is not None:
+            self.budget.load_state_dict(state["budget"])
+        self.output = {int(step): entry for step, entry in state["record"].items()}
+        self._undiagnosed = {int(step) for step in state["undiagnosed"]}
+        self._last_step, self._jumped = state["last_step"], bool(state["jumped"])
+        self._noted = {tuple(key) for key in state["noted"]}
+        self._known_names = set(state["known_names"])
+        if self._writer is not None and state["run"] is not None:
+            self._writer.resume(state["run"], self._last_step)
+        if self._last_step is not None:  # watch the next step's forward pass as the saved run would have
+            nxt = self._last_step + 1
+            self.engine.arm(self._jumped or any(q.observes(nxt) for q in self.quantities))
 
     def _reread_parameters(self, step):
         """The tracked set as it is at this step, re-read from the model (or the given list).

@@ -67,7 +67,11 @@ most the step in flight; a reader skips the torn last line of a segment and warn
 once. A new ``JSONLinesWriter`` (a new ``Cockpit(log=path)``) on an existing log
 never truncates it: it appends a new segment with a new run id. A header that
 repeats the previous segment's run id (a resumed run, ``JSONLinesWriter(...,
-run=id)``) continues that segment. Readers return the last segment by default
+run=id)``) continues that segment; so does one marked ``"resumed": true`` that repeats
+an earlier segment's id (other runs appended in between), and its ``"resumed_after": s``
+drops what that segment held at steps after ``s`` (a run resumed from its checkpoint at
+step ``s`` records the later steps again; ``Cockpit.load_state_dict`` writes such a
+header, see "Resuming a run" in the README). Readers return the last segment by default
 (``read(path)``, ``read_jsonl(path)``), any other with ``segment=i`` (an index as for
 a list, or a run id) and all of them with ``segment="all"``; ``segments(path)`` lists
 the headers. Logs written before segments existed (a header without ``"run"``) read
@@ -508,6 +512,9 @@ def check_header(header, field=()):
                                                 f"({FORMAT_VERSION}); update cockpit-lite")
     if "run" in header:
         _expect(isinstance(header["run"], str), field + ("run",), "a string (the run id)", header["run"])
+    if header.get("resumed_after") is not None:
+        _expect(_is_integer(header["resumed_after"]), field + ("resumed_after",), "an integer (a step)",
+                header["resumed_after"])
     params = header.get("params")
     if params is not None:
         _expect(isinstance(params, list), field + ("params",), "a list of {'name', 'shape'}", params)
@@ -578,6 +585,9 @@ class JSONLinesWriter:
             id, ``new_run_id()``). Readers treat consecutive segments with the same id
             as one.
 
+    The header line is written together with the first step's line (or at ``close``),
+    so that ``resume`` can still name the run it continues.
+
     Attributes:
         run: the run id written in the header.
         pending: number of lines (or line parts) not yet on disk.
@@ -596,13 +606,27 @@ class JSONLinesWriter:
             os.makedirs(folder, exist_ok=True)
         torn = _check_appendable(self.path)
         self._file = open(self.path, "ab", buffering=0)  # unbuffered: a write is on disk or not at all
-        if torn:  # a crashed run left half a line: end it, so that the new header stands on its own line
-            self._queue.append(b"\n")
+        self._torn = torn  # a crashed run left half a line: end it, so that the new header stands on its own line
         first = {"format": FORMAT, "version": FORMAT_VERSION, "run": self.run,
                  "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         if run is not None:
             first["resumed"] = True
-        self._put({**first, **{k: v for k, v in header.items() if k not in first}})
+        self._header = {**first, **{k: v for k, v in header.items() if k not in first}}  # written with the first line
+
+    def resume(self, run, after):
+        """Continue the segment of run ``run`` instead of starting one (a resumed run).
+
+        ``after``: the last step the saved run had entered when its state was saved; readers
+        drop what that segment holds at later steps (the saved run may have gone on past its
+        checkpoint; the resumed run records those steps again).
+
+        Raises:
+            ValueError: once a step's line was written (the header is written with it).
+        """
+        if self._header is None:
+            raise ValueError(f"the log {self.path} has its header already: resume a run before its first step")
+        self.run = run
+        self._header.update(run=run, resumed=True, resumed_after=after)
 
     @property
     def pending(self):
@@ -615,8 +639,15 @@ class JSONLinesWriter:
         self._put({"step": int(step), **to_jsonable(entries)})
 
     def _put(self, obj):
-        self._queue.append((json.dumps(obj) + "\n").encode("utf-8"))
+        self._queue.append(self._take_header() + (json.dumps(obj) + "\n").encode("utf-8"))
         self._flush()
+
+    def _take_header(self):
+        """The header line (after a newline ending a torn line) if not written yet, else ``b""``."""
+        if self._header is None:
+            return b""
+        header, self._header = self._header, None
+        return (b"\n" if self._torn else b"") + (json.dumps(header) + "\n").encode("utf-8")
 
     def _flush(self):
         """Write the queue in order; returns whether it is empty. Partial writes continue where they stopped."""
@@ -659,6 +690,8 @@ class JSONLinesWriter:
         if self.closed:
             return
         try:
+            if self._header is not None:  # no step was recorded: the segment is its header
+                self._queue.append(self._take_header())
             if self._flush():
                 try:
                     os.fsync(self._file.fileno())
@@ -736,9 +769,13 @@ def _read_segments(path, limits):
                 if is_header:
                     obj = _decode(obj, limits, ())
                     check_header(obj)
-                    if current is not None and obj.get("run") is not None and obj.get("run") == current.header.get(
-                            "run"):
-                        current.header = {**current.header, **obj}  # a resumed run continues its segment
+                    resumed = _resumed_segment(segments, current, obj)
+                    if resumed is not None:  # a resumed run continues its segment
+                        after = obj.get("resumed_after")
+                        for later in [s for s in resumed.record if after is not None and s > after]:
+                            del resumed.record[later]  # the saved run went on past its checkpoint: redone
+                        resumed.header = {**resumed.header, **obj}
+                        current = resumed
                     else:
                         current = _Segment(obj, number)
                         segments.append(current)
@@ -760,6 +797,19 @@ def _read_segments(path, limits):
             raise torn[1]
         current.torn.append(torn[0])
     return segments
+
+
+def _resumed_segment(segments, current, header):
+    """The segment ``header`` continues: the current one with its run id, or (a header marked
+    ``"resumed"``) the latest earlier one with it; ``None`` for a new segment."""
+    run = header.get("run")
+    if run is None:
+        return None
+    if current is not None and current.header.get("run") == run:
+        return current
+    if header.get("resumed"):
+        return next((s for s in reversed(segments) if s.header.get("run") == run), None)
+    return None
 
 
 def _pick(segments, segment, path):

@@ -17,7 +17,7 @@ import os
 
 from cockpit_lite import log as _log
 from cockpit_lite.diagnosis.finding import Finding
-from cockpit_lite.diagnosis.history import History
+from cockpit_lite.diagnosis.history import History, Streak
 from cockpit_lite.diagnosis.rules import RULES
 
 LOGGER = logging.getLogger("cockpit_lite.diagnosis")
@@ -67,6 +67,52 @@ class Diagnosis:
         self.findings.extend(new)
         return new, flags
 
+    def state_dict(self):
+        """The diagnosis so far, in plain values: what a resumed run needs to go on where this one is.
+
+        ``{"history": the running summaries, "rules": {kind: the rule's attributes} (a rule
+        switched off is absent), "findings": [Finding.to_dict()], "failures": [flag],
+        "reported": [(kind, layer)], "last": the last step fed}``. Values are Python values
+        (a ``Streak`` as ``{"__streak__": its attributes}``) and the record's numpy arrays.
+        """
+        history = {k: _save(v) for k, v in vars(self.history).items() if k not in ("names", "shapes")}
+        return {
+            "history": history,
+            "rules": {rule.KIND: {k: _save(v) for k, v in vars(rule).items()} for rule in self.rules},
+            "findings": [f.to_dict() for f in self.findings],
+            "failures": list(self.failures),
+            "reported": [tuple(key) for key in self._keys],
+            "last": self.last,
+        }
+
+    def load_state_dict(self, state):
+        """Go on from ``state_dict()``'s dict: no finding is reported twice, no rule starts over.
+
+        Raises:
+            ValueError: for the state of another set of rules (another version).
+        """
+        saved = state.get("rules", {}) if isinstance(state, dict) else {}
+        known = {rule.KIND: rule for rule in self.rules}
+        unknown = sorted(set(saved) - set(known))
+        changed = sorted(k for k in saved if k in known and not (  # attributes set later are class defaults first
+            set(vars(known[k])) <= set(saved[k]) and all(hasattr(known[k], a) for a in saved[k])))
+        if not isinstance(state, dict) or unknown or changed or set(state) != {
+                "history", "rules", "findings", "failures", "reported", "last"}:
+            raise ValueError(
+                f"the saved diagnosis state is not this version's (rules unknown here: {unknown}, rules whose "
+                f"state differs: {changed}). Fix: resume with the cockpit-lite version that saved it"
+            )
+        for key, value in state["history"].items():
+            setattr(self.history, key, _load(value))
+        self.rules = [rule for rule in self.rules if rule.KIND in saved]  # a rule switched off stays off
+        for rule in self.rules:
+            for key, value in saved[rule.KIND].items():
+                setattr(rule, key, _load(value))
+        self.findings = [Finding.from_dict(f) for f in state["findings"]]
+        self.failures = list(state["failures"])
+        self._keys = {tuple(key) for key in state["reported"]}
+        self.last = state["last"]
+
     def feed_record(self, record, upto=None):
         """Feed every step of ``record`` after the last fed one (up to ``upto``, inclusive)."""
         new, flags = [], []
@@ -77,6 +123,30 @@ class Diagnosis:
             new += found
             flags += failed
         return new, flags
+
+
+def _save(value):
+    """A rule's or the history's attribute in plain values (``Streak`` objects tagged)."""
+    if isinstance(value, Streak):
+        return {"__streak__": {k: _save(v) for k, v in vars(value).items()}}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_save(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _save(v) for k, v in value.items()}
+    return value
+
+
+def _load(value):
+    if isinstance(value, dict) and value.keys() == {"__streak__"}:
+        streak = Streak(0)
+        for key, item in value["__streak__"].items():
+            setattr(streak, key, _load(item))
+        return streak
+    if isinstance(value, (list, tuple)):
+        return type(value)(_load(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _load(v) for k, v in value.items()}
+    return value
 
 
 def _source(source, segment=-1, limits=None):

@@ -61,7 +61,13 @@ LOOK = 3
 
 
 class ActivationStats(Quantity):
-    """Per activation module: mean, std, fraction of zeros, of dead units, of saturated entries."""
+    """Per activation module: mean, std, fraction of zeros, of dead units, of saturated entries.
+
+    Saved state (``STATE``): the next step's number, which the forward hooks read, and the
+    input layer once found (or how many passes were searched).
+    """
+
+    STATE = ("_next", "_first", "_looked")
 
     def __init__(self, track_schedule=None, verbose=False):
         super().__init__(track_schedule, verbose)

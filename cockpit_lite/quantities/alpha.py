@@ -40,6 +40,8 @@ class Alpha(Quantity):
     There is no per-layer α: the losses belong to the whole network.
     """
 
+    STATE = ("_start",)  # the pending step's half of the fit (resumed runs finish it)
+
     def __init__(self, track_schedule=None, verbose=False):
         super().__init__(track_schedule, verbose)
         self._start = None

@@ -86,6 +86,14 @@ class Quantity:
     """The fewest samples the statistic is defined for (2 for a variance across samples); a
     smaller batch records NaN with a flag."""
 
+    STATE = ()
+    """The attributes that carry from one step to the next (``θ₀``, the first half of a
+    two-step value, a warm start): what ``state_dict`` saves and ``load_state_dict``
+    restores, so that a resumed run records what the uninterrupted one would have. Their
+    values are tensors (a tracked parameter itself is saved as a reference to it), Python
+    numbers, strings, ``None``, ``torch.Generator`` and lists, tuples, dicts and sets of
+    them (see ``cockpit_lite.state``). Empty for a quantity of one step's data."""
+
     def __init__(self, track_schedule=None, verbose=False):
         """
         Args:
@@ -130,6 +138,25 @@ class Quantity:
 
     def unbind(self):
         """Called by ``Cockpit.close``: remove what ``bind`` installed."""
+
+    def state_dict(self):
+        """``{attribute: value}`` of the attributes named in ``STATE`` (references, not copies)."""
+        return {name: getattr(self, name) for name in self.STATE}
+
+    def load_state_dict(self, state):
+        """Restore the attributes named in ``STATE`` from ``state_dict()``'s dict.
+
+        Raises:
+            ValueError: if ``state`` does not name exactly those attributes.
+        """
+        if not isinstance(state, dict) or set(state) != set(self.STATE):
+            saved = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(
+                f"{self.name}: the saved state holds {saved} but this version of {self.name} keeps "
+                f"{sorted(self.STATE)}. Fix: resume with the cockpit-lite version that saved the state"
+            )
+        for name in self.STATE:
+            setattr(self, name, state[name])
 
     def __repr__(self):
         return f"{self.name}()"

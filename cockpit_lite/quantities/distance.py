@@ -8,10 +8,12 @@ class Distance(Quantity):
 
     ``θ_0`` is the parameters' value at the first step the Cockpit sees (Cockpit
     used step 0 only), whatever the schedule; it is kept as one copy of the
-    parameters.
+    parameters. That copy is the quantity's saved state (``STATE``), so a resumed run
+    measures from the same ``θ_0``.
     """
 
     NEEDS_BACKWARD = False
+    STATE = ("_initial",)
 
     def __init__(self, track_schedule=None, verbose=False):
         super().__init__(track_schedule, verbose)

@@ -13,9 +13,11 @@ class GradHistogram(SingleStepQuantity):
     ``adapt``: one ``cockpit_lite.quantities.bin_adaptation`` policy per axis (or
     ``None`` for a fixed axis), on its own schedule; at a step where one is due, the
     histogram (if due) uses the current range and the new limits apply afterwards.
+    The current (adapted) range is the saved state (``STATE``).
     """
 
     TRANSFORM = None
+    STATE = ("range",)
 
     def __init__(self, track_schedule=None, verbose=False, bins=None, range=None, per_layer=False, adapt=()):
         super().__init__(track_schedule, verbose)
@@ -23,6 +25,11 @@ class GradHistogram(SingleStepQuantity):
         self.bins, self.range = self._transform.bins, self._transform.range
         self.per_layer = per_layer
         self._adapt = [(axis, policy) for axis, policy in enumerate(adapt) if policy is not None]
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self._transform = self.TRANSFORM(self.bins, self.range)
+        self.range = self._transform.range
 
     def _adapting(self, step):
         return [(axis, policy) for axis, policy in self._adapt if policy.is_due(step)]

@@ -21,6 +21,12 @@ last micro-batch's backward) has ``before > 0`` and ``stepped = 1`` (the previou
 window's update) but ``first_backward = 0``; a loop without ``zero_grad`` has
 ``first_backward > 0``: the gradients of batches already used for an update are added to.
 
+Saved state (``state_dict``): the optimizer steps counted since the last ``cp(step)`` and
+whether the window still waits for its first backward pass. A resumed run's first
+optimizer (a new object) continues that count, and a waiting window is watched on the
+tracked parameters (a fresh model holds no gradient: ``first_backward`` is 0 there, as
+after ``zero_grad``).
+
 Also recorded from the optimizer's first parameter group, for the rules that compare
 a step size with curvature: ``optimizer`` (class name), ``lr`` and ``momentum`` (SGD's
 ``momentum``, Adam's ``betas[0]``).
@@ -46,6 +52,23 @@ class GradPresence(Quantity):
         self._armed = []
         self._first = None
         self._windows = 0  # optimizer steps ever seen: names the window a hook was armed in
+        self._params = []  # the Cockpit's tracked parameters
+        self._continued = None  # a resumed run: the saved count, for the first optimizer seen
+
+    def bind(self, cockpit):
+        self._params = cockpit.params
+
+    def state_dict(self):
+        watching = self._optimizer is not None
+        return {"steps": self._steps if watching else None, "waiting": watching and bool(self._armed) and self._first is None}
+
+    def load_state_dict(self, state):
+        if not isinstance(state, dict) or set(state) != {"steps", "waiting"}:
+            raise ValueError(f"{self.name}: the saved state is not this version's ({{'steps', 'waiting'}}). "
+                             "Fix: resume with the cockpit-lite version that saved the state")
+        self._continued = state["steps"]
+        if state["waiting"]:
+            self._arm([p for p in self._params if p.requires_grad])
 
     def unbind(self):
         if self._handle is not None:
@@ -63,8 +86,10 @@ class GradPresence(Quantity):
         self._windows += 1
         self._disarm()
         self._first = None  # a new window: unknown until its first backward pass
-        watched = [p for group in optimizer.param_groups for p in group["params"]
-                   if p.requires_grad and p.grad is not None]
+        self._arm([p for group in optimizer.param_groups for p in group["params"]
+                   if p.requires_grad and p.grad is not None])
+
+    def _arm(self, watched):
         if not watched:
             return
         if len(watched) > ARMED:  # spread over the model: one branch left out of a pass does not hide them all
@@ -92,7 +117,9 @@ class GradPresence(Quantity):
             if optimizer is self._optimizer:
                 stepped = self._steps
             else:
-                self.unbind()
+                if self._optimizer is not None:  # another optimizer: start over
+                    self.unbind()
+                stepped, self._continued = self._continued, None
                 self._optimizer = optimizer
                 self._handle = optimizer.register_step_post_hook(self._on_step)
             self._steps = 0

@@ -44,6 +44,8 @@ class HessMaxEV(SingleStepQuantity):
     solver and the number of Hessian-vector products.
     """
 
+    STATE = ("_previous", "_generator")  # the warm start and the noise generator, saved for resuming
+
     def __init__(self, track_schedule=None, verbose=False, use_power=False, rtol=1e-3, maxiter=100, seed=0):
         super().__init__(track_schedule, verbose)
         self.use_power, self.rtol, self.maxiter, self.seed = use_power, rtol, maxiter, seed

@@ -24,6 +24,7 @@ class InputStats(Quantity):
     """``{"mean", "std", "min", "max", "nonfinite"}`` of the model's first input."""
 
     NEEDS_BACKWARD = False
+    STATE = ("_next",)  # the next step's number, which the forward pre-hook reads
 
     def __init__(self, track_schedule=None, verbose=False):
         super().__init__(track_schedule, verbose)

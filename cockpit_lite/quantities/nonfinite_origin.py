@@ -58,7 +58,12 @@ gradient saves ``d`` only)."""
 
 
 class NonfiniteOrigin(Quantity):
-    """The module (or ``"loss_fn"`` / ``"input"``) and op of the first non-finite value."""
+    """The module (or ``"loss_fn"`` / ``"input"``) and op of the first non-finite value.
+
+    Saved state (``STATE``): how many graph walks were spent (of ``MAX_ANALYSED``).
+    """
+
+    STATE = ("_analysed",)
 
     def __init__(self, track_schedule=None, verbose=False):
         super().__init__(track_schedule, verbose)

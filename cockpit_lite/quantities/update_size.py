@@ -8,10 +8,12 @@ class UpdateSize(Quantity):
 
     Two-step quantity: at a due step ``t`` the parameters are copied; at step
     ``t + 1`` the difference is taken. Step numbers must be consecutive for a value
-    to appear (a copy older than the previous step is dropped).
+    to appear (a copy older than the previous step is dropped). The copy is the saved
+    state (``STATE``): a run resumed after step ``t`` records the value of step ``t``.
     """
 
     NEEDS_BACKWARD = False
+    STATE = ("_start",)
 
     def __init__(self, track_schedule=None, verbose=False):
         super().__init__(track_schedule, verbose)
