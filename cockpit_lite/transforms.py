@@ -62,9 +62,19 @@ class PerSample:
         self._factors = factors
         self._rows = rows
         self.grad_before = grad_before
+        self._grad = None
         if grad_batch is not None:
-            self.grad_batch = grad_batch
+            self.grad_batch = at_least_float32(grad_batch)
         self.batch_size = self.num_samples if batch_size is None else int(batch_size)
+
+    @property
+    def dtype(self):
+        """The dtype the statistics are computed in (float32 or wider)."""
+        if self._factors is not None:
+            return self._factors[0].dtype
+        if self._rows is not None and "grad_batch" not in vars(self):
+            return self._rows[0].dtype
+        return self.grad_batch.dtype
 
     @property
     def num_samples(self):
@@ -98,9 +108,20 @@ class PerSample:
         """``grad_batch`` as ``[K, D]``."""
         return self.grad_batch.reshape(self.num_samples, -1)
 
-    @cached_property
+    @property
     def grad(self):
-        """The gradient ``g = Σ_n grad_batch[n]`` of this parameter, shape ``[D]``."""
+        """The gradient ``g`` of this parameter, shape ``[D]``: ``sample_sum()`` unless the engine
+        set another (autograd's total on the global path, the ranks' mean under DDP)."""
+        if self._grad is None:
+            self._grad = self.sample_sum()
+        return self._grad
+
+    @grad.setter
+    def grad(self, value):
+        self._grad = at_least_float32(value)
+
+    def sample_sum(self):
+        """``Σ_n grad_batch[n]`` of the samples held here, from the individual gradients themselves, shape ``[D]``."""
         if self._factors is not None:
             a, delta = self._factors
             return (delta.reshape(-1, delta.shape[-1]).T @ a.reshape(-1, a.shape[-1])).reshape(-1)
@@ -201,6 +222,13 @@ class PerSample:
         return self._factors is not None and self._factors[0].shape[1] == 1
 
 
+def at_least_float32(tensor):
+    """``tensor`` in float32 if it is of a narrower floating dtype (bf16 / fp16 models)."""
+    if tensor.is_floating_point() and torch.finfo(tensor.dtype).bits < 32:
+        return tensor.float()
+    return tensor
+
+
 class Transform:
     """Base class. ``key`` identifies equal transforms; ``__call__`` computes one parameter's value.
 
@@ -255,6 +283,21 @@ class SumGradSquared(Transform):
         return values.reshape(per_sample.param.shape)
 
 
+class SumGrad(Transform):
+    """Sum of the individual gradients, ``Σ_n g̃_n = B Σ_n grad_batch[n]``, shape of the parameter.
+
+    Formed from the same individual gradients, in the same precision, as
+    ``SumGradSquared``, so that the variance ``Σ_n g̃_n² / B − (Σ_n g̃_n / B)²`` is a
+    difference of consistent terms (autograd's gradient under autocast is rounded
+    differently, by up to bf16's 2⁻⁸, more than the variance of a high-SNR element).
+    """
+
+    key = "sum_grad"
+
+    def __call__(self, per_sample):
+        return (per_sample.sample_sum() * per_sample.batch_size).reshape(per_sample.param.shape)
+
+
 class BatchDotDirection(Transform):
     """Projections ``g̃_nᵀ d`` of the individual gradients on a direction ``d``, shape ``[B]``.
 
@@ -269,7 +312,7 @@ class BatchDotDirection(Transform):
         self._direction = direction
 
     def __call__(self, per_sample):
-        direction = self._direction(per_sample).reshape(-1).to(per_sample.param.dtype)
+        direction = self._direction(per_sample).reshape(-1).to(per_sample.dtype)
         return per_sample.dots(direction) * per_sample.batch_size
 
 
@@ -381,3 +424,34 @@ def run(transforms, per_sample, batch=None):
             else:
                 results[t.key] = t(per_sample)
     return results
+
+
+
+def centred_sums_of_squares(data, quantity):
+    """Per parameter ``M2_d = Σ_n (g̃_{n,d} − g_d)² = Σ_n g̃_{n,d}² − (Σ_n g̃_{n,d})² / B``.
+
+    From ``SumGradSquared`` and ``SumGrad`` of one step's ``StepData``: sums of the same
+    individual gradients, so ``M2 ≥ 0`` up to rounding. The difference loses the
+    digits its terms share; once an element's variance is below the rounding of
+    ``Σ_n g̃_{n,d}²`` (relative ``√B u`` typically, ``u`` the unit roundoff: a gradient
+    nearly the same in every sample), ``M2_d`` can come out negative. A negative
+    ``M2_d`` cannot be trusted, nor can the elements beside it: that parameter's
+    values are NaN and a flag names it.
+
+    Returns:
+        ``(list of M2 tensors in parameter order, flags)``.
+    """
+    b = data.batch_size
+    centred, flags = [], []
+    for name, squares, sums in zip(data.names, data.per_sample(SumGradSquared.key), data.per_sample(SumGrad.key)):
+        m2 = squares - sums**2 / b
+        lost = m2 < 0
+        if bool(lost.any()):
+            flags.append(
+                f"{quantity}: the variance of {int(lost.sum())} element(s) of {name} is lost in the rounding "
+                f"of Σ_n g̃_n² − B g² in {m2.dtype} (a gradient nearly the same in every sample): NaN for "
+                "this parameter"
+            )
+            m2 = torch.full_like(m2, float("nan"))
+        centred.append(m2)
+    return centred, flags

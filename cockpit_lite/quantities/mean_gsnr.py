@@ -1,7 +1,7 @@
 """``MeanGSNR``: mean gradient signal-to-noise ratio (Liu et al., 2020)."""
 
 from cockpit_lite.quantities.base import Output, SingleStepQuantity
-from cockpit_lite.transforms import SumGradSquared
+from cockpit_lite.transforms import SumGrad, SumGradSquared, centred_sums_of_squares
 
 
 class MeanGSNR(SingleStepQuantity):
@@ -9,12 +9,14 @@ class MeanGSNR(SingleStepQuantity):
 
     ``σ_d² = (1/B) Σ_n g̃_{n,d}² − g_d²`` is the population variance of the individual
     gradients (as Cockpit), ``ε`` = ``epsilon``. Per layer: the mean over one
-    parameter tensor's elements.
+    parameter tensor's elements. ``g_d = (1/B) Σ_n g̃_{n,d}`` is summed from the same
+    individual gradients as ``Σ_n g̃_{n,d}²`` (see ``centred_sums_of_squares``); where
+    the difference is below its rounding error the value is NaN with a flag.
     """
 
     MIN_BATCH_SIZE = 2  # a variance across samples
 
-    TRANSFORMS = (SumGradSquared,)
+    TRANSFORMS = (SumGradSquared, SumGrad)
 
     def __init__(self, track_schedule=None, verbose=False, epsilon=1e-5):
         super().__init__(track_schedule, verbose)
@@ -22,9 +24,10 @@ class MeanGSNR(SingleStepQuantity):
 
     def compute(self, step, data):
         b = data.batch_size
+        centred, flags = centred_sums_of_squares(data, self.name)
         gsnr = [
-            g**2 / (sgs / b - g**2 + self.epsilon)
-            for g, sgs in zip(data.grads, data.per_sample(SumGradSquared.key))
+            (s / b) ** 2 / (m2 / b + self.epsilon)
+            for s, m2 in zip(data.per_sample(SumGrad.key), centred)
         ]
         total = sum(x.sum() for x in gsnr) / sum(x.numel() for x in gsnr)
-        return Output(total, [x.mean() for x in gsnr])
+        return Output(total, [x.mean() for x in gsnr], flags=flags)
