@@ -30,9 +30,18 @@ the duration of that step; everything else about training is the ``Trainer``'s o
   count, which cannot be re-evaluated per sample from the graph; leave ``Alpha`` out
   or override ``compute_loss`` to return it (and use ``lr_scheduler_type="constant"``:
   a scheduler between two steps makes ``Alpha`` NaN, flagged).
+- Checkpoints carry the Cockpit (``Cockpit.state_dict``): every checkpoint folder gets
+  ``cockpit_state.pt`` (``cockpit_state_rank<i>.pt`` for process ``i > 0``) beside the
+  optimizer's state, and ``trainer.train(resume_from_checkpoint=...)`` loads it with
+  ``torch.load(weights_only=True)``, so the resumed run records what the uninterrupted
+  one would have and continues its run in ``cockpit.jsonl``. (The ``Trainer``'s own
+  callback state, ``TrainerState.stateful_callbacks``, is JSON in ``trainer_state.json``
+  and rebuilds callbacks from constructor arguments: no place for θ₀ or other tensors.)
+  A checkpoint without the file (saved without a Cockpit) starts a new run, with a warning.
 """
 
 import os
+import warnings
 
 from cockpit_lite.integrations import require
 
@@ -85,6 +94,31 @@ class CockpitTrainerMixin:
             return super().training_step(model, inputs, num_items_in_batch)
         finally:
             del accelerator.backward  # the instance attribute; the class's method again
+
+    def _cockpit_state_file(self, folder):
+        index = self.args.process_index
+        return os.path.join(folder, "cockpit_state.pt" if index == 0 else f"cockpit_state_rank{index}.pt")
+
+    def _save_optimizer_and_scheduler(self, output_dir):
+        super()._save_optimizer_and_scheduler(output_dir)
+        import torch
+
+        os.makedirs(output_dir, exist_ok=True)
+        torch.save(self.cockpit.state_dict(), self._cockpit_state_file(output_dir))
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        import torch
+
+        path = self._cockpit_state_file(checkpoint)
+        if not os.path.exists(path):
+            warnings.warn(f"cockpit-lite: {checkpoint} holds no Cockpit state ({os.path.basename(path)}): the "
+                          "resumed run is tracked as a new run (Distance from the resumed parameters, the "
+                          "diagnosis from scratch)", stacklevel=2)
+            return
+        self.cockpit.load_state_dict(torch.load(path, weights_only=True))
 
     def _cockpit_dashboard(self, epoch):
         from instruments import CockpitPlotter

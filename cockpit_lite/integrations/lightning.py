@@ -31,6 +31,13 @@ Needs ``lightning`` (``pip install ".[lightning]" in a clone of cockpit-lite``).
   ``loss.backward(create_graph=True)``: override ``LightningModule.backward`` to pass it
   (``callback.create_graph(trainer.global_step)`` says when), otherwise the step raises
   a ``ValueError`` naming the fix.
+- Checkpoints carry the Cockpit: ``state_dict`` (Lightning's ``Callback.state_dict``,
+  saved in the checkpoint's ``"callbacks"``) is ``{"cockpit": Cockpit.state_dict()}``,
+  plain tensors and Python values; ``trainer.fit(module, ckpt_path=...)`` restores it into
+  the new Cockpit when fitting starts, so the resumed run records what the uninterrupted
+  one would have and continues its run in the log (``cockpit.jsonl`` under ``dirpath``;
+  pass the first run's ``dirpath`` to keep one file, a new ``log_dir`` starts another
+  file that still names the run).
 """
 
 import os
@@ -85,6 +92,7 @@ class CockpitCallback(_pl.Callback):
         self._context = None
         self._batch_idx = 0
         self._returned_loss = None
+        self._resume = None  # a checkpoint's Cockpit state, loaded once the Cockpit exists
 
     def create_graph(self, global_step):
         """Whether the backward pass at ``global_step`` must keep its graph (``HessMaxEV``)."""
@@ -108,6 +116,23 @@ class CockpitCallback(_pl.Callback):
             return output
 
         pl_module.training_step = remembering_training_step  # removed again in teardown
+        if self._resume is not None:
+            state, self._resume = self._resume, None
+            self.cockpit.load_state_dict(state)
+
+    def state_dict(self):
+        """``{"cockpit": the Cockpit's state_dict()}`` (empty before fitting started)."""
+        return {"cockpit": self.cockpit.state_dict()} if self.cockpit is not None else {}
+
+    def load_state_dict(self, state_dict):
+        """Load a checkpoint's Cockpit state, or keep it for the Cockpit ``on_fit_start`` creates (Lightning
+        restores callbacks before that, unless the strategy restores after its setup)."""
+        if "cockpit" not in state_dict:
+            return
+        if self.cockpit is not None:
+            self.cockpit.load_state_dict(state_dict["cockpit"])
+        else:
+            self._resume = state_dict["cockpit"]
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self._batch_idx = batch_idx

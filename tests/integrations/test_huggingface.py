@@ -53,11 +53,11 @@ class _Recording(CockpitTrainer):
 
 
 def _args(tmp_path, **kwargs):
-    return transformers.TrainingArguments(
-        output_dir=str(tmp_path), per_device_train_batch_size=B, num_train_epochs=1, learning_rate=1e-2,
-        lr_scheduler_type="constant", report_to="none", save_strategy="no", use_cpu=True, disable_tqdm=True,
-        logging_strategy="no", dataloader_num_workers=0, seed=0, **kwargs,
-    )
+    return transformers.TrainingArguments(**{
+        "output_dir": str(tmp_path), "per_device_train_batch_size": B, "num_train_epochs": 1, "learning_rate": 1e-2,
+        "lr_scheduler_type": "constant", "report_to": "none", "save_strategy": "no", "use_cpu": True,
+        "disable_tqdm": True, "logging_strategy": "no", "dataloader_num_workers": 0, "seed": 0, **kwargs,
+    })
 
 
 def _reference(params, ids, num_items):
@@ -108,3 +108,27 @@ def test_accumulation_tracks_the_last_micro_batch_and_training_is_not_disturbed(
     assert sorted(record) == [0, 1] and all(record[s]["batch"] == {"size": B, "accumulated": True} for s in record)
     for p, q in zip(tracked.model.parameters(), plain.model.parameters()):
         assert torch.equal(p, q)
+
+
+def test_a_run_resumed_from_a_checkpoint_records_what_the_uninterrupted_run_records(tmp_path):
+    import json
+
+    from cockpit_lite import log
+
+    def train(output_dir, max_steps, resume=None, **kwargs):
+        trainer = CockpitTrainer(model=_model(), args=_args(output_dir, max_steps=max_steps, **kwargs),
+                                 train_dataset=_Tokens(4 * B), cockpit_dashboards=False)
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer.cockpit
+
+    whole = train(tmp_path / "whole", 4)
+    train(tmp_path / "run", 2, save_strategy="steps", save_steps=2)  # stopped after optimizer step 2 of 4
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    assert "version" in torch.load(checkpoint / "cockpit_state.pt", weights_only=True)
+    resumed = train(tmp_path / "run", 4, resume=str(checkpoint))
+
+    def text(record, first=0):
+        return json.dumps(log.to_jsonable({s: e for s, e in record.items() if s >= first}), sort_keys=True)
+
+    assert text(resumed.get_output(), 1) == text(whole.get_output(), 1) and sorted(whole.get_output()) == [0, 1, 2, 3]
+    assert text(log.read(tmp_path / "run" / "cockpit" / "cockpit.jsonl")) == text(whole.get_output())

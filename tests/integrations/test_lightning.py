@@ -111,3 +111,35 @@ def test_graph_quantity_without_create_graph_names_the_fix(tmp_path):
     callback = CockpitCallback([quantities.HessMaxEV()], dashboards=False)
     with pytest.raises(ValueError, match="create_graph"):
         _fit(tmp_path, [callback])
+
+
+@pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`")
+def test_a_run_resumed_from_a_checkpoint_records_what_the_uninterrupted_run_records(tmp_path):
+    import json
+
+    from cockpit_lite import log
+
+    def fit(ckpt_path=None, checkpoints=()):
+        module, callback = Module(), CockpitCallback(dirpath=str(tmp_path / "cockpit"), dashboards=False)
+        trainer = pl.Trainer(
+            max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+            enable_model_summary=False, default_root_dir=tmp_path, callbacks=[callback, *checkpoints],
+            enable_checkpointing=bool(checkpoints),
+        )
+        trainer.fit(module, _loader(), ckpt_path=ckpt_path)
+        return callback.cockpit
+
+    saving = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_epochs=1, save_top_k=-1)
+    whole = fit(checkpoints=[saving])
+    first = sorted(glob.glob(str(tmp_path / "ckpt" / "epoch=0*.ckpt")))[0]  # after optimizer step 3 of 8
+    assert "cockpit" in torch.load(first, weights_only=True)["callbacks"][CockpitCallback.__qualname__]
+    resumed = fit(ckpt_path=first)
+
+    def text(record):
+        return json.dumps(log.to_jsonable({s: e for s, e in record.items() if s >= BATCHES - 1}), sort_keys=True)
+
+    assert all(set(e) == {"findings"} for s, e in resumed.get_output().items() if s < BATCHES - 1)
+    assert text(resumed.get_output()) == text(whole.get_output()) and len(whole.get_output()) > BATCHES
+    everything = log.read(tmp_path / "cockpit" / "cockpit.jsonl")  # the resumed run replaced steps 4-7
+    assert json.dumps(log.to_jsonable(everything), sort_keys=True) == json.dumps(
+        log.to_jsonable(whole.get_output()), sort_keys=True)
