@@ -27,6 +27,7 @@ class GradHistogram(SingleStepQuantity):
         self._adapt = [(axis, policy) for axis, policy in enumerate(adapt) if policy is not None]
 
     def load_state_dict(self, state):
+        """Restore the saved range (the histogram then counts in it)."""
         super().load_state_dict(state)
         self._transform = self.TRANSFORM(self.bins, self.range)
         self.range = self._transform.range

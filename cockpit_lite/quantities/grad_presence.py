@@ -56,13 +56,16 @@ class GradPresence(Quantity):
         self._continued = None  # a resumed run: the saved count, for the first optimizer seen
 
     def bind(self, cockpit):
+        """Remember the tracked parameters (a resumed window is watched on them)."""
         self._params = cockpit.params
 
     def state_dict(self):
+        """``{"steps": optimizer steps since the last cp(step) (None: no optimizer seen), "waiting": bool}``."""
         watching = self._optimizer is not None
         return {"steps": self._steps if watching else None, "waiting": watching and bool(self._armed) and self._first is None}
 
     def load_state_dict(self, state):
+        """Continue the saved count with the next optimizer seen; watch a waiting window's first backward pass."""
         if not isinstance(state, dict) or set(state) != {"steps", "waiting"}:
             raise ValueError(f"{self.name}: the saved state is not this version's ({{'steps', 'waiting'}}). "
                              "Fix: resume with the cockpit-lite version that saved the state")
