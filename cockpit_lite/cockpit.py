@@ -320,6 +320,8 @@ class Cockpit:
         repeats the run id with ``"resumed_after": last step``, so readers return one run
         in which what the saved run recorded after that step is replaced by the resumed
         run's (see ``cockpit_lite.log``). Tensors move to the tracked parameters' devices.
+        Under torch.distributed every rank may load rank 0's state (what Lightning saves):
+        the other ranks take its quantities' states and leave its diagnosis and record.
 
         Raises:
             ValueError: for something other than a Cockpit state dict, another state
@@ -353,7 +355,11 @@ class Cockpit:
                 f"here {here[diff] if diff < len(here) else None}. Fix: create the Cockpit over the same model "
                 "(the same trainable parameters, in the same order and shapes) before loading"
             )
+        main = self.group is None or self.group.main
         tracked, kept = {q.name for q in self.quantities}, set(state["quantities"])
+        if not main:  # another rank tracks no diagnosis signals and keeps no record: rank 0's state serves it
+            kept -= set(_diagnosis.SIGNALS) - tracked
+            state = {**state, "diagnosis": None, "record": {}, "undiagnosed": []}
         if tracked != kept:
             raise ValueError(
                 f"the saved run tracked {sorted(kept - tracked)} which this Cockpit does not, and this Cockpit "

@@ -107,6 +107,34 @@ def test_a_resumed_run_continues_its_segment(tmp_path):
     assert len(log.segments(path)) == 1
 
 
+def test_a_resumed_run_replaces_what_its_segment_held_after_the_checkpoint(tmp_path):
+    path = tmp_path / "run.jsonl"
+    first = log.JSONLinesWriter(path, {})
+    for step in range(5):  # checkpointed after step 2, went on to step 4, died
+        first.append(step, {"Loss": float(step)})
+    first.close()
+    other = log.JSONLinesWriter(path, {})  # another run on the same path meanwhile
+    other.append(0, {"Loss": 9.0})
+    other.close()
+    resumed = log.JSONLinesWriter(path, {})
+    resumed.resume(first.run, 2)
+    resumed.append(3, {"Loss": 0.5})
+    resumed.close()
+    with pytest.raises(ValueError, match="before its first step"):
+        resumed.resume(first.run, 2)
+    assert log.read(path, segment=first.run) == {0: {"Loss": 0.0}, 1: {"Loss": 1.0}, 2: {"Loss": 2.0}, 3: {"Loss": 0.5}}
+    assert [s["run"] for s in log.segments(path)] == [first.run, other.run]
+    assert log.read_jsonl(path, segment=first.run)[0]["resumed_after"] == 2
+
+
+def test_the_header_is_written_with_the_first_line(tmp_path):
+    path = tmp_path / "run.jsonl"
+    writer = log.JSONLinesWriter(path, {})
+    assert path.read_text() == ""
+    writer.close()  # a run without steps is its header
+    assert [line["run"] for line in _lines(path)] == [writer.run]
+
+
 def test_a_torn_line_before_a_new_segment_is_skipped(tmp_path):
     path = tmp_path / "run.jsonl"
     write_sample(path)

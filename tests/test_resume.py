@@ -204,3 +204,25 @@ def test_a_quantity_state_that_no_state_dict_can_hold_is_named():
     cp = Cockpit(_model(), quantities=[Keeps()], diagnose=False)
     with pytest.raises(ValueError, match=r"\['Keeps'\]\['_thing'\] holds a object"):
         cp.state_dict()
+
+
+def test_a_generator_saved_on_another_device_type_names_the_fix():
+    cp = Cockpit(_model(), quantities=[quantities.HessMaxEV()], diagnose=False)
+    state = cp.state_dict()
+    saved = {"__generator__": torch.Generator().get_state(), "device": "cuda"}
+    state["quantities"]["HessMaxEV"] = {"_previous": None, "_generator": saved}
+    with pytest.raises(ValueError, match="generator of a cuda device.*resume with the model on a cuda device"):
+        Cockpit(_model(), quantities=[quantities.HessMaxEV()], diagnose=False).load_state_dict(state)
+
+
+def test_another_rank_loads_rank_0s_state():
+    """Lightning saves rank 0's callback state only; the other ranks (no diagnosis signals, no record) load it."""
+    from types import SimpleNamespace
+
+    model, opt, cp = _fresh(None)
+    _train(model, opt, cp, _batches(2), range(2))
+    other = Cockpit(_model(), quantities=_quantities(), diagnose=False)
+    other.group = SimpleNamespace(main=False)  # what a rank other than 0 is
+    other.load_state_dict(cp.state_dict())
+    assert other.get_output() == {} and other._last_step == 1
+    assert torch.equal(other.quantities[1]._initial[0], cp.quantities[1]._initial[0])
