@@ -226,3 +226,25 @@ def test_another_rank_loads_rank_0s_state():
     other.load_state_dict(cp.state_dict())
     assert other.get_output() == {} and other._last_step == 1
     assert torch.equal(other.quantities[1]._initial[0], cp.quantities[1]._initial[0])
+
+
+def test_signals_read_by_forward_hooks_know_the_resumed_step():
+    """ActivationStats and InputStats decide in the forward pass, before cp(step), whether the step is due."""
+    def odd(step):
+        return step % 2 == 1  # step 0, a fresh quantity's guess, is not due
+
+    def fresh():
+        model = _model()
+        qs = [quantities.ActivationStats(track_schedule=odd), quantities.InputStats(track_schedule=odd)]
+        return model, torch.optim.SGD(model.parameters(), lr=0.1), Cockpit(model, quantities=qs, diagnose=False)
+
+    batches = _batches(5)
+    model, opt, first = fresh()
+    _train(model, opt, first, batches, range(3))
+    state, weights = first.state_dict(), {k: v.clone() for k, v in model.state_dict().items()}
+    _train(model, opt, first, batches, range(3, 5))
+    model, opt, resumed = fresh()
+    model.load_state_dict(weights)
+    resumed.load_state_dict(state)
+    _train(model, opt, resumed, batches, range(3, 4))
+    assert _text(resumed.get_output()[3]) == _text(first.get_output()[3]) and "ActivationStats" in first.get_output()[3]
