@@ -59,9 +59,9 @@ def encode(value, params, where):
 
 def decode(value, params):
     """The inverse of ``encode``, for the parameters ``params`` of the run that loads it."""
-    device = params[0].device if params else None
+    device = params[0].device
     if torch.is_tensor(value):
-        return value.to(device) if device is not None else value
+        return value.to(device)
     if isinstance(value, dict):
         if value.keys() == {PARAM}:
             return params[value[PARAM]]
@@ -75,14 +75,14 @@ def decode(value, params):
     if isinstance(value, tuple):
         return tuple(decode(v, params) for v in value)
     if isinstance(value, list):
-        if len(value) == len(params) and value and all(torch.is_tensor(v) for v in value):
+        if len(value) == len(params) and all(torch.is_tensor(v) for v in value):
             return [v.to(p.device) for v, p in zip(value, params)]
         return [decode(v, params) for v in value]
     return value
 
 
 def _generator(value, device):
-    if device is None or device.type != value["device"]:
+    if device.type != value["device"]:
         raise ValueError(
             f"the state holds a random number generator of a {value['device']} device, but the parameters are on "
             f"{device}: a generator's state does not carry from one device type to another. Fix: resume with the "
