@@ -1,37 +1,52 @@
-"""Largest eigenvalue of a symmetric operator from matrix-vector products (Lanczos).
+"""Largest eigenvalue of a symmetric operator from matrix-vector products (block Lanczos).
 
-``lanczos_max_eig(matvec, v0)`` builds the Krylov basis ``v0, Av0, A²v0, ...`` with
-full re-orthogonalisation, so that ``Qᵀ A Q = T`` is tridiagonal, and stops as soon as
-the largest Ritz value θ (largest eigenvalue of T) has a residual bound
-``‖A y − θ y‖ = |β_k s_k| ≤ rtol · |θ|`` (``y = Q s`` its Ritz vector). For a
-symmetric A some eigenvalue lies within that bound of θ, and θ never exceeds
-``λ_max`` (Cauchy interlacing), so a converged θ is ``λ_max`` to relative accuracy
-``rtol`` once Lanczos has found the top of the spectrum. It converges in far fewer
-products than power iteration, which needs ``log(ε)/log(λ₂/λ₁)`` of them. A start
-vector in the span of the previous step's top Ritz vectors makes it faster still;
-using several of them (not just the top one) keeps Lanczos from settling on the old
-top eigenvector when two eigenvalues swap places between steps: a start vector that
-is nearly an eigenvector has a tiny residual from the first product on, whatever
-its eigenvalue.
+``lanczos_max_eig(matvec, starts)`` builds an orthonormal basis ``Q`` of the block Krylov
+space ``span{S, AS, A²S, ...}`` of the start vectors ``S`` (rows of ``starts``; one row
+is plain Lanczos), one product at a time, with full re-orthogonalisation. The
+coefficients of that orthogonalisation are ``H = Qᵀ A Q`` (block tridiagonal up to
+rounding), so after ``m`` products the Ritz values are the eigenvalues of the leading
+``m × m`` block ``H_m`` (Rayleigh-Ritz on the first ``m`` basis vectors) and the Ritz
+vector ``y = Q_m s`` of the largest one, θ, has the residual
+``‖A y − θ y‖ = ‖H[m:, :m] s‖`` (the coefficients of ``A Q_m`` along the basis vectors
+not yet multiplied). It stops as soon as ``‖A y − θ y‖ ≤ rtol · |θ|``. For a symmetric
+A some eigenvalue lies within that bound of θ, and θ never exceeds ``λ_max`` (Cauchy
+interlacing).
+
+Which eigenvalue that is depends on the start: from one start vector whose component
+along the top eigenvector happens to be small, Lanczos converges to the *second*
+eigenvalue first when the two are close, with a residual as small as the first's
+would be (measured: 3% of random starts on spectra with a 1% gap, 1% low). A block of
+independent random starts resolves a cluster of close eigenvalues together (the block
+space contains the Krylov space of each start, so θ is at least every Ritz value a
+single start would give). Measured over random starts: on five diagonal spectra with
+the top two to four eigenvalues 1% apart, one start missed 24 of 1,000, two none, for
+about 1.5× the products; with three eigenvalues 1.4% apart (1, 0.986, 0.971) one start
+missed 6 of 200, two 2, three none; on a small MLP-Mixer's Hessian (top eigenvalues
+0.7% and 10% apart) one start missed 21 of 400, two 2, three none (1.3× and 1.5× the
+products). Each start more makes a miss rarer, never impossible.
+A start in the span of the previous step's top Ritz vectors makes it faster still;
+using several of them (not just the top one) keeps it from settling on the old top
+eigenvector when two eigenvalues swap places between steps.
 """
 
 import math
 
 import numpy as np
 import torch
-from scipy.linalg import eigh_tridiagonal
 
 
 def lanczos_max_eig(matvec, v0, rtol=1e-3, maxiter=100, keep=3):
-    """Return ``(λ_max, Ritz vectors, iterations)`` of the symmetric operator ``matvec``.
+    """Return ``(λ_max, Ritz vectors, products)`` of the symmetric operator ``matvec``.
 
     Args:
         matvec: function mapping a vector (1-d tensor) to ``A @ vector``.
-        v0: start vector (not necessarily normalised, nonzero).
+        v0: start vector (1-d, plain Lanczos) or a block of start vectors (rows of a
+            2-d tensor; two independent random rows guard against a close second
+            eigenvalue, see the module docstring); not necessarily normalised. A row in
+            the span of the earlier rows is dropped.
         rtol: relative residual tolerance for convergence.
         maxiter: maximal number of products; the last estimate is returned if it is
             reached (the residual then exceeds ``rtol``).
-
         keep: number of top Ritz vectors to return.
 
     Returns:
@@ -39,39 +54,50 @@ def lanczos_max_eig(matvec, v0, rtol=1e-3, maxiter=100, keep=3):
         (rows of a matrix, normalised, the first belongs to the estimate) and the
         number of products used. A non-finite product returns NaN at once.
     """
-    basis = v0.new_empty((min(maxiter + 1, 16), v0.numel()))  # rows q_1, q_2, ...; grows by doubling
-    basis[0] = v0 / v0.norm()
-    alphas, betas = [], []  # T's diagonal and off-diagonal, on the host (T is tiny)
+    starts = v0[None] if v0.dim() == 1 else v0
+    basis = starts.new_empty((min(maxiter, 16) + starts.shape[0], starts.shape[1]))  # rows q_1, q_2, ...
+    size = 0
+    for row in starts:
+        w = row.clone()
+        for _ in range(2):
+            w -= basis[:size].T @ (basis[:size] @ w)
+        if size == 0 or float(w.norm()) > 1e-8 * float(row.norm()):
+            basis[size] = w / w.norm()
+            size += 1
+    h = np.zeros((maxiter + size, maxiter))  # h[i, j] = q_iᵀ A q_j, on the host (tiny)
     for k in range(1, maxiter + 1):
-        q, done = basis[k - 1], basis[:k]
-        w = matvec(q)
+        if k > size:  # every basis vector multiplied, none new: the space is invariant, θ exact
+            k -= 1
+            break
+        w = matvec(basis[k - 1])
         norm = float(w.norm())
         if not math.isfinite(norm):
             if not bool(torch.isfinite(w).all()):
                 return torch.tensor(float("nan"), dtype=v0.dtype), basis[:1].clone(), k
             norm = float(w.double().norm())  # finite, but the norm overflowed the dtype
-        alphas.append(float(torch.dot(w, q)))
-        w -= done.T @ (done @ w)  # full re-orthogonalisation,
+        done = basis[:size]
+        coefficients = done @ w
+        w -= done.T @ coefficients  # full re-orthogonalisation,
         beta = float(w.norm())
         if beta < 0.7 * norm:  # twice if cancellation lost accuracy (Daniel et al., 1976)
-            w -= done.T @ (done @ w)
+            again = done @ w
+            w -= done.T @ again
+            coefficients += again
             beta = float(w.norm())
-        if betas:
-            evals, evecs = eigh_tridiagonal(np.array(alphas), np.array(betas))
-        else:
-            evals, evecs = np.array(alphas), np.ones((1, 1))
+        h[:size, k - 1] = coefficients.double().cpu().numpy()
+        evals, evecs = np.linalg.eigh((h[:k, :k] + h[:k, :k].T) / 2)  # Rayleigh-Ritz
         theta, s = evals[-1], evecs[:, -1]
-        scale = abs(theta)
-        residual = abs(beta * s[-1])
-        if residual <= rtol * scale or beta <= 1e-12 * scale:
+        if beta > 1e-12 * max(norm, abs(theta)):  # else A q_k lies in the space already
+            if size == basis.shape[0]:
+                basis = torch.cat([basis, torch.empty_like(basis[: min(size, maxiter + starts.shape[0] - size)])])
+            basis[size] = w / beta
+            h[size, k - 1] = beta
+            size += 1
+        if float(np.linalg.norm(h[k:size, :k] @ s)) <= rtol * abs(theta):
             break
-        betas.append(beta)
-        if k == basis.shape[0]:
-            basis = torch.cat([basis, torch.empty_like(basis[: min(k, maxiter + 1 - k)])])
-        basis[k] = w / beta
     top = torch.from_numpy(evecs[:, ::-1][:, : min(keep, k)].copy()).to(basis)
     ritz = top.T @ basis[:k]
-    return torch.tensor(theta, dtype=v0.dtype), ritz / ritz.norm(dim=1, keepdim=True), k
+    return torch.tensor(evals[-1], dtype=v0.dtype), ritz / ritz.norm(dim=1, keepdim=True), k
 
 
 def power_max_eig(matvec, v0, rtol=1e-3, atol=1e-6, maxiter=100):

@@ -27,13 +27,23 @@ _HINTS = (
 class HessMaxEV(SingleStepQuantity):
     """``λ_max(∇²L)``, the largest (algebraic) Hessian eigenvalue w.r.t. the tracked parameters.
 
-    Computed by Lanczos iteration on Hessian-vector products ``Hv = ∇(gᵀv)``
-    (double backward through the graph kept by ``create_graph``), converged to a
-    relative residual ``rtol``, and warm-started from the previous step's top three
-    Ritz vectors mixed with fresh noise from the quantity's own generator (the
-    user's random state is never used). ``H`` is the Hessian of the loss as the
-    forward pass computed it: with BatchNorm in training mode, of the batch loss
-    through the batch statistics; with tied weights, w.r.t. the shared tensor.
+    Computed by block Lanczos iteration on Hessian-vector products ``Hv = ∇(gᵀv)``
+    (double backward through the graph kept by ``create_graph``; ``cockpit_lite.linalg``),
+    converged to a relative residual ``‖Hy − θy‖ ≤ rtol·|θ|`` of the top Ritz pair
+    ``(θ, y)``. The block has ``block`` start vectors: the previous step's top three Ritz
+    vectors mixed with fresh noise (at the first step: noise), and ``block − 1``
+    independent noise vectors, all from the quantity's own generator (the user's random
+    state is never used). One start alone returns the *second* eigenvalue when the top
+    two are close and the start's component along the top eigenvector is small: an
+    MLP-Mixer gave 2.39420 against 2.42339 (1.2% low) after 23 products. Measured on a
+    small Mixer whose top two eigenvalues are 0.7% apart, over 400 seeds: one start
+    missed λ_max on 21, two on 2, three on none. Cost per step (benchmark MLP 784-64-10,
+    B = 64, 20 SGD steps; median products): 28 with one start, 45.5 with two (the
+    default), 64 with three; on the benchmark CNN 14.5, 23 and 31.5.
+
+    ``H`` is the Hessian of the loss as the forward pass computed it: with BatchNorm in
+    training mode, of the batch loss through the batch statistics; with tied weights,
+    w.r.t. the shared tensor.
     Attention through ``F.scaled_dot_product_attention`` works on CPU (see
     ``cockpit_lite.curvature.sdpa``).
 
@@ -46,9 +56,20 @@ class HessMaxEV(SingleStepQuantity):
 
     STATE = ("_previous", "_generator")  # the warm start and the noise generator, saved for resuming
 
-    def __init__(self, track_schedule=None, verbose=False, use_power=False, rtol=1e-3, maxiter=100, seed=0):
+    def __init__(self, track_schedule=None, verbose=False, use_power=False, rtol=1e-3, maxiter=100, seed=0, block=2):
+        """
+        Args:
+            use_power: Cockpit's power iteration instead of Lanczos.
+            rtol: relative residual tolerance.
+            maxiter: most Hessian-vector products per step.
+            seed: seed of the start vectors' generator.
+            block: start vectors of block Lanczos (1: plain Lanczos; 3 for clusters of
+                three or more close top eigenvalues, e.g. many classes near uniform output).
+        """
         super().__init__(track_schedule, verbose)
-        self.use_power, self.rtol, self.maxiter, self.seed = use_power, rtol, maxiter, seed
+        if int(block) != block or block < 1:
+            raise ValueError(f"HessMaxEV: block must be a positive integer, got {block!r}")
+        self.use_power, self.rtol, self.maxiter, self.seed, self.block = use_power, rtol, maxiter, seed, int(block)
         self._previous = None
         self._generator = None
         self.last_iterations = None
@@ -85,7 +106,8 @@ class HessMaxEV(SingleStepQuantity):
             else:
                 if self._previous is not None:
                     start = self._previous.sum(0) / self._previous.shape[0] ** 0.5 + 0.3 * start
-                value, vectors, iterations = lanczos_max_eig(hvp, start, self.rtol, self.maxiter)
+                starts = torch.stack([start, *(self._noise(params) for _ in range(self.block - 1))])
+                value, vectors, iterations = lanczos_max_eig(hvp, starts, self.rtol, self.maxiter)
                 if torch.isfinite(value):
                     self._previous = vectors
         except RuntimeError as error:
