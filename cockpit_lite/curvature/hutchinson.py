@@ -21,6 +21,8 @@ import weakref
 
 import torch
 
+from cockpit_lite.curvature import double_backward
+
 MAX_GROUPS = 16
 """Probe groups kept for the jackknife (memory: ``MAX_GROUPS`` × the parameters)."""
 
@@ -117,6 +119,8 @@ def estimate(data, probes, seed):
 
     Raises:
         ValueError: if the backward pass kept no graph (names the fix).
+        RuntimeError: if a layer has no second derivative (names the layer and the fix,
+            ``cockpit_lite.curvature.double_backward``).
     """
     per_step = _CACHE.setdefault(data, {})
     key = (probes, seed)
@@ -131,7 +135,13 @@ def estimate(data, probes, seed):
         grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
         used = [i for i, g in enumerate(grads) if g.grad_fn is not None]
         generator = torch.Generator(device=params[0].device).manual_seed(hash((seed, data.step)) % 2**63)
-        partial = DiagonalEstimate([params[i] for i in used], [grads[i] for i in used], probes, generator)
+        try:
+            partial = DiagonalEstimate([params[i] for i in used], [grads[i] for i in used], probes, generator)
+        except RuntimeError as error:
+            explained = double_backward.explain(error, data.info.model, data.info.get("loss"))
+            if explained is None:
+                raise
+            raise RuntimeError(f"Hutchinson's estimator at step {data.step}: {explained} ({error})") from error
         per_step[key] = _expand(partial, used, params)
     return per_step[key]
 

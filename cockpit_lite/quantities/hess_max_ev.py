@@ -2,7 +2,7 @@
 
 import torch
 
-from cockpit_lite.curvature import sdpa
+from cockpit_lite.curvature import double_backward, sdpa
 from cockpit_lite.linalg import lanczos_max_eig, power_max_eig
 from cockpit_lite.quantities.base import Needs, Output, SingleStepQuantity
 
@@ -114,6 +114,9 @@ class HessMaxEV(SingleStepQuantity):
             for marker, hint in _HINTS:
                 if marker in str(error):
                     raise RuntimeError(f"HessMaxEV at step {step}: {hint} ({error})") from error
+            explained = double_backward.explain(error, data.info.model, data.info.get("loss"))
+            if explained is not None:
+                raise RuntimeError(f"HessMaxEV at step {step}: {explained} ({error})") from error
             raise
         self.last_iterations = iterations
         return Output(value, meta={"solver": "power" if self.use_power else "lanczos", "products": iterations})

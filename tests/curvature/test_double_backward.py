@@ -1,0 +1,118 @@
+"""A layer without a second derivative (nn.Hardsigmoid in torch 2.13): HessMaxEV and
+Hutchinson's estimator name it and the fix; the fix gives the eigvalsh of the autograd Hessian."""
+
+import pytest
+import torch
+from torch import nn
+
+from cockpit_lite import Cockpit
+from cockpit_lite.curvature import double_backward
+from cockpit_lite.quantities import HessMaxEV, HessTrace
+
+
+class _Gate(nn.Module):
+    """A squeeze-excitation-like gate, as in MobileNetV3: ``x · gate(fc(x))``."""
+
+    def __init__(self, gate):
+        super().__init__()
+        self.fc, self.gate = nn.Linear(4, 4), gate
+
+    def forward(self, x):
+        return x * self.gate(self.fc(x))
+
+
+class _Relu6Gate(nn.Module):
+    """``relu6(x + 3) / 6``: hardsigmoid, written with an operator PyTorch differentiates twice."""
+
+    def forward(self, x):
+        return nn.functional.relu6(x + 3) / 6
+
+
+class _FunctionalGate(nn.Module):
+    """The same gate by a function call inside a module with children."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return x * nn.functional.hardsigmoid(self.fc(x))
+
+
+def _model(gate):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 4), nn.Hardswish(), gate, nn.Linear(4, 2)).double()
+
+
+def _batch():
+    g = torch.Generator().manual_seed(1)
+    return 3 * torch.randn(6, 3, generator=g, dtype=torch.float64), torch.randint(0, 2, (6,), generator=g)
+
+
+def _step(model, quantity):
+    x, y = _batch()
+    cp = Cockpit(model, [quantity], diagnose=False)
+    loss = nn.functional.cross_entropy(model(x), y)
+    with pytest.warns(UserWarning, match="failed at step 0"):
+        with cp(0, info={"loss": loss}):
+            loss.backward(create_graph=cp.create_graph(0))
+    return cp.get_output()[0]
+
+
+@pytest.mark.parametrize("quantity", [HessMaxEV(), HessTrace(curvature="hutchinson", probes=2)], ids=["HessMaxEV", "HessTrace"])
+def test_the_layer_and_the_fix_are_named(quantity):
+    """The flag names the Hardsigmoid inside the gate (module name and class), not the
+    Hardswish (which has a second derivative), and the replacement."""
+    entry = _step(_model(_Gate(nn.Hardsigmoid())), quantity)
+    value = entry[quantity.name]
+    assert torch.isnan(torch.tensor(value)).all()
+    (flag,) = [f for f in entry["flags"] if f.startswith(quantity.name)]
+    assert "the layer 2.gate (Hardsigmoid) has no second derivative" in flag
+    assert "Fix: replace it by a module computing torch.nn.functional.relu6(x + 3) / 6" in flag
+    assert "Hardswish)" not in flag and "aten::hardsigmoid_backward" in flag
+
+
+def test_a_function_call_is_named_by_its_operator():
+    entry = _step(_model(_FunctionalGate()), HessMaxEV())
+    (flag,) = entry["flags"]
+    assert "aten::hardsigmoid) that no leaf module runs on its own" in flag and "relu6(x + 3) / 6" in flag
+
+
+def test_the_fix_gives_the_hessian_of_the_same_function():
+    """The replaced gate computes the same outputs; HessMaxEV then matches eigvalsh of the
+    float64 autograd Hessian (the Hessian of the same function: hardsigmoid's second
+    derivative is zero wherever it exists, as relu6's)."""
+    original, fixed = _model(_Gate(nn.Hardsigmoid())), _model(_Gate(_Relu6Gate()))
+    x, y = _batch()
+    torch.testing.assert_close(fixed(x), original(x), rtol=0, atol=1e-15)
+    cp = Cockpit(fixed, [HessMaxEV(rtol=1e-10)], diagnose=False)
+    loss = nn.functional.cross_entropy(fixed(x), y)
+    with cp(0, info={"loss": loss}):
+        loss.backward(create_graph=cp.create_graph(0))
+    names, params = zip(*fixed.named_parameters())
+    sizes = [p.numel() for p in params]
+
+    def loss_of(flat):
+        tensors = {n: v.reshape(p.shape) for n, v, p in zip(names, flat.split(sizes), params)}
+        return nn.functional.cross_entropy(torch.func.functional_call(fixed, tensors, (x,)), y)
+
+    hessian = torch.autograd.functional.hessian(loss_of, torch.cat([p.detach().reshape(-1) for p in params]))
+    assert cp.get_output()[0]["HessMaxEV"] == pytest.approx(float(torch.linalg.eigvalsh(hessian).max()), rel=1e-8)
+
+
+def test_other_errors_are_not_explained():
+    assert double_backward.explain(RuntimeError("out of memory"), None, None) is None
+    text = double_backward.explain(RuntimeError("derivative for aten::foo_backward is not implemented"), None, None)
+    assert "aten::foo" in text and "Fix: replace it by layers whose backward PyTorch can differentiate" in text
+
+
+def test_probing_leaves_the_model_and_the_random_state_alone():
+    model = _model(_Gate(nn.Hardsigmoid()))
+    x, y = _batch()
+    loss = nn.functional.cross_entropy(model(x), y)
+    before = [p.detach().clone() for p in model.parameters()]
+    state = torch.get_rng_state()
+    text = double_backward.explain(RuntimeError("derivative for aten::hardsigmoid_backward is not implemented"), model, loss)
+    assert "the layer 2.gate (Hardsigmoid)" in text
+    assert torch.equal(state, torch.get_rng_state())
+    assert all(torch.equal(a, b) and b.grad is None for a, b in zip(before, model.parameters()))
