@@ -168,6 +168,14 @@ class PerSample:
             return squares.index_add_(0, index, values.square()).reshape(-1)
         return self.flat.square().sum(0)
 
+    def compact(self):
+        """The same individual gradients in the form they came in (factors, rows or
+        ``grad_batch``), without what was built from them since (``grad_batch`` of factors):
+        what keeping them beyond the backward pass costs."""
+        if self._factors is None and self._rows is None:
+            return PerSample(self.param, self.index, grad_batch=self.grad_batch, batch_size=self.batch_size)
+        return PerSample(self.param, self.index, factors=self._factors, rows=self._rows, batch_size=self.batch_size)
+
     def element_chunks(self, max_elements=CHUNK_ELEMENTS):
         """The individual gradients as ``[c, *shape]`` pieces of consecutive samples.
 
@@ -303,17 +311,31 @@ class BatchDotDirection(Transform):
 
     ``direction(per_sample)`` returns the parameter's slice of ``d`` (it may use
     ``per_sample.grad``, e.g. to predict an optimizer's update). ``key`` must be
-    unique to the direction.
+    unique to the direction. With ``keep`` (a dict), each ``PerSample`` also goes to
+    ``keep[index]`` (``compact``; a list: the chunks of samples of the global path in
+    order, or the whole batch) and so outlives the backward pass, for projections onto
+    a direction known only later (``dots_of_kept``).
     """
 
     per_sample_output = True
-    def __init__(self, key, direction):
+    def __init__(self, key, direction, keep=None):
         self.key = key
         self._direction = direction
+        self._keep = keep
 
     def __call__(self, per_sample):
-        direction = self._direction(per_sample).reshape(-1).to(per_sample.dtype)
-        return per_sample.dots(direction) * per_sample.batch_size
+        if self._keep is not None:
+            kept = per_sample.compact()
+            whole = kept.num_samples == kept.batch_size
+            self._keep[kept.index] = [kept] if whole else self._keep.get(kept.index, []) + [kept]
+        return dots_of_kept([per_sample], self._direction(per_sample))
+
+
+def dots_of_kept(per_samples, direction):
+    """``g̃_nᵀ d`` of consecutive chunks of one parameter's samples, concatenated, shape ``[B]``
+    (what ``dots`` builds is dropped with the chunks: one parameter's ``B ×`` size at a time)."""
+    direction = direction.reshape(-1)
+    return torch.cat([p.dots(direction.to(p.dtype)) * p.batch_size for p in per_samples])
 
 
 class GradHistogram1d(Transform):

@@ -8,10 +8,11 @@ import torch
 
 from cockpit_lite.optim import UpdatePredictor
 from cockpit_lite.quantities.base import Needs, Output, Quantity
-from cockpit_lite.transforms import BatchDotDirection
+from cockpit_lite.transforms import BatchDotDirection, at_least_float32, dots_of_kept
 
-PREDICTION_RTOL = 1e-4
-"""Largest relative distance of the real update from the predicted update's line."""
+PREDICTION_RTOL = {torch.float64: 1e-10}
+"""Largest relative distance of an update from the predicted update's line (float64; 1e-4 for
+float32 and narrower dtypes): the engine's gradient and autograd's differ by rounding only."""
 
 
 class Alpha(Quantity):
@@ -29,32 +30,72 @@ class Alpha(Quantity):
     α = 0: the step landed in the minimum of the parabola; α = 1: on the other side at
     the starting height; α < 0: short of the minimum; α > 1: overshooting.
 
-    Two-step quantity without extra passes. At step t the individual slopes are
-    projected inside the backward pass onto the *predicted* update (the optimizer
-    is stepped on a private copy, ``cockpit_lite.optim``); at step t+1 they are
-    projected onto the real update and the prediction is checked: if the real
-    update is not parallel to it (e.g. a scheduler or non-uniform gradient clipping
-    between ``backward`` and ``step``), α is NaN and the step is flagged. An update of
-    zero length also gives NaN (Cockpit: −1). Step numbers must be consecutive.
-    Needs ``info["optimizer"]`` and ``info["loss"]``; individual losses are derived.
-    There is no per-layer α: the losses belong to the whole network.
+    The slopes are those of ``info["loss"]`` itself: ``g̃_n`` are its individual
+    gradients, unclipped, and divided by the factor ``σ = ∂(loss backpropagated) /
+    ∂info["loss"]`` (a ``GradScaler``'s scale for ``scaler.scale(loss).backward()``,
+    else 1); ``d`` is the real update, after whatever changed the gradient between
+    ``backward`` and ``step`` (``clip_grad_norm_``, ``clip_grad_value_``, unscaling, a
+    new learning rate). So ``mean_n s_n = gᵀd/‖d‖ = f'(0)`` exactly, and with clipping
+    ``Var̂_n(s_n) = dᵀ Σ̂ d / ‖d‖²`` (``Σ̂`` the unbiased covariance of the unclipped
+    ``g̃_n``) is the sampling variance of the loss's slope along the clipped step:
+    clipping shortens or turns the step, it does not change the loss being fitted.
+
+    Two-step quantity without extra passes. The individual slopes at θ_t are needed
+    inside the backward pass, before ``d`` exists: they are projected onto the update
+    predicted from the unchanged gradient by stepping a private copy of the optimizer
+    (``cockpit_lite.optim``). The optimizer's step post-hook
+    (``Optimizer.register_step_post_hook``, registered for that step only) reads the
+    real update the moment the optimizer made it (also when ``optimizer.step(closure)``
+    runs the backward pass itself, as Lightning does) and checks the prediction: one that
+    is only rescaled (a new learning rate, ``clip_grad_norm_`` under plain SGD) leaves
+    the slopes exact. One that turned (clipping under Adam/AdamW or momentum,
+    ``clip_grad_value_``, a ``GradScaler``'s unscaling under Adam, an edited gradient, an
+    optimizer that is not element-wise) makes that step NaN with a flag, and from then on
+    α keeps the individual gradients of its start steps from the backward pass to the
+    post-hook (Linear and Embedding layers as their factors, the size of the layer's
+    activations; other parameters ``B ×`` their size) and projects them onto the real
+    update there: exact for every change of the gradient, at that memory (not under
+    torch.distributed: the ranks' slopes are gathered before the step, so such steps stay
+    NaN). At step t+1 the update ``θ_{t+1} − θ_t`` must be the one the optimizer made
+    (parameters changed after the step give NaN and a flag). An update of zero length
+    also gives NaN (Cockpit: −1). Step numbers must be consecutive. Needs
+    ``info["optimizer"]`` and ``info["loss"]``; individual losses are derived. There is no
+    per-layer α: the losses belong to the whole network.
     """
 
-    STATE = ("_start",)  # the pending step's half of the fit (resumed runs finish it)
+    STATE = ("_start", "_keep")  # the pending step's half of the fit (resumed runs finish it); whether to keep
 
     def __init__(self, track_schedule=None, verbose=False):
         super().__init__(track_schedule, verbose)
         self._start = None
         self._pending = None
+        self._seed = None
+        self._keep = False  # keep the start steps' individual gradients until optimizer.step()
+        self._distributed = False
+        self._hook = None
+
+    def bind(self, cockpit):
+        self._distributed = cockpit.group is not None
+
+    def unbind(self):
+        self._remove_hook()
 
     def needs(self, step, info):
+        self._remove_hook()  # the last start step's, which has fired (or never will)
         start = self.is_due(step)
         end = self._start is not None and self._start["step"] == step - 1
         if not (start or end):
             self._start = None
             return None
-        info.require("loss", self.name)
+        loss = info.require("loss", self.name)
         info.require("individual_losses", self.name)
+        seed = self._seed = {}
+        if loss.requires_grad:
+
+            def seed_of_backward(grad):  # σ: the gradient arriving at info["loss"]
+                seed["value"] = grad.detach()
+
+            loss.register_hook(seed_of_backward)
         transforms = []
         if end:
             update = self._start["update"] = [
@@ -64,61 +105,122 @@ class Alpha(Quantity):
                 BatchDotDirection(("Alpha", "end"), lambda per_sample: update[per_sample.index])
             )
         if start:
-            predict = UpdatePredictor(info.require("optimizer", self.name))
-            pending = self._pending = {}
+            optimizer = info.require("optimizer", self.name)
+            predict = UpdatePredictor(optimizer)
+            predicted = {}
+            kept = {} if self._keep else None
+            self._pending = {"optimizer": optimizer, "predicted": predicted, "kept": kept}
 
             def predicted_update(per_sample):
-                if per_sample.index not in pending:  # once per parameter (chunks of samples share it)
-                    pending[per_sample.index] = predict(per_sample.param, per_sample.optimizer_grad)
-                return pending[per_sample.index]
+                if per_sample.index not in predicted:  # once per parameter (chunks of samples share it)
+                    predicted[per_sample.index] = predict(per_sample.param, per_sample.optimizer_grad)
+                return predicted[per_sample.index]
 
-            transforms.append(BatchDotDirection(("Alpha", "start"), predicted_update))
+            transforms.append(BatchDotDirection(("Alpha", "start"), predicted_update, keep=kept))
         return Needs(transforms=tuple(transforms))
 
     def observes(self, step):
         return self.is_due(step) or self.is_due(step - 1)
 
     def compute(self, step, data):
+        self._remove_hook()
         output = None
         losses = data.info.require("individual_losses", self.name)
         loss = float(data.info.require("loss", self.name).detach())
+        seed = self._seed.get("value")
+        seed = 1.0 if seed is None else float(seed)
         if self._start is not None and self._start["step"] == step - 1:
-            output = self._finish(step, data, loss, losses)
+            output = self._finish(step, data, loss, losses, seed)
         self._start = None
         if self.is_due(step):
+            pending = self._pending
             self._start = {
                 "step": step,
                 "params": data.params,
                 "params_before": [p.detach().clone() for p in data.params],
                 "f": loss,
                 "var_f": _variance(losses),
-                "dots": sum(data.per_sample(("Alpha", "start"))),
-                "predicted": [self._pending.get(i) for i in range(len(data.params))],
+                "seed": seed,
+                "backward_dots": data.per_sample(("Alpha", "start")),  # onto the update predicted in backward
+                "backward_predicted": [pending["predicted"].get(i) for i in range(len(data.params))],
+                "kept": pending["kept"],
+                "stepped": None,  # the update optimizer.step() made (its step post-hook)
+                "dots": None,
+                "direction_norm": None,
+                "edited": False,
+                "failure": None,
             }
+            self._hook = pending["optimizer"].register_step_post_hook(self._after_step)
         return output
 
-    def _finish(self, step, data, loss, losses):
+    def _after_step(self, optimizer, args, kwargs):
+        """Step post-hook of a start step (once): the update ``d`` the optimizer made.
+
+        With kept individual gradients, ``Σ_params g̃_nᵀ d``; else the projections made in
+        backward, if their direction is ``d``'s (else the step is marked edited and the
+        following start steps keep their individual gradients). The handle is removed by
+        the next ``needs`` or ``compute`` (not here: torch is iterating over the hooks).
+        """
+        start = self._start
+        if start is None or start["stepped"] is not None:
+            return
+        update = [(p.detach() - p0).reshape(-1) for p, p0 in zip(start["params"], start["params_before"])]
+        start["stepped"] = update
+        kept, start["kept"] = start["kept"], None
+        if kept is not None:
+            try:  # never break the user's optimizer step
+                # each parameter's individual gradients are released once projected; adding 0 · the
+                # backward's dots makes a parameter the engine failed NaN
+                start["dots"] = sum(
+                    dots_of_kept(kept.pop(i), d) + 0 * b for i, (d, b) in enumerate(zip(update, start["backward_dots"]))
+                )
+            except Exception as error:
+                start["failure"] = f"Alpha: projecting the kept individual gradients failed: {error!r}"
+            start["direction_norm"] = float(torch.cat(update).norm())
+            return
+        guess = start["backward_predicted"]
+        if any(u is None for u in guess) or not _parallel(torch.cat(guess), torch.cat(update)):
+            start["edited"] = True
+            self._keep = not self._distributed
+        else:
+            start["dots"] = sum(start["backward_dots"])
+            start["direction_norm"] = float(torch.cat(guess).norm())
+
+    def _remove_hook(self):
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def _finish(self, step, data, loss, losses, seed):
         start = self._start
         update = torch.cat([u.reshape(-1) for u in start["update"]])
         t = float(update.norm())
         flags = []
-        predicted = start["predicted"]
+        stepped = start["stepped"]
         if not math.isfinite(t):
             flags.append("Alpha: the update is not finite (the parameters diverged)")
         elif t == 0.0:
             flags.append("Alpha: the parameters did not change between the two steps")
-        elif any(p is None for p in predicted) or not _parallel(torch.cat(predicted), update):
+        elif stepped is None:
+            flags.append("Alpha: the parameters changed without a step of info['optimizer'] in between")
+        elif start["failure"] is not None:
+            flags.append(start["failure"])
+        elif start["edited"]:
             flags.append(
-                "Alpha: the update differs from the optimizer's predicted update "
-                "(a scheduler or gradient clipping between backward and step?)"
+                "Alpha: the gradient was changed between backward and optimizer.step() so that the update "
+                "turned (clipping under Adam, element-wise clipping, edited gradients); "
+                + ("under torch.distributed α is NaN at such steps" if self._distributed else
+                   "from the next tracked step on α keeps the individual gradients until optimizer.step(), "
+                   "which makes it exact")
             )
+        elif not _parallel(torch.cat(stepped), update):
+            flags.append("Alpha: the parameters changed after optimizer.step() (the update is not the optimizer's)")
         if losses.numel() < 2 or not math.isfinite(start["var_f"]):
             flags.append("Alpha: a batch of one sample has no variance of the losses and slopes, which the fit needs")
         if flags:
             return Output(float("nan"), step=step - 1, flags=flags)
-        predicted_norm = float(torch.cat(predicted).norm())
-        slopes_start = start["dots"] / predicted_norm
-        slopes_end = sum(data.per_sample(("Alpha", "end"))) / t
+        slopes_start = start["dots"] / (start["direction_norm"] * start["seed"])
+        slopes_end = sum(data.per_sample(("Alpha", "end"))) / (t * seed)
         mu = fit_quadratic(
             t,
             [start["f"], loss],
@@ -130,13 +232,16 @@ class Alpha(Quantity):
 
 
 def _parallel(predicted, real):
-    """Whether ``real`` lies on the line of ``predicted`` (same direction) up to ``PREDICTION_RTOL``."""
+    """Whether ``real`` lies on the line of ``predicted`` (same direction) up to ``PREDICTION_RTOL``
+    (computed in float32 or wider: bf16 arithmetic would round the distance itself by 2⁻⁸)."""
+    rtol = PREDICTION_RTOL.get(predicted.dtype, 1e-4)
+    predicted, real = at_least_float32(predicted), at_least_float32(real)
     norm = predicted.norm()
     if float(norm) == 0.0:
         return False
     unit = predicted / norm
     along = torch.dot(real, unit)
-    return float(along) > 0 and float((real - along * unit).norm()) <= PREDICTION_RTOL * float(real.norm())
+    return float(along) > 0 and float((real - along * unit).norm()) <= rtol * float(real.norm())
 
 
 def fit_quadratic(t, fs, dfs, var_fs, var_dfs):
