@@ -102,7 +102,9 @@ _SMOOTHING_TAIL = ("SumBackward0", "MaskedFillBackward0", "NegBackward0", "SumBa
 
 
 def _loss_function(node):
-    """``(derive, reduction)`` of the loss function whose output ``node`` makes, or ``(None, None)``.
+    """``(node, derive, reduction)`` of the loss function whose output ``node`` makes: its own
+    node (whose input is the loss input), ``derive(node)``, the reduction; ``(None, None, None)``
+    for another node.
 
     Label smoothing makes cross-entropy a sum of two terms in the graph,
     ``(1 − ε) · NLL + (ε/C) · smoothing`` (``AddBackward0``); it is recognised by that
@@ -110,25 +112,25 @@ def _loss_function(node):
     """
     derive = LOSS_NODES.get(type(node).__name__)
     if derive is not None:
-        return derive, getattr(node, "_saved_reduction", None)
+        return node, derive, getattr(node, "_saved_reduction", None)
     if type(node).__name__ != "AddBackward0" or getattr(node, "_saved_alpha", None) != 1:
-        return None, None
+        return None, None, None
     (first, _), (second, _) = node.next_functions
     if not all(type(n).__name__ == "MulBackward1" for n in (first, second)):
-        return None, None
+        return None, None, None
     nll = first.next_functions[0][0]
     if type(nll).__name__ not in ("NllLossBackward0", "NllLoss2DBackward0"):
-        return None, None
+        return None, None, None
     smoothing, reduction = 1 - first._saved_other, nll._saved_reduction
     tail = (("DivBackward0",) if reduction == _MEAN else ()) + _SMOOTHING_TAIL
     current = second
     for name in tail:
         current = current.next_functions[0][0] if current is not None and current.next_functions else None
         if type(current).__name__ != name:
-            return None, None
+            return None, None, None
     if not math.isclose(second._saved_other, smoothing / nll._saved_self.shape[1], rel_tol=1e-9):
-        return None, None
-    return (lambda _: _smoothed_cross_entropy(nll, smoothing)), reduction
+        return None, None, None
+    return nll, (lambda nll: _smoothed_cross_entropy(nll, smoothing)), reduction
 
 
 def contributions_from_graph(loss, batch_size=None, keep_graph=False):
@@ -157,7 +159,7 @@ def contributions_from_graph(loss, batch_size=None, keep_graph=False):
             "the loss tensor itself, the one loss.backward() is called on"
         )
     node, factor = _unscaled(loss.grad_fn)
-    derive, reduction = _loss_function(node)
+    function, derive, reduction = _loss_function(node)
     if derive is None or reduction not in (_MEAN, _SUM):
         raise ValueError(
             "cannot derive 'individual_losses': info['loss'] must come from a "
@@ -168,14 +170,14 @@ def contributions_from_graph(loss, batch_size=None, keep_graph=False):
             "lossfunc_with_reduction_none(output, target), ...}"
         )
     with torch.set_grad_enabled(keep_graph):
-        elements, denominator = derive(node)
+        elements, denominator = derive(function)
         per_row = elements.reshape(elements.shape[0], -1).sum(1)
         if reduction == _MEAN:
             per_row = per_row / denominator
         if factor != 1.0:
             per_row = per_row * factor
         if batch_size is None:
-            batch_size = _flattened_batch(node, per_row.shape[0])
+            batch_size = _flattened_batch(function, per_row.shape[0])
         return per_sequence(per_row, batch_size)
 
 

@@ -89,6 +89,15 @@ def test_contributions_of_smoothed_and_robust_losses_have_the_loss_gradient(name
     torch.testing.assert_close(from_contributions, from_loss)
 
 
+def test_smoothed_token_losses_are_grouped_per_sequence():
+    """Label-smoothed cross-entropy on ``logits.view(-1, V)`` of ``[B, T, V]``: the rows of each sequence are
+    summed without a given batch size (the shape is read above the NLL node, as without smoothing)."""
+    logits, targets = token_losses()
+    loss = nn.CrossEntropyLoss(label_smoothing=0.1)(logits.reshape(B, T, 4).reshape(-1, 4), targets)
+    unreduced = nn.CrossEntropyLoss(label_smoothing=0.1, reduction="none")(logits, targets).detach()
+    torch.testing.assert_close(individual_losses_from_graph(loss), unreduced.reshape(B, T).sum(1) / T)
+
+
 def test_a_sum_that_only_looks_like_label_smoothing_is_refused():
     """0.9 · cross-entropy plus another term (here the smoothing term with the wrong factor, and an
     L2 penalty) is not a label-smoothed cross-entropy."""
