@@ -30,10 +30,10 @@ class Alpha(Quantity):
     α = 0: the step landed in the minimum of the parabola; α = 1: on the other side at
     the starting height; α < 0: short of the minimum; α > 1: overshooting.
 
-    The slopes are those of ``info["loss"]`` itself: ``g̃_n`` are its individual
-    gradients, unclipped, and divided by the factor ``σ = ∂(loss backpropagated) /
-    ∂info["loss"]`` (a ``GradScaler``'s scale for ``scaler.scale(loss).backward()``,
-    else 1); ``d`` is the real update, after whatever changed the gradient between
+    The slopes are those of ``info["loss"]`` itself: ``s_n = g̃_nᵀ d / (σ ‖d‖)`` with
+    ``g̃_n`` the individual gradients of the loss backpropagated, unclipped, and
+    ``σ = ∂(loss backpropagated) / ∂info["loss"]`` (a ``GradScaler``'s scale for
+    ``scaler.scale(loss).backward()``, else 1); ``d`` is the real update, after whatever changed the gradient between
     ``backward`` and ``step`` (``clip_grad_norm_``, ``clip_grad_value_``, unscaling, a
     new learning rate). So ``mean_n s_n = gᵀd/‖d‖ = f'(0)`` exactly, and with clipping
     ``Var̂_n(s_n) = dᵀ Σ̂ d / ‖d‖²`` (``Σ̂`` the unbiased covariance of the unclipped
