@@ -33,7 +33,7 @@ A record is ``{step: {key: value}}`` with integer steps. Keys are
   ``"diag_ggn_mc"`` (BackPACK, exact or Monte-Carlo) or ``"hutchinson"`` (an estimate
   from Hessian-vector products, then also ``"probes"``: the number of probe vectors,
   ``"se"``: the standard error of the value, and ``"layers_se"``: those of the
-  per-layer values); ``HessMaxEV`` records ``{"solver": "lanczos" | "power",
+  per-layer values), or ``None`` (a TIC without an exact diagonal: NaN with a flag); ``HessMaxEV`` records ``{"solver": "lanczos" | "power",
   "products": k}``;
 - ``"budget"``: at the step where an overhead budget fixed the schedules (see
   ``cockpit_lite.budget``): ``{"factor", "horizon", "plain_step_s", "tiers": {name:

@@ -1,8 +1,10 @@
 """Curvature from Hessian-vector products, on any twice-differentiable model.
 
 - ``hutchinson``: Hutchinson's estimator of the Hessian diagonal and its traces, with
-  jackknife standard errors (``HessTrace``, ``TICDiag``, ``TICTrace`` where BackPACK's
-  exact diagonals do not apply).
+  jackknife standard errors (``HessTrace`` where BackPACK's exact diagonals do not apply;
+  the TICs take exact diagonals only).
+- ``double_backward``: names the layer and the fix when a Hessian-vector product fails
+  on an operator PyTorch cannot differentiate twice (``nn.Hardsigmoid``).
 - ``sdpa``: a derivative for the backward pass of PyTorch's CPU flash-attention kernel,
   so that Hessian-vector products run through ``F.scaled_dot_product_attention``.
 

@@ -11,7 +11,7 @@ loss as computed; tied weights: the Hessian w.r.t. the shared tensor).
 Standard errors come from a delete-a-group jackknife over ``G = min(K, 16)`` groups of
 probes: ``SE² = (G−1)/G Σ_j (θ_(−j) − θ̄)²`` with ``θ_(−j)`` the statistic of the probes
 outside group ``j``. For a linear statistic (a trace) and ``G = K`` it equals the usual
-``std_k / √K``; for a ratio (TIC) it is the jackknife's first-order error.
+``std_k / √K``; for a nonlinear statistic it is the jackknife's first-order error.
 
 Probes come from a ``torch.Generator`` seeded by ``(seed, step)``: reproducible, and the
 user's random streams are never touched.

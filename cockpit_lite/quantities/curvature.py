@@ -24,6 +24,14 @@ Where the curvature comes from (``curvature=``, recorded at every step under
 
 An explicitly chosen BackPACK curvature that the model does not support raises a
 ``ValueError`` naming the layer and the fix before the backward pass runs.
+
+A quantity with ``EXACT_ONLY`` (the TICs, ratios with the curvature in the denominator)
+takes only an exact diagonal, ``"diag_h"`` or ``"diag_ggn_exact"``: the ratio of an
+estimate is not an estimate of the ratio (a noisy ``C_dd`` near zero dominates it, and
+no standard error of the denominator's noise describes that). Where only an estimate
+would run (``"hutchinson"``, ``"diag_ggn_mc"``, or ``"auto"`` on a model BackPACK cannot
+serve) it records NaN with a flag naming why and the fix, computes nothing and keeps no
+graph (``record[step]["meta"][name] == {"curvature": None}``).
 """
 
 import warnings
@@ -39,6 +47,14 @@ from cockpit_lite.quantities.base import Needs, Output, SingleStepQuantity
 HUTCHINSON = "hutchinson"
 AUTO = "auto"
 CHOICES = (AUTO, *CURVATURES, HUTCHINSON)
+EXACT = ("diag_h", "diag_ggn_exact")
+"""The curvatures that are exact diagonals (of the Hessian, of the GGN)."""
+EXACT_FIX = (
+    "Fix: wrap the model and the loss module in cockpit_lite.extend(...) and use only layers "
+    "BackPACK supports (curvature='auto' or 'diag_h', the Hessian), or pass "
+    "curvature='diag_ggn_exact' (the GGN; residual networks: cockpit_lite.extend(model, "
+    "use_converter=True))"
+)
 
 
 class CurvatureQuantity(SingleStepQuantity):
@@ -47,6 +63,9 @@ class CurvatureQuantity(SingleStepQuantity):
     Subclasses implement ``parts(data, diagonal) -> (total, per-layer list)`` (tensors,
     linear or not in the diagonal) and may override ``package``.
     """
+
+    EXACT_ONLY = False
+    """Whether only an exact diagonal (``EXACT``) may enter (see the module docstring)."""
 
     def __init__(self, track_schedule=None, verbose=False, curvature=AUTO, probes=16, seed=0):
         """
@@ -62,10 +81,17 @@ class CurvatureQuantity(SingleStepQuantity):
             raise ValueError(f"{self.name}: probes must be a positive integer, got {probes!r}")
         self.curvature, self.probes, self.seed = curvature, int(probes), seed
         self._chosen = None  # (step, method) decided before the step's backward pass
+        self._unavailable = None  # why no exact diagonal runs at the chosen step (EXACT_ONLY)
         self._warned = False
 
     def method(self, info):
-        """The curvature that will run at this step (``info``: the step's ``StepInfo``)."""
+        """The curvature that will run at this step (``info``: the step's ``StepInfo``).
+
+        ``None`` for an ``EXACT_ONLY`` quantity that would get an estimate; the reason is
+        then in ``self._unavailable``.
+        """
+        if self.EXACT_ONLY:
+            return self._exact_method(info)
         if self.curvature == HUTCHINSON:
             return HUTCHINSON
         reason = curvature_support(info.model, info.get("loss"), "diag_h" if self.curvature == AUTO else self.curvature)
@@ -86,18 +112,48 @@ class CurvatureQuantity(SingleStepQuantity):
             )
         return HUTCHINSON
 
+    def _exact_method(self, info):
+        self._unavailable = None
+        if self.curvature not in (AUTO, *EXACT):
+            self._unavailable = (
+                f"curvature={self.curvature!r} is an estimate of the diagonal, and {self.name} "
+                "divides by it: the ratio of an estimate is not an estimate of the ratio "
+                "(a noisy C_dd near zero dominates it)"
+            )
+            return None
+        name = "diag_h" if self.curvature == AUTO else self.curvature
+        reason = curvature_support(info.model, info.get("loss"), name)
+        if reason is None:
+            return name
+        if self.curvature != AUTO:
+            raise ValueError(unsupported_message(self.name, self.curvature, reason))
+        self._unavailable = (
+            f"{reason}, so curvature='auto' has no exact Hessian diagonal, and {self.name} "
+            "from an estimated one (Hutchinson's) would not be an estimate of the ratio"
+        )
+        return None
+
     def _needs(self, step, info):
         base = super()._needs(step, info)
         method = self.method(info)
         self._chosen = (step, method)
+        if method is None:
+            return Needs()
         if method == HUTCHINSON:
             sdpa.enable_double_backward()
             return Needs(transforms=base.transforms, create_graph=True)
         return Needs(transforms=base.transforms, extensions=(curvature_extension(method, self.name),))
 
+    def observes(self, step):
+        """As the base class, except never for an ``EXACT_ONLY`` quantity given an estimate."""
+        if self.EXACT_ONLY and self.curvature not in (AUTO, *EXACT):
+            return False
+        return super().observes(step)
+
     def create_graph(self, step):
-        """True on due steps that use Hutchinson's estimator (before the decision: unless known exact)."""
-        if not self.is_due(step):
+        """True on due steps that use Hutchinson's estimator (before the decision: unless known
+        exact); never for an ``EXACT_ONLY`` quantity."""
+        if self.EXACT_ONLY or not self.is_due(step):
             return False
         if self._chosen is not None and (self._chosen[0] == step or self.curvature == AUTO):
             return self._chosen[1] == HUTCHINSON
@@ -105,6 +161,10 @@ class CurvatureQuantity(SingleStepQuantity):
 
     def compute(self, step, data):
         method = self._chosen[1]
+        if method is None:
+            nan = float("nan")
+            flag = f"{self.name}: not computed: {self._unavailable}. {EXACT_FIX}"
+            return Output(nan, [nan] * len(data.params), flags=[flag], meta={"curvature": None})
         if method == HUTCHINSON:
             estimate = hutchinson.estimate(data, self.probes, self.seed)
             diagonal = estimate.diagonal

@@ -8,9 +8,8 @@ class TICDiag(TIC):
 
     The gradient's uncentred second moment weighted by the inverse diagonal
     curvature, an approximation of ``tr(C⁻¹ G)``. Per layer: the sum over one
-    parameter tensor (the total is the sum of the layers). With Hutchinson's
-    estimate of ``C_dd`` the ratio is not unbiased (a noisy denominator near zero
-    dominates it): use enough probes and read the recorded standard error.
+    parameter tensor (the total is the sum of the layers). ``C`` is an exact diagonal
+    (BackPACK's Hessian or GGN diagonal), else the value is NaN with a flag: see ``TIC``.
     """
 
     def parts(self, data, diagonal):

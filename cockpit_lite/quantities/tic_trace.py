@@ -8,6 +8,8 @@ class TICTrace(TIC):
     """``Σ_d [(1/B) Σ_n g̃_{n,d}²] / (tr C + ε)``, ε = ``epsilon``; ``C`` the curvature.
 
     Per layer: one parameter tensor's second moment over its own curvature trace.
+    ``C`` is an exact diagonal (BackPACK's Hessian or GGN diagonal), else the value is
+    NaN with a flag: see ``TIC``.
     """
 
     def parts(self, data, diagonal):

@@ -5,6 +5,8 @@ A small ε shows only where the curvature is small, so the comparison is tight (
 the brute force and the quantities agree to about 1e-13).
 """
 
+import math
+
 import pytest
 import torch
 
@@ -51,17 +53,37 @@ def test_schedule_and_verbose_are_passed_on(quantity, reference, capsys):
     assert quantity.__name__ not in capsys.readouterr().out
 
 
-def hutchinson_values(**kwargs):
+ESTIMATES = ("hutchinson", "diag_ggn_mc")
+
+
+@pytest.mark.parametrize("quantity", [TICDiag, TICTrace], ids=["diag", "trace"])
+@pytest.mark.parametrize("curvature", ESTIMATES)
+def test_an_estimated_diagonal_gives_nan_with_the_reason_and_the_fix(quantity, curvature):
+    """A ratio with an estimated denominator is not an estimate of the TIC: NaN (total and
+    layers) with a flag saying why and how to get the exact diagonal; no graph is kept."""
     problem = problems.make("mlp", 5, steps=1)
-    cp, _ = problems.run(problem, [TICDiag(curvature="hutchinson", **kwargs)])
+    tic = quantity(curvature=curvature)
+    assert not tic.create_graph(0)
+    cp, _ = problems.run(problem, [tic])
     entry = cp.get_output()[0]
-    return entry["TICDiag"], entry["meta"]["TICDiag"]
+    assert math.isnan(entry[quantity.__name__])
+    assert all(math.isnan(v) for v in entry["layers"][quantity.__name__])
+    assert entry["meta"][quantity.__name__] == {"curvature": None}
+    (flag,) = entry["flags"]
+    assert flag.startswith(f"{quantity.__name__}: not computed: curvature={curvature!r} is an estimate")
+    assert "cockpit_lite.extend(...)" in flag and "curvature='diag_ggn_exact'" in flag
 
 
-def test_hutchinson_defaults_are_16_probes_and_seed_0():
-    value, meta = hutchinson_values()
-    assert meta["probes"] == 16
-    same, _ = hutchinson_values(seed=0, probes=16)
-    other, _ = hutchinson_values(seed=1)
-    assert value == pytest.approx(same, rel=1e-12)
-    assert abs(other - value) > 1e-6 * abs(value)
+@pytest.mark.parametrize("quantity", [TICDiag, TICTrace], ids=["diag", "trace"])
+def test_auto_without_an_exact_diagonal_gives_nan_naming_the_layer(quantity):
+    """A ResNet with BatchNorm in training mode, not extended: BackPACK has no exact diagonal,
+    and "auto" does not fall back to Hutchinson's for a TIC; nothing is computed for it (no
+    graph, no products)."""
+    problem = problems.make("resnet_bn_train", 3, steps=1)
+    tic = quantity()
+    cp, _ = problems.run(problem, [tic])
+    entry = cp.get_output()[0]
+    assert math.isnan(entry[quantity.__name__]) and not tic.create_graph(0)
+    (flag,) = entry["flags"]
+    assert "the model (ResNet) is not BackPACK-extended" in flag and "not be an estimate of the ratio" in flag
+    assert "Fix: wrap the model and the loss module in cockpit_lite.extend(...)" in flag
