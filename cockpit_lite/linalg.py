@@ -16,9 +16,9 @@ Which eigenvalue that is depends on the start: from one start vector whose compo
 along the top eigenvector happens to be small, Lanczos converges to the *second*
 eigenvalue first when the two are close, with a residual as small as the first's
 would be (measured: 3% of random starts on spectra with a 1% gap, 1% low). A block of
-independent random starts resolves a cluster of close eigenvalues together (the block
-space contains the Krylov space of each start, so θ is at least every Ritz value a
-single start would give). Measured over random starts: on five diagonal spectra with
+independent random starts resolves a cluster of close eigenvalues together (after
+``m`` products the space of ``b`` starts contains each start's own Krylov space of
+dimension ``⌊m/b⌋``, so θ is at least every Ritz value one of them alone gives there). Measured over random starts: on five diagonal spectra with
 the top two to four eigenvalues 1% apart, one start missed 24 of 1,000, two none, for
 about 1.5× the products; with three eigenvalues 1.4% apart (1, 0.986, 0.971) one start
 missed 6 of 200, two 2, three none; on a small MLP-Mixer's Hessian (top eigenvalues

@@ -142,13 +142,14 @@ def _double_backward_error(module, shape, dtype, device, generator):
 
 
 def _copy(module):
-    """A copy of a leaf ``module`` with its own parameters and buffers (cloned) and no hooks.
+    """A copy of a leaf ``module`` with parameters of its own (detached: the same storage,
+    other autograd leaves), cloned buffers (BatchNorm updates them) and no hooks.
 
     Shallow: a deep copy fails on tensors with a graph that the step left on modules.
     """
     probe = copy.copy(module)
     probe._parameters = OrderedDict(
-        (name, None if p is None else torch.nn.Parameter(p.detach().clone(), p.requires_grad))
+        (name, None if p is None else torch.nn.Parameter(p.detach(), p.requires_grad))
         for name, p in module._parameters.items()
     )
     probe._buffers = OrderedDict((name, None if b is None else b.clone()) for name, b in module._buffers.items())

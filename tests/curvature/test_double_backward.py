@@ -107,12 +107,15 @@ def test_other_errors_are_not_explained():
 
 
 def test_probing_leaves_the_model_and_the_random_state_alone():
-    model = _model(_Gate(nn.Hardsigmoid()))
+    """The probes run every leaf, a BatchNorm in training mode included, on copies."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), _Gate(nn.Hardsigmoid()), nn.Linear(4, 2)).double()
     x, y = _batch()
     loss = nn.functional.cross_entropy(model(x), y)
-    before = [p.detach().clone() for p in model.parameters()]
+    before = [t.detach().clone() for t in [*model.parameters(), *model.buffers()]]
     state = torch.get_rng_state()
     text = double_backward.explain(RuntimeError("derivative for aten::hardsigmoid_backward is not implemented"), model, loss)
     assert "the layer 2.gate (Hardsigmoid)" in text
     assert torch.equal(state, torch.get_rng_state())
-    assert all(torch.equal(a, b) and b.grad is None for a, b in zip(before, model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, [*model.parameters(), *model.buffers()]))
+    assert all(p.grad is None for p in model.parameters())
