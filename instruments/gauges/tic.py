@@ -13,8 +13,10 @@ How to read it
 - Spikes come from tiny curvature (H_dd ≈ 0) in the denominator; compare the
   trend of the moving average (bold) rather than single values.
 - TICTrace is smoother and cheaper; the two should move together.
-Where the curvature was estimated (Hutchinson's estimator) the values are estimates:
-shaded bands are ± one standard error and the title says so.
+The TICs are computed from exact curvature diagonals only; without one they are NaN
+(the record's flag says why), and the title says "nan". A record written before that
+rule may hold estimates: then the shaded bands are ± one standard error and the title
+says so.
 """
 
 import numpy as np
