@@ -23,7 +23,8 @@ one process with one thread:
 - cockpit-lite with each quantity alone,
 - Cockpit's recipe with cockpit-lite, "(recipe)" (MLP, CNN): model and loss BackPACK-extended,
   ``Cockpit(model.parameters(), configuration(level))``, ``info`` with ``batch_size`` and
-  ``individual_losses``, ``create_graph=cp.create_graph(step)`` (diagnosis off, as the
+  ``individual_losses``, ``create_graph=cp.create_graph(step)`` (always False: Cockpit's script line,
+  a plain backward; diagnosis off, as the
   level rows),
 - the original Cockpit at each level on the same recipe, when ``cockpit-for-pytorch`` is
   installed (MLP, CNN).
@@ -253,14 +254,14 @@ def configurations(problem, with_quantities, with_peer):
     return configs
 
 
-def measure(problem, repeats, steps, with_quantities, with_peer):
+def measure(problem, repeats, steps, with_quantities, with_peer, with_memory=True):
     runners = {name: make() for name, make in configurations(problem, with_quantities, with_peer).items()}
     times = {name: [] for name in runners}
     for _ in range(repeats):
         for name, runner in runners.items():
             times[name].append(runner.time_steps(steps))
     medians = {name: statistics.median(t) for name, t in times.items()}
-    memory = {name: peak_memory(problem, name) for name in runners if not name.startswith("  ")}
+    memory = {name: peak_memory(problem, name) for name in runners if with_memory and not name.startswith("  ")}
     return medians, memory
 
 
@@ -311,7 +312,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="2 repeats, 2 steps, no per-quantity rows")
+    parser.add_argument("--quick", action="store_true", help="2 repeats, 2 steps, no per-quantity rows, no memory column")
     parser.add_argument("--no-quantities", action="store_true", help="no per-quantity rows")
     parser.add_argument("--no-peer", action="store_true", help="leave out the original Cockpit")
     parser.add_argument("--problems", nargs="+", default=list(PROBLEMS))
@@ -339,7 +340,8 @@ def main(argv=None):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for problem in args.problems:
-            medians, memory = measure(problem, args.repeats, args.steps, not (args.quick or args.no_quantities), with_peer)
+            medians, memory = measure(problem, args.repeats, args.steps, not (args.quick or args.no_quantities),
+                                      with_peer, with_memory=not args.quick)
             results[problem] = {"median_step_s": medians, "peak_memory_bytes": memory}
     print(f"step time / plain step time (median of {args.repeats} interleaved rounds of "
           f"{args.steps} steps, batch {BATCH}, 1 thread)")
@@ -355,7 +357,8 @@ def main(argv=None):
             mem = r["peak_memory_bytes"].get(name)
             row += f"{ratio:>11.2f}x" + (f"{mem / 2**20:>10.1f}" if mem is not None else f"{'':>10}")
         print(row)
-    print("+MiB: growth of the process's peak resident memory over 4 steps (fresh process)")
+    if not args.quick:
+        print("+MiB: growth of the process's peak resident memory over 4 steps (fresh process)")
     for problem, r in results.items():
         print(f"plain {problem} step: {r['median_step_s']['plain'] * 1e3:.2f} ms")
     if args.json:

@@ -3,7 +3,6 @@ found late (gradients that start exploding at step 100) and while the loss spike
 its layer choice is no near-tie of floats."""
 
 import logging
-import math
 
 import torch
 from torch import nn

@@ -1,6 +1,5 @@
 """Every number in a message comes from the step it names."""
 
-import re
 
 from cockpit_lite.diagnosis import Diagnosis
 

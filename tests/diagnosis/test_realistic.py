@@ -4,7 +4,6 @@ no warning or error, each faulty twin is found (right kind and layer) within 30 
 import logging
 
 import pytest
-import torch
 
 from experiments import realistic_diagnosis as rd
 
@@ -20,14 +19,6 @@ FAST = {  # name -> steps (short where the finding comes early)
     "irnn_lm_unclipped": 8,
     "masked_mean_empty_row": 5,
 }
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_the_suite_has_a_dozen_healthy_recipes_and_their_faulty_twins():

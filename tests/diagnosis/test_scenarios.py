@@ -13,14 +13,6 @@ from experiments import broken_networks as bn
 logging.getLogger("cockpit_lite.diagnosis").setLevel(logging.CRITICAL)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_suite_covers_every_kind():
     assert {bn.SCENARIOS[n].expect[0] for n in bn.BROKEN} == set(KINDS)
     assert len(bn.BROKEN) >= 15 and len(bn.HEALTHY) >= 5
