@@ -356,6 +356,9 @@ RECIPES = {
                                           task="chars", steps=100, note="char GPT, AdamW 0.1, no warm-up"),
     "dead_relu_negative_bias": Recipe(lambda s: (_biased_mlp(-4.0), digits(s), sgd(0.05)), ("dead_relu", "4"),
                                       note="a hidden bias initialised at -4"),
+    "lstm_gates_saturated_init": Recipe(_chars(lambda v: LstmLM(v, scale=20.0), adam(3e-3)),
+                                        ("saturated_activations", "lstm"), task="chars", clip=1.0, steps=60,
+                                        note="LSTM LM, LSTM weights 20x too large: the gates saturate"),
     "tanh_huge_init": Recipe(lambda s: (_tanh_mlp(20.0), digits(s), sgd(0.05)), ("saturated_activations", "2"),
                              note="tanh after weights 20x too large"),
 }

@@ -16,6 +16,14 @@ averages its calls):
   for sigmoid (``|x| > 4.6``), where the derivative is below 2 % of its maximum, over
   the first ``SUB_BATCH`` samples.
 
+Recurrent layers (``nn.LSTM``, ``nn.GRU``) compute their gates inside one kernel, where
+no hook reaches: for them ``saturated`` is the fraction of gate values in those tails,
+the sigmoid gates (LSTM ``i, f, o``; GRU ``r, z``) and the tanh candidates (LSTM ``g``,
+GRU ``n``) of every layer, direction and time step, recomputed from the layer's weights
+on the first ``SUB_BATCH`` sequences (``recurrent_gates``: the layer's own recurrence,
+without the dropout between layers); ``mean``/``std``/``zeros`` are those of its output
+sequence. A packed sequence input is not recomputed (``saturated`` is ``None``).
+
 Cost: ``mean``, ``std`` and ``dead`` are reductions over the whole batch (``dead`` needs
 every sample: a unit that fires on one sample in 30 is alive); ``zeros`` and
 ``saturated`` are fractions of entries, unbiased on a sub-batch, and need an
@@ -44,7 +52,8 @@ from cockpit_lite.quantities.base import Needs, Output, Quantity
 RELU = (nn.ReLU, nn.ReLU6)
 TANH = (nn.Tanh, nn.Hardtanh, nn.Softsign)
 SIGMOID = (nn.Sigmoid, nn.Hardsigmoid)
-ACTIVATIONS = RELU + TANH + SIGMOID + (nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Softplus, nn.Mish)
+RECURRENT = (nn.LSTM, nn.GRU)
+ACTIVATIONS = RELU + TANH + SIGMOID + RECURRENT + (nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Softplus, nn.Mish)
 """The module types that are watched."""
 
 SATURATION = 0.99
@@ -128,15 +137,25 @@ class ActivationStats(Quantity):
 
     def _hook(self, name, module):
         kind = "relu" if isinstance(module, RELU) else "tanh" if isinstance(module, TANH) else (
-            "sigmoid" if isinstance(module, SIGMOID) else None)
+            "sigmoid" if isinstance(module, SIGMOID) else "recurrent" if isinstance(module, RECURRENT) else None)
 
         def hook(mod, args, output):
             if not torch.is_grad_enabled() or not self.is_due(self._next):
                 return None
+            gates = None
+            if kind == "recurrent":
+                output = output[0]  # (output sequence, final state)
+                if not args or not torch.is_tensor(args[0]):
+                    return None  # a packed sequence: no recomputation
+                with torch.no_grad():
+                    gates = recurrent_gates(mod, args[0].detach(), _state(args))[1]
             if not torch.is_tensor(output) or not output.is_floating_point() or output.dim() == 0:
                 return None
             with torch.no_grad():
-                self._add(name, type(mod).__name__, kind, _statistics(output.detach(), kind))
+                stats = _statistics(output.detach(), kind)
+                if gates is not None:
+                    stats[4] = gates
+                self._add(name, type(mod).__name__, kind, stats)
             return None
 
         return hook
@@ -168,7 +187,7 @@ class ActivationStats(Quantity):
             value[name] = {
                 "type": type_name, "mean": mean[0], "std": mean[1], "zeros": mean[2],
                 "dead": mean[3] if kind == "relu" else None,
-                "saturated": mean[4] if kind in ("tanh", "sigmoid") else None,
+                "saturated": mean[4] if kind in ("tanh", "sigmoid", "recurrent") else None,
             }
         return Output(value, meta=meta)
 
@@ -190,3 +209,82 @@ def _statistics(y, kind):
     elif kind == "sigmoid":
         saturated = ((sub - 0.5).abs() > SATURATION - 0.5).float().mean()
     return torch.stack([mean, std, zeros, dead, saturated])
+
+
+def _state(args):
+    """The initial state a recurrent layer was called with (``h0`` or ``(h0, c0)``), or ``None``."""
+    state = args[1] if len(args) > 1 else None
+    return tuple(t.detach() for t in state) if isinstance(state, tuple) else (
+        state.detach() if torch.is_tensor(state) else None)
+
+
+def _tails(values, kind):
+    """How many entries of ``values`` lie in the flat tails of a sigmoid or a tanh."""
+    return ((values - 0.5).abs() > SATURATION - 0.5).sum() if kind == "sigmoid" else (values.abs() > SATURATION).sum()
+
+
+def recurrent_gates(module, inputs, state=None):
+    """``(output, saturated)``: an ``nn.LSTM``/``nn.GRU``'s recurrence recomputed from its weights.
+
+    On the first ``SUB_BATCH`` sequences of ``inputs`` (in the module's layout), in float32,
+    layer by layer and direction by direction. LSTM: ``[i, f, g, o] = W_ih x_t + b_ih +
+    W_hh h_{t−1} + b_hh``, ``i, f, o`` through a sigmoid and ``g`` through a tanh,
+    ``c_t = f c_{t−1} + i g``, ``h_t = o tanh(c_t)`` (times ``W_hr`` with ``proj_size``). GRU:
+    ``r, z = σ(W_i x_t + b_i + W_h h_{t−1} + b_h)`` for their rows, ``n = tanh(W_in x_t + b_in
+    + r (W_hn h_{t−1} + b_hn))``, ``h_t = (1 − z) n + z h_{t−1}``. ``saturated`` is the fraction
+    of all gate values in the flat tails (``SATURATION``); ``output`` is the last layer's
+    sequence (batch first), which equals the module's own output without dropout.
+    """
+    lstm = isinstance(module, nn.LSTM)
+    x = inputs.float()
+    if x.dim() == 2:  # one unbatched sequence [T, features]
+        x = x.unsqueeze(0)
+        state = tuple(s.unsqueeze(1) for s in state) if isinstance(state, tuple) else (
+            state.unsqueeze(1) if state is not None else None)
+    elif not module.batch_first:
+        x = x.transpose(0, 1)
+    x = x[:SUB_BATCH]
+    if state is not None:
+        state = tuple(s[:, :SUB_BATCH].float() for s in state) if lstm else state[:, :SUB_BATCH].float()
+    directions = 2 if module.bidirectional else 1
+    real = getattr(module, "proj_size", 0) or module.hidden_size
+    tails, count = x.new_zeros(()), 0
+    for layer in range(module.num_layers):
+        outputs = []
+        for direction in range(directions):
+            suffix = f"_l{layer}" + ("_reverse" if direction else "")
+            w = {k: getattr(module, k + suffix).float() for k in ("weight_ih", "weight_hh")}
+            b = {k: (getattr(module, k + suffix).float() if module.bias else 0.0) for k in ("bias_ih", "bias_hh")}
+            index = layer * directions + direction
+            seq = x.flip(1) if direction else x
+            if lstm:
+                h = state[0][index] if state is not None else x.new_zeros(x.shape[0], real)
+                c = state[1][index] if state is not None else x.new_zeros(x.shape[0], module.hidden_size)
+            else:
+                h = state[index] if state is not None else x.new_zeros(x.shape[0], module.hidden_size)
+            projected = seq @ w["weight_ih"].T + b["bias_ih"]
+            hs = []
+            for t in range(seq.shape[1]):
+                recurrent = h @ w["weight_hh"].T + b["bias_hh"]
+                if lstm:
+                    i, f, g, o = (projected[:, t] + recurrent).chunk(4, -1)
+                    i, f, g, o = i.sigmoid(), f.sigmoid(), g.tanh(), o.sigmoid()
+                    tails = tails + _tails(torch.cat([i, f, o], -1), "sigmoid") + _tails(g, "tanh")
+                    c = f * c + i * g
+                    h = o * c.tanh()
+                    if getattr(module, "proj_size", 0):
+                        h = h @ getattr(module, "weight_hr" + suffix).float().T
+                    count += 4 * i.numel()
+                else:
+                    xr, xz, xn = projected[:, t].chunk(3, -1)
+                    hr, hz, hn = recurrent.chunk(3, -1)
+                    r, z = (xr + hr).sigmoid(), (xz + hz).sigmoid()
+                    n = (xn + r * hn).tanh()
+                    tails = tails + _tails(torch.cat([r, z], -1), "sigmoid") + _tails(n, "tanh")
+                    h = (1 - z) * n + z * h
+                    count += 3 * n.numel()
+                hs.append(h)
+            out = torch.stack(hs, 1)
+            outputs.append(out.flip(1) if direction else out)
+        x = torch.cat(outputs, -1)
+    return x, tails / max(count, 1)

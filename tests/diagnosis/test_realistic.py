@@ -18,6 +18,7 @@ FAST = {  # name -> steps (short where the finding comes early)
     "shuffled_labels_test_slot": 40,
     "irnn_lm_unclipped": 8,
     "masked_mean_empty_row": 5,
+    "lstm_gates_saturated_init": 12,
 }
 
 

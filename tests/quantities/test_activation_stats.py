@@ -231,3 +231,102 @@ def test_input_layer_is_the_first_module_the_input_reaches_through_pass_through_
             loss.backward()
     for step in range(2):
         assert cp.output[step]["meta"]["ActivationStats"]["input_layer"] == {"name": "norm", "type": "BatchNorm1d"}
+
+
+def _cell_reference(module, x):
+    """Gate values of a one-layer, one-direction batch-first LSTM/GRU: the hidden states from torch's
+    own cell (nn.LSTMCell / nn.GRUCell with the module's weights), the gates from those states."""
+    lstm = isinstance(module, nn.LSTM)
+    cell = (nn.LSTMCell if lstm else nn.GRUCell)(module.input_size, module.hidden_size)
+    with torch.no_grad():
+        for k in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+            getattr(cell, k).copy_(getattr(module, k + "_l0"))
+    x = x[:SUB_BATCH].double()
+    cell = cell.double()
+    h = x.new_zeros(x.shape[0], module.hidden_size)
+    c = h.clone()
+    sigmoid_gates, tanh_gates, hs = [], [], []
+    with torch.no_grad():
+        for t in range(x.shape[1]):
+            gi = x[:, t] @ cell.weight_ih.T + cell.bias_ih
+            gh = h @ cell.weight_hh.T + cell.bias_hh
+            if lstm:
+                i, f, g, o = (gi + gh).chunk(4, -1)
+                sigmoid_gates += [i.sigmoid(), f.sigmoid(), o.sigmoid()]
+                tanh_gates.append(g.tanh())
+                h, c = cell(x[:, t], (h, c))
+            else:
+                (xr, xz, xn), (hr, hz, hn) = gi.chunk(3, -1), gh.chunk(3, -1)
+                r = (xr + hr).sigmoid()
+                sigmoid_gates += [r, (xz + hz).sigmoid()]
+                tanh_gates.append((xn + r * hn).tanh())
+                h = cell(x[:, t], h)
+            hs.append(h)
+    sig, tan = torch.cat([s.reshape(-1) for s in sigmoid_gates]), torch.cat([s.reshape(-1) for s in tanh_gates])
+    tails = ((sig - 0.5).abs() > SATURATION - 0.5).sum() + (tan.abs() > SATURATION).sum()
+    return float(tails) / (sig.numel() + tan.numel()), torch.stack(hs, 1)
+
+
+@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU])
+def test_recurrent_gates_match_torchs_own_cell(kind):
+    """The gates inside nn.LSTM/nn.GRU (no hook reaches them): a large initialisation saturates
+    them, and the recorded fraction is the one computed from torch's own cell's states."""
+    from cockpit_lite.quantities.activation_stats import recurrent_gates
+
+    torch.manual_seed(0)
+    rnn = kind(5, 7, batch_first=True)
+    with torch.no_grad():
+        for name, p in rnn.named_parameters():
+            if "weight" in name:
+                p.mul_(8)
+    x = torch.randn(20, 6, 5)
+    expected, states = _cell_reference(rnn, x)
+    output, saturated = recurrent_gates(rnn, x)
+    torch.testing.assert_close(output.double(), states, rtol=1e-4, atol=1e-5)
+    assert float(saturated) == pytest.approx(expected, abs=2e-3) and expected > 0.3
+
+    class Readout(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn, self.head = rnn, nn.Linear(7, 3)
+
+        def forward(self, x):
+            return self.head(self.rnn(x)[0][:, -1])
+
+    model = Readout()
+    cp = Cockpit(model, [ActivationStats()], diagnose=False)
+    loss = model(x).square().mean()
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    stats = cp.output[0]["ActivationStats"]["rnn"]
+    assert stats["type"] == kind.__name__ and stats["dead"] is None
+    assert stats["saturated"] == pytest.approx(expected, abs=2e-3)
+    out = rnn(x)[0].detach().double()
+    assert stats["mean"] == pytest.approx(float(out.mean()), rel=1e-4)
+
+
+@pytest.mark.parametrize("kind, options", [
+    (nn.LSTM, {"num_layers": 2, "bidirectional": True}),
+    (nn.LSTM, {"proj_size": 3}),
+    (nn.GRU, {"num_layers": 2, "bidirectional": True}),
+    (nn.LSTM, {"batch_first": False, "num_layers": 2}),
+])
+def test_the_recomputed_recurrence_is_the_modules_own(kind, options):
+    """Stacked, bidirectional, projected and sequence-first layers, with a given initial state: the
+    recomputed last layer's sequence equals the module's output (so every gate along the way is right)."""
+    from cockpit_lite.quantities.activation_stats import recurrent_gates
+
+    torch.manual_seed(1)
+    rnn = kind(4, 6, **options)
+    batch_first = options.get("batch_first", True)
+    if batch_first:
+        rnn.batch_first = True
+    x = torch.randn(3, 5, 4) if batch_first else torch.randn(5, 3, 4)
+    layers = options.get("num_layers", 1) * (2 if options.get("bidirectional") else 1)
+    h0 = torch.randn(layers, 3, options.get("proj_size") or 6)
+    state = (h0, torch.randn(layers, 3, 6)) if kind is nn.LSTM else h0
+    output, saturated = recurrent_gates(rnn, x, state)
+    expected = rnn(x, state)[0].detach()
+    expected = expected if batch_first else expected.transpose(0, 1)
+    torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-6)
+    assert 0 <= float(saturated) <= 1
