@@ -105,6 +105,7 @@ class Cockpit:
             self.model = params = self.model.module  # hooks and names on the module DDP runs
         self.names, self.params = _named_trainable(params)
         self.engine = Engine(self.model, self.params, self.names, self.group)
+        self._found_watched = False  # parameters only: whether the signals watch the found model
         self._jumped = False
         self.quantities = []
         for quantity in quantities or []:
@@ -165,6 +166,15 @@ class Cockpit:
         quantity._tracked_by_a_cockpit = True
         self.quantities.append(quantity)
         quantity.bind(self)
+        if self.engine.model is not None:  # given, or found already (parameters only)
+            quantity.watch(self.engine.model)
+
+    def _watch_found_model(self):
+        """Parameters only: once the engine found their model, the signals watch it too."""
+        if self.model is None and not self._found_watched and self.engine.model is not None:
+            self._found_watched = True
+            for quantity in self.quantities:
+                quantity.watch(self.engine.model)
 
     def create_graph(self, global_step):
         """Whether ``loss.backward`` must keep the graph at ``global_step`` (``HessMaxEV``).
@@ -516,6 +526,7 @@ class _StepContext:
             cockpit._jumped = True  # step numbers are not consecutive: keep watching every forward
         # the step's own forward calls (given parameters only: the modules that own them, too)
         cockpit.engine.prepare(info.get("loss") if isinstance(info, dict) else None)
+        cockpit._watch_found_model()
         self.info = StepInfo(info, step, batch_size=cockpit.engine.batch_size(), model=cockpit.engine.model)
         if self.info.batch_size == 0:
             raise ValueError(

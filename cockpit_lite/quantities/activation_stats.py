@@ -47,7 +47,7 @@ that a first BatchNorm/LayerNorm normalises away is an oddity, not a fault.
 import torch
 from torch import nn
 
-from cockpit_lite.quantities.base import Needs, Output, Quantity
+from cockpit_lite.quantities.base import Needs, Output, Quantity, input_module
 
 RELU = (nn.ReLU, nn.ReLU6)
 TANH = (nn.Tanh, nn.Hardtanh, nn.Softsign)
@@ -88,14 +88,11 @@ class ActivationStats(Quantity):
         self._carried = []      # the model's input and its pass-through copies in this forward pass
         self._looked = 0        # training forward passes looked at (given up after LOOK)
 
-    def bind(self, cockpit):
-        model = cockpit.model
-        if model is None:
-            return
+    def watch(self, model):
         for name, module in model.named_modules():
             if isinstance(module, ACTIVATIONS):
                 self._handles.append(module.register_forward_hook(self._hook(name, module)))
-        self._finding.append(model.register_forward_pre_hook(self._model_input))
+        self._finding.append(input_module(model).register_forward_pre_hook(self._model_input))
         for name, module in model.named_modules():
             if name and not list(module.children()):  # leaves: the modules that compute
                 self._finding.append(module.register_forward_pre_hook(self._leaf(name)))

@@ -15,6 +15,8 @@ A quantity is asked twice per step:
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import torch
+
 from cockpit_lite import schedules
 
 
@@ -54,6 +56,12 @@ COCKPIT_ONLY_METHODS = (
     "_compute", "_compute_start", "_compute_end", "extensions", "extension_hooks",
     "protected_savefields", "track", "should_compute",
 )
+
+
+def input_module(model):
+    """The module of ``model`` that receives the batch: ``model`` itself, or the first of a
+    ``ModuleList`` of modules the training loop calls in turn (found given parameters only)."""
+    return model[0] if isinstance(model, torch.nn.ModuleList) and len(model) else model
 
 
 class Quantity:
@@ -134,7 +142,12 @@ class Quantity:
         raise NotImplementedError
 
     def bind(self, cockpit):
-        """Called by ``Cockpit.add``: a signal may install its own (cheap) hooks on ``cockpit.model``."""
+        """Called by ``Cockpit.add``: a quantity may read what it needs of the Cockpit."""
+
+    def watch(self, model):
+        """Called once the model is known: at ``Cockpit.add`` when the Cockpit was given it, or
+        when the engine finds it in the first watched forward pass (given parameters only,
+        then from the next forward pass on). A signal may install its own (cheap) hooks on it."""
 
     def unbind(self):
         """Called by ``Cockpit.close``: remove what ``bind`` installed."""

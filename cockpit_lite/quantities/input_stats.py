@@ -13,7 +13,7 @@ with the step's values.
 
 import torch
 
-from cockpit_lite.quantities.base import Needs, Output, Quantity
+from cockpit_lite.quantities.base import Needs, Output, Quantity, input_module
 
 KEYS = ("mean", "std", "min", "max", "nonfinite")
 SUB_BATCH = 16
@@ -32,9 +32,8 @@ class InputStats(Quantity):
         self._stats = None
         self._next = 0
 
-    def bind(self, cockpit):
-        if cockpit.model is not None:
-            self._handle = cockpit.model.register_forward_pre_hook(self._pre)
+    def watch(self, model):
+        self._handle = input_module(model).register_forward_pre_hook(self._pre)
 
     def unbind(self):
         if self._handle is not None:

@@ -30,7 +30,7 @@ import re
 
 import torch
 
-from cockpit_lite.quantities.base import Needs, Output, Quantity
+from cockpit_lite.quantities.base import Needs, Output, Quantity, input_module
 
 MAX_ANALYSED = 3
 MAX_NODES = 20000
@@ -73,11 +73,8 @@ class NonfiniteOrigin(Quantity):
         self._value = None
         self._analysed = 0
 
-    def bind(self, cockpit):
-        model = cockpit.model
-        if model is None:
-            return
-        self._handles.append(model.register_forward_pre_hook(self._pre))
+    def watch(self, model):
+        self._handles.append(input_module(model).register_forward_pre_hook(self._pre))
         for name, module in model.named_modules():
             self._handles.append(module.register_forward_hook(self._post(name)))
 

@@ -218,3 +218,29 @@ def test_an_extended_token_model_with_a_flattened_loss_is_exact():
         loss.backward()
     assert not cp.get_output()[0].get("flags")
     problems.assert_close(cp.get_output()[0]["GradVariance"], expected, what="GradVariance, extended token model")
+
+
+def test_the_diagnosis_signals_watch_the_found_model():
+    """Given parameters only, the forward-hook signals (activations, inputs, the origin of a NaN)
+    watch the model once the engine found it: raw 0..255-scale inputs and a dead ReLU layer are
+    found as with ``Cockpit(model)``, and a loop calling two modules in turn is watched whole."""
+    torch.manual_seed(0)
+    body, head = nn.Sequential(nn.Linear(6, 16), nn.ReLU()), nn.Linear(16, 3)
+    with torch.no_grad():
+        body[0].bias.fill_(-1e3)  # every unit dead
+    cp = Cockpit(list(body.parameters()) + list(head.parameters()))
+    opt = torch.optim.SGD(cp.params, lr=0.01)
+    x, y = 100 * torch.rand(32, 6), torch.randint(0, 3, (32,))
+    for step in range(8):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(head(body(x)), y)
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+        opt.step()
+    cp.close()
+    assert isinstance(cp.engine.model, nn.ModuleList)
+    stats = next(e["ActivationStats"] for s, e in sorted(cp.output.items()) if "ActivationStats" in e)
+    assert stats["0.1"]["dead"] == 1.0
+    kinds = {f.kind for f in cp.findings}
+    assert {"unnormalized_inputs", "dead_relu"} <= kinds, cp.findings
+    assert not any(h for q in cp.quantities for h in getattr(q, "_handles", []))  # unwatched at close
