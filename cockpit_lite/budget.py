@@ -11,9 +11,9 @@ quantities, and a step with anything due pays a fixed bookkeeping cost. The budg
 therefore schedules *tiers* of quantities, read from what each declares it needs
 (``Needs``) at the first calibration step, and never from their names:
 
-- tier 0, *bookkeeping*: no per-sample transform, no BackPACK extension, no graph;
+- tier 0, *bookkeeping*: no per-sample transform, no BackPACK extension, no Hessian-vector product;
 - tier 1, *per-sample*: per-sample transforms only;
-- tier 2, *curvature*: the backward graph (Hessian-vector products) or an extension.
+- tier 2, *curvature*: Hessian-vector products (``Needs.hvp``) or an extension.
 
 The schedules are nested (a step where a tier is due has every lower tier due too), so a
 step where tiers ``0..k`` are due costs ``C_k``, the cost of all of them together,
@@ -79,7 +79,7 @@ def tier_of(needs):
     """The tier (index into ``TIERS``) of a quantity that declared ``needs`` (``None``: nothing)."""
     if needs is None:
         return 0
-    if needs.create_graph or needs.extensions:
+    if needs.hvp or needs.extensions:
         return 2
     return 1 if needs.transforms else 0
 
@@ -240,7 +240,7 @@ class Budget:
         """
         if self.plan is not None or self.origin is None or step != self.origin + FIRST:
             return
-        tiers = {q.name: max(tier_of(n), 2 if q.create_graph(step) else 0) for q, n in due}
+        tiers = {q.name: tier_of(n) for q, n in due}
         self.tiers = {name: tiers.get(name, 0) for name in self.names}
 
     def step_started(self, step, now):

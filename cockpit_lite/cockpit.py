@@ -5,14 +5,16 @@ Per step, ``with cp(step, *extra_extensions, info={...}): loss.backward(...)``:
 1. *Before backward* (``cp(...)``, after the forward pass): every quantity states its
    ``Needs`` for this step (or ``None``); missing ``info`` keys raise here. The needs
    are merged: transforms by key, BackPACK extensions by type (the user's own
-   extensions win and stay on the parameters afterwards). The per-sample engine
+   extensions win and stay on the parameters afterwards). Quantities that need
+   Hessian-vector products (``Needs.hvp``) do them as the context is entered, from one gradient with graph the
+   Cockpit takes of the loss and drops afterwards (``cockpit_lite.curvature.hvp``), so
+   the user's backward stays plain and training bit-identical. The per-sample engine
    (``cockpit_lite.engine``) plans the step from the forward pass it watched.
 2. *During backward*: the engine reduces individual gradients layer by layer and drops
    them; BackPACK runs the curvature extensions, if any are due.
 3. *After backward* (``__exit__``): each due quantity computes from a ``StepData``
    bundle; all values move to the host in one transfer; the record and the JSON-lines
-   log get the step; BackPACK buffers the Cockpit added are deleted and gradients that
-   carry a graph because the Cockpit asked for one are detached. The engine is armed
+   log get the step; BackPACK buffers the Cockpit added are deleted. The engine is armed
    to watch the next forward pass only if something is due at the next step.
 
 Steps where nothing is due run without any hook: no forward hooks, no extensions.
@@ -36,6 +38,7 @@ from cockpit_lite import distributed as _distributed
 from cockpit_lite import log as _log
 from cockpit_lite import state as _state
 from cockpit_lite.backend import add_advice, backpack_untouched, uses_random_numbers
+from cockpit_lite.curvature.hvp import HessianVectorProducts
 from cockpit_lite.engine import Engine
 from cockpit_lite.info import StepInfo
 from cockpit_lite.quantities import REGISTRY
@@ -177,15 +180,18 @@ class Cockpit:
                 quantity.watch(self.engine.model)
 
     def create_graph(self, global_step):
-        """Whether ``loss.backward`` must keep the graph at ``global_step`` (``HessMaxEV``).
+        """``False``: ``loss.backward`` never needs to keep its graph (kept for Cockpit scripts).
 
-        Returns ``False`` for a step at which no quantity needs the graph, and always under
-        ``DistributedDataParallel``, whose gradient reduction fails on a backward pass that
-        keeps its graph (those quantities record NaN with a flag there).
+        ``loss.backward(create_graph=cp.create_graph(step))`` is therefore a plain backward
+        and may stay, or become ``loss.backward()``. The quantities that need
+        Hessian-vector products (``HessMaxEV``, Hutchinson's estimator) take them before the
+        user's backward pass from a gradient with graph of their own
+        (``cockpit_lite.curvature.hvp``): ``create_graph=True`` alone changes the gradients
+        in the last bit (PyTorch differentiates SiLU and others by other formulas then), so
+        a Cockpit that asked for it would change training. A user who passes
+        ``create_graph=True`` anyway gets the same values.
         """
-        if self.group is not None:
-            return False
-        return any(q.create_graph(global_step) for q in self.quantities)
+        return False
 
     def __call__(self, global_step, *extensions, info=None, debug=False):
         """Return the context to run one step's ``loss.backward()`` in.
@@ -552,9 +558,8 @@ class _StepContext:
         cockpit._last_step = step
         self.idle = not (self.due or extensions)
         if self.idle:  # nothing to do at this step: keep it as cheap as possible
-            self.create_graph, self.transforms, self.extensions, self._backpack = False, [], [], None
+            self.transforms, self.extensions, self._backpack = [], [], None
             return
-        self.create_graph = cockpit.create_graph(step)
         self.user_savefields = {ext.savefield for ext in extensions}
 
         transforms = {}
@@ -579,7 +584,7 @@ class _StepContext:
             print(
                 f"[cockpit-lite | step {step}] due: {[q.name for q, _ in self.due]}; transforms: "
                 f"{[t.key for t in self.transforms]}; extensions: {[type(e).__name__ for e in self.extensions]}; "
-                f"create_graph: {self.create_graph}"
+                f"Hessian-vector products: {[q.name for q, n in self.due if n.hvp]}"
             )
 
     def __enter__(self):
@@ -599,6 +604,7 @@ class _StepContext:
             return self
         params = self.cockpit.params
         self.grads_before = [None if p.grad is None else p.grad.detach().clone() for p in params]
+        self._products()  # first: no hook of this step exists yet (the engine's step begins below), no BackPACK
         if self.transforms:
             with backpack_untouched():
                 self.cockpit.engine.begin(
@@ -608,8 +614,6 @@ class _StepContext:
             self._stack.enter_context(_private_random_state(self.cockpit.params, (self.cockpit.seed, self.step)))
         self._stack.enter_context(warnings.catch_warnings())
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
-        # create_graph=True: the Cockpit detaches the gradients after use, breaking the cycle
-        warnings.filterwarnings("ignore", message="Using backward\\(\\) with create_graph=True")
         if self.extensions:
             self._backpack = backpack(*self.extensions)
             self._backpack.__enter__()
@@ -618,6 +622,31 @@ class _StepContext:
             self._loss_hook = loss.register_hook(self._reached)
         self.cockpit._open_step = self.step  # open only once entered (a refusal above leaves nothing open)
         return self
+
+    def _products(self):
+        """The Hessian-vector products of the quantities whose ``Needs`` ask for them (``Needs.hvp``).
+
+        Before the user's backward pass, which frees the forward graph, and before the
+        engine's step state and this step's hooks exist (its gradient hooks on the module
+        outputs see no step and do nothing), past BackPACK's hooks: one gradient with graph
+        (``cockpit_lite.curvature.hvp``) serves them all and is dropped afterwards, so the
+        user's ``loss.backward()`` stays plain. A quantity's error is kept and raised again
+        when its value is computed. Under torch.distributed none run (``_compute``).
+        """
+        self.product_errors = {}
+        wanting = [q for q, n in self.due if n.hvp]
+        if not wanting or self.cockpit.group is not None:
+            return
+        products = HessianVectorProducts(self.info.get("loss"), self.cockpit.params, self.step, self.info.model)
+        try:
+            with backpack_untouched():
+                for quantity in wanting:
+                    try:
+                        quantity.before_backward(self.step, products)
+                    except Exception as error:
+                        self.product_errors[quantity] = error
+        finally:
+            products.release()
 
     def _reached(self, grad):
         self.backward_seen = True
@@ -762,12 +791,15 @@ class _StepContext:
 
     def _compute(self, quantity, data):
         """Run one quantity; in non-strict mode a failure becomes a flagged NaN."""
-        if self.cockpit.group is not None and quantity.create_graph(self.step):
+        if self.cockpit.group is not None and any(q is quantity and n.hvp for q, n in self.due):
             return [Output(float("nan"), flags=[
-                f"{quantity.name}: needs the backward graph (create_graph), which "
-                "DistributedDataParallel cannot keep; not computed under torch.distributed"
+                f"{quantity.name}: needs Hessian-vector products of the global batch's loss, one "
+                "all-reduce per product with every rank in step; not computed under torch.distributed "
+                "(DistributedDataParallel)"
             ])]
         try:
+            if quantity in self.product_errors:
+                raise self.product_errors.pop(quantity)
             result = quantity.compute(self.step, data)
         except Exception as error:
             if self.cockpit.strict:
@@ -795,17 +827,9 @@ class _StepContext:
                     "of the model given to the Cockpit, with gradients enabled, before "
                     "entering cp(step)."
                 )
-        if self.create_graph and self.cockpit.group is None and not any(
-            p.grad is not None and p.grad.grad_fn is not None for p in params
-        ):
-            needing = [q.name for q, _ in self.due if q.create_graph(self.step)]
-            raise ValueError(
-                f"step {self.step}: {', '.join(needing)} need the backward graph: call "
-                "loss.backward(create_graph=cp.create_graph(step)) inside the cockpit context."
-            )
 
     def _cleanup(self):
-        """Delete the BackPACK buffers the Cockpit added; detach graphs it asked for."""
+        """Delete the BackPACK buffers the Cockpit added; detach the user's that carry a graph."""
         for param in self.cockpit.params:
             for field in self.added_savefields:
                 if hasattr(param, field):
@@ -814,8 +838,6 @@ class _StepContext:
                 value = getattr(param, field, None)
                 if torch.is_tensor(value) and value.grad_fn is not None:
                     setattr(param, field, value.detach())
-            if self.create_graph and param.grad is not None and param.grad.grad_fn is not None:
-                param.grad = param.grad.detach()
 
 
 @contextmanager

@@ -343,7 +343,7 @@ def train(name, seed=0, log=None, quantities=None, steps=None, diagnose=True):
         position += batch
         loss = scenario.loss(model(x[index]), y[index])
         with cp(step, info={"loss": loss, "optimizer": optimizer}):
-            loss.backward(create_graph=cp.create_graph(step))
+            loss.backward()
         if (step + 1) % scenario.accumulate == 0:
             optimizer.step()
         if scenario.log_every and step % scenario.log_every == 0:

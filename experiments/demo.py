@@ -74,7 +74,7 @@ def train(epochs=5, lr=0.2, level="full", model_name="cnn", out="runs/demo", see
             optimizer.zero_grad()
             loss = lossfunc(model(images[index]), labels[index])
             with cp(step, info={"loss": loss, "optimizer": optimizer}):
-                loss.backward(create_graph=cp.create_graph(step))
+                loss.backward()
             optimizer.step()
             if bar is not None:
                 bar.update()

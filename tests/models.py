@@ -24,30 +24,34 @@ class TokenCrossEntropy(nn.Module):
 
 
 class Block(nn.Module):
-    """Residual block: conv-norm-ReLU-conv-norm plus the input."""
+    """Residual block: conv-norm-activation-conv-norm plus the input, then the activation."""
 
-    def __init__(self, channels, norm):
+    def __init__(self, channels, norm, activation=F.relu):
         super().__init__()
         self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
         self.norm1 = norm(channels)
         self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
         self.norm2 = norm(channels)
+        self.activation = activation
 
     def forward(self, x):
-        h = F.relu(self.norm1(self.conv1(x)))
-        return F.relu(x + self.norm2(self.conv2(h)))
+        h = self.activation(self.norm1(self.conv1(x)))
+        return self.activation(x + self.norm2(self.conv2(h)))
 
 
 class ResNet(nn.Module):
-    def __init__(self, norm):
+    """Stem, one residual block, global average, head; ReLU by default (SiLU: EfficientNet's)."""
+
+    def __init__(self, norm, activation=F.relu):
         super().__init__()
         self.stem = nn.Conv2d(2, 4, 3, padding=1, bias=False)  # a bias before a norm has no gradient
         self.norm = norm(4)
-        self.block = Block(4, norm)
+        self.block = Block(4, norm, activation)
         self.head = nn.Linear(4, 3)
+        self.activation = activation
 
     def forward(self, x):
-        h = self.block(F.relu(self.norm(self.stem(x))))
+        h = self.block(self.activation(self.norm(self.stem(x))))
         return self.head(h.mean((2, 3)))
 
 

@@ -324,3 +324,19 @@ def assert_prints_only_when_verbose(quantity_class, capsys, **kwargs):
     for verbose in (False, True):
         run(make("mlp", 4, steps=3), [quantity_class(verbose=True, **kwargs) if verbose else quantity_class(**kwargs)])
         assert (quantity_class.__name__ in capsys.readouterr().out) == verbose
+
+
+def products_made(monkeypatch):
+    """The steps at which the Cockpit takes Hessian-vector products from now on (recorded, not changed)."""
+    import cockpit_lite.cockpit
+    from cockpit_lite.curvature.hvp import HessianVectorProducts
+
+    made = []
+
+    class Recorded(HessianVectorProducts):
+        def __init__(self, loss, params, step, model=None):
+            super().__init__(loss, params, step, model)
+            made.append(step)
+
+    monkeypatch.setattr(cockpit_lite.cockpit, "HessianVectorProducts", Recorded)
+    return made

@@ -16,11 +16,8 @@ class _Named:
     def __init__(self, name):
         self.name = name
 
-    def create_graph(self, step):
-        return False
 
-
-NEEDS = {0: Needs(), 1: Needs(transforms=(SumGradSquared(),)), 2: Needs(create_graph=True)}
+NEEDS = {0: Needs(), 1: Needs(transforms=(SumGradSquared(),)), 2: Needs(hvp=True)}
 
 
 def _budget(tiers, factor=1.25, horizon=500):
@@ -68,7 +65,7 @@ def test_due_agrees_with_the_counted_steps(m):
 def test_tiers_come_from_what_a_quantity_needs():
     assert tier_of(None) == 0 and tier_of(Needs()) == 0
     assert tier_of(Needs(transforms=(SumGradSquared(),))) == 1
-    assert tier_of(Needs(transforms=(SumGradSquared(),), create_graph=True)) == 2
+    assert tier_of(Needs(transforms=(SumGradSquared(),), hvp=True)) == 2
     assert tier_of(Needs(extensions=(object(),))) == 2
 
 

@@ -1,5 +1,9 @@
 """Curvature from Hessian-vector products, on any twice-differentiable model.
 
+- ``hvp``: Hessian-vector products ``Hv = ∇_θ(gᵀv)`` of the step's loss, from one gradient
+  with graph the Cockpit takes before the user's backward pass (which stays plain, so
+  training is bit-identical), for the quantities whose ``Needs`` ask for them (``HessMaxEV``,
+  Hutchinson's estimator).
 - ``hutchinson``: Hutchinson's estimator of the Hessian diagonal and its traces, with
   jackknife standard errors (``HessTrace`` where BackPACK's exact diagonals do not apply;
   the TICs take exact diagonals only).

@@ -4,9 +4,10 @@ For Rademacher probes ``z_k`` (entries ±1, ``E[z zᵀ] = I``) and the mini-batc
 ``H``, ``E[z ⊙ Hz] = diag(H)`` (Bekas et al., 2007) and, restricted to one parameter
 tensor ``p``, ``E[z_pᵀ (Hz)_p] = tr H_pp`` (Hutchinson, 1989): both are unbiased. The
 estimate is the mean over ``K`` probes; ``Hz = ∇_θ (gᵀz)`` is a double backward pass
-through the graph the user's ``loss.backward(create_graph=True)`` kept, so it works on
-every twice-differentiable model (BatchNorm in training mode: the Hessian of the batch
-loss as computed; tied weights: the Hessian w.r.t. the shared tensor).
+through the graph of the gradient the Cockpit takes before the user's backward pass
+(``cockpit_lite.curvature.hvp``; the user's backward stays plain), so it works on every
+twice-differentiable model (BatchNorm in training mode: the Hessian of the batch loss as
+computed; tied weights: the Hessian w.r.t. the shared tensor).
 
 Standard errors come from a delete-a-group jackknife over ``G = min(K, 16)`` groups of
 probes: ``SE² = (G−1)/G Σ_j (θ_(−j) − θ̄)²`` with ``θ_(−j)`` the statistic of the probes
@@ -27,30 +28,7 @@ MAX_GROUPS = 16
 """Probe groups kept for the jackknife (memory: ``MAX_GROUPS`` × the parameters)."""
 
 _CACHE = weakref.WeakKeyDictionary()
-"""StepData → {(probes, seed): DiagonalEstimate}: one estimate per step, shared by quantities."""
-
-
-def hessian_vector_products(params, grads, probes):
-    """``H z`` for every probe in ``probes`` (list per parameter of ``[K, *shape]`` tensors).
-
-    One double backward per probe, always: vectorising them (``is_grads_batched``) was 1.3×
-    faster on a small MLP but 1.8× slower on a CNN, impossible where an operation has no
-    batching rule, and choosing by timing made the estimate depend on the machine's load
-    (the two ways round differently).
-
-    Args:
-        params: the parameters.
-        grads: their gradients, carrying the backward graph (``create_graph=True``).
-        probes: per parameter, the ``K`` probe vectors stacked.
-
-    Returns:
-        Per parameter ``[K, *shape]`` products (zeros where a parameter is unused).
-    """
-    rows = []
-    for k in range(probes[0].shape[0]):
-        products = torch.autograd.grad(grads, params, [z[k] for z in probes], retain_graph=True, allow_unused=True)
-        rows.append([torch.zeros_like(p) if h is None else h.detach() for h, p in zip(products, params)])
-    return [torch.stack(parts) for parts in zip(*rows)]
+"""HessianVectorProducts → {(probes, seed): DiagonalEstimate}: one estimate per step, shared by quantities."""
 
 
 class DiagonalEstimate:
@@ -65,7 +43,14 @@ class DiagonalEstimate:
 
     method = "hutchinson"
 
-    def __init__(self, params, grads, probes, generator):
+    def __init__(self, products, probes, generator):
+        """
+        Args:
+            products: the step's ``HessianVectorProducts`` (``cockpit_lite.curvature.hvp``).
+            probes: the number of probes ``K``.
+            generator: the ``torch.Generator`` the probes are drawn from.
+        """
+        params = products.params
         groups = min(probes, MAX_GROUPS)
         self.probes = probes
         self.group_sizes = torch.tensor([len(range(j, probes, groups)) for j in range(groups)])
@@ -77,7 +62,11 @@ class DiagonalEstimate:
                 torch.randint(0, 2, (count, *p.shape), generator=generator, device=p.device).to(p.dtype) * 2 - 1
                 for p in params
             ]
-            hz = hessian_vector_products(params, grads, zs)
+            # one product per probe, always: vectorising them (is_grads_batched) was 1.3× faster on a
+            # small MLP but 1.8× slower on a CNN, impossible where an operation has no batching rule,
+            # and choosing by timing made the estimate depend on the machine's load (they round differently)
+            rows = [products.hvp([z[k] for z in zs]) for k in range(count)]
+            hz = [torch.stack(parts) for parts in zip(*rows)]
             group = torch.arange(start, start + count, device=params[0].device) % groups
             for total, z, h in zip(sums, zs, hz):
                 total.index_add_(0, group, z * h)
@@ -109,53 +98,27 @@ class DiagonalEstimate:
         return ((groups - 1) / groups * ((values - values.mean(0)) ** 2).sum(0)).sqrt()
 
 
-def estimate(data, probes, seed):
+def estimate(products, probes, seed):
     """The step's ``DiagonalEstimate`` (computed once per step and settings, then shared).
 
     Args:
-        data: the step's ``StepData``; the gradients must carry the backward graph.
+        products: the step's ``HessianVectorProducts``.
         probes: number of Rademacher probes.
         seed: seed of the probes' generator, combined with the step.
 
     Raises:
-        ValueError: if the backward pass kept no graph (names the fix).
         RuntimeError: if a layer has no second derivative (names the layer and the fix,
             ``cockpit_lite.curvature.double_backward``).
     """
-    per_step = _CACHE.setdefault(data, {})
+    per_step = _CACHE.setdefault(products, {})
     key = (probes, seed)
     if key not in per_step:
-        params = data.params
-        grads = [p.grad for p in params]
-        if not any(g is not None and g.grad_fn is not None for g in grads):
-            raise ValueError(
-                f"step {data.step}: Hutchinson's estimator needs the backward graph: call "
-                "loss.backward(create_graph=cp.create_graph(step)) inside the cockpit context"
-            )
-        grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, params)]
-        used = [i for i, g in enumerate(grads) if g.grad_fn is not None]
-        generator = torch.Generator(device=params[0].device).manual_seed(hash((seed, data.step)) % 2**63)
+        generator = torch.Generator(device=products.params[0].device).manual_seed(hash((seed, products.step)) % 2**63)
         try:
-            partial = DiagonalEstimate([params[i] for i in used], [grads[i] for i in used], probes, generator)
+            per_step[key] = DiagonalEstimate(products, probes, generator)
         except RuntimeError as error:
-            explained = double_backward.explain(error, data.info.model, data.info.get("loss"))
+            explained = double_backward.explain(error, products.model, products.loss)
             if explained is None:
                 raise
-            raise RuntimeError(f"Hutchinson's estimator at step {data.step}: {explained} ({error})") from error
-        per_step[key] = _expand(partial, used, params)
+            raise RuntimeError(f"Hutchinson's estimator at step {products.step}: {explained} ({error})") from error
     return per_step[key]
-
-
-def _expand(partial, used, params):
-    """Put zeros (exactly known: no curvature) for parameters outside the graph."""
-    if len(used) == len(params):
-        return partial
-    sums, diagonal = [], []
-    groups = partial.group_sizes.numel()
-    where = {i: j for j, i in enumerate(used)}
-    for i, p in enumerate(params):
-        j = where.get(i)
-        sums.append(partial.group_sums[j] if j is not None else p.new_zeros((groups, *p.shape)))
-        diagonal.append(partial.diagonal[j] if j is not None else torch.zeros_like(p))
-    partial.group_sums, partial.diagonal = sums, diagonal
-    return partial

@@ -11,7 +11,8 @@ implemented``.
 the backward operator): the backward itself still runs the flash kernel on the user's
 tensors, so forward values, gradients and hence the training trajectory are bit for bit
 what they are without it (tested); only when the backward pass is recorded
-(``create_graph=True``, on the Cockpit's due steps) does its node get a derivative,
+(``create_graph=True``: the Cockpit's own gradient with graph on its due steps,
+``cockpit_lite.curvature.hvp``) does its node get a derivative,
 computed by differentiating the attention's *math* kernel
 (``aten::_scaled_dot_product_attention_math``, plain matrix products and softmax) twice:
 the same function, so the same Hessian. The user's kernel choice

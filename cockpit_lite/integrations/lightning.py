@@ -27,10 +27,9 @@ Needs ``lightning`` (``pip install ".[lightning]" in a clone of cockpit-lite``).
   JSON-lines log ``cockpit.jsonl`` and one dashboard per epoch,
   ``cockpit__primary__epoch_<n>.png``, go to ``dirpath`` (default
   ``<trainer.log_dir or default_root_dir>/cockpit``).
-- Quantities that need the backward graph (``HessMaxEV``) need
-  ``loss.backward(create_graph=True)``: override ``LightningModule.backward`` to pass it
-  (``callback.create_graph(trainer.global_step)`` says when), otherwise the step raises
-  a ``ValueError`` naming the fix.
+- Quantities that need Hessian-vector products (``HessMaxEV``, Hutchinson's estimator)
+  take them from the loss ``on_before_backward`` receives, before Lightning's backward
+  pass, which stays plain: no override of ``LightningModule.backward`` is needed.
 - Checkpoints carry the Cockpit: ``state_dict`` (Lightning's ``Callback.state_dict``,
   saved in the checkpoint's ``"callbacks"``) is ``{"cockpit": Cockpit.state_dict()}``,
   plain tensors and Python values; ``trainer.fit(module, ckpt_path=...)`` restores it into
@@ -95,8 +94,8 @@ class CockpitCallback(_pl.Callback):
         self._resume = None  # a checkpoint's Cockpit state, loaded once the Cockpit exists
 
     def create_graph(self, global_step):
-        """Whether the backward pass at ``global_step`` must keep its graph (``HessMaxEV``)."""
-        return self.cockpit is not None and self.cockpit.create_graph(global_step)
+        """``False``: the backward pass never needs to keep its graph (see ``Cockpit.create_graph``)."""
+        return False
 
     def on_fit_start(self, trainer, pl_module):
         from cockpit_lite import Cockpit, configuration

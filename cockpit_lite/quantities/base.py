@@ -4,9 +4,14 @@ A quantity is asked twice per step:
 
 1. ``needs(step, info) -> Needs | None`` before the backward pass: ``None`` when it
    has nothing to do at this step, otherwise the per-sample transforms, BackPACK
-   extensions, info keys (via ``info.require``) and whether the backward pass must
-   keep its graph. The orchestrator merges the needs of all quantities (a transform
-   or extension needed twice is computed once) and knows nothing else about them.
+   extensions, info keys (via ``info.require``) and whether it needs Hessian-vector
+   products. The orchestrator merges the needs of all quantities (a transform or
+   extension needed twice is computed once) and knows nothing else about them.
+   A quantity with ``Needs.hvp`` then gets ``before_backward(step, products)``, still
+   before the user's backward pass: ``products.hvp(vectors)`` gives ``Hv`` for the
+   step's loss (``cockpit_lite.curvature.hvp``, one gradient with graph shared by all
+   such quantities and dropped afterwards); it does its products there and keeps what
+   it needs for ``compute``.
 2. ``compute(step, data) -> Output | list[Output] | None`` after the backward pass,
    from a ``StepData`` bundle. Values may be tensors; the orchestrator moves all of
    a step's values to the host in one go.
@@ -22,11 +27,19 @@ from cockpit_lite import schedules
 
 @dataclass(frozen=True)
 class Needs:
-    """What a due quantity needs from one backward pass."""
+    """What a due quantity needs at one step.
+
+    Attributes:
+        transforms: per-sample transforms (``cockpit_lite.transforms``), run in the backward pass.
+        extensions: BackPACK extensions, run in the backward pass.
+        hvp: Hessian-vector products ``Hv = ∇_θ(gᵀv)`` of the step's loss, before the
+            backward pass: ``Quantity.before_backward`` is called with them. The user's
+            ``loss.backward()`` stays plain (``create_graph`` is never needed).
+    """
 
     transforms: tuple = ()
     extensions: tuple = ()
-    create_graph: bool = False
+    hvp: bool = False
 
 
 @dataclass
@@ -129,9 +142,16 @@ class Quantity:
         """Return the ``Needs`` of this step, or ``None`` when there is nothing to do."""
         raise NotImplementedError
 
-    def create_graph(self, step):
-        """Whether the backward pass at ``step`` must keep its graph for this quantity."""
-        return False
+    def before_backward(self, step, products):
+        """With ``Needs.hvp``: do this step's Hessian-vector products, before the user's backward pass.
+
+        Args:
+            step: the global step.
+            products: a ``cockpit_lite.curvature.hvp.HessianVectorProducts``;
+                ``products.hvp(vectors)`` is ``Hv`` per parameter. It is dropped after this
+                call: keep detached results only. An exception here is raised again (or
+                recorded as NaN with a flag) when the step's values are computed.
+        """
 
     def observes(self, step):
         """Whether the engine must watch the forward pass of ``step`` (per-sample transforms)."""

@@ -9,9 +9,10 @@ Where the curvature comes from (``curvature=``, recorded at every step under
   ``cockpit_lite.extend(model, use_converter=True)``);
 - ``"diag_ggn_mc"``: its Monte-Carlo estimate, BackPACK ``DiagGGNMC``;
 - ``"hutchinson"``: Hutchinson's estimate of the Hessian diagonal from ``probes``
-  Hessian-vector products (``cockpit_lite.hutchinson``), on any twice-differentiable
-  model; the record also gets ``"probes"`` and the standard errors ``"se"`` (total)
-  and ``"layers_se"``;
+  Hessian-vector products (``cockpit_lite.curvature.hutchinson``), on any
+  twice-differentiable model, computed before the user's backward pass (which stays
+  plain; ``info["loss"]`` is read); the record also gets ``"probes"`` and the standard
+  errors ``"se"`` (total) and ``"layers_se"``;
 - ``"auto"`` (default): ``"diag_h"`` where BackPACK supports the step's model and loss
   (``cockpit_lite.backend.curvature_support``, decided before the backward pass), else
   ``"hutchinson"``. Both are the Hessian: "auto" never switches to the GGN, a different
@@ -30,8 +31,8 @@ takes only an exact diagonal, ``"diag_h"`` or ``"diag_ggn_exact"``: the ratio of
 estimate is not an estimate of the ratio (a noisy ``C_dd`` near zero dominates it, and
 no standard error of the denominator's noise describes that). Where only an estimate
 would run (``"hutchinson"``, ``"diag_ggn_mc"``, or ``"auto"`` on a model BackPACK cannot
-serve) it records NaN with a flag naming why and the fix, computes nothing and keeps no
-graph (``record[step]["meta"][name] == {"curvature": None}``).
+serve) it records NaN with a flag naming why and the fix and computes nothing
+(``record[step]["meta"][name] == {"curvature": None}``).
 """
 
 import warnings
@@ -82,6 +83,7 @@ class CurvatureQuantity(SingleStepQuantity):
         self.curvature, self.probes, self.seed = curvature, int(probes), seed
         self._chosen = None  # (step, method) decided before the step's backward pass
         self._unavailable = None  # why no exact diagonal runs at the chosen step (EXACT_ONLY)
+        self._estimate = None  # Hutchinson's estimate of the step, from before_backward to compute
         self._warned = False
 
     def method(self, info):
@@ -140,24 +142,21 @@ class CurvatureQuantity(SingleStepQuantity):
         if method is None:
             return Needs()
         if method == HUTCHINSON:
+            info.require("loss", self.name)
             sdpa.enable_double_backward()
-            return Needs(transforms=base.transforms, create_graph=True)
+            return Needs(transforms=base.transforms, hvp=True)
         return Needs(transforms=base.transforms, extensions=(curvature_extension(method, self.name),))
+
+    def before_backward(self, step, products):
+        """Hutchinson's estimate from the step's Hessian-vector products (shared by quantities with the
+        same probes and seed)."""
+        self._estimate = hutchinson.estimate(products, self.probes, self.seed)
 
     def observes(self, step):
         """As the base class, except never for an ``EXACT_ONLY`` quantity given an estimate."""
         if self.EXACT_ONLY and self.curvature not in (AUTO, *EXACT):
             return False
         return super().observes(step)
-
-    def create_graph(self, step):
-        """True on due steps that use Hutchinson's estimator (before the decision: unless known
-        exact); never for an ``EXACT_ONLY`` quantity."""
-        if self.EXACT_ONLY or not self.is_due(step):
-            return False
-        if self._chosen is not None and (self._chosen[0] == step or self.curvature == AUTO):
-            return self._chosen[1] == HUTCHINSON
-        return self.curvature in (AUTO, HUTCHINSON)
 
     def compute(self, step, data):
         method = self._chosen[1]
@@ -166,7 +165,7 @@ class CurvatureQuantity(SingleStepQuantity):
             flag = f"{self.name}: not computed: {self._unavailable}. {EXACT_FIX}"
             return Output(nan, [nan] * len(data.params), flags=[flag], meta={"curvature": None})
         if method == HUTCHINSON:
-            estimate = hutchinson.estimate(data, self.probes, self.seed)
+            estimate, self._estimate = self._estimate, None
             diagonal = estimate.diagonal
 
             def stacked(candidate):

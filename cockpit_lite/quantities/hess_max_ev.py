@@ -28,7 +28,9 @@ class HessMaxEV(SingleStepQuantity):
     """``λ_max(∇²L)``, the largest (algebraic) Hessian eigenvalue w.r.t. the tracked parameters.
 
     Computed by block Lanczos iteration on Hessian-vector products ``Hv = ∇(gᵀv)``
-    (double backward through the graph kept by ``create_graph``; ``cockpit_lite.linalg``),
+    (``cockpit_lite.linalg``; the products are double backward passes through a gradient
+    the Cockpit takes before the user's backward pass, ``cockpit_lite.curvature.hvp``, so
+    ``loss.backward()`` stays plain and needs no ``create_graph``; ``info["loss"]`` is read),
     converged to a relative residual ``‖Hy − θy‖ ≤ rtol·|θ|`` of the top Ritz pair
     ``(θ, y)``. The block has ``block`` start vectors: the previous step's top three Ritz
     vectors mixed with fresh noise (at the first step: noise), and ``block − 1``
@@ -73,31 +75,23 @@ class HessMaxEV(SingleStepQuantity):
         self._previous = None
         self._generator = None
         self.last_iterations = None
+        self._value = None  # λ of the step, from before_backward to compute
 
-    def create_graph(self, step):
-        return self.is_due(step)
+    INFO = ("loss",)
 
     def _needs(self, step, info):
         sdpa.enable_double_backward()
-        return Needs(create_graph=True)
+        return Needs(hvp=True)
 
-    def compute(self, step, data):
-        params = data.params
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    def before_backward(self, step, products):
+        """Run the eigensolver on ``products`` (the step's Hessian-vector products); keep λ for ``compute``."""
+        params = products.params
         shapes = [p.shape for p in params]
         sizes = [p.numel() for p in params]
 
         def hvp(vector):
-            pieces = [v.reshape(s) for v, s in zip(vector.split(sizes), shapes)]
-            # a gradient without a graph (a parameter the loss does not use) is constant: no curvature
-            used = [(g, v) for g, v in zip(grads, pieces) if g.grad_fn is not None] or list(zip(grads, pieces))
-            hv = torch.autograd.grad(
-                [g for g, _ in used], params, [v for _, v in used], retain_graph=True, allow_unused=True
-            )
-            return torch.cat([
-                (h if h is not None else torch.zeros_like(p)).reshape(-1)
-                for h, p in zip(hv, params)
-            ]).detach()
+            hv = products.hvp([v.reshape(s) for v, s in zip(vector.split(sizes), shapes)])
+            return torch.cat([h.reshape(-1) for h in hv])
 
         start = self._noise(params)
         try:
@@ -114,12 +108,16 @@ class HessMaxEV(SingleStepQuantity):
             for marker, hint in _HINTS:
                 if marker in str(error):
                     raise RuntimeError(f"HessMaxEV at step {step}: {hint} ({error})") from error
-            explained = double_backward.explain(error, data.info.model, data.info.get("loss"))
+            explained = double_backward.explain(error, products.model, products.loss)
             if explained is not None:
                 raise RuntimeError(f"HessMaxEV at step {step}: {explained} ({error})") from error
             raise
         self.last_iterations = iterations
-        return Output(value, meta={"solver": "power" if self.use_power else "lanczos", "products": iterations})
+        self._value = value
+
+    def compute(self, step, data):
+        value, self._value = self._value, None
+        return Output(value, meta={"solver": "power" if self.use_power else "lanczos", "products": self.last_iterations})
 
     def _noise(self, params):
         reference = params[0]

@@ -107,10 +107,12 @@ def test_training_is_not_disturbed(tmp_path):
         assert torch.equal(p, q)
 
 
-def test_graph_quantity_without_create_graph_names_the_fix(tmp_path):
+def test_hessian_quantities_need_no_override_of_backward(tmp_path):
+    """HessMaxEV takes its products from the loss before Lightning's (plain) backward pass."""
     callback = CockpitCallback([quantities.HessMaxEV()], dashboards=False)
-    with pytest.raises(ValueError, match="create_graph"):
-        _fit(tmp_path, [callback])
+    _fit(tmp_path, [callback])
+    values = [entry["HessMaxEV"] for entry in callback.cockpit.get_output().values() if "HessMaxEV" in entry]
+    assert values and all(math.isfinite(v) for v in values) and not callback.create_graph(0)
 
 
 @pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`")

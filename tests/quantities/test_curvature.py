@@ -1,4 +1,4 @@
-"""``CurvatureQuantity``: the choice of curvature, its warning and ``create_graph``, with HessTrace;
+"""``CurvatureQuantity``: the choice of curvature, its warning and its Hessian-vector products, with HessTrace;
 values against a brute-force float64 generalised Gauss-Newton diagonal."""
 
 import copy
@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+import problems
 from cockpit_lite import Cockpit, extend
 from cockpit_lite.quantities import HessTrace
 
@@ -154,19 +155,15 @@ def test_with_the_model_auto_falls_back_without_a_warning():
     assert cp.get_output()[1]["meta"]["HessTrace"]["curvature"] == "hutchinson"
 
 
-def test_create_graph():
-    """True exactly on due steps that (will) use the estimator; "auto" before its first
-    decision assumes the estimator, afterwards repeats its latest decision."""
-    assert HessTrace().create_graph(0) and HessTrace(curvature="hutchinson").create_graph(0)
-    assert not HessTrace(curvature="diag_h").create_graph(0)
-    assert not HessTrace(track_schedule=lambda s: s == 1, curvature="hutchinson").create_graph(0)
-    quantity = HessTrace()
-    cp = _mlp_steps(quantity, 1)  # an extended MLP: BackPACK's exact diagonal
-    assert cp.get_output()[0]["meta"]["HessTrace"]["curvature"] == "diag_h"
-    assert not quantity.create_graph(0) and not quantity.create_graph(1)
-    estimated = HessTrace(curvature="hutchinson", probes=2)
-    _mlp_steps(estimated, 1)
-    assert estimated.create_graph(1)
+def test_products_exactly_where_the_estimator_runs(monkeypatch):
+    """Needs.hvp on due steps that use the estimator only: "auto" on an extended MLP takes
+    BackPACK's exact diagonal and no product; "hutchinson" on a schedule takes them at its
+    due steps; cp.create_graph(step) is False throughout."""
+    made = problems.products_made(monkeypatch)
+    cp = _mlp_steps(HessTrace(), 2)  # an extended MLP: BackPACK's exact diagonal
+    assert cp.get_output()[1]["meta"]["HessTrace"]["curvature"] == "diag_h" and made == []
+    cp = _mlp_steps(HessTrace(track_schedule=lambda s: s != 1, curvature="hutchinson", probes=2), 3)
+    assert made == [0, 2] and not any(cp.create_graph(s) for s in range(4))
 
 
 def test_the_estimator_defaults_are_16_probes_and_seed_0(capsys):

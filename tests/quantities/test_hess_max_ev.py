@@ -25,7 +25,8 @@ def test_matches_eigvalsh(case):
 
 @pytest.mark.parametrize("name", REALISTIC)
 def test_matches_eigvalsh_on_realistic_models(name):
-    problems.check(HessMaxEV(), reference, (name, 3, "mean"), steps=2, rtol=1e-3, layers=False)
+    """One step per model (the warm start of later steps is checked on the plain cases above)."""
+    problems.check(HessMaxEV(), reference, (name, 3, "mean"), steps=1, rtol=1e-3, layers=False)
 
 
 def test_power_iteration_as_cockpit():
@@ -39,15 +40,31 @@ def test_power_iteration_as_cockpit():
     assert all(entry["meta"]["HessMaxEV"]["solver"] == "power" for entry in record.values())
 
 
-def test_needs_the_graph():
-    problem = problems.make("mlp", 3)
-    cp = problems.Cockpit(problem.model, [HessMaxEV()])
-    x, y = problem.batches[0]
-    assert cp.create_graph(0)
-    loss = problem.lossfunc(problem.model(x), y)
-    with pytest.raises(ValueError, match="create_graph=cp.create_graph"):
-        with cp(0, info={"loss": loss}):
-            loss.backward()
+def _plain_or_create_graph(create_graph):
+    """One step of the MLP problem with ``loss.backward(create_graph=create_graph)``."""
+    problem = problems.make("mlp", 3, steps=1)
+    snapshot = problems.Snapshot([p.detach().clone() for p in problem.model.parameters()], *problem.batches[0])
+    cp = Cockpit(problem.model, [HessMaxEV(rtol=1e-10, maxiter=200)], diagnose=False)
+    assert not cp.create_graph(0)
+    loss = problem.lossfunc(problem.model(snapshot.x), snapshot.y)
+    with cp(0, info={"loss": loss}):
+        loss.backward(create_graph=create_graph)
+    return cp.get_output()[0]["HessMaxEV"], float(reference(problem, {0: snapshot}, 0))
+
+
+@pytest.mark.parametrize("create_graph", [False, True], ids=["plain", "create_graph"])
+def test_a_plain_backward_suffices_and_create_graph_changes_nothing(create_graph):
+    """cp.create_graph(step) is False: the products run before the user's backward; a user
+    passing create_graph=True anyway gets the same λ (against eigvalsh of the autograd Hessian)."""
+    value, expected = _plain_or_create_graph(create_graph)
+    assert value == pytest.approx(expected, rel=1e-8)
+
+
+def test_info_loss_is_required_before_backward():
+    problem = problems.make("mlp", 3, steps=1)
+    cp = Cockpit(problem.model, [HessMaxEV()], diagnose=False)
+    with pytest.raises(ValueError, match=r"HessMaxEV needs info\['loss'\] at step 0"):
+        cp(0, info={})
 
 
 def _train(name, steps, level, backend=None):
@@ -206,14 +223,14 @@ def test_schedule_and_verbose_are_passed_on(capsys):
     assert "HessMaxEV" not in capsys.readouterr().out
 
 
-def test_declares_the_backward_graph_in_its_needs():
-    """What a step needs is read from Needs (the overhead budget's tiers): HessMaxEV's products
-    need the graph of the user's backward pass."""
+def test_declares_its_products_in_its_needs():
+    """What a step needs is read from Needs (the overhead budget's tiers): HessMaxEV asks for
+    Hessian-vector products."""
     from cockpit_lite.budget import tier_of
 
     quantity = HessMaxEV()
     needs = quantity._needs(0, None)
-    assert needs.create_graph and tier_of(needs) == 2
+    assert needs.hvp and tier_of(needs) == 2
 
 
 class _MixerBlock(torch.nn.Module):
