@@ -1,37 +1,44 @@
 """Lightning with ``accumulate_grad_batches=2`` (the README's example): healthy accumulation raises no
 ``missing_zero_grad``; the Cockpit sees the last micro-batch of each optimizer step."""
 
+import functools
 import logging
 
 import pytest
 import torch
 from torch import nn
 
-pytest.importorskip("lightning", reason="the lightning extra is not installed")
-import lightning.pytorch as pl  # noqa: E402
-
-from cockpit_lite.integrations.lightning import CockpitCallback  # noqa: E402
 
 logging.getLogger("cockpit_lite.diagnosis").setLevel(logging.CRITICAL)
 logging.getLogger("lightning").setLevel(logging.ERROR)
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
 
 
-class Module(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 3))
+@functools.cache
+def _lightning():
+    """Lightning, the callback and the test module, imported on first use: importing Lightning
+    takes ~10 s, which at collection would cost every parallel test worker."""
+    pl = pytest.importorskip("lightning.pytorch", reason="the lightning extra is not installed")
+    from cockpit_lite.integrations.lightning import CockpitCallback
 
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return nn.functional.cross_entropy(self.net(x), y)
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = nn.Sequential(nn.Linear(5, 16), nn.ReLU(), nn.Linear(16, 3))
 
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return nn.functional.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return pl, CockpitCallback, Module
 
 
 def test_lightning_accumulation_is_not_a_missing_zero_grad(tmp_path):
+    pl, CockpitCallback, Module = _lightning()
     g = torch.Generator().manual_seed(1)
     x = torch.randn(8 * 24, 5, generator=g)
     y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()

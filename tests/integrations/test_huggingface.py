@@ -6,22 +6,42 @@ reference: one forward pass, a loop of ``torch.autograd.grad`` over each sequenc
 term of the loss the Trainer backpropagates.
 """
 
+import functools
 import os
 
 import pytest
 import torch
 
-pytest.importorskip("transformers", reason="the hf extra is not installed (pip install '.[hf]' in a clone of cockpit-lite)")
-pytest.importorskip("accelerate", reason="the hf extra is not installed (pip install '.[hf]' in a clone of cockpit-lite)")
-import transformers  # noqa: E402
-
-from cockpit_lite import quantities  # noqa: E402
-from cockpit_lite.integrations.huggingface import CockpitTrainer  # noqa: E402
+from cockpit_lite import quantities
 
 B, T, VOCAB = 4, 8, 97
+REASON = "the hf extra is not installed (pip install '.[hf]' in a clone of cockpit-lite)"
+
+
+@functools.cache
+def _hf():
+    """transformers, the Trainer subclass and the recording test Trainer, imported on first use:
+    the Trainer's imports take seconds, which at collection would cost every parallel test worker."""
+    transformers = pytest.importorskip("transformers", reason=REASON)
+    pytest.importorskip("accelerate", reason=REASON)
+    from cockpit_lite.integrations.huggingface import CockpitTrainer
+
+    class _Recording(CockpitTrainer):
+        """Keeps each tracked step's parameters and batch for the reference."""
+
+        seen = None
+
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            self.seen = self.seen or {}
+            self.seen[self.state.global_step] = ([p.detach().clone() for p in model.parameters()],
+                                                 inputs["input_ids"].clone(), num_items_in_batch)
+            return super().training_step(model, inputs, num_items_in_batch)
+
+    return transformers, CockpitTrainer, _Recording
 
 
 def _model():
+    transformers, _, _ = _hf()
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=16,
                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
@@ -40,19 +60,8 @@ class _Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-class _Recording(CockpitTrainer):
-    """Keeps each tracked step's parameters and batch for the reference."""
-
-    seen = None
-
-    def training_step(self, model, inputs, num_items_in_batch=None):
-        self.seen = self.seen or {}
-        self.seen[self.state.global_step] = ([p.detach().clone() for p in model.parameters()],
-                                             inputs["input_ids"].clone(), num_items_in_batch)
-        return super().training_step(model, inputs, num_items_in_batch)
-
-
 def _args(tmp_path, **kwargs):
+    transformers, _, _ = _hf()
     return transformers.TrainingArguments(**{
         "output_dir": str(tmp_path), "per_device_train_batch_size": B, "num_train_epochs": 1, "learning_rate": 1e-2,
         "lr_scheduler_type": "constant", "report_to": "none", "save_strategy": "no", "use_cpu": True,
@@ -75,6 +84,7 @@ def _reference(params, ids, num_items):
 
 
 def test_gpt2_first_order_quantities_match_brute_force(tmp_path):
+    transformers, CockpitTrainer, _Recording = _hf()
     trainer = _Recording(
         model=_model(), args=_args(tmp_path, max_steps=3), train_dataset=_Tokens(3 * B),
         cockpit_quantities=[quantities.NormTest(), quantities.GradVariance(), quantities.GradNorm()],
@@ -97,6 +107,7 @@ def test_gpt2_first_order_quantities_match_brute_force(tmp_path):
 
 
 def test_accumulation_tracks_the_last_micro_batch_and_training_is_not_disturbed(tmp_path):
+    transformers, CockpitTrainer, _Recording = _hf()
     tracked = CockpitTrainer(model=_model(), args=_args(tmp_path / "a", max_steps=2, gradient_accumulation_steps=2),
                              train_dataset=_Tokens(4 * B), cockpit_quantities=[quantities.NormTest()],
                              cockpit_dashboards=False)
@@ -111,6 +122,7 @@ def test_accumulation_tracks_the_last_micro_batch_and_training_is_not_disturbed(
 
 
 def test_a_run_resumed_from_a_checkpoint_records_what_the_uninterrupted_run_records(tmp_path):
+    transformers, CockpitTrainer, _Recording = _hf()
     import json
 
     from cockpit_lite import log

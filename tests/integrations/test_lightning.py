@@ -1,6 +1,7 @@
 """CockpitCallback with the real Lightning Trainer: accumulation, clipping, loggers, dashboards."""
 
 import csv
+import functools
 import math
 import glob
 import os
@@ -9,29 +10,35 @@ import pytest
 import torch
 from torch import nn
 
-pytest.importorskip("lightning", reason="the lightning extra is not installed (pip install '.[lightning]' in a clone of cockpit-lite)")
-import lightning.pytorch as pl  # noqa: E402
 
-from cockpit_lite import quantities  # noqa: E402
-from cockpit_lite.integrations.lightning import CockpitCallback  # noqa: E402
+from cockpit_lite import quantities
 
 BATCH, BATCHES = 6, 4
 
 
-class Module(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double()
-        self.seen = {}  # batch_idx of the current epoch -> (parameters before, batch)
+@functools.cache
+def _lightning():
+    """Lightning, the callback and the test module, imported on first use: importing Lightning
+    takes ~10 s, which at collection would cost every parallel test worker."""
+    pl = pytest.importorskip("lightning.pytorch", reason="the lightning extra is not installed (pip install '.[lightning]' in a clone of cockpit-lite)")
+    from cockpit_lite.integrations.lightning import CockpitCallback
 
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        self.seen[(self.current_epoch, batch_idx)] = ([p.detach().clone() for p in self.parameters()], x, y)
-        return nn.functional.cross_entropy(self.net(x), y)
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+            self.seen = {}  # batch_idx of the current epoch -> (parameters before, batch)
 
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.3)  # clipping scales its update uniformly
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            self.seen[(self.current_epoch, batch_idx)] = ([p.detach().clone() for p in self.parameters()], x, y)
+            return nn.functional.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.3)  # clipping scales its update uniformly
+
+    return pl, CockpitCallback, Module
 
 
 def _loader():
@@ -42,6 +49,7 @@ def _loader():
 
 
 def _fit(tmp_path, callbacks):
+    pl, CockpitCallback, Module = _lightning()
     module = Module()
     trainer = pl.Trainer(
         max_epochs=2, accumulate_grad_batches=2, gradient_clip_val=0.05, accelerator="cpu", devices=1,
@@ -53,6 +61,7 @@ def _fit(tmp_path, callbacks):
 
 
 def _net(params):
+    pl, CockpitCallback, Module = _lightning()
     net = Module().net
     with torch.no_grad():
         for p, value in zip(net.parameters(), params):
@@ -69,6 +78,7 @@ def _individual_gradients(module, params, x, y):
 
 
 def test_callback_tracks_the_optimizer_steps(tmp_path):
+    pl, CockpitCallback, Module = _lightning()
     callback = CockpitCallback([quantities.Loss(), quantities.GradNorm(), quantities.NormTest(), quantities.Alpha()])
     module, trainer = _fit(tmp_path, [callback])
     record = callback.cockpit.get_output()
@@ -101,6 +111,7 @@ def test_callback_tracks_the_optimizer_steps(tmp_path):
 
 
 def test_training_is_not_disturbed(tmp_path):
+    pl, CockpitCallback, Module = _lightning()
     tracked, _ = _fit(tmp_path / "a", [CockpitCallback(dashboards=False)])
     plain, _ = _fit(tmp_path / "b", [])
     for p, q in zip(tracked.parameters(), plain.parameters()):
@@ -109,6 +120,7 @@ def test_training_is_not_disturbed(tmp_path):
 
 def test_hessian_quantities_need_no_override_of_backward(tmp_path):
     """HessMaxEV takes its products from the loss before Lightning's (plain) backward pass."""
+    pl, CockpitCallback, Module = _lightning()
     callback = CockpitCallback([quantities.HessMaxEV()], dashboards=False)
     _fit(tmp_path, [callback])
     values = [entry["HessMaxEV"] for entry in callback.cockpit.get_output().values() if "HessMaxEV" in entry]
@@ -117,6 +129,7 @@ def test_hessian_quantities_need_no_override_of_backward(tmp_path):
 
 @pytest.mark.filterwarnings("ignore:Be aware that when using `ckpt_path`")
 def test_a_run_resumed_from_a_checkpoint_records_what_the_uninterrupted_run_records(tmp_path):
+    pl, CockpitCallback, Module = _lightning()
     import json
 
     from cockpit_lite import log
