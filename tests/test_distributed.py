@@ -92,16 +92,19 @@ def _train(name, shards, micro, rank=None):
     return cp.get_output()
 
 
-def _worker(rank, name, shards, micro, path):
+def _worker(rank, cases, path):
+    """Every case in one process group (starting the processes costs more than training)."""
     dist.init_process_group("gloo", init_method=f"file://{path}.pg", rank=rank, world_size=WORLD)
     try:
         torch.set_num_threads(1)
-        record = _train(name, shards, micro, rank)
+        records = {}
+        for case, (name, shards, micro) in cases.items():
+            records[case] = _train(name, shards, micro, rank)
+            if rank != 0:
+                assert records[case] == {}, "only rank 0 keeps the record"
         if rank == 0:
             with open(path, "wb") as file:
-                pickle.dump(record, file)
-        else:
-            assert record == {}, "only rank 0 keeps the record"
+                pickle.dump(records, file)
     finally:
         dist.destroy_process_group()
     _leave()
@@ -126,18 +129,24 @@ def _flatten(value, prefix=""):
         yield prefix, value
 
 
-@pytest.mark.parametrize(
-    "name,shards,micro",
-    [("mlp", (4, 4), 1), ("mlp", (5, 3), 1), ("vit_like", (3, 3), 1), ("mlp", (4, 4), 2), ("tied_in_own_code", (5, 3), 1)],
-    ids=["equal", "unequal", "vit_like", "no_sync", "global_path"],
-)
-def test_ddp_equals_one_process_on_the_whole_batch(tmp_path, name, shards, micro):
-    path = str(tmp_path / "record.pkl")
-    mp.spawn(_worker, args=(name, shards, micro, path), nprocs=WORLD, join=True)
+CASES = {  # case -> (model, samples per rank, micro-batches per step)
+    "equal": ("mlp", (4, 4), 1), "unequal": ("mlp", (5, 3), 1), "vit_like": ("vit_like", (3, 3), 1),
+    "no_sync": ("mlp", (4, 4), 2), "global_path": ("tied_in_own_code", (5, 3), 1),
+}
+
+
+def test_ddp_equals_one_process_on_the_whole_batch(tmp_path):
+    path = str(tmp_path / "records.pkl")
+    mp.spawn(_worker, args=(CASES, path), nprocs=WORLD, join=True)
     with open(path, "rb") as file:
-        distributed = pickle.load(file)
+        records = pickle.load(file)
+    for case, (name, shards, micro) in CASES.items():
+        _check_case(case, name, shards, micro, records[case])
+
+
+def _check_case(case, name, shards, micro, distributed):
     single = _train(name, (sum(shards),), 1) if micro == 1 else _train_single_micro(name, shards)
-    assert sorted(distributed) == sorted(single)
+    assert sorted(distributed) == sorted(single), case
     for step in single:
         if name in LOCAL:  # the engine's flag at step 0 on both (single: also α's, from the partial gradient)
             assert any("lin.weight unavailable" in f for f in distributed[step].get("flags", [])) == (step == 0)
@@ -145,9 +154,9 @@ def test_ddp_equals_one_process_on_the_whole_batch(tmp_path, name, shards, micro
         skip = ("Time", "flags") if name in LOCAL else ("Time",)
         expected = dict(_flatten({k: v for k, v in single[step].items() if k not in skip}))
         got = dict(_flatten({k: v for k, v in distributed[step].items() if k not in skip}))
-        assert sorted(got) == sorted(expected), step
+        assert sorted(got) == sorted(expected), (case, step)
         for key, value in expected.items():
-            other = got[key]
+            other, key = got[key], f"{case}, step {step}: {key}"
             if key.endswith("/hist") and np.isnan(np.asarray(value, dtype=float)).all():
                 assert np.isnan(np.asarray(other, dtype=float)).all(), key
             elif key.endswith("/hist"):
@@ -157,7 +166,7 @@ def test_ddp_equals_one_process_on_the_whole_batch(tmp_path, name, shards, micro
             elif isinstance(value, (bool, str)) or value is None:
                 assert other == value, key
             else:
-                np.testing.assert_allclose(np.asarray(other, dtype=float), np.asarray(value, dtype=float), rtol=1e-10, atol=1e-12, err_msg=f"step {step} {key}")
+                np.testing.assert_allclose(np.asarray(other, dtype=float), np.asarray(value, dtype=float), rtol=1e-10, atol=1e-12, err_msg=key)
 
 
 def _assert_histograms_match(got, expected, key):
