@@ -109,15 +109,15 @@ def curvature_support(model, loss, name):
         )
     rules = CURVATURES[name]()._BackpropExtension__module_extensions
     for module_name, module in model.named_modules():
-        label = f"{module_name or 'the model'} ({type(module).__name__})"
+        label = f"{'the layer ' + module_name if module_name else 'the model'} ({type(module).__name__})"
         if is_no_op(module) or type(module) in _UNCALLED_CONTAINERS:
             continue
         if not getattr(module, "_backpack_extend", False):
-            return f"the layer {label} is not BackPACK-extended"
+            return f"{label} is not BackPACK-extended"
         if type(module) not in rules:
-            return f"BackPACK's {CURVATURES[name].__name__} has no rule for the layer {label}"
+            return f"BackPACK's {CURVATURES[name].__name__} has no rule for {label}"
         if isinstance(module, _BatchNorm) and module.training:
-            return f"the layer {label} is a BatchNorm in training mode (it mixes the samples)"
+            return f"{label} is a BatchNorm in training mode (it mixes the samples)"
     loss_class = _loss_class(loss)
     if loss_class is None:
         node = type(getattr(loss, "grad_fn", None)).__name__

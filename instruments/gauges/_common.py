@@ -1,5 +1,7 @@
 """Drawing building blocks shared by the gauges (not a gauge itself)."""
 
+import textwrap
+
 import numpy as np
 
 from .. import data, style
@@ -34,11 +36,25 @@ def not_tracked(ax, title, keys):
     style.note(ax, "not tracked\n" + ", ".join(keys) + " missing from the record\n(" + hint(keys) + ")")
 
 
-def no_finite(ax, title, keys):
-    """Draw the panel for a quantity that is tracked but has no finite value."""
+def no_finite(ax, title, keys, record=None):
+    """Draw the panel for a quantity that is tracked but has no finite value, with the reason
+    the record's newest flag on it gives (its first sentence), if any."""
     style.set_title(ax, title)
-    style.note(ax, "tracked, but no finite value yet\n(" + ", ".join(keys) + " is NaN/Inf at every step)",
-               color=style.FLAG)
+    text = "tracked, but no finite value yet\n(" + ", ".join(keys) + " is NaN/Inf at every step)"
+    reason = _flagged_reason(record or {}, keys)
+    if reason:
+        text += "\n\n" + "\n".join(textwrap.wrap(reason, 56, break_on_hyphens=False)[:5])
+    style.note(ax, text, color=style.FLAG)
+
+
+def _flagged_reason(record, keys):
+    """The first sentence of the newest flag that starts with one of ``keys`` (``"TICDiag: ..."``)."""
+    for step in sorted(record, reverse=True):
+        flags = record[step].get("flags") if isinstance(record[step], dict) else None
+        for flag in reversed(flags if isinstance(flags, list) else []):
+            if isinstance(flag, str) and any(flag.startswith(f"{key}:") for key in keys):
+                return flag.split(". ")[0].rstrip(".") + "."
+    return None
 
 
 def draw_error(ax, title, error):

@@ -48,7 +48,7 @@ def gauge(record, ax, *, last_fraction=0.1, clip=2.5, bins=None, **options):
         return not_tracked(ax, TITLE, KEYS)
     xs, values = data.finite(*data.series(record, "Alpha"))
     if len(values) == 0:
-        return no_finite(ax, TITLE, KEYS)
+        return no_finite(ax, TITLE, KEYS, record)
 
     n_last = max(1, int(math.ceil(len(values) * last_fraction)))
     recent = values[-n_last:]

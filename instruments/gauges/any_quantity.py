@@ -16,5 +16,5 @@ def gauge(record, ax, key, **options):
         return not_tracked(ax, key, (key,))
     xs, totals, _, _ = layered(record, ax, key, options, ylabel=key)
     if len(xs) == 0:
-        return no_finite(ax, key, (key,))
+        return no_finite(ax, key, (key,), record)
     style.set_title(ax, f"{key} {style.fmt(totals[-1])} @ {int(xs[-1])}")

@@ -25,7 +25,7 @@ def gauge(record, ax, *, yscale="auto", **options):
         return not_tracked(ax, TITLE, KEYS)
     xs, ys = data.finite(*data.series(record, "CABS"))
     if len(xs) == 0:
-        return no_finite(ax, TITLE, KEYS)
+        return no_finite(ax, TITLE, KEYS, record)
     raw_and_smooth(ax, xs, ys, style.QUATERNARY, label="CABS")
     style.auto_yscale(ax, ys, scale=yscale)
     finish_time_axes(ax, options, ylabel="batch size")

@@ -44,7 +44,7 @@ def gauge(record, ax, *, layers=True, yscale="auto", **options):
     dist_x, dist_y = data.finite(*data.series(record, "Distance"))
     upd_x, upd_y = data.finite(*data.series(record, "UpdateSize"))
     if len(dist_x) == 0 and len(upd_x) == 0:
-        return no_finite(ax, TITLE, KEYS)
+        return no_finite(ax, TITLE, KEYS, record)
 
     if "Distance" not in absent:
         lx, matrix = data.layer_series(record, "Distance")

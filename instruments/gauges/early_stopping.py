@@ -26,7 +26,7 @@ def gauge(record, ax, *, yscale="linear", **options):
         return not_tracked(ax, TITLE, KEYS)
     xs, ys = data.finite(*data.series(record, "EarlyStopping"))
     if len(xs) == 0:
-        return no_finite(ax, TITLE, KEYS)
+        return no_finite(ax, TITLE, KEYS, record)
     raw_and_smooth(ax, xs, ys, style.QUATERNARY, label="EB criterion")
     style.auto_yscale(ax, ys, scale=yscale)
     lo, hi = ax.get_ylim()

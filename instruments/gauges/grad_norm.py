@@ -34,7 +34,7 @@ def gauge(record, ax, *, layers=True, yscale="auto", **options):
         return not_tracked(ax, TITLE, KEYS)
     xs, totals, matrix, names = layered(record, ax, "GradNorm", options, ylabel="‖g‖", layers=layers, yscale=yscale)
     if len(xs) == 0:
-        return no_finite(ax, TITLE, KEYS)
+        return no_finite(ax, TITLE, KEYS, record)
     title = f"‖g‖ {style.fmt(totals[-1])}"
     if matrix.size and matrix.shape[1] > 1:
         name, value = largest_layer(matrix, names)

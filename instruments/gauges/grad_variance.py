@@ -38,7 +38,7 @@ def gauge(record, ax, *, layers=True, yscale="auto", reference=True, **options):
     xs, totals, matrix, names = layered(record, ax, "GradVariance", options, ylabel="tr Σ", layers=layers,
                                         yscale=yscale, label="tr Σ")
     if len(xs) == 0:
-        return no_finite(ax, TITLE, KEYS)
+        return no_finite(ax, TITLE, KEYS, record)
     if reference and len(gx):
         style.auto_yscale(ax, totals, gy**2, *( [matrix] if layers and matrix.size else []), scale=yscale)
         style.legend(ax, loc="best", ncol=2)

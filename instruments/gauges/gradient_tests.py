@@ -69,7 +69,7 @@ def gauge(record, ax, *, layers=None, yscale="log", threshold=1.0, **options):
                     matrix = np.where(matrix > 0, matrix, np.nan)
                 layer_lines(ax, lx, matrix, linewidth=0.6, alpha=0.6)
     if not drawn:
-        return no_finite(ax, TITLE, KEYS)
+        return no_finite(ax, TITLE, KEYS, record)
     ax.axhline(threshold, color=style.REFERENCE, linestyle="--", linewidth=1.0, zorder=0)
     ax.axhspan(threshold, max(threshold, *(v.max() for v in all_values)) * 10, color=style.FLAG, alpha=0.05,
                zorder=0)

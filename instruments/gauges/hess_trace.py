@@ -38,7 +38,7 @@ def gauge(record, ax, *, layers=True, yscale="auto", **options):
     xs, totals, matrix, names = layered(record, ax, "HessTrace", options, ylabel="tr H", layers=layers,
                                         yscale=yscale)
     if len(xs) == 0:
-        return no_finite(ax, TITLE, KEYS)
+        return no_finite(ax, TITLE, KEYS, record)
     title = f"tr H {style.fmt(totals[-1])} @ {int(xs[-1])}"
     if matrix.size and matrix.shape[1] > 1:
         name, value = largest_layer(matrix, names)

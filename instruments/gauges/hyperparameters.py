@@ -24,7 +24,7 @@ def gauge(record, ax, *, yscale="auto", **options):
         return not_tracked(ax, TITLE, KEYS)
     xs, ys = data.finite(*data.series(record, "learning_rate"))
     if len(xs) == 0:
-        return no_finite(ax, TITLE, KEYS)
+        return no_finite(ax, TITLE, KEYS, record)
     last_step = max(data.step_range(record)[1], xs[-1])
     ax.step(np.append(xs, last_step), np.append(ys, ys[-1]), where="post", color=style.SECONDARY,
             linewidth=1.8, label="learning rate")

@@ -40,7 +40,7 @@ def gauge(record, ax, *, yscale="auto", stability=True, **options):
         return not_tracked(ax, TITLE, KEYS)
     xs, ys = data.finite(*data.series(record, "HessMaxEV"))
     if len(xs) == 0:
-        return no_finite(ax, TITLE, KEYS)
+        return no_finite(ax, TITLE, KEYS, record)
     ax.plot(xs, ys, color=style.TERTIARY, linewidth=1.6, marker="o" if len(xs) <= 30 else None, markersize=3,
             label="λmax")
     shown = [ys]

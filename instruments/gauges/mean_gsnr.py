@@ -27,7 +27,7 @@ def gauge(record, ax, *, layers=True, yscale="auto", **options):
         return not_tracked(ax, TITLE, KEYS)
     xs, ys = data.finite(*data.series(record, "MeanGSNR"))
     if len(xs) == 0:
-        return no_finite(ax, TITLE, KEYS)
+        return no_finite(ax, TITLE, KEYS, record)
     shown = [ys]
     if layers:
         lx, matrix = data.layer_series(record, "MeanGSNR")

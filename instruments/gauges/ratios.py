@@ -18,7 +18,8 @@ def matrix(record, key, options):
             continue
         n = min(len(top), len(bottom))
         with np.errstate(all="ignore"):
-            column = np.array([data.to_float(top[i]) / data.to_float(bottom[i]) for i in range(n)])
+            # numpy division: a zero-initialised tensor (‖θ‖ = 0) has no ratio (NaN, drawn grey), not an error
+            column = np.array([np.float64(data.to_float(top[i])) / data.to_float(bottom[i]) for i in range(n)])
         column[~np.isfinite(column)] = np.nan
         steps.append(s)
         columns.append(column)

@@ -54,7 +54,7 @@ def gauge(record, ax, *, layers=False, yscale="auto", **options):
         shown.append(ys)
         parts.append(f"{LABELS[key]} {style.fmt(ys[-1])}" + estimate_band(ax, record, key, COLORS[key]).replace(" · ", " ", 1))
     if not shown:
-        return no_finite(ax, TITLE, KEYS)
+        return no_finite(ax, TITLE, KEYS, record)
     if layers:
         lx, matrix = data.layer_series(record, "TICDiag")
         if matrix.size:

@@ -55,6 +55,18 @@ def test_all_nan_quantity_is_reported(ax):
     assert any("no finite value" in t for t in texts(ax))
 
 
+def test_an_all_nan_quantity_says_why_from_its_flag(ax):
+    """The newest flag naming the quantity gives the reason (its first sentence), e.g. a TIC
+    without an exact curvature diagonal."""
+    reason = "TICDiag: not computed: the model (Net) is not BackPACK-extended"
+    record = {s: {"TICDiag": math.nan, "TICTrace": math.nan,
+                  "flags": ["other: unrelated.", f"{reason}. Fix: wrap the model in cockpit_lite.extend(...)"]}
+              for s in range(3)}
+    draw_gauge("tic", record, ax)
+    shown = " ".join(" ".join(texts(ax)).split())
+    assert "no finite value" in shown and reason + "." in shown and "Fix:" not in shown and "unrelated" not in shown
+
+
 def test_alpha_title_and_outliers(full_record, ax):
     draw_gauge("alpha", full_record, ax)
     xs, alpha = data.finite(*data.series(full_record, "Alpha"))
@@ -155,6 +167,19 @@ def test_heat_maps_draw_black_only_for_zero(ax):
     values = np.ma.filled(mesh.get_array(), np.nan).reshape(len(ax.get_yticklabels()), -1)
     below = np.argwhere(values < mesh.norm.vmin)
     assert below.tolist() == [[0, list(sorted(s for s in record if "ParamNorm" in record[s])).index(60)]]
+
+
+@pytest.mark.parametrize("name", ["grad_ratio", "update_ratio"])
+def test_a_zero_initialised_tensor_has_no_ratio_and_the_map_still_draws(name, ax):
+    """‖θ‖ = 0 (a bias or class token initialised at 0): its ratio is undefined, a grey (NaN) cell,
+    and the other rows are drawn (the division once raised and the whole gauge failed)."""
+    record = records.diagnosis_record(40, broken=False)
+    first = min(s for s in record if "ParamNorm" in record[s])
+    record[first]["ParamNorm"] = [0.0] + record[first]["ParamNorm"][1:]
+    draw_gauge(name, record, ax)
+    mesh = ax.collections[0]
+    values = np.ma.filled(mesh.get_array(), np.nan).reshape(len(ax.get_yticklabels()), -1)
+    assert np.isnan(values[0, 0]) and np.isfinite(values[1:, 0]).all()
 
 
 def test_layer_health_gauges_read_the_diagnosis_signals(ax):
