@@ -2,18 +2,20 @@
 
 from cockpit_lite.optim import plain_sgd_learning_rate
 from cockpit_lite.quantities.base import Output, SingleStepQuantity
-from cockpit_lite.transforms import SumGradSquared
+from cockpit_lite.transforms import SumGrad, SumGradSquared, centred_sums_of_squares
 
 
 class CABS(SingleStepQuantity):
     """Suggested batch size ``η · Σ_d Σ_n (g̃_{n,d} − g_d)² / (B · L)`` for SGD with learning rate η.
 
-    ``Σ_n (g̃_{n,d} − g_d)² = Σ_n g̃_{n,d}² − B g_d²``. Defined for plain SGD (as in
-    Cockpit). Per layer: the same sum over one parameter tensor.
+    ``Σ_n (g̃_{n,d} − g_d)² = Σ_n g̃_{n,d}² − (Σ_n g̃_{n,d})² / B``, both sums of the same
+    individual gradients (``centred_sums_of_squares``: under bf16 autocast autograd's g is
+    rounded more than a variance). Defined for plain SGD (as in Cockpit). Per layer: the
+    same sum over one parameter tensor.
     """
 
     INFO = ("optimizer", "loss")
-    TRANSFORMS = (SumGradSquared,)
+    TRANSFORMS = (SumGradSquared, SumGrad)
 
     def _needs(self, step, info):
         plain_sgd_learning_rate(info.require("optimizer", self.name), self.name)
@@ -23,8 +25,6 @@ class CABS(SingleStepQuantity):
         b = data.batch_size
         lr = plain_sgd_learning_rate(data.info.require("optimizer", self.name), self.name)
         loss = data.info.require("loss", self.name).detach()
-        parts = [
-            lr * (sgs - b * g**2).sum() / (b * loss)
-            for g, sgs in zip(data.grads, data.per_sample(SumGradSquared.key))
-        ]
-        return Output(sum(parts), parts)
+        centred, flags = centred_sums_of_squares(data, self.name)
+        parts = [lr * m2.sum() / (b * loss) for m2 in centred]
+        return Output(sum(parts), parts, flags=flags)

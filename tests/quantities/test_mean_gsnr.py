@@ -51,7 +51,7 @@ def test_quiet_by_default(capsys):
     assert "MeanGSNR" not in capsys.readouterr().out
 
 
-def run_autocast(quantity, steps=2, batch_size=32, offset=50.0, autocast=True):
+def run_autocast(quantity, steps=2, batch_size=32, offset=50.0, autocast=True):  # quantity: one or a list
     """A float32 MLP trained under bf16 autocast (or without) on targets far from its outputs (the
     last bias's gradient is nearly the same in every sample: a GSNR of ~10⁴). Returns the record and,
     per step, the float64 individual gradients by a loop of autograd.grad over the individual losses
@@ -60,7 +60,7 @@ def run_autocast(quantity, steps=2, batch_size=32, offset=50.0, autocast=True):
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=1e-3)
-    cp = problems.Cockpit(model, [quantity], strict=True, diagnose=False)
+    cp = problems.Cockpit(model, quantity if isinstance(quantity, list) else [quantity], strict=True, diagnose=False)
     g = torch.Generator().manual_seed(1)
     individual = []
     for step in range(steps):
