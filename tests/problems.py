@@ -189,6 +189,19 @@ def hessian(problem, snapshot):
     batch statistics; dropout masks replayed).
     """
     model = _replayed_model(problem, snapshot)
+
+    def loss_of(forward):
+        with torch.random.fork_rng(devices=[]):
+            if snapshot.rng is not None:
+                torch.set_rng_state(snapshot.rng)
+            return problem.loss_of(forward, snapshot.x, snapshot.y)
+
+    return hessian_of(model, loss_of)
+
+
+def hessian_of(model, loss_of):
+    """The full Hessian of ``loss_of(forward)`` w.r.t. ``model``'s parameters (flattened, in
+    order), ``forward(x)`` being the model called with them by ``torch.func.functional_call``."""
     names = [n for n, _ in model.named_parameters()]
     shapes = [p.shape for p in model.parameters()]
     sizes = [p.numel() for p in model.parameters()]
@@ -196,10 +209,7 @@ def hessian(problem, snapshot):
 
     def loss_of_flat(vector):
         tensors = {n: v.reshape(s) for n, v, s in zip(names, vector.split(sizes), shapes)}
-        with torch.random.fork_rng(devices=[]):
-            if snapshot.rng is not None:
-                torch.set_rng_state(snapshot.rng)
-            return problem.loss_of(lambda x: torch.func.functional_call(model, tensors, (x,)), snapshot.x, snapshot.y)
+        return loss_of(lambda *args: torch.func.functional_call(model, tensors, args))
 
     return torch.autograd.functional.hessian(loss_of_flat, flat)
 

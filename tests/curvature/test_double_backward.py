@@ -5,6 +5,8 @@ import pytest
 import torch
 from torch import nn
 
+import problems
+
 from cockpit_lite import Cockpit
 from cockpit_lite.curvature import double_backward
 from cockpit_lite.quantities import HessMaxEV, HessTrace
@@ -89,14 +91,7 @@ def test_the_fix_gives_the_hessian_of_the_same_function():
     loss = nn.functional.cross_entropy(fixed(x), y)
     with cp(0, info={"loss": loss}):
         loss.backward(create_graph=cp.create_graph(0))
-    names, params = zip(*fixed.named_parameters())
-    sizes = [p.numel() for p in params]
-
-    def loss_of(flat):
-        tensors = {n: v.reshape(p.shape) for n, v, p in zip(names, flat.split(sizes), params)}
-        return nn.functional.cross_entropy(torch.func.functional_call(fixed, tensors, (x,)), y)
-
-    hessian = torch.autograd.functional.hessian(loss_of, torch.cat([p.detach().reshape(-1) for p in params]))
+    hessian = problems.hessian_of(fixed, lambda forward: nn.functional.cross_entropy(forward(x), y))
     assert cp.get_output()[0]["HessMaxEV"] == pytest.approx(float(torch.linalg.eigvalsh(hessian).max()), rel=1e-8)
 
 

@@ -135,14 +135,7 @@ def test_unused_parameters_have_no_curvature(use_power):
     loss = lossfunc(model(x), y)
     with cp(0, info={"loss": loss}):
         loss.backward(create_graph=cp.create_graph(0))
-    names, params = zip(*model.named_parameters())
-    sizes = [p.numel() for p in params]
-
-    def loss_of_flat(vector):
-        tensors = {n: v.reshape(p.shape) for n, v, p in zip(names, vector.split(sizes), params)}
-        return lossfunc(torch.func.functional_call(model, tensors, (x,)), y)
-
-    hessian = torch.autograd.functional.hessian(loss_of_flat, torch.cat([p.detach().reshape(-1) for p in params]))
+    hessian = problems.hessian_of(model, lambda forward: lossfunc(forward(x), y))
     eigenvalues = torch.linalg.eigvalsh(hessian)
     expected = eigenvalues[eigenvalues.abs().argmax()] if use_power else eigenvalues.max()
     assert cp.get_output()[0]["HessMaxEV"] == pytest.approx(float(expected), rel=1e-6)
