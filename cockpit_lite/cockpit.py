@@ -40,6 +40,7 @@ from cockpit_lite import state as _state
 from cockpit_lite.backend import add_advice, backpack_untouched, uses_random_numbers
 from cockpit_lite.curvature.hvp import HessianVectorProducts
 from cockpit_lite.engine import Engine
+from cockpit_lite.engine.window import Window
 from cockpit_lite.info import StepInfo
 from cockpit_lite.quantities import REGISTRY
 from cockpit_lite.quantities.base import Output, Quantity
@@ -55,7 +56,8 @@ STATE_VERSION = 1
 class Cockpit:
     """Collect quantities during training (API compatible with Cockpit's ``Cockpit``)."""
 
-    def __init__(self, params, quantities=None, log=None, strict=False, seed=0, sinks=(), diagnose=True, budget=None):
+    def __init__(self, params, quantities=None, log=None, strict=False, seed=0, sinks=(), diagnose=True, budget=None,
+                 accumulate=False):
         """
         Args:
             params: what to track: a ``torch.nn.Module`` (its named parameters; the
@@ -91,6 +93,18 @@ class Cockpit:
                 on the first steps; it takes over every tracked quantity's schedule and
                 records the plan under ``"budget"`` (see ``cockpit_lite.budget``).
                 ``None``: each quantity keeps its own schedule (every step by default).
+            accumulate: gradient accumulation: ``cp(step)`` is entered around *every*
+                micro-batch's backward pass with the same ``step``, and every quantity
+                describes the effective batch the optimizer steps with (all micro-batches,
+                ``B = Σ_m B_m``; ``cockpit_lite.engine.window``). A step is complete when
+                ``info["optimizer"]`` steps (its step pre-hook; with ``step(closure)``,
+                after the closure's backward pass), else at the next step's ``cp`` or at
+                ``close()``; its record appears then, and the buffers of its BackPACK
+                extensions stay on the parameters until then. The micro-batches'
+                individual gradients are kept until the step completes (the memory of one
+                backward pass of the effective batch). Curvature (BackPACK's diagonals,
+                Hessian-vector products) of a step of several micro-batches is NaN with a
+                flag. ``info["optimizer"]`` is required on tracked steps.
 
         Raises:
             ValueError: if no parameter requires a gradient.
@@ -127,6 +141,9 @@ class Cockpit:
         self.strict = strict
         self.seed = seed
         self._last_step = None
+        self.accumulate = bool(accumulate)
+        self._window = None  # the context of an accumulated step whose micro-batches are still coming
+        self._completed_step = None  # the last accumulated step completed by its optimizer's step
         self._open_step = None  # the step whose context was entered and not exited yet
         self._noted = set()  # changes of the tracked set already said (``_reread_parameters``)
         self._known_names = set(self.names)  # trainable ones not among them are said once (added, unfrozen)
@@ -256,6 +273,7 @@ class Cockpit:
         """
         if self._closed:
             return
+        self.complete_step()
         self._closed = True
         self.engine.arm(False)
         self._diagnose(final=True)
@@ -266,6 +284,17 @@ class Cockpit:
             self._writer = None
         for sink in self.sinks:
             sink.close()
+
+    def complete_step(self):
+        """Record an accumulated step now (``accumulate=True``) if its micro-batches are still open.
+
+        Normally not needed: the step completes when its optimizer steps, at the next
+        step's ``cp`` or at ``close()``. Call it to read the record of the last step
+        before any of these (e.g. right after its last micro-batch).
+        """
+        window, self._window = self._window, None
+        if window is not None:
+            window.complete()
 
     def state_dict(self):
         """What a resumed run needs to record, from the next step on, what this run would have.
@@ -302,6 +331,12 @@ class Cockpit:
             raise ValueError(
                 f"state_dict() inside the context of step {self._open_step}: the step is half done. Fix: save "
                 "between steps, after the `with cp(step, ...):` block (e.g. with the model and optimizer)"
+            )
+        if self._window is not None:
+            raise ValueError(
+                f"state_dict() while the micro-batches of step {self._window.step} are accumulated "
+                "(accumulate=True): the step is half done. Fix: save after optimizer.step(), or call "
+                "cp.complete_step() first if no more micro-batches of that step follow"
             )
         settling = set(self._undiagnosed) | ({self._last_step} if self._last_step is not None else set())
         first = min(settling, default=None)
@@ -501,7 +536,13 @@ class Cockpit:
 
 
 class _StepContext:
-    """Runs one step: plan before backward, collect and record after it."""
+    """Runs one step: plan before backward, collect and record after it.
+
+    Under gradient accumulation (``Cockpit(accumulate=True)``) the first context of a
+    step plans it and holds its window; the contexts of its further micro-batches
+    (``owner``) add their backward passes to it, and the owner records the step once it
+    is complete (``complete``: the optimizer's step pre-hook, the next step, ``close``).
+    """
 
     def __init__(self, cockpit, step, extensions, info, debug=False):
         if not isinstance(step, numbers.Integral) or isinstance(step, bool):
@@ -515,11 +556,24 @@ class _StepContext:
                 "step's backward in its own `with cp(step, info=...): loss.backward()` block, "
                 "one after the other"
             )
+        window = cockpit._window
+        if window is not None and window.step != step:  # its optimizer never stepped (or is not hooked)
+            cockpit.complete_step()
+            window = None
         last = cockpit._last_step
-        if last is not None and step <= last:
+        if cockpit.accumulate and step == cockpit._completed_step:
+            raise ValueError(
+                f"cp({step}) after step {step} was completed by optimizer.step(): a micro-batch "
+                "after the optimizer stepped belongs to the next step. Fix: number the steps by "
+                "optimizer steps (e.g. step = batch_index // accumulation)"
+            )
+        if last is not None and (step < last or (step == last and not cockpit.accumulate)):
             raise ValueError(
                 f"global_step must increase from one call to the next: got {step} after "
-                f"{last}. Use one Cockpit per training run and count steps across epochs."
+                f"{last}. Use one Cockpit per training run and count steps across epochs"
+                + (". For gradient accumulation (several backward passes per optimizer step), "
+                   "create the Cockpit with accumulate=True and enter cp(step) around every "
+                   "micro-batch's backward with the same step" if step == last else ".")
             )
         for ext in extensions:
             if not isinstance(ext, BackpropExtension):
@@ -528,7 +582,8 @@ class _StepContext:
         self.step = step
         self.debug = debug
         self.entered = False
-        if last is not None and step != last + 1:
+        self.owner = window  # the first context of this accumulated step, or None (this is the first)
+        if last is not None and step > last + 1:
             cockpit._jumped = True  # step numbers are not consecutive: keep watching every forward
         # the step's own forward calls (given parameters only: the modules that own them, too)
         cockpit.engine.prepare(info.get("loss") if isinstance(info, dict) else None)
@@ -546,14 +601,19 @@ class _StepContext:
                 f"info['batch_size'] is {self.info.get('batch_size')} but the model's input at "
                 f"step {step} has shape {shape}: pass the number of samples of this forward pass"
             )
-        if cockpit.budget is not None:  # the step's period starts now: the budget times it
+        if cockpit.accumulate:  # the step is complete when its optimizer steps
+            self.optimizer = self.info.require("optimizer", "Cockpit(accumulate=True)")
+        if window is not None:
+            self._join(window)
+            return
+        if cockpit.budget is not None and step != last:  # the step's period starts now: the budget times it
             plan = cockpit.budget.step_started(step, time.perf_counter())
             if plan is not None:
                 cockpit._record(step, {_log.BUDGET: plan})
-        self.due = [(q, n) for q in cockpit.quantities if (n := q.needs(step, self.info)) is not None]
+        self.due = [(q, n) for q in cockpit.quantities if (n := q.needs(step, self.info))] if step != last else []
         if self.due:
             cockpit._reread_parameters(step)
-        if cockpit.budget is not None:
+        if cockpit.budget is not None and step != last:
             cockpit.budget.saw(step, self.due)
         cockpit._last_step = step
         self.idle = not (self.due or extensions)
@@ -576,8 +636,14 @@ class _StepContext:
             e.savefield for e in self.extensions if e.savefield not in self.user_savefields
         }
         self.grads_before = None
+        self.grads_after = None
         self._loss_hook, self.backward_seen = None, False
         self.results, self.batch_size, self.engine_flags = {}, None, []
+        self.passes = []  # the infos of the step's backward passes (several under accumulation)
+        self.missed = []  # the passes whose backward did not run through their info['loss']
+        self.window = None  # the engine's Window (accumulate=True)
+        self.closing = False  # the optimizer is stepping with a closure: complete after its backward
+        self._hooks = []
         self._stack = ExitStack()
         self._backpack = None
         if debug:
@@ -586,6 +652,16 @@ class _StepContext:
                 f"{[t.key for t in self.transforms]}; extensions: {[type(e).__name__ for e in self.extensions]}; "
                 f"Hessian-vector products: {[q.name for q, n in self.due if n.hvp]}"
             )
+
+    def _join(self, owner):
+        """A further micro-batch of ``owner``'s accumulated step: its plan, this pass's own info."""
+        for key in owner.info._cache:  # what the owner's quantities resolved before its backward pass
+            self.info.require(key, "gradient accumulation")
+        for name in ("due", "idle", "transforms", "needed_by", "extensions", "added_savefields", "user_savefields"):
+            setattr(self, name, getattr(owner, name))
+        self._loss_hook, self.backward_seen = None, False
+        self._stack = ExitStack()
+        self._backpack = None
 
     def __enter__(self):
         if self.entered:
@@ -602,16 +678,21 @@ class _StepContext:
         if self.idle:
             self.cockpit._open_step = self.step
             return self
+        owner = self.owner or self
         params = self.cockpit.params
         self.grads_before = [None if p.grad is None else p.grad.detach().clone() for p in params]
-        self._products()  # first: no hook of this step exists yet (the engine's step begins below), no BackPACK
+        if self.owner is None:
+            self._products()  # first: no hook of this step exists yet (the engine's step begins below), no BackPACK
+            if self.cockpit.accumulate and self.transforms:
+                self.window = Window(self.grads_before)
         if self.transforms:
             with backpack_untouched():
                 self.cockpit.engine.begin(
-                    self.transforms, self.info, self.info.batch_size, self.grads_before, self.needed_by
+                    self.transforms, self.info, self.info.batch_size, self.grads_before, self.needed_by, owner.window
                 )
         if any(uses_random_numbers(e) for e in self.extensions if e.savefield in self.added_savefields):
-            self._stack.enter_context(_private_random_state(self.cockpit.params, (self.cockpit.seed, self.step)))
+            key = (self.cockpit.seed, self.step) + ((len(owner.passes),) if owner.passes else ())
+            self._stack.enter_context(_private_random_state(self.cockpit.params, key))
         self._stack.enter_context(warnings.catch_warnings())
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
         if self.extensions:
@@ -656,35 +737,124 @@ class _StepContext:
         cockpit._open_step = None
         if self.idle:
             cockpit.engine.forget()
-            nxt = self.step + 1
-            cockpit.engine.arm(cockpit._jumped or any(q.observes(nxt) for q in cockpit.quantities))
+            self._arm()
             return False
+        owner = self.owner or self
         if self._backpack is not None:  # leave BackPACK before computing (HVPs must not trigger it)
             self._backpack.__exit__(exc_type, exc, traceback)
         if self._loss_hook is not None:
             self._loss_hook.remove()
+        broken = False
         try:
             if self.transforms:
                 with backpack_untouched():
-                    self.results, self.batch_size, self.engine_flags = cockpit.engine.finish()
+                    results, batch_size, flags = cockpit.engine.finish()
+                owner.engine_flags.extend(flags)
+                if owner.window is None:
+                    owner.results, owner.batch_size = results, batch_size
             if exc is not None:
                 if self._backpack is not None:
                     add_advice(exc, [q.name for q, _ in self.due])
+                if cockpit._window is owner:  # the step is broken: nothing of it is recorded
+                    cockpit._window = None
+                    owner._unhook()
+                broken = True
                 return False
+            self._end_pass(owner)
+            if not cockpit.accumulate or owner.closing:
+                cockpit._window = None
+                owner.complete()
+            else:
+                cockpit._window = owner
+                if self.owner is None:
+                    owner._hook_optimizer()
+        finally:
+            cockpit.engine.forget()
+            self._arm()
+            self._stack.close()
+            if broken or not cockpit.accumulate:
+                owner._cleanup()
+        return False
+
+    def _arm(self):
+        """Watch the next forward pass if anything needs it (this step's next micro-batch does)."""
+        cockpit = self.cockpit
+        nxt = self.step + 1
+        cockpit.engine.arm(
+            cockpit._jumped or cockpit._window is not None or any(q.observes(nxt) for q in cockpit.quantities)
+        )
+
+    def _end_pass(self, owner):
+        """After one backward pass: check it; keep its info and the gradient it left."""
+        no_backward = self._loss_hook is not None and not self.backward_seen
+        if no_backward:
+            owner.missed.append(len(owner.passes))
+        elif self.transforms:
+            if owner.window is None:
+                served = set(owner.results)
+            else:
+                number = owner.window.passes - 1
+                served = {i for i, parts in owner.window.parts.items() if number in parts} | owner.window.failed
+            self._check_backward(self.cockpit.params, served)
+        owner.passes.append(self.info)
+        if owner.window is not None or self.cockpit.accumulate:
+            owner.grads_after = [None if p.grad is None else p.grad.detach().clone() for p in self.cockpit.params]
+
+    def _hook_optimizer(self):
+        """``accumulate=True``: complete the step when its optimizer steps."""
+        self._hooks = [
+            self.optimizer.register_step_pre_hook(self._optimizer_steps),
+            self.optimizer.register_step_post_hook(self._optimizer_stepped),
+        ]
+
+    def _unhook(self):
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+    def _optimizer_steps(self, optimizer, args, kwargs):
+        """Step pre-hook: the step is complete, unless a closure runs its last micro-batch now."""
+        if self.cockpit._window is not self:
+            return
+        if any(callable(a) for a in args[1:]) or callable(kwargs.get("closure")):  # args[0]: the optimizer
+            self.closing = True  # completed when the closure's cp(step) exits
+            return
+        self.cockpit._window = None
+        self.complete()
+
+    def _optimizer_stepped(self, optimizer, args, kwargs):
+        """Step post-hook: a closure that ran no tracked backward pass still completes the step."""
+        if self.cockpit._window is self:
+            self.cockpit._window = None
+            self.complete()
+
+    def complete(self):
+        """Record the step (all its backward passes); the hooks and buffers of the step go."""
+        cockpit = self.cockpit
+        try:
+            if cockpit.accumulate:
+                cockpit._completed_step = self.step
+            if self.window is not None:
+                with backpack_untouched():
+                    self.results, self.batch_size = cockpit.engine.complete(
+                        self.window, self.transforms, self.grads_after
+                    )
+                self.window = None
+            if len(self.passes) > 1:
+                self.info = StepInfo.merged(self.passes)
             if self.due:
                 self._collect()
         finally:
-            cockpit.engine.forget()
-            nxt = self.step + 1
-            cockpit.engine.arm(cockpit._jumped or any(q.observes(nxt) for q in cockpit.quantities))
-            self._cleanup()
-            self._stack.close()
-        return False
+            if cockpit.accumulate:
+                self._unhook()
+                self._cleanup()
+                self._arm()
 
     def _collect(self):
         cockpit = self.cockpit
         params = cockpit.params
-        no_backward = self._loss_hook is not None and not self.backward_seen
+        no_backward = bool(self.missed)
+        flags = list(self.engine_flags)
         if no_backward:
             reason = (
                 f"no backward pass of info['loss'] ran inside cp({self.step}): the quantities "
@@ -693,8 +863,7 @@ class _StepContext:
                 "total that contains it)"
             )
             warnings.warn(f"cockpit-lite: step {self.step}: {reason}", stacklevel=4)
-        else:
-            self._check_backward(params)
+            flags.append(reason)
         if cockpit.group is not None:
             self._combine_ranks()
         batch_size = self.batch_size if self.batch_size is not None else self.info.batch_size
@@ -706,10 +875,19 @@ class _StepContext:
             )
         data = StepData(
             self.step, params, cockpit.names, self.info, self.results, batch_size,
-            self.transforms, self.grads_before, cockpit.group, cockpit.engine.pass_grads,
+            self.transforms, self.grads_before, cockpit.group, cockpit.engine.pass_grads, self.grads_after,
         )
+        if not cockpit.accumulate and self.transforms and _held_gradients(self.grads_before):
+            cockpit._note("accumulated", (
+                f"at step {self.step} the parameters held gradients of earlier backward passes (gradient "
+                "accumulation, or a missing zero_grad): every quantity describes this backward pass's "
+                f"{batch_size} sample(s), not the batch the optimizer steps with. For accumulation, "
+                "Cockpit(..., accumulate=True) with `with cp(step, ...)` around every micro-batch's "
+                "backward (the same step) measures the optimizer's effective batch"
+            ))
+        several = len(self.passes) > 1
         outputs, too_few = [], []
-        for quantity, _ in self.due:
+        for quantity, needs in self.due:
             if no_backward and quantity.NEEDS_BACKWARD:
                 outputs.append((quantity, Output(float("nan"))))
                 continue
@@ -717,14 +895,21 @@ class _StepContext:
                 too_few.append(quantity.name)
                 outputs.append((quantity, Output(float("nan"))))
                 continue
+            if several and (needs.extensions or needs.hvp):
+                outputs.append((quantity, Output(float("nan"), flags=[
+                    f"{quantity.name}: the curvature of an accumulated step ({len(self.passes)} backward "
+                    "passes) is not computed: it is NaN at such steps. Fix: track it on steps of one "
+                    "backward pass (e.g. Cockpit(accumulate=False) on a run without accumulation)"
+                ])))
+                continue
             outputs.extend((quantity, out) for out in self._compute(quantity, data))
+
         loss = self.info.get("loss")
         checks = [torch.stack(data.grad_norms).amax()]  # NaN/Inf propagate
         if torch.is_tensor(loss):
             checks.append(loss.detach().sum())
         host_outputs, checks = _to_host(([(o.value, o.layers, o.meta) for _, o in outputs], checks))
 
-        flags = list(self.engine_flags) + ([reason] if no_backward else [])
         if too_few:
             flags.append(
                 f"a batch of {batch_size} sample(s) has no variance across samples: "
@@ -750,7 +935,9 @@ class _StepContext:
         if flags:
             by_step.setdefault(self.step, {}).setdefault(_log.FLAGS, []).extend(flags)
         if self.transforms and batch_size is not None:
-            by_step.setdefault(self.step, {})[_log.BATCH] = {"size": int(batch_size), "accumulated": data.accumulated}
+            by_step.setdefault(self.step, {})[_log.BATCH] = {
+                "size": int(batch_size), "accumulated": data.accumulated, "passes": len(self.passes),
+            }
         for step in sorted(by_step):
             cockpit._record(step, by_step[step])
             if self.debug:
@@ -810,13 +997,14 @@ class _StepContext:
             return []
         return result if isinstance(result, list) else [result]
 
-    def _check_backward(self, params):
-        """Raise if the backward pass did not give what the due quantities need."""
+    def _check_backward(self, params, served):
+        """Raise if the backward pass did not give what the due quantities need (``served``: the
+        indices of the parameters whose individual gradients the engine formed in it)."""
         if self.transforms:
             missing = [
                 name
                 for i, (name, p) in enumerate(zip(self.cockpit.names, params))
-                if p.grad is not None and i not in self.results
+                if p.grad is not None and i not in served
                 and (self.grads_before[i] is None or not torch.equal(p.grad, self.grads_before[i]))
             ]
             if missing:
@@ -838,6 +1026,12 @@ class _StepContext:
                 value = getattr(param, field, None)
                 if torch.is_tensor(value) and value.grad_fn is not None:
                     setattr(param, field, value.detach())
+
+
+def _held_gradients(grads):
+    """Whether any of ``grads`` (``None`` or tensors) is non-zero (one host sync)."""
+    present = [g.ne(0).any() for g in grads or () if g is not None]
+    return bool(torch.stack(present).any()) if present else False
 
 
 @contextmanager

@@ -311,6 +311,36 @@ class StepInfo:
         given = self._given.get("batch_size")
         self.batch_size = int(given) if given is not None else batch_size
 
+    @classmethod
+    def merged(cls, infos):
+        """The info of an accumulated step: one batch, the union of its micro-batches.
+
+        The optimizer steps on ``L = Σ_m L_m`` (each micro-batch backpropagates its own
+        loss ``L_m``), so ``loss`` is that sum. Micro-batch ``m``'s individual losses
+        (``mean_n ℓ_n = L_m`` over its ``B_m`` samples) become ``ℓ_n · B / B_m``, so that
+        ``mean_n ℓ_n = L`` over the ``B = Σ_m B_m`` samples. Every other key is the last
+        micro-batch's.
+        """
+        last = infos[-1]
+        info = cls(last._given, last.step, model=last.model)
+        info._cache = {k: v for k, v in last._cache.items() if k not in ("loss", "individual_losses")}
+        losses = [i._cache.get("individual_losses") for i in infos]
+        sizes = [l.shape[0] if l is not None else i.batch_size for l, i in zip(losses, infos)]
+        info.batch_size = None if None in sizes else sum(sizes)
+        if info._given.get("batch_size") is not None:
+            info._given["batch_size"] = info.batch_size
+        given = [i._given.get("loss") for i in infos]
+        if all(torch.is_tensor(l) for l in given):
+            info._given["loss"] = sum(l.detach().reshape(()) for l in given)
+            if all("loss" in i._cache for i in infos):
+                info._cache["loss"] = info._given["loss"]
+        info._given.pop("individual_losses", None)  # the last micro-batch's, not the step's
+        if all(l is not None for l in losses):
+            info._cache["individual_losses"] = torch.cat(
+                [l * (info.batch_size / b) for l, b in zip(losses, sizes)]
+            )
+        return info
+
     def __contains__(self, key):
         return key in self._given
 

@@ -19,11 +19,13 @@ class StepData:
         grads: detached gradients of this backward pass, zeros for a parameter that got
             none. Under gradient accumulation (a gradient was present before the backward
             pass), the gradient of this backward pass alone, so that every quantity
-            describes the same (micro-)batch.
+            describes the same (micro-)batch. An accumulated step (``Cockpit(accumulate=True)``)
+            is one batch, all its micro-batches: the gradient they left (``grads_after``, taken
+            after the last backward pass, before clipping) minus what was there before the first.
     """
 
     def __init__(self, step, params, names, info, per_sample, batch_size, transforms, grads_before=None,
-                 group=None, pass_grads=None):
+                 group=None, pass_grads=None, grads_after=None):
         self.step = step
         self.params = params
         self.names = names
@@ -32,10 +34,10 @@ class StepData:
         self.group = group
         before = grads_before or [None] * len(params)
         self.accumulated = any(b is not None for b in before)
+        after = grads_after or [None if p.grad is None else p.grad.detach() for p in params]
         self.grads = [
-            torch.zeros_like(p) if p.grad is None
-            else p.grad.detach() if b is None else p.grad.detach() - b
-            for p, b in zip(params, before)
+            torch.zeros_like(p) if a is None else a if b is None else a - b
+            for p, a, b in zip(params, after, before)
         ]
         if group is not None and self.accumulated and pass_grads:
             # torch.distributed with no_sync accumulation: the earlier micro-batches' gradients

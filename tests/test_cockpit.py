@@ -572,3 +572,160 @@ def test_the_tracked_set_is_reread_at_every_tracked_step():
     assert "2.weight was replaced" in messages and "3.weight, 3.bias joined the model" in messages
     problems.assert_close(cp.get_output()[2]["GradNorm"][2], model[2].weight.grad.norm(), what="GradNorm, replaced")
     assert loss.requires_grad
+
+
+# -- gradient accumulation (Cockpit(accumulate=True)); the numbers: tests/engine/test_window.py --
+
+
+def _accumulating(cp, model, opt, steps=3, micro=2, closure=False, seed=0):
+    """Two micro-batches of 4 per optimizer step, each ``loss / micro`` in ``cp(step)``."""
+    data = torch.Generator().manual_seed(seed)
+    for step in range(steps):
+        opt.zero_grad()
+        batches = [(torch.randn(4, 4, generator=data, dtype=torch.float64), torch.randint(0, 3, (4,), generator=data))
+                   for _ in range(micro)]
+
+        def backward(x, y):
+            loss = nn.functional.cross_entropy(model(x), y) / micro
+            if cp is None:
+                loss.backward()
+                return loss
+            with cp(step, info={"loss": loss, "optimizer": opt}):
+                loss.backward()
+            return loss
+
+        for x, y in batches[:-1]:
+            backward(x, y)
+        if closure:  # Lightning's way: the last micro-batch runs inside optimizer.step(closure)
+            opt.step(lambda: backward(*batches[-1]))
+        else:
+            backward(*batches[-1])
+            opt.step()
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Tanh(), nn.Linear(6, 3)).double()
+
+
+def test_a_repeated_step_names_accumulate_and_accumulate_works():
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"accumulate=True and enter cp\(step\) around every micro-batch"):
+        _accumulating(Cockpit(model, [quantities.NormTest()], diagnose=False), model, opt)
+    cp = Cockpit(model, [quantities.NormTest()], diagnose=False, accumulate=True)
+    _accumulating(cp, model, opt)
+    assert all(cp.get_output()[s]["batch"] == {"size": 8, "accumulated": False, "passes": 2} for s in range(3))
+
+
+def test_accumulate_needs_the_optimizer_and_says_so():
+    model = _mlp()
+    cp = Cockpit(model, [quantities.NormTest()], diagnose=False, accumulate=True)
+    loss = nn.functional.cross_entropy(model(torch.randn(4, 4, dtype=torch.float64)), torch.tensor([0, 1, 2, 0]))
+    with pytest.raises(ValueError, match=r"Cockpit\(accumulate=True\) needs info\['optimizer'\]"):
+        cp(0, info={"loss": loss})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with cp(0, info={"loss": loss, "optimizer": opt}):  # the fix
+        loss.backward()
+    opt.step()
+    assert "NormTest" in cp.get_output()[0]
+
+
+def test_a_micro_batch_after_the_optimizer_stepped_is_refused_with_the_fix():
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cp = Cockpit(model, [quantities.NormTest()], diagnose=False, accumulate=True)
+    _accumulating(cp, model, opt, steps=1)
+    loss = nn.functional.cross_entropy(model(torch.randn(4, 4, dtype=torch.float64)), torch.tensor([0, 1, 2, 0]))
+    with pytest.raises(ValueError, match=r"completed by optimizer.step\(\).*number the steps by optimizer steps"):
+        cp(0, info={"loss": loss, "optimizer": opt})
+
+
+def test_the_step_completes_when_the_optimizer_steps_also_with_a_closure():
+    """The record exists right after ``optimizer.step()``; ``step(closure)`` running the last
+    micro-batch gives the same record as the plain loop."""
+    records = []
+    for closure in (False, True):
+        model = _mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        cp = Cockpit(model, [quantities.NormTest(), quantities.Alpha(), quantities.GradNorm()], diagnose=False,
+                     accumulate=True)
+        _accumulating(cp, model, opt, steps=3, closure=closure)
+        assert sorted(cp.get_output()) == [0, 1, 2]  # before close(): step 2 completed by its optimizer step
+        assert not opt._optimizer_step_pre_hooks, "the Cockpit's hooks are gone after the step"
+        records.append(cp.get_output())
+        cp.close()
+    for step in range(3):
+        assert records[1][step]["batch"]["passes"] == 2
+        for name in ("NormTest", "GradNorm") + (("Alpha",) if step < 2 else ()):
+            problems.assert_close(records[1][step][name], records[0][step][name], rtol=1e-12, what=name)
+
+
+def test_a_step_the_optimizer_skipped_completes_at_the_next_step_or_close():
+    """A GradScaler skips ``optimizer.step()`` on an overflow: the step is recorded at the next
+    ``cp`` (or ``close()``, or ``complete_step()``)."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cp = Cockpit(model, [quantities.NormTest()], diagnose=False, accumulate=True)
+    data = torch.Generator().manual_seed(0)
+    for step in range(3):
+        for _ in range(2):
+            loss = nn.functional.cross_entropy(model(torch.randn(4, 4, generator=data, dtype=torch.float64)),
+                                               torch.randint(0, 3, (4,), generator=data)) / 2
+            with cp(step, info={"loss": loss, "optimizer": opt}):
+                loss.backward()
+        assert sorted(cp.get_output()) == list(range(step))  # no optimizer step: not yet recorded
+        opt.zero_grad()
+        if step == 1:
+            cp.complete_step()
+            assert sorted(cp.get_output()) == [0, 1]
+    cp.close()
+    assert sorted(cp.get_output()) == [0, 1, 2] and all(cp.get_output()[s]["batch"]["passes"] == 2 for s in range(3))
+
+
+def test_curvature_of_several_micro_batches_is_nan_with_a_flag():
+    model = extend(_mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cp = Cockpit(model, [quantities.HessMaxEV(), quantities.HessTrace(), quantities.NormTest()], diagnose=False,
+                 accumulate=True)
+    _accumulating(cp, model, opt, steps=1)
+    entry = cp.get_output()[0]
+    assert math.isnan(entry["HessMaxEV"]) and math.isnan(entry["HessTrace"]) and math.isfinite(entry["NormTest"])
+    assert any("HessMaxEV: the curvature of an accumulated step (2 backward passes)" in f for f in entry["flags"])
+    cp2 = Cockpit(model, [quantities.HessMaxEV()], diagnose=False, accumulate=True)
+    _accumulating(cp2, model, opt, steps=1, micro=1)  # one backward pass per step: computed
+    assert math.isfinite(cp2.get_output()[0]["HessMaxEV"])
+
+
+def test_accumulation_does_not_change_training_and_leaves_nothing_behind():
+    """Parameters and BatchNorm statistics bit for bit against the loop without a Cockpit; no
+    optimizer hook, BackPACK buffer or module hook left once the step is complete."""
+    states = []
+    for level in (None, "full"):
+        model = extend(_mlp())
+        hooks = lambda: [len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()]  # noqa: E731
+        before = hooks()  # BackPACK's own, from extend
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        cp = None if level is None else Cockpit(model, configuration(level), accumulate=True)
+        _accumulating(cp, model, opt, steps=3)
+        states.append(model.state_dict())
+        if cp is not None:
+            assert not opt._optimizer_step_pre_hooks
+            assert not any(hasattr(p, f) for p in model.parameters() for f in ("diag_h", "diag_ggn_exact", "grad_batch"))
+            cp.close()
+            assert hooks() == before
+    for key in states[0]:
+        assert torch.equal(states[0][key], states[1][key]), key
+
+
+def test_state_dict_between_micro_batches_is_refused_with_the_fix():
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cp = Cockpit(model, [quantities.NormTest()], diagnose=False, accumulate=True)
+    loss = nn.functional.cross_entropy(model(torch.randn(4, 4, dtype=torch.float64)), torch.tensor([0, 1, 2, 0]))
+    with cp(0, info={"loss": loss, "optimizer": opt}):
+        loss.backward()
+    with pytest.raises(ValueError, match=r"save after optimizer.step\(\)"):
+        cp.state_dict()
+    opt.step()
+    assert cp.state_dict()["last_step"] == 0

@@ -5,6 +5,7 @@ import math
 import os
 import pickle
 import sys
+from contextlib import ExitStack
 
 import numpy as np
 import pytest
@@ -62,14 +63,18 @@ def _loss(model, x, y, name, scale):
     return F.cross_entropy(out, y) * scale
 
 
-def _train(name, shards, micro, rank=None):
-    """Train with a Cockpit; ``shards`` are the sample counts per rank (one process: the whole batch)."""
+def _train(name, shards, micro, rank=None, accumulate=False):
+    """Train with a Cockpit; ``shards`` are the sample counts per rank (one process: the whole batch).
+
+    ``micro`` micro-batches per step (the first ones under ``no_sync``): only the last in
+    ``cp(step)``, or with ``accumulate`` every one (``Cockpit(accumulate=True)``).
+    """
     torch.manual_seed(0)
     model = _model(name)
     tracked = model if rank is None else torch.nn.parallel.DistributedDataParallel(model)
     assert micro == 1 or rank is not None
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    cp = Cockpit(tracked, _quantities(), strict=name not in LOCAL, diagnose=False)  # LOCAL: flagged at step 0
+    cp = Cockpit(tracked, _quantities(), strict=name not in LOCAL, diagnose=False, accumulate=accumulate)  # LOCAL: flagged at step 0
     total = sum(shards)
     start = 0 if rank is None else sum(shards[:rank])
     size = total if rank is None else shards[rank]
@@ -81,13 +86,13 @@ def _train(name, shards, micro, rank=None):
         for k, part in enumerate(parts):
             share = (part.stop - part.start) * world / total  # DDP averages the ranks: scale to the global mean
             last = k == len(parts) - 1
-            if not last:
-                with tracked.no_sync():
-                    _loss(tracked, x[part], y[part], name, share).backward()
-            else:
+            with ExitStack() as stack:
+                if not last:
+                    stack.enter_context(tracked.no_sync())
                 loss = _loss(tracked, x[part], y[part], name, share)
-                with cp(step, info={"loss": loss, "optimizer": opt}):
-                    loss.backward()
+                if last or accumulate:
+                    stack.enter_context(cp(step, info={"loss": loss, "optimizer": opt}))
+                loss.backward()
         opt.step()
     return cp.get_output()
 
@@ -98,8 +103,8 @@ def _worker(rank, cases, path):
     try:
         torch.set_num_threads(1)
         records = {}
-        for case, (name, shards, micro) in cases.items():
-            records[case] = _train(name, shards, micro, rank)
+        for case, (name, shards, micro, *accumulate) in cases.items():
+            records[case] = _train(name, shards, micro, rank, *accumulate)
             if rank != 0:
                 assert records[case] == {}, "only rank 0 keeps the record"
         if rank == 0:
@@ -129,9 +134,10 @@ def _flatten(value, prefix=""):
         yield prefix, value
 
 
-CASES = {  # case -> (model, samples per rank, micro-batches per step)
+CASES = {  # case -> (model, samples per rank, micro-batches per step[, every micro-batch tracked])
     "equal": ("mlp", (4, 4), 1), "unequal": ("mlp", (5, 3), 1), "vit_like": ("vit_like", (3, 3), 1),
     "no_sync": ("mlp", (4, 4), 2), "global_path": ("tied_in_own_code", (5, 3), 1),
+    "accumulated": ("mlp", (5, 3), 2, True),
 }
 
 
@@ -140,14 +146,19 @@ def test_ddp_equals_one_process_on_the_whole_batch(tmp_path):
     mp.spawn(_worker, args=(CASES, path), nprocs=WORLD, join=True)
     with open(path, "rb") as file:
         records = pickle.load(file)
-    for case, (name, shards, micro) in CASES.items():
-        _check_case(case, name, shards, micro, records[case])
+    for case, (name, shards, micro, *accumulate) in CASES.items():
+        _check_case(case, name, shards, micro, records[case], *accumulate)
 
 
-def _check_case(case, name, shards, micro, distributed):
-    single = _train(name, (sum(shards),), 1) if micro == 1 else _train_single_micro(name, shards)
+def _check_case(case, name, shards, micro, distributed, accumulate=False):
+    """Against one process on the whole batch (``no_sync``: on the same last micro-batches; every
+    micro-batch accumulated: the whole batch, which is their union)."""
+    single = _train(name, (sum(shards),), 1) if micro == 1 or accumulate else _train_single_micro(name, shards)
     assert sorted(distributed) == sorted(single), case
     for step in single:
+        if accumulate:
+            assert distributed[step]["batch"].pop("passes") == micro
+            single[step]["batch"].pop("passes")
         if name in LOCAL:  # the engine's flag at step 0 on both (single: also α's, from the partial gradient)
             assert any("lin.weight unavailable" in f for f in distributed[step].get("flags", [])) == (step == 0)
             assert distributed[step].get("flags", [])[:2] == single[step].get("flags", [])[:2]

@@ -43,6 +43,10 @@ been given it.
    e.g. a weight read by a parent's code as well as by its own layer, fails it). A
    failed parameter's values become NaN with a flag and a warning, and it takes the
    global path from the next step on.
+5. *Deferred* (under ``torch.distributed``, and for a step of several accumulated backward
+   passes): the individual gradients wait in a ``Window`` (``cockpit_lite.engine.window``)
+   until the gradient the optimizer steps with is known (DDP's mean of the ranks'; the sum
+   of the micro-batches'); then the transforms run on them as chunks of one batch.
 """
 
 import math
@@ -57,6 +61,7 @@ from cockpit_lite.engine import broadcast, global_path
 from cockpit_lite.engine.capture import Call, ForwardCapture
 from cockpit_lite.engine.rules import GENERIC, UnsupportedCall, attention, mixes_samples, rule_for
 from cockpit_lite.engine.rules.base import first_tensor
+from cockpit_lite.engine.window import Window
 
 GRAD_CHECK_RTOL = {torch.float64: 1e-6, torch.float32: 1e-3}
 """Largest relative difference between the rules' gradient and autograd's before a
@@ -217,7 +222,7 @@ class Engine:
 
     # -- one step -----------------------------------------------------------------------
 
-    def begin(self, transforms, info, batch_size, grads_before, needed_by):
+    def begin(self, transforms, info, batch_size, grads_before, needed_by, window=None):
         """Plan the step and run the global path (before the user's backward pass).
 
         Args:
@@ -227,8 +232,12 @@ class Engine:
             grads_before: per parameter, the gradient present before this backward
                 pass (gradient accumulation) or ``None``.
             needed_by: names of the quantities that need the transforms (for messages).
+            window: the ``Window`` of a step whose backward passes are accumulated: this
+                pass's individual gradients join it, and ``complete`` runs the transforms
+                once the step's last pass is done. ``None``: the transforms run in this
+                pass (under DDP once the global gradient is known, after it).
         """
-        state = _Step(transforms, batch_size, grads_before, needed_by, deferred=self.group is not None)
+        state = _Step(transforms, batch_size, grads_before, needed_by, window, self.group is not None)
         graph = self._graph if self._graph is not None else _Graph(info.get("loss"))
         calls = self.capture.calls if self.model is not None else []
         if calls and graph.ready():  # only the forward passes this loss came from
@@ -297,7 +306,10 @@ class Engine:
                         grad_before=state.grads_before[index],
                     ))
                 if state.deferred:
-                    self._run_deferred(state)
+                    window = state.window or Window(state.grads_before)
+                    window.add(state.pending, state.batch_size, state.failed)
+                    if state.window is None:  # DDP, one backward pass: the global gradient now
+                        self._complete(state, window)
                 state.batch.flush()
                 self._check_gradients(state)
         finally:
@@ -459,12 +471,15 @@ class Engine:
                     per_sample.grad = total.reshape(-1)
                     parts[index].append(grad_batch if state.deferred else _transforms.run(state.transforms, per_sample))
         for (index, chunks), total in zip(parts.items(), totals):
-            if state.deferred:  # the transforms wait for the global gradient (DDP)
+            if state.deferred:  # the transforms wait for the step's gradient (DDP, accumulation)
                 grad_batch = torch.cat([chunk for chunk in chunks])
                 state.ready(index, _transforms.PerSample(
                     self.params[index], index, grad_batch=grad_batch, batch_size=state.batch_size,
                     grad_before=state.grads_before[index],
                 ))
+                if not state.distributed:  # checked: was info["loss"] what ran backward?
+                    state.served[index] = total.reshape(-1)
+                    state.global_path.add(index)
                 continue
             state.results[index] = {
                 t.key: t.combine([chunk[t.key] for chunk in chunks]) for t in state.transforms
@@ -472,31 +487,31 @@ class Engine:
             state.served[index] = total.reshape(-1)  # checked too: was info["loss"] what ran backward?
             state.global_path.add(index)
 
-    def _run_deferred(self, state):
-        """DDP: the global gradient and batch size (one packed all-reduce), then the transforms.
-
-        DDP's gradient is the mean of the ranks' gradients, so the global individual
-        gradient is ``(B / W) · grad_batch[n]`` (``cockpit_lite.distributed``); α's
-        predicted update starts from the gradient the optimizer will use (``p.grad``).
-        """
-        indices = sorted(state.pending)
-        local = [state.pending[i].grad for i in indices]
-        summed, sizes = self.group.sum_and_sizes(local, state.batch_size)
-        world, total = self.group.world, sum(sizes)
-        self.sizes = sizes
-        self.pass_grads = {}
-        for index, grad in zip(indices, summed):
-            per_sample = state.pending.pop(index)
-            grad = grad / world
-            per_sample.grad = grad
-            per_sample.batch_size = total / world
-            param = self.params[index]
-            if param.grad is not None:
-                per_sample.grad_before = param.grad.detach().reshape(-1).to(grad.dtype) - grad
-            self.pass_grads[index] = grad
-            state.results[index] = _transforms.run(state.transforms, per_sample, state.batch)
+    def _complete(self, state, window):
+        """DDP, one backward pass: its window's results (``Window.complete``), checked against autograd."""
+        results, state.batch_size, grads, self.sizes = window.complete(self.params, state.transforms, self.group)
+        state.results.update(results)
+        self.pass_grads = grads
+        for index, grad in grads.items():
             state.served[index] = None if state.grads_before[index] is not None else grad
-        state.batch_size = total
+        for index in window.failed:  # a rule failed: its values are NaN
+            if index in state.results:
+                state.results[index] = {k: _nan_like(v) for k, v in state.results[index].items()}
+
+    def complete(self, window, transforms, grads_after):
+        """The results of an accumulated step, after its last backward pass.
+
+        Returns:
+            ``(results, batch_size)`` of the effective batch (``cockpit_lite.engine.window``).
+        """
+        with torch.no_grad():
+            results, batch_size, grads, sizes = window.complete(self.params, transforms, self.group, grads_after)
+        if self.group is not None:
+            self.sizes, self.pass_grads = sizes, grads
+        for index in window.failed:
+            if index in results:
+                results[index] = {k: _nan_like(v) for k, v in results[index].items()}
+        return results, batch_size
 
     def _check_gradients(self, state):
         """Each rule-served parameter's ``Σ_n grad_batch[n]`` against autograd's gradient.
@@ -575,8 +590,10 @@ class Engine:
 class _Step:
     """What one step's engine collects."""
 
-    def __init__(self, transforms, batch_size, grads_before, needed_by, deferred=False):
-        self.deferred = deferred  # DDP: the transforms run once the global gradient is known
+    def __init__(self, transforms, batch_size, grads_before, needed_by, window=None, distributed=False):
+        self.window = window
+        self.deferred = window is not None or distributed  # the transforms run once the step's gradient is known
+        self.distributed = distributed
         self.pending = {}
         self.transforms = tuple(transforms)
         self.batch_size = batch_size
@@ -602,6 +619,8 @@ class _Step:
         """Run the transforms on a parameter's complete individual gradients (later, if deferred)."""
         if self.deferred:
             self.pending[index] = per_sample
+            if not self.distributed:  # each accumulated pass is checked on its own
+                self.served[index] = per_sample.grad
             return
         self.results[index] = _transforms.run(self.transforms, per_sample, self.batch)
         self.served[index] = per_sample.grad

@@ -63,12 +63,15 @@ def _micro_batch_run(problem, quantity_list, params_only=False):
 
 @pytest.mark.parametrize("name", ["mlp", "gpt"])
 def test_gradient_accumulation_describes_the_micro_batch(name):
-    """Under accumulation every quantity is of the last backward pass's micro-batch (never a mix)."""
+    """With ``cp(step)`` around the last micro-batch only (``accumulate=False``) every quantity is of
+    that backward pass's micro-batch (never a mix), and a warning names the fix that measures the
+    effective batch (``tests/engine/test_window.py`` tests it)."""
     problem = problems.make(name, 8, steps=2)
-    cp, snapshots = _micro_batch_run(problem, [quantities.NormTest(), quantities.GradNorm(), quantities.GradVariance()])
+    with pytest.warns(UserWarning, match=r"Cockpit\(\.\.\., accumulate=True\) with `with cp\(step, \.\.\.\)` around every"):
+        cp, snapshots = _micro_batch_run(problem, [quantities.NormTest(), quantities.GradNorm(), quantities.GradVariance()])
     for step, snapshot in snapshots.items():
         entry = cp.get_output()[step]
-        assert entry["batch"] == {"size": 4, "accumulated": True}
+        assert entry["batch"] == {"size": 4, "accumulated": True, "passes": 1}
         value, _ = norm_test_reference(problem, snapshots, step)
         problems.assert_close(entry["NormTest"], value, what="NormTest accumulation")
         problems.assert_close(entry["GradVariance"], grad_variance_reference(problem, snapshots, step))

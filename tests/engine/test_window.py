@@ -1,0 +1,153 @@
+"""Gradient accumulation: every quantity describes the effective batch the optimizer steps with.
+
+The training loop accumulates M micro-batches per optimizer step, each backpropagating
+``loss_fn(model(x_m), y_m) / M`` inside ``cp(step)`` (the same step), on a
+``Cockpit(accumulate=True)``. The brute force is that of the union: one forward pass
+per micro-batch (as the loop does; BatchNorm normalises each micro-batch by its own
+statistics), each sample's term ``c_n`` of the loss the optimizer minimises,
+``L = Σ_m L_m``, and ``g̃_n = B ∇c_n`` with ``B = Σ_m B_m`` by a loop of
+``torch.autograd.grad``; the quantities' own brute-force references
+(``tests/quantities``) are evaluated on it.
+"""
+
+import copy
+import math
+
+import pytest
+import torch
+
+import problems
+from cockpit_lite import Cockpit
+from cockpit_lite.quantities import (
+    CABS, Alpha, EarlyStopping, GradNorm, GradVariance, InnerTest, Loss, MeanGSNR, NormTest, OrthoTest,
+)
+from quantities import (
+    test_alpha, test_cabs, test_early_stopping, test_grad_norm, test_grad_variance, test_inner_test, test_loss,
+    test_mean_gsnr, test_norm_test, test_ortho_test,
+)
+
+QUANTITIES = {  # quantity -> (reference, per-layer values as well)
+    GradNorm: (test_grad_norm.reference, False),
+    NormTest: (test_norm_test.reference, True),
+    InnerTest: (test_inner_test.reference, True),
+    OrthoTest: (test_ortho_test.reference, True),
+    GradVariance: (test_grad_variance.reference, False),
+    MeanGSNR: (test_mean_gsnr.reference, True),
+    EarlyStopping: (test_early_stopping.reference, True),
+    CABS: (test_cabs.reference, True),
+    Loss: (test_loss.reference, False),
+}
+
+
+class Accumulated:
+    """A problem whose every batch is ``len(sizes)`` micro-batches, each loss divided by their number."""
+
+    def __init__(self, problem, sizes, divide=True):
+        self._problem, self.sizes = problem, sizes
+        self.divisor = len(sizes) if divide else 1
+
+    def __getattr__(self, name):
+        return getattr(self._problem, name)
+
+    def micro_batches(self, x, y):
+        starts = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
+        return [(x[s:s + b], y[s:s + b]) for s, b in zip(starts, self.sizes)]
+
+    def contributions(self, model, x, y):
+        """``c_n`` of ``L = Σ_m L_m / M``, one forward pass per micro-batch."""
+        return torch.cat([self._problem.contributions(model, xm, ym) for xm, ym in self.micro_batches(x, y)]) / self.divisor
+
+    def loss_of(self, model, x, y, reduction=None):
+        return sum(self._problem.loss_of(model, xm, ym, reduction) for xm, ym in self.micro_batches(x, y)) / self.divisor
+
+
+def train(problem, quantities, steps, optimizer=None, **cockpit_kwargs):
+    """The accumulating loop; returns ``(record, snapshots)`` (a snapshot's batch is the union)."""
+    params = list(problem.model.parameters())
+    opt = optimizer(params) if optimizer else torch.optim.SGD(params, lr=0.1)
+    cp = Cockpit(problem.model, quantities=quantities, strict=True, diagnose=False, accumulate=True, **cockpit_kwargs)
+    snapshots = {}
+    for step, (x, y) in enumerate(problem.batches[:steps]):
+        snapshots[step] = problems.Snapshot(
+            [p.detach().clone() for p in params], x, y, copy.deepcopy(problem.model.state_dict()), torch.get_rng_state()
+        )
+        opt.zero_grad()
+        for xm, ym in problem.micro_batches(x, y):
+            loss = problem.lossfunc(problem.model(xm), ym) / problem.divisor
+            with cp(step, info={"loss": loss, "optimizer": opt}):
+                loss.backward()
+        opt.step()
+    cp.close()
+    return cp.get_output(), snapshots
+
+
+CASES = [
+    (name, sizes, reduction)
+    for name in ("mlp", "cnn", "resnet_bn_train", "transformer_dropout", "gpt", "lstm")
+    for sizes in ((3, 3), (2, 4))
+    for reduction in ("mean", "sum")
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=problems.case_id)
+def test_every_quantity_describes_the_union_of_the_micro_batches(case):
+    name, sizes, reduction = case
+    problem = Accumulated(problems.make(name, sum(sizes), reduction, steps=4), list(sizes))
+    record, snapshots = train(problem, [q() for q in QUANTITIES] + [Alpha()], steps=4)
+    for step in range(3):
+        entry = record[step]
+        assert entry["batch"] == {"size": sum(sizes), "accumulated": False, "passes": len(sizes)}
+        for quantity, (reference, layers) in QUANTITIES.items():
+            expected = reference(problem, snapshots, step)
+            what = f"{quantity.__name__}, {case}, step {step}"
+            if layers:
+                expected, per_layer = expected
+                problems.assert_close(entry["layers"][quantity.__name__], per_layer, rtol=1e-6, what=what + " layers")
+            problems.assert_close(entry[quantity.__name__], expected, rtol=1e-6, what=what)
+        problems.assert_close(entry["Alpha"], test_alpha.reference(problem, snapshots, step), rtol=1e-6, what=f"Alpha, {case}")
+
+
+def test_a_loop_that_does_not_divide_the_loss_is_described_as_the_optimizer_sees_it():
+    """Summed micro-batch losses (no ``/ M``): ``L = Σ_m L_m``, M times the union's mean."""
+    problem = Accumulated(problems.make("mlp", 6, "mean", steps=2), [3, 3], divide=False)
+    record, snapshots = train(problem, [NormTest(), GradNorm(), Loss()], steps=2)
+    for quantity in (NormTest, GradNorm, Loss):
+        reference, layers = QUANTITIES[quantity]
+        expected = reference(problem, snapshots, 1)
+        problems.assert_close(record[1][quantity.__name__], expected[0] if layers else expected, what=quantity.__name__)
+
+
+def test_one_micro_batch_per_step_gives_the_values_without_accumulation():
+    """``accumulate=True`` on a loop of one backward pass per step: the same numbers."""
+    quantities = lambda: [NormTest(), GradVariance(), MeanGSNR(), Alpha(), Loss()]  # noqa: E731
+    accumulated, _ = train(Accumulated(problems.make("transformer", 4, "mean", steps=3), [4]), quantities(), steps=3)
+    plain, _ = problems.run(problems.make("transformer", 4, "mean", steps=3), quantities())
+    for step in range(2):
+        for name in ("NormTest", "GradVariance", "MeanGSNR", "Alpha", "Loss"):
+            problems.assert_close(accumulated[step][name], plain.get_output()[step][name], rtol=1e-10, what=name)
+
+
+def test_adam_with_clipping_between_the_last_backward_and_the_step():
+    """α under AdamW with ``clip_grad_norm_`` of the accumulated gradient, and GradNorm of the unclipped one."""
+    problem = Accumulated(problems.make("mlp", 6, "mean", steps=4), [2, 4])
+    params = list(problem.model.parameters())
+    opt = torch.optim.AdamW(params, lr=0.01)
+    cp = Cockpit(problem.model, quantities=[Alpha(), GradNorm()], strict=True, diagnose=False, accumulate=True)
+    snapshots = {}
+    for step, (x, y) in enumerate(problem.batches):
+        snapshots[step] = problems.Snapshot([p.detach().clone() for p in params], x, y)
+        opt.zero_grad()
+        for xm, ym in problem.micro_batches(x, y):
+            loss = problem.lossfunc(problem.model(xm), ym) / 2
+            with cp(step, info={"loss": loss, "optimizer": opt}):
+                loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 0.05)
+        opt.step()
+    cp.close()
+    record = cp.get_output()
+    for step in range(3):
+        problems.assert_close(record[step]["GradNorm"], test_grad_norm.reference(problem, snapshots, step), what="GradNorm")
+    # the first start step learns that clipping turned Adam's step (NaN, flagged); from then on exact
+    assert math.isnan(record[0]["Alpha"])
+    for step in (1, 2):
+        problems.assert_close(record[step]["Alpha"], test_alpha.reference(problem, snapshots, step), rtol=1e-6, what="Alpha")
