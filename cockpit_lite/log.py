@@ -23,10 +23,13 @@ A record is ``{step: {key: value}}`` with integer steps. Keys are
   of every quantity whose main value is not already a per-parameter list;
 - ``"flags"``: a list of strings naming what went wrong at this step (for example
   ``"nonfinite_loss"``), absent when nothing did;
-- ``"batch"``: ``{"size": B, "accumulated": bool}`` at steps with individual-gradient
-  statistics: the number of samples they describe, and whether the optimizer's
-  gradient also holds earlier backward passes (gradient accumulation; then every
-  quantity of the step describes this backward pass's micro-batch alone);
+- ``"batch"``: ``{"size": B, "accumulated": bool, "passes": k}`` at steps with
+  individual-gradient statistics: the number of samples they describe; whether the
+  optimizer's gradient also holds backward passes the Cockpit did not track (``cp(step)``
+  around the last micro-batch only; then every quantity of the step describes that
+  micro-batch alone); and the number of tracked backward passes, the micro-batches of
+  ``Cockpit(accumulate=True)``, which the statistics describe together (older logs have
+  no ``"passes"``);
 - ``"meta"``: ``{quantity name: dict}``, how a value was obtained, where it matters
   for reading it: the curvature quantities (``HessTrace``, ``TICDiag``, ``TICTrace``)
   record ``{"curvature": method}`` with method ``"diag_h"``, ``"diag_ggn_exact"``,
@@ -485,7 +488,7 @@ def check_entry(entry, field=()):
         elif key in (META, BUDGET):
             _expect(isinstance(value, dict), where, "a dict", value)
         elif key == BATCH:
-            _expect(isinstance(value, dict), where, "a dict {'size': B, 'accumulated': bool}", value)
+            _expect(isinstance(value, dict), where, "a dict {'size': B, 'accumulated': bool, 'passes': k}", value)
             if "size" in value:
                 _number_or_none(value["size"], where + ("size",))
         elif key == "ActivationStats":

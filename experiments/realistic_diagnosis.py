@@ -318,7 +318,7 @@ RECIPES = {
                                      schedule=one_cycle(0.1), note="ResNet-BN, SGD + weight decay, OneCycle"),
     "bf16_autocast_mlp": Recipe(lambda s: (mlp(), digits(s), adam(1e-3)), bf16=True, note="bf16 autocast"),
     "accumulation_x4": Recipe(lambda s: (mlp(), digits(s), sgd(0.05)), accumulate=4, batch=8,
-                              note="accumulation x4, cp around the last micro-batch"),
+                              note="accumulation x4, cp around every micro-batch"),
     "small_batch_sgd": Recipe(lambda s: (mlp(), digits(s), sgd(0.02)), batch=4, note="batch 4, SGD"),
     "label_smoothing_dropout": Recipe(lambda s: (mlp(hidden=(128, 128), dropout=0.2), digits(s), adamw(1e-3)),
                                       loss=smoothed, schedule=cosine, note="label smoothing 0.1, dropout 0.2"),
@@ -399,7 +399,7 @@ def train(name, seed=0, steps=None):
     optimizer = make_optimizer(model.parameters())
     total = steps or recipe.steps
     scheduler = recipe.schedule(optimizer, total) if recipe.schedule else None
-    cp = cockpit_lite.Cockpit(model)
+    cp = cockpit_lite.Cockpit(model, accumulate=recipe.accumulate > 1)
     generator = torch.Generator().manual_seed(seed + 3)
     train_data, valid = data
     losses = []
@@ -426,10 +426,7 @@ def train(name, seed=0, steps=None):
             loss = loss_of(x, y) / recipe.accumulate
             if recipe.loss_scale is not None:
                 loss = loss * recipe.loss_scale(step)
-            if k == recipe.accumulate - 1:
-                with cp(step, info={"loss": loss, "optimizer": optimizer}):
-                    loss.backward()
-            else:
+            with cp(step, info={"loss": loss, "optimizer": optimizer}):  # every micro-batch (accumulate=True)
                 loss.backward()
         losses.append(float(loss.detach()) * recipe.accumulate)
         if recipe.loss_scale is not None:  # what a clipped update of the unscaled loss would do

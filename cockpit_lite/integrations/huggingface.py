@@ -17,10 +17,12 @@ gets neither the loss nor the backward call. The mixin wraps the one call the
 the duration of that step; everything else about training is the ``Trainer``'s own.
 
 - The step is ``state.global_step`` (optimizer steps so far). With
-  ``gradient_accumulation_steps=k`` only the last micro-batch before each optimizer
-  step is tracked (``batch.accumulated`` is true in the record), and the quantities
-  describe the loss the ``Trainer`` backpropagates (for a causal LM with labels: the
-  sum of token losses over the tokens of all ``k`` micro-batches).
+  ``gradient_accumulation_steps=k > 1`` the Cockpit accumulates (``Cockpit(accumulate=True)``,
+  unless ``cockpit_kwargs`` say otherwise): every micro-batch's backward pass is tracked and
+  the quantities describe the effective batch of all ``k`` micro-batches the optimizer
+  steps with (``batch.passes`` is ``k``), for the loss the ``Trainer`` backpropagates (for a
+  causal LM with labels: the sum of token losses divided by the tokens of all ``k``
+  micro-batches).
 - ``max_grad_norm`` clipping runs after the backward pass: the quantities see the
   unclipped gradients.
 - A dashboard per epoch (``cockpit__primary__epoch_<n>.png``) and a JSON-lines log
@@ -70,15 +72,17 @@ class CockpitTrainerMixin:
             cockpit_quantities = [q for q in configuration("economy") if q.name != "Alpha"]
         self.cockpit_dir = cockpit_dir or os.path.join(self.args.output_dir, "cockpit")
         main = self.is_world_process_zero()
+        cockpit_kwargs = dict(cockpit_kwargs or {})
+        cockpit_kwargs.setdefault("accumulate", self.args.gradient_accumulation_steps > 1)
         self.cockpit = Cockpit(
             self.model, cockpit_quantities, log=os.path.join(self.cockpit_dir, "cockpit.jsonl") if main else None,
-            sinks=list(cockpit_sinks), **(cockpit_kwargs or {}),
+            sinks=list(cockpit_sinks), **cockpit_kwargs,
         )
         self.dashboard_paths = []
         self.add_callback(_Dashboards(self, cockpit_dashboards and main))
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        if not self.accelerator.sync_gradients:  # an earlier micro-batch of the accumulation window
+        if not (self.cockpit.accumulate or self.accelerator.sync_gradients):  # not tracked: an earlier micro-batch
             return super().training_step(model, inputs, num_items_in_batch)
         accelerator = self.accelerator
         backward = accelerator.backward

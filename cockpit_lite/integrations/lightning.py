@@ -10,13 +10,15 @@ Needs ``lightning`` (``pip install ".[lightning]" in a clone of cockpit-lite``).
   "optimizer"})``) and ``on_after_backward`` leaves it, so the Cockpit sees exactly the
   backward pass Lightning runs (automatic optimization, or ``self.manual_backward``).
 - The step is ``trainer.global_step``, the number of optimizer steps so far. With
-  ``accumulate_grad_batches=k`` only the last backward pass before each optimizer step
-  is tracked (the record's ``batch.accumulated`` is then true and every quantity
-  describes that micro-batch, see ``cockpit_lite.log``).
-- Lightning backpropagates ``loss / k`` under accumulation: the quantities describe that
-  objective, so ``Loss`` is the micro-batch loss divided by ``k`` and gradient norms
-  are those the optimizer sums (the gradient tests and ``Alpha`` do not depend on the
-  scale). The individual losses are derived from the loss ``training_step`` returned.
+  ``accumulate_grad_batches=k > 1`` (automatic optimization) the Cockpit accumulates
+  (``Cockpit(accumulate=True)``, unless given otherwise): every micro-batch's backward pass
+  is tracked and every quantity describes the effective batch of all ``k`` micro-batches
+  the optimizer steps with (``batch.passes`` is ``k`` in the record); the step completes
+  inside ``optimizer.step(closure)``, after the last micro-batch's backward pass.
+- Lightning backpropagates ``loss / k`` under accumulation: the quantities describe the
+  objective the optimizer minimises, the sum of those, so ``Loss`` is the mean over the
+  ``k`` micro-batches. The individual losses are derived from the loss ``training_step``
+  returned.
 - Gradient clipping configured in the ``Trainer`` runs after ``on_after_backward``: the
   quantities describe the unclipped gradients; ``Alpha`` stays exact under clipping by
   norm when the update is proportional to the gradient (plain SGD); with momentum or
@@ -103,9 +105,11 @@ class CockpitCallback(_pl.Callback):
         if self.dirpath is None:
             self.dirpath = os.path.join(trainer.log_dir or trainer.default_root_dir, "cockpit")
         quantities = configuration("economy") if self._quantities is None else self._quantities
+        kwargs = dict(self._cockpit_kwargs)
+        kwargs.setdefault("accumulate", pl_module.automatic_optimization and trainer.accumulate_grad_batches > 1)
         self.cockpit = Cockpit(
             pl_module, quantities, log=os.path.join(self.dirpath, "cockpit.jsonl"),
-            sinks=[_LoggerSink(trainer, self.log_layers), *self._sinks], **self._cockpit_kwargs,
+            sinks=[_LoggerSink(trainer, self.log_layers), *self._sinks], **kwargs,
         )
         training_step = pl_module.training_step
 
@@ -137,7 +141,8 @@ class CockpitCallback(_pl.Callback):
         self._batch_idx = batch_idx
 
     def _steps_after_this_backward(self, trainer):
-        """Whether the optimizer steps after this backward pass (the last of an accumulation window)."""
+        """Whether the optimizer steps after this backward pass (the last of an accumulation window:
+        the one tracked when the Cockpit does not accumulate)."""
         if not trainer.lightning_module.automatic_optimization:  # manual_backward: every call is a step
             return True
         k = trainer.accumulate_grad_batches
@@ -145,7 +150,7 @@ class CockpitCallback(_pl.Callback):
         return (self._batch_idx + 1) % k == 0 or (self._batch_idx + 1) == last
 
     def on_before_backward(self, trainer, pl_module, loss):
-        if self.cockpit is None or not self._steps_after_this_backward(trainer):
+        if self.cockpit is None or not (self.cockpit.accumulate or self._steps_after_this_backward(trainer)):
             return
         info = {"loss": loss, "optimizer": trainer.optimizers[0] if trainer.optimizers else None}
         returned, self._returned_loss = self._returned_loss, None

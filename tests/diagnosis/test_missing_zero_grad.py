@@ -13,11 +13,12 @@ logging.getLogger("cockpit_lite.diagnosis").setLevel(logging.CRITICAL)
 
 
 def accumulate(zero_grad, micro=4, steps=6, where="last", zero_after_forward=False):
-    """Accumulation over ``micro`` micro-batches, ``cp(step)`` around the ``where`` micro-batch's backward."""
+    """Accumulation over ``micro`` micro-batches, ``cp(step)`` around the ``where`` micro-batch's backward
+    (``"every"``: around each, ``Cockpit(accumulate=True)``)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    cp = cockpit_lite.Cockpit(model)
+    cp = cockpit_lite.Cockpit(model, accumulate=where == "every")
     tracked = micro - 1 if where == "last" else 0
     for step in range(steps):
         if zero_grad and not zero_after_forward:
@@ -27,7 +28,7 @@ def accumulate(zero_grad, micro=4, steps=6, where="last", zero_after_forward=Fal
             loss = nn.functional.cross_entropy(model(x), y) / micro
             if zero_grad and zero_after_forward and k == 0:
                 opt.zero_grad()  # after the forward pass, before the backward: also right
-            if k == tracked:
+            if k == tracked or where == "every":
                 with cp(step, info={"loss": loss, "optimizer": opt}):
                     loss.backward()
             else:
@@ -37,7 +38,7 @@ def accumulate(zero_grad, micro=4, steps=6, where="last", zero_after_forward=Fal
     return [f.kind for f in cp.findings]
 
 
-@pytest.mark.parametrize("where", ["last", "first"])
+@pytest.mark.parametrize("where", ["last", "first", "every"])
 def test_accumulation_done_right_is_not_a_missing_zero_grad(where):
     assert "missing_zero_grad" not in accumulate(True, where=where)
 
@@ -46,7 +47,7 @@ def test_zero_grad_between_forward_and_backward_is_right_too():
     assert "missing_zero_grad" not in accumulate(True, zero_after_forward=True)
 
 
-@pytest.mark.parametrize("where", ["last", "first"])
+@pytest.mark.parametrize("where", ["last", "first", "every"])
 def test_accumulation_without_zero_grad_is_found(where):
     assert "missing_zero_grad" in accumulate(False, where=where)
 

@@ -106,7 +106,7 @@ def test_gpt2_first_order_quantities_match_brute_force(tmp_path):
     assert [os.path.basename(p) for p in trainer.dashboard_paths] == ["cockpit__primary__epoch_000.png"]
 
 
-def test_accumulation_tracks_the_last_micro_batch_and_training_is_not_disturbed(tmp_path):
+def test_accumulation_tracks_every_micro_batch_and_training_is_not_disturbed(tmp_path):
     transformers, CockpitTrainer, _Recording = _hf()
     tracked = CockpitTrainer(model=_model(), args=_args(tmp_path / "a", max_steps=2, gradient_accumulation_steps=2),
                              train_dataset=_Tokens(4 * B), cockpit_quantities=[quantities.NormTest()],
@@ -116,7 +116,8 @@ def test_accumulation_tracks_the_last_micro_batch_and_training_is_not_disturbed(
                                  train_dataset=_Tokens(4 * B))
     plain.train()
     record = tracked.cockpit.get_output()
-    assert sorted(record) == [0, 1] and all(record[s]["batch"] == {"size": B, "accumulated": True} for s in record)
+    assert sorted(record) == [0, 1]
+    assert all(record[s]["batch"] == {"size": 2 * B, "accumulated": False, "passes": 2} for s in record)
     for p, q in zip(tracked.model.parameters(), plain.model.parameters()):
         assert torch.equal(p, q)
 

@@ -48,11 +48,11 @@ def _loader():
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=BATCH)
 
 
-def _fit(tmp_path, callbacks):
+def _fit(tmp_path, callbacks, accumulate_grad_batches=2):
     pl, CockpitCallback, Module = _lightning()
     module = Module()
     trainer = pl.Trainer(
-        max_epochs=2, accumulate_grad_batches=2, gradient_clip_val=0.05, accelerator="cpu", devices=1,
+        max_epochs=2, accumulate_grad_batches=accumulate_grad_batches, gradient_clip_val=0.05, accelerator="cpu", devices=1,
         logger=pl.loggers.CSVLogger(tmp_path), enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, default_root_dir=tmp_path, callbacks=callbacks, log_every_n_steps=1,
     )
@@ -84,19 +84,23 @@ def test_callback_tracks_the_optimizer_steps(tmp_path):
     record = callback.cockpit.get_output()
     assert sorted(s for s in record if "NormTest" in record[s]) == list(range(trainer.global_step)) == [0, 1, 2, 3]
     for step in range(4):
-        epoch, batch_idx = divmod(2 * step + 1, BATCHES)  # the last micro-batch before optimizer step `step`
-        params, x, y = module.seen[(epoch, batch_idx)]
+        # the two micro-batches of optimizer step `step` (accumulate_grad_batches=2), one batch of 2·BATCH:
+        # Lightning backpropagates loss / 2 of each, so the optimizer's objective is the mean over both
+        seen = [module.seen[divmod(2 * step + k, BATCHES)] for k in range(2)]
+        params = seen[0][0]
+        assert all(torch.equal(p, q) for p, q in zip(params, seen[1][0]))
+        x, y = torch.cat([s[1] for s in seen]), torch.cat([s[2] for s in seen])
         individual = _individual_gradients(module, params, x, y)
-        flat = torch.cat([g.reshape(BATCH, -1) for g in individual], 1)
+        b = 2 * BATCH
+        flat = torch.cat([g.reshape(b, -1) for g in individual], 1)
         g = flat.mean(0)
-        norm_test = torch.sqrt(((flat - g) ** 2).sum() / ((BATCH - 1) * BATCH * (g**2).sum()))
+        norm_test = torch.sqrt(((flat - g) ** 2).sum() / ((b - 1) * b * (g**2).sum()))
         entry = record[step]
-        assert entry["batch"] == {"size": BATCH, "accumulated": True}
+        assert entry["batch"] == {"size": b, "accumulated": False, "passes": 2}
         assert entry["NormTest"] == pytest.approx(norm_test.item(), rel=1e-9)
-        # the gradient of what Lightning backpropagates, loss / 2 (accumulate_grad_batches=2),
-        # of this micro-batch alone, before the trainer clipped the accumulated one
-        assert entry["GradNorm"] == pytest.approx([i.mean(0).norm().item() / 2 for i in individual], rel=1e-9)
-        assert entry["Loss"] == pytest.approx(nn.functional.cross_entropy(_net(params)(x), y).item() / 2, rel=1e-9)
+        # the accumulated gradient, before the trainer clipped it
+        assert entry["GradNorm"] == pytest.approx([i.mean(0).norm().item() for i in individual], rel=1e-9)
+        assert entry["Loss"] == pytest.approx(nn.functional.cross_entropy(_net(params)(x), y).item(), rel=1e-9)
     assert all(not entry.get("flags") for entry in record.values())  # Alpha exact under clipping by norm
     assert all(math.isfinite(record[s]["Alpha"]) for s in range(3))
 
@@ -122,7 +126,7 @@ def test_hessian_quantities_need_no_override_of_backward(tmp_path):
     """HessMaxEV takes its products from the loss before Lightning's (plain) backward pass."""
     pl, CockpitCallback, Module = _lightning()
     callback = CockpitCallback([quantities.HessMaxEV()], dashboards=False)
-    _fit(tmp_path, [callback])
+    _fit(tmp_path, [callback], accumulate_grad_batches=1)  # (of several accumulated passes: NaN, flagged)
     values = [entry["HessMaxEV"] for entry in callback.cockpit.get_output().values() if "HessMaxEV" in entry]
     assert values and all(math.isfinite(v) for v in values) and not callback.create_graph(0)
 
