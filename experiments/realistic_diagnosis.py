@@ -25,7 +25,7 @@ import os
 import sysconfig
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 from torch import nn
@@ -70,8 +70,14 @@ def char_batch(ids, batch, context, generator):
     return x, y
 
 
-def digits(seed, scaling="unit", upscale=False, shuffle_labels=False):
+def digits(seed, scaling="unit", upscale=False, shuffle_labels=False, train_size=None, label_noise=0.0):
     (x, y), (xv, yv) = load_digits_tensors(seed=seed, scaling=scaling)
+    if train_size is not None:  # a small training set (the held-out set stays whole)
+        x, y = x[:train_size], y[:train_size]
+    if label_noise:  # a share of the training labels replaced by random classes (annotation errors)
+        g = torch.Generator().manual_seed(seed + 13)
+        wrong = torch.rand(len(y), generator=g) < label_noise
+        y = torch.where(wrong, torch.randint(0, 10, (len(y),), generator=g), y)
     if upscale:  # 16 x 16, as a small image pipeline would resize
         x = nn.functional.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False)
         xv = nn.functional.interpolate(xv, scale_factor=2, mode="bilinear", align_corners=False)
@@ -232,8 +238,9 @@ class Recipe:
     bf16: bool = False
     log_every: Optional[int] = 20
     log_slot: str = "valid"              # where the held-out numbers go in cp.log ("valid" or "test")
-    onset: int = 0                       # the step the mistake begins
+    onset: Union[int, Callable] = 0      # the step the mistake begins (or record -> that step)
     loss_scale: Optional[Callable] = None  # step -> factor on the loss (a late blow-up)
+    quantities: Optional[Callable] = None  # () -> quantities to track besides the diagnosis' signals
     note: str = ""
 
 
@@ -296,6 +303,26 @@ def _tanh_mlp(gain):
     with torch.no_grad():
         model[1].weight.mul_(gain)  # BUG: std 1 instead of 1/sqrt(fan_in) (20x too large)
     return model
+
+
+def _deep_sigmoid_mlp(depth=8, width=64):
+    """BUG: eight sigmoid layers, no normalisation or residuals: each layer scales the gradient by <= 1/4."""
+    layers = [nn.Flatten()]
+    for i in range(depth):
+        layers += [nn.Linear(64 if i == 0 else width, width), nn.Sigmoid()]
+    return nn.Sequential(*layers, nn.Linear(width, 10))
+
+
+def _hess_max_ev():
+    from cockpit_lite.quantities import HessMaxEV
+
+    return [HessMaxEV()]
+
+
+def _held_out_minimum(record):
+    """The onset of overfitting: the step at which the logged held-out loss is lowest."""
+    held = [(e["valid_loss"], s) for s, e in record.items() if e.get("valid_loss") is not None]
+    return min(held)[1] if held else 0
 
 
 def huber(output, target):
@@ -361,6 +388,15 @@ RECIPES = {
                                         note="LSTM LM, LSTM weights 20x too large: the gates saturate"),
     "tanh_huge_init": Recipe(lambda s: (_tanh_mlp(20.0), digits(s), sgd(0.05)), ("saturated_activations", "2"),
                              note="tanh after weights 20x too large"),
+    "overfit_noisy_small_train_set": Recipe(
+        lambda s: (mlp(hidden=(256, 256)), digits(s, train_size=100, label_noise=0.2), adam(3e-3)),
+        ("overfitting", None), steps=300, log_every=5, onset=_held_out_minimum,
+        note="a wide MLP memorising 100 digits with 20% wrong labels, no regularisation"),
+    "deep_sigmoid_mlp": Recipe(lambda s: (_deep_sigmoid_mlp(), digits(s), sgd(0.1)), ("vanishing_gradients", "1"),
+                               note="eight sigmoid layers, default init, no normalisation"),
+    "full_batch_gd_lr_above_2_over_lambda": Recipe(
+        lambda s: (mlp(), digits(s), sgd(2.0, momentum=0.0)), ("edge_of_stability", None), batch=1437, steps=60,
+        quantities=_hess_max_ev, note="full-batch GD at lr 2, HessMaxEV tracked"),
 }
 """name -> Recipe."""
 
@@ -399,7 +435,8 @@ def train(name, seed=0, steps=None):
     optimizer = make_optimizer(model.parameters())
     total = steps or recipe.steps
     scheduler = recipe.schedule(optimizer, total) if recipe.schedule else None
-    cp = cockpit_lite.Cockpit(model, accumulate=recipe.accumulate > 1)
+    cp = cockpit_lite.Cockpit(model, quantities=recipe.quantities() if recipe.quantities else None,
+                              accumulate=recipe.accumulate > 1)
     generator = torch.Generator().manual_seed(seed + 3)
     train_data, valid = data
     losses = []
@@ -466,7 +503,8 @@ def outcome(name, cp, steps=None):
     kind, layer = recipe.expect
     hits = [f for f in findings if f.kind == kind and (layer is None or f.layer == layer)]
     first = hits[0].step if hits else None
-    deadline = recipe.onset + max(30, 0.2 * (steps or recipe.steps))
+    onset = recipe.onset(cp.get_output()) if callable(recipe.onset) else recipe.onset
+    deadline = onset + max(30, 0.2 * (steps or recipe.steps))
     return bool(hits) and first <= deadline, first
 
 

@@ -9,6 +9,8 @@ averages its calls):
 - ``dead`` (ReLU family): fraction of units that never fired in the batch,
   ``1 − mean_u 1[max_n y_{n,u} > 0]``, a unit being one position of ``y[n]`` (a feature,
   or a channel at one pixel; a 1-d output ``y[n]`` is a batch of scalars, one unit);
+  NaN for a call of fewer than ``DEAD_MIN_SAMPLES`` samples, where units that are alive
+  look dead by chance;
 - ``zeros``: fraction of entries exactly 0, over the first ``SUB_BATCH`` samples (of a
   1-d output, over all its entries: a reduction as cheap as the mean's);
 - ``saturated`` (tanh / sigmoid family): fraction of entries in the flat tails,
@@ -61,6 +63,10 @@ SATURATION = 0.99
 
 SUB_BATCH = 16
 """Samples (along the first axis) that ``zeros`` and ``saturated`` are computed on."""
+
+DEAD_MIN_SAMPLES = 8
+"""Fewest samples ``dead`` is measured on: a healthy unit that fires on half the samples has
+not fired in a batch of n with probability 2⁻ⁿ (50 % of the units at n = 1, 0.4 % at n = 8)."""
 
 PASS_THROUGH = (nn.Flatten, nn.Unflatten, nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
 """Modules that do not change the input's scale: the first layer is the one after them."""
@@ -199,7 +205,9 @@ def _statistics(y, kind):
     sub = y32[:SUB_BATCH] if y32.dim() > 1 else y32
     zeros = (sub == 0).float().mean()
     dead = saturated = zero
-    if kind == "relu":  # the hook skips 0-d outputs
+    if kind == "relu" and y32.shape[0] < DEAD_MIN_SAMPLES:
+        dead = torch.full((), float("nan"), device=y32.device)
+    elif kind == "relu":  # the hook skips 0-d outputs
         dead = 1.0 - (y32.amax(0) > 0).float().mean()
     elif kind == "tanh":
         saturated = (sub.abs() > SATURATION).float().mean()

@@ -19,11 +19,14 @@ FAST = {  # name -> steps (short where the finding comes early)
     "irnn_lm_unclipped": 8,
     "masked_mean_empty_row": 5,
     "lstm_gates_saturated_init": 12,
+    "deep_sigmoid_mlp": 20,
+    "overfit_noisy_small_train_set": 200,
+    "full_batch_gd_lr_above_2_over_lambda": 6,
 }
 
 
-def test_the_suite_has_a_dozen_healthy_recipes_and_their_faulty_twins():
-    assert len(rd.HEALTHY) >= 12 and len(rd.FAULTY) >= 8
+def test_the_suite_has_a_dozen_healthy_recipes_and_fifteen_faulty_twins():
+    assert len(rd.HEALTHY) >= 12 and len(rd.FAULTY) >= 15
     assert set(FAST) <= set(rd.RECIPES)
 
 

@@ -1,7 +1,10 @@
 """``shuffled_labels``: held-out accuracy stays at chance (≤ ``CHANCE_FACTOR``/C, C =
 round(exp L₀)) on 2 logs after ``MIN_STEPS``, while the updates are not too small and
 the loss is not diverging, and the accuracy has not risen above ``CHANCE_FACTOR`` times its
-first logged value: there is nothing in the inputs that predicts the labels."""
+first logged value: there is nothing in the inputs that predicts the labels. Not while the
+gradient does not reach the input end (the latest relative gradients of the first weight
+tensor ≤ ``VANISH_RATIO`` of the output end's, ``vanishing_gradients``): a network whose
+first layers do not learn is at chance for that reason."""
 
 import math
 
@@ -9,17 +12,22 @@ from cockpit_lite.diagnosis import thresholds as T
 from cockpit_lite.diagnosis.finding import Finding
 from cockpit_lite.diagnosis.history import Streak, finite, fmt, logged, plain
 from cockpit_lite.diagnosis.rules.base import Rule
+from cockpit_lite.diagnosis.rules.gradient_flow import reference
 
 
 class ShuffledLabels(Rule):
     KIND = "shuffled_labels"
-    SIGNALS = ("valid_accuracy", "test_accuracy", "Loss", "UpdateSize", "ParamNorm")
+    SIGNALS = ("valid_accuracy", "test_accuracy", "Loss", "UpdateSize", "ParamNorm", "GradNorm")
 
     def __init__(self):
         self.streak = Streak(2)
         self.first = None  # the first held-out accuracy logged
+        self.flowing = True  # whether the gradient reached the input end at the latest step that says
 
     def observe(self, step, entry, history):
+        ratios = history.relative_gradients(entry)
+        if ratios is not None:
+            self.flowing = ratios[0][1] > T.VANISH_RATIO * reference(ratios)
         accuracy = logged(entry, "valid_accuracy", "test_accuracy")  # a stored None is skipped
         if accuracy is None:
             return []
@@ -39,7 +47,8 @@ class ShuffledLabels(Rule):
         # and not lifted above where it started: C from exp(L0) is wrong when the loss is scaled (loss / k
         # under gradient accumulation), a held-out accuracy that rose is learning whatever C is
         lifted = float(accuracy) > T.CHANCE_FACTOR * max(self.first, 1e-3)
-        holds = float(accuracy) <= T.CHANCE_FACTOR * chance and not lifted and moving and loss <= 1.1 * ref
+        holds = (float(accuracy) <= T.CHANCE_FACTOR * chance and not lifted and moving and loss <= 1.1 * ref
+                 and self.flowing)
         if not self.streak.see(step, holds, float(accuracy)):
             return []
         return [Finding(

@@ -1,0 +1,41 @@
+"""``dead_relu`` is decided on batches large enough to tell a dead unit from one that did not fire by chance."""
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import cockpit_lite
+
+logging.getLogger("cockpit_lite.diagnosis").setLevel(logging.CRITICAL)
+
+
+def findings(batch, bias=0.0, steps=12):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 64), nn.ReLU(), nn.Linear(64, 3))
+    with torch.no_grad():
+        model[0].bias.fill_(bias)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    cp = cockpit_lite.Cockpit(model)
+    g = torch.Generator().manual_seed(1)
+    for step in range(steps):
+        x, y = torch.randn(batch, 6, generator=g), torch.randint(0, 3, (batch,), generator=g)
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+        opt.step()
+    cp.close()
+    return [f.kind for f in cp.findings]
+
+
+@pytest.mark.parametrize("batch", [1, 2, 4])
+def test_a_healthy_relu_layer_at_a_tiny_batch_is_not_dead(batch):
+    """About half of a healthy ReLU layer's units are off for any one sample: at batch 1 they
+    "never fired in the batch" (53 % here before ``DEAD_MIN_SAMPLES``)."""
+    assert "dead_relu" not in findings(batch)
+
+
+def test_dead_units_are_still_found_at_an_ordinary_batch():
+    assert "dead_relu" in findings(32, bias=-4.0)
