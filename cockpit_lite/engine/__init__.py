@@ -277,6 +277,10 @@ class Engine:
                     state.broadcast.setdefault(call, []).append((name, self.params[index], index))
                     if len(state.broadcast[call]) == 1:
                         state.paths.append(broadcast.Path(*path, self._broadcast_result(state, call)))
+        served = set(state.calls) | set(state.broadcast) | set(state.attention)
+        for call in calls:  # the others' inputs and outputs are not read again: autograd may free them
+            if call not in served:
+                _release(call)
         for call, tracked in state.attention.items():
             indices = {name: index for name, _, index in tracked}
             state.paths.append(attention.AttentionHooks(
@@ -404,11 +408,13 @@ class Engine:
         state = self._step
         if state is None or grad is None:  # (BackPACK's wrapped outputs may pass None)
             return
-        call.grads[position] = grad
         if grad.dtype in (torch.float16, torch.bfloat16):
             state.low_precision = True
         tracked = state.calls.get(call)
-        if tracked is None or id(call) in state.done or len(call.grads) < len(call.leaves):
+        if tracked is None or id(call) in state.done:  # no rule reads it: not kept (the logits' δ is large)
+            return
+        call.grads[position] = grad
+        if len(call.grads) < len(call.leaves):
             return
         rule = rule_for(call.module)
         if rule is not GENERIC and all("." not in name for name, _, _ in tracked):
@@ -429,6 +435,7 @@ class Engine:
             return
         finally:
             self.capture.paused = False
+            _release(call)  # read: the factors hold what they need of it
         for name, param, index in tracked:
             part = per_sample.pop(name)  # dropped as soon as its transforms ran
             self._accept(state, index, part)
@@ -682,6 +689,12 @@ def _as_if_batched(call, batch_size, delta=None):
     if delta is not None:
         virtual.grads = {0: delta}
     return virtual
+
+
+def _release(call):
+    """Drop a call's references to its inputs, outputs and output gradients (activations that
+    autograd frees during the backward pass would otherwise live until the step ends)."""
+    call.args, call.kwargs, call.output, call.grads, call.leaves = (), {}, None, {}, []
 
 
 def _expand(value, batch_size):

