@@ -239,12 +239,15 @@ def log_ticks(axis):
 
 
 def note(ax, text, color="#555555", face=MISSING_FACE):
-    """Replace a panel's content by a centred message (e.g. "not tracked")."""
+    """Replace a panel's content by a centred message (e.g. "not tracked").
+
+    The message takes no part in the layout: a long one (a flag's reason) would otherwise
+    make constrained layout give up on the whole figure ("axes sizes collapsed to zero")."""
     ax.set_facecolor(face)
     ax.set_xticks([])
     ax.set_yticks([])
     ax.grid(False)
-    ax.text(
+    message = ax.text(
         0.5,
         0.5,
         text,
@@ -255,6 +258,7 @@ def note(ax, text, color="#555555", face=MISSING_FACE):
         color=color,
         wrap=True,
     )
+    message.set_in_layout(False)
 
 
 def mark_steps(ax, steps, color=FLAG, label=None):

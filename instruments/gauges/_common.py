@@ -43,7 +43,7 @@ def no_finite(ax, title, keys, record=None):
     text = "tracked, but no finite value yet\n(" + ", ".join(keys) + " is NaN/Inf at every step)"
     reason = _flagged_reason(record or {}, keys)
     if reason:
-        text += "\n\n" + "\n".join(textwrap.wrap(reason, 56, break_on_hyphens=False)[:5])
+        text += "\n\n" + "\n".join(textwrap.wrap(reason, 48, break_on_hyphens=False)[:6])
     style.note(ax, text, color=style.FLAG)
 
 

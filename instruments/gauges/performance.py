@@ -26,6 +26,10 @@ KEYS = LOSS_KEYS + ACC_KEYS
 MINIBATCH_COLOR = "#4d4d4d"  # neutral: the split colours belong to train/valid/test
 SPLIT_COLORS = {"train": style.PRIMARY, "valid": style.SECONDARY, "test": style.TERTIARY}
 FLAG_LABELS = {"nonfinite_loss": "non-finite loss"}
+"""Short names of the reserved flags; any other flag is named by what precedes its first colon
+(the quantity, e.g. ``TICTrace``), so that a sentence-long flag never becomes a legend entry."""
+SHOWN_FLAGS = 3
+"""Kinds of flags named in the title and legend (then "+n more")."""
 FEW = 60
 """Up to this many losses are drawn as one raw line, unsmoothed."""
 
@@ -105,8 +109,8 @@ def gauge(record, ax, *, yscale="auto", accuracy=True, compact=False, smooth=Tru
 
     flagged = data.flagged_steps(record)
     if flagged:
-        kinds = sorted({f for fs in flagged.values() for f in fs})
-        label = ", ".join(FLAG_LABELS.get(k, k) for k in kinds)
+        kinds = sorted({FLAG_LABELS.get(f) or style.short_name(f.split(":")[0], 32) for fs in flagged.values() for f in fs})
+        label = ", ".join(kinds[:SHOWN_FLAGS]) + (f" +{len(kinds) - SHOWN_FLAGS} more" if len(kinds) > SHOWN_FLAGS else "")
         handles = handles + [style.mark_steps(ax, flagged, label=label)]
         steps = sorted(flagged)
         where = ", ".join(str(s) for s in steps[:3]) + (" …" if len(steps) > 3 else "")

@@ -134,6 +134,22 @@ def full_record(n_steps=60, seed=0):
     return record
 
 
+
+def full_record_without_tic(n_steps=60):
+    """``full_record`` of a model without an exact curvature diagonal: both TICs NaN at every step,
+    each step flagged with the sentence-long reason (as the Cockpit records it)."""
+    record = full_record(n_steps)
+    reason = ("TICTrace: not computed: the model (TransformerClassifier) is not BackPACK-extended, so "
+              "curvature='auto' has no exact Hessian diagonal, and TICTrace from an estimated one "
+              "(Hutchinson's) would not be an estimate of the ratio. Fix: wrap the model and the loss "
+              "module in cockpit_lite.extend(...)")
+    for entry in record.values():
+        if "TICDiag" in entry:
+            entry["TICDiag"] = entry["TICTrace"] = float("nan")
+            entry.setdefault("layers", {}).pop("TICDiag", None)
+            entry.setdefault("flags", []).extend([reason, reason.replace("TICTrace", "TICDiag")])
+    return record
+
 def economy_record(n_steps=60, seed=1):
     """Only the economy quantities (no per-layer histograms, no epoch keys)."""
     full = full_record(n_steps, seed)

@@ -124,6 +124,7 @@ KINDS = {
     "economy": records.economy_record,
     "economy with diagnosis": records.economy_with_diagnosis,
     "full": records.full_record,
+    "full, TICs NaN with a long flag at every step": records.full_record_without_tic,
     "only a loss": lambda: {0: {"Loss": 1.0}, 1: {"Loss": 0.5}},
 }
 

@@ -121,6 +121,14 @@ def test_performance_marks_flagged_steps(full_record, ax):
     assert [segment[0][0] for segment in ticks[0].get_segments()] == [records.NAN_STEP]
 
 
+def test_a_sentence_long_flag_is_named_by_its_quantity(ax):
+    """In the title and the legend: the part before the first colon, not the sentence."""
+    draw_gauge("performance", records.full_record_without_tic(), ax)
+    assert "TICDiag, TICTrace, non-finite loss @ 0" in ax.get_title() and "not computed" not in ax.get_title()
+    assert [c.get_label() for c in ax.collections if c.get_label().startswith("TIC")] == [
+        "TICDiag, TICTrace, non-finite loss"]
+
+
 def test_max_ev_draws_stability_limit(full_record, ax):
     draw_gauge("max_ev", full_record, ax)
     assert "2/η 200" in ax.get_title()  # last learning rate 0.01
