@@ -215,8 +215,11 @@ class Alpha(Quantity):
             )
         elif not _parallel(torch.cat(stepped), update):
             flags.append("Alpha: the parameters changed after optimizer.step() (the update is not the optimizer's)")
-        if losses.numel() < 2 or not math.isfinite(start["var_f"]):
+        if losses.numel() < 2:
             flags.append("Alpha: a batch of one sample has no variance of the losses and slopes, which the fit needs")
+        elif not (math.isfinite(start["var_f"]) and math.isfinite(_variance(losses))):
+            flags.append("Alpha: the individual losses are not finite at one end of the step, so neither is "
+                         "their variance, which the fit needs")
         if flags:
             return Output(float("nan"), step=step - 1, flags=flags)
         slopes_start = start["dots"] / (start["direction_norm"] * start["seed"])

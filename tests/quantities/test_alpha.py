@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import problems
-from cockpit_lite import schedules
+from cockpit_lite import Cockpit, schedules
 from cockpit_lite.quantities import Alpha
 
 
@@ -405,3 +405,22 @@ def test_a_bf16_model_under_adamw_with_clipping():
     record = cp.get_output()
     assert any(CHANGED in f for f in record[0]["flags"]) and "flags" not in record[1]
     problems.assert_close(record[1]["Alpha"], 2 * t / (-mu[1] / mu[2]) - 1, rtol=5e-2, what="Alpha bf16")
+
+
+def test_a_non_finite_loss_is_not_called_a_batch_of_one_sample():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cp = Cockpit(model, [Alpha()], diagnose=False)
+    for step in range(3):
+        x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+        if step == 1:
+            x[0, 0] = float("nan")
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+        opt.step()
+    flags = cp.get_output()[0]["flags"]
+    assert any("individual losses are not finite" in f for f in flags)
+    assert not any("one sample" in f for f in flags)
