@@ -319,6 +319,9 @@ class Engine:
         finally:
             for path in state.paths:
                 path.remove()
+            # the paths' callbacks hold the state: a reference cycle that would keep its tensors (each
+            # parameter's served gradient, the dense sums) alive until Python's cycle collector runs
+            state.paths, state.served, state.dense, state.pending = [], {}, {}, {}
             self.forget()
         return state.results, state.batch_size, state.flags
 

@@ -628,3 +628,32 @@ def test_activations_are_not_kept_past_the_backward_pass():
             loss.backward()
             assert hidden["h"]() is None and logits() is None  # inside the step, after backward
     assert math.isfinite(cp.get_output()[1]["NormTest"])
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt", "resnet_bn_train"])
+def test_a_finished_step_is_freed_without_the_cycle_collector(monkeypatch, name):
+    """Nothing of a step's engine state outlives it in a reference cycle (its path callbacks held it:
+    each parameter's gradient and the dense sums waited for Python's cycle collector; GPT-2-small-like
+    model, GradVariance: peak growth over 6 steps 1540 -> 520 MiB, resident memory flat)."""
+    import gc
+    import weakref
+
+    from cockpit_lite import engine
+
+    states = []
+    original = engine._Step.__init__
+
+    def remember(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        states.append(weakref.ref(self))
+
+    monkeypatch.setattr(engine._Step, "__init__", remember)
+    problem = problems.make(name, 4, steps=2)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        problems.run(problem, [quantities.GradVariance(), quantities.NormTest(), quantities.Alpha()])
+        assert states and all(state() is None for state in states)
+    finally:
+        if enabled:
+            gc.enable()
