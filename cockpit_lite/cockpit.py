@@ -142,7 +142,7 @@ class Cockpit:
         self.seed = seed
         self._last_step = None
         self.accumulate = bool(accumulate)
-        self._window = None  # the context of an accumulated step whose micro-batches are still coming
+        self._accumulating = None  # the context of an accumulated step whose micro-batches are still coming
         self._completed_step = None  # the last accumulated step completed by its optimizer's step
         self._open_step = None  # the step whose context was entered and not exited yet
         self._noted = set()  # changes of the tracked set already said (``_reread_parameters``)
@@ -292,9 +292,9 @@ class Cockpit:
         step's ``cp`` or at ``close()``. Call it to read the record of the last step
         before any of these (e.g. right after its last micro-batch).
         """
-        window, self._window = self._window, None
-        if window is not None:
-            window.complete()
+        open_step, self._accumulating = self._accumulating, None
+        if open_step is not None:
+            open_step.complete()
 
     def state_dict(self):
         """What a resumed run needs to record, from the next step on, what this run would have.
@@ -332,9 +332,9 @@ class Cockpit:
                 f"state_dict() inside the context of step {self._open_step}: the step is half done. Fix: save "
                 "between steps, after the `with cp(step, ...):` block (e.g. with the model and optimizer)"
             )
-        if self._window is not None:
+        if self._accumulating is not None:
             raise ValueError(
-                f"state_dict() while the micro-batches of step {self._window.step} are accumulated "
+                f"state_dict() while the micro-batches of step {self._accumulating.step} are accumulated "
                 "(accumulate=True): the step is half done. Fix: save after optimizer.step(), or call "
                 "cp.complete_step() first if no more micro-batches of that step follow"
             )
@@ -556,10 +556,10 @@ class _StepContext:
                 "step's backward in its own `with cp(step, info=...): loss.backward()` block, "
                 "one after the other"
             )
-        window = cockpit._window
-        if window is not None and window.step != step:  # its optimizer never stepped (or is not hooked)
+        owner = cockpit._accumulating
+        if owner is not None and owner.step != step:  # its optimizer never stepped (or is not hooked)
             cockpit.complete_step()
-            window = None
+            owner = None
         last = cockpit._last_step
         if cockpit.accumulate and step == cockpit._completed_step:
             raise ValueError(
@@ -582,7 +582,7 @@ class _StepContext:
         self.step = step
         self.debug = debug
         self.entered = False
-        self.owner = window  # the first context of this accumulated step, or None (this is the first)
+        self.owner = owner  # the first context of this accumulated step, or None (this is the first)
         if last is not None and step > last + 1:
             cockpit._jumped = True  # step numbers are not consecutive: keep watching every forward
         # the step's own forward calls (given parameters only: the modules that own them, too)
@@ -603,8 +603,8 @@ class _StepContext:
             )
         if cockpit.accumulate:  # the step is complete when its optimizer steps
             self.optimizer = self.info.require("optimizer", "Cockpit(accumulate=True)")
-        if window is not None:
-            self._join(window)
+        if owner is not None:
+            self._join(owner)
             return
         if cockpit.budget is not None and step != last:  # the step's period starts now: the budget times it
             plan = cockpit.budget.step_started(step, time.perf_counter())
@@ -755,17 +755,17 @@ class _StepContext:
             if exc is not None:
                 if self._backpack is not None:
                     add_advice(exc, [q.name for q, _ in self.due])
-                if cockpit._window is owner:  # the step is broken: nothing of it is recorded
-                    cockpit._window = None
+                if cockpit._accumulating is owner:  # the step is broken: nothing of it is recorded
+                    cockpit._accumulating = None
                     owner._unhook()
                 broken = True
                 return False
             self._end_pass(owner)
             if not cockpit.accumulate or owner.closing:
-                cockpit._window = None
+                cockpit._accumulating = None
                 owner.complete()
             else:
-                cockpit._window = owner
+                cockpit._accumulating = owner
                 if self.owner is None:
                     owner._hook_optimizer()
         finally:
@@ -781,7 +781,7 @@ class _StepContext:
         cockpit = self.cockpit
         nxt = self.step + 1
         cockpit.engine.arm(
-            cockpit._jumped or cockpit._window is not None or any(q.observes(nxt) for q in cockpit.quantities)
+            cockpit._jumped or cockpit._accumulating is not None or any(q.observes(nxt) for q in cockpit.quantities)
         )
 
     def _end_pass(self, owner):
@@ -797,7 +797,7 @@ class _StepContext:
                 served = {i for i, parts in owner.window.parts.items() if number in parts} | owner.window.failed
             self._check_backward(self.cockpit.params, served)
         owner.passes.append(self.info)
-        if owner.window is not None or self.cockpit.accumulate:
+        if self.cockpit.accumulate:
             owner.grads_after = [None if p.grad is None else p.grad.detach().clone() for p in self.cockpit.params]
 
     def _hook_optimizer(self):
@@ -814,18 +814,18 @@ class _StepContext:
 
     def _optimizer_steps(self, optimizer, args, kwargs):
         """Step pre-hook: the step is complete, unless a closure runs its last micro-batch now."""
-        if self.cockpit._window is not self:
+        if self.cockpit._accumulating is not self:
             return
         if any(callable(a) for a in args[1:]) or callable(kwargs.get("closure")):  # args[0]: the optimizer
             self.closing = True  # completed when the closure's cp(step) exits
             return
-        self.cockpit._window = None
+        self.cockpit._accumulating = None
         self.complete()
 
     def _optimizer_stepped(self, optimizer, args, kwargs):
         """Step post-hook: a closure that ran no tracked backward pass still completes the step."""
-        if self.cockpit._window is self:
-            self.cockpit._window = None
+        if self.cockpit._accumulating is self:
+            self.cockpit._accumulating = None
             self.complete()
 
     def complete(self):
