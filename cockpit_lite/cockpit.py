@@ -104,7 +104,7 @@ class Cockpit:
                 individual gradients are kept until the step completes (the memory of one
                 backward pass of the effective batch). Curvature (BackPACK's diagonals,
                 Hessian-vector products) of a step of several micro-batches is NaN with a
-                flag. ``info["optimizer"]`` is required on tracked steps.
+                flag. ``info["optimizer"]`` is required at every step.
 
         Raises:
             ValueError: if no parameter requires a gradient.

@@ -309,11 +309,14 @@ class Engine:
                         self.params[index], index, grad_batch=dense, batch_size=state.batch_size,
                         grad_before=state.grads_before[index],
                     ))
-                if state.deferred:
-                    window = state.window or Window(state.grads_before)
+                if state.window is not None:  # accumulated: this pass is checked on its own, then kept
+                    self._check_gradients(state)
+                    state.window.add(state.pending, state.batch_size, state.failed)
+                    return state.results, state.batch_size, state.flags
+                if state.deferred:  # DDP, one backward pass: the global gradient first
+                    window = Window(state.grads_before)
                     window.add(state.pending, state.batch_size, state.failed)
-                    if state.window is None:  # DDP, one backward pass: the global gradient now
-                        self._complete(state, window)
+                    self._complete(state, window)
                 state.batch.flush()
                 self._check_gradients(state)
         finally:
@@ -504,9 +507,7 @@ class Engine:
         self.pass_grads = grads
         for index, grad in grads.items():
             state.served[index] = None if state.grads_before[index] is not None else grad
-        for index in window.failed:  # a rule failed: its values are NaN
-            if index in state.results:
-                state.results[index] = {k: _nan_like(v) for k, v in state.results[index].items()}
+        _nan_where_failed(state.results, window.failed)
 
     def complete(self, window, transforms, grads_after):
         """The results of an accumulated step, after its last backward pass.
@@ -518,9 +519,7 @@ class Engine:
             results, batch_size, grads, sizes = window.complete(self.params, transforms, self.group, grads_after)
         if self.group is not None:
             self.sizes, self.pass_grads = sizes, grads
-        for index in window.failed:
-            if index in results:
-                results[index] = {k: _nan_like(v) for k, v in results[index].items()}
+        _nan_where_failed(results, window.failed)
         return results, batch_size
 
     def _check_gradients(self, state):
@@ -704,6 +703,12 @@ def _expand(value, batch_size):
     if torch.is_tensor(value):
         return value.expand(batch_size, *value.shape)
     return value
+
+
+def _nan_where_failed(results, failed):
+    """A parameter one of whose uses failed in some backward pass: all its values NaN (never the sum of the rest)."""
+    for index in failed & results.keys():
+        results[index] = {k: _nan_like(v) for k, v in results[index].items()}
 
 
 def _nan_like(value):

@@ -151,3 +151,43 @@ def test_adam_with_clipping_between_the_last_backward_and_the_step():
     assert math.isnan(record[0]["Alpha"])
     for step in (1, 2):
         problems.assert_close(record[step]["Alpha"], test_alpha.reference(problem, snapshots, step), rtol=1e-6, what="Alpha")
+
+
+def test_a_use_the_engine_did_not_see_is_nan_in_an_accumulated_step_not_a_partial_sum():
+    """A weight read by its layer and again by the model's own code fails the per-pass check
+    against autograd in every micro-batch: its values are NaN with the flag (then the exact
+    global path serves it, and the next step matches the brute force)."""
+    from test_engine import TiedFunctionally
+
+    torch.manual_seed(0)
+    model = TiedFunctionally().double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cp = Cockpit(model, [GradVariance()], diagnose=False, accumulate=True)
+    g = torch.Generator().manual_seed(0)
+    batches = [[(torch.randn(3, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (3,), generator=g))
+                for _ in range(2)] for _ in range(2)]
+    params = list(model.parameters())
+    snapshots = []
+    with pytest.warns(UserWarning, match="lin.weight"):
+        for step, micro in enumerate(batches):
+            snapshots.append([p.detach().clone() for p in params])
+            opt.zero_grad()
+            for x, y in micro:
+                loss = torch.nn.functional.cross_entropy(model(x), y) / 2
+                with cp(step, info={"loss": loss, "optimizer": opt}):
+                    loss.backward()
+            opt.step()
+    record = cp.get_output()
+    assert math.isnan(record[0]["GradVariance"][0]) and math.isfinite(record[0]["GradVariance"][2])
+    assert any("lin.weight unavailable" in f for f in record[0]["flags"])
+    # step 1, by the global path: the unbiased variance of g̃_n = B ∇c_n over the union, c_n = ce_n / (3 · 2)
+    reference = TiedFunctionally().double()
+    with torch.no_grad():
+        for p, value in zip(reference.parameters(), snapshots[1]):
+            p.copy_(value)
+    rows = []
+    for x, y in batches[1]:
+        losses = torch.nn.functional.cross_entropy(reference(x), y, reduction="none") / (3 * 2)
+        rows += [torch.autograd.grad(c, reference.lin.weight, retain_graph=True)[0].reshape(-1) * 6 for c in losses]
+    expected = torch.stack(rows).var(0).sum()
+    problems.assert_close(record[1]["GradVariance"][0], expected, what="GradVariance lin.weight, global path")
