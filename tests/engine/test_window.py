@@ -61,8 +61,11 @@ class Accumulated:
         return sum(self._problem.loss_of(model, xm, ym, reduction) for xm, ym in self.micro_batches(x, y)) / self.divisor
 
 
-def train(problem, quantities, steps, optimizer=None, **cockpit_kwargs):
-    """The accumulating loop; returns ``(record, snapshots)`` (a snapshot's batch is the union)."""
+def train(problem, quantities, steps, optimizer=None, validation=False, **cockpit_kwargs):
+    """The accumulating loop; returns ``(record, snapshots)`` (a snapshot's batch is the union).
+
+    ``validation``: a forward pass with gradients on, of another batch size, before every micro-batch's.
+    """
     params = list(problem.model.parameters())
     opt = optimizer(params) if optimizer else torch.optim.SGD(params, lr=0.1)
     cp = Cockpit(problem.model, quantities=quantities, strict=True, diagnose=False, accumulate=True, **cockpit_kwargs)
@@ -73,6 +76,8 @@ def train(problem, quantities, steps, optimizer=None, **cockpit_kwargs):
         )
         opt.zero_grad()
         for xm, ym in problem.micro_batches(x, y):
+            if validation:
+                problem.model(torch.cat([x, x[:1]]))
             loss = problem.lossfunc(problem.model(xm), ym) / problem.divisor
             with cp(step, info={"loss": loss, "optimizer": opt}):
                 loss.backward()
@@ -115,6 +120,17 @@ def test_a_loop_that_does_not_divide_the_loss_is_described_as_the_optimizer_sees
         reference, layers = QUANTITIES[quantity]
         expected = reference(problem, snapshots, 1)
         problems.assert_close(record[1][quantity.__name__], expected[0] if layers else expected, what=quantity.__name__)
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer"])
+def test_a_validation_forward_pass_between_micro_batches_is_not_part_of_the_step(name):
+    problem = Accumulated(problems.make(name, 6, "mean", steps=3), [3, 3])
+    record, snapshots = train(problem, [NormTest(), GradVariance()], steps=3, validation=True)
+    for step in range(3):
+        expected, _ = test_norm_test.reference(problem, snapshots, step)
+        problems.assert_close(record[step]["NormTest"], expected, what=f"NormTest {name}")
+        problems.assert_close(record[step]["GradVariance"], test_grad_variance.reference(problem, snapshots, step),
+                              what=f"GradVariance {name}")
 
 
 def test_one_micro_batch_per_step_gives_the_values_without_accumulation():
