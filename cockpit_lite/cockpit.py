@@ -37,13 +37,14 @@ from cockpit_lite import diagnosis as _diagnosis
 from cockpit_lite import distributed as _distributed
 from cockpit_lite import log as _log
 from cockpit_lite import state as _state
+from cockpit_lite import subsample as _subsample
 from cockpit_lite.backend import add_advice, backpack_untouched, uses_random_numbers
 from cockpit_lite.curvature.hvp import HessianVectorProducts
 from cockpit_lite.engine import Engine
 from cockpit_lite.engine.window import Window
 from cockpit_lite.info import StepInfo
 from cockpit_lite.quantities import REGISTRY
-from cockpit_lite.quantities.base import Output, Quantity
+from cockpit_lite.quantities.base import Needs, Output, Quantity
 from cockpit_lite.step import StepData
 
 NONFINITE_LOSS = "nonfinite_loss"
@@ -57,7 +58,7 @@ class Cockpit:
     """Collect quantities during training (API compatible with Cockpit's ``Cockpit``)."""
 
     def __init__(self, params, quantities=None, log=None, strict=False, seed=0, sinks=(), diagnose=True, budget=None,
-                 accumulate=False):
+                 accumulate=False, samples=None):
         """
         Args:
             params: what to track: a ``torch.nn.Module`` (its named parameters; the
@@ -105,9 +106,20 @@ class Cockpit:
                 backward pass of the effective batch). Curvature (BackPACK's diagonals,
                 Hessian-vector products) of a step of several micro-batches is NaN with a
                 flag. ``info["optimizer"]`` is required at every step.
+            samples: ``k``: at a tracked step whose batch holds more than ``k`` samples, the
+                per-sample quantities are estimated from ``k`` samples drawn without
+                replacement (the Cockpit's own generator, seeded by ``(seed, step)``; the
+                user's random state is untouched), with their standard errors in the
+                record's ``meta`` (``cockpit_lite.subsample``). Individual gradients are
+                formed for those ``k`` samples only (BatchNorm in training mode: ``k``
+                backward passes instead of ``B``); the batch gradient stays exact. A
+                quantity without an estimator (``Quantity.SUBSAMPLE``) is NaN with a flag
+                at such steps. ``None`` (default), or ``k`` at least the batch size: exact,
+                as without it. Not combined with ``accumulate=True`` or torch.distributed.
 
         Raises:
-            ValueError: if no parameter requires a gradient.
+            ValueError: if no parameter requires a gradient, or for a ``samples`` that
+                is not an integer of at least 2 or is combined with accumulation or DDP.
         """
         self.model = params if isinstance(params, torch.nn.Module) else None
         if self.model is not None and type(self.model).__name__ == "OptimizedModule":
@@ -118,6 +130,7 @@ class Cockpit:
                 "(compiled = torch.compile(model) shares its parameters, for the other steps)."
             )
         self.group = _distributed.group_for(self.model)
+        self.samples = _checked_samples(samples, accumulate, self.group)
         if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
             self.model = params = self.model.module  # hooks and names on the module DDP runs
         self.names, self.params = _named_trainable(params)
@@ -603,6 +616,8 @@ class _StepContext:
             )
         if cockpit.accumulate:  # the step is complete when its optimizer steps
             self.optimizer = self.info.require("optimizer", "Cockpit(accumulate=True)")
+        if cockpit.samples is not None and step != last:
+            self._subsample(cockpit.samples)
         if owner is not None:
             self._join(owner)
             return
@@ -611,6 +626,10 @@ class _StepContext:
             if plan is not None:
                 cockpit._record(step, {_log.BUDGET: plan})
         self.due = [(q, n) for q in cockpit.quantities if (n := q.needs(step, self.info))] if step != last else []
+        self.unsampled = set()  # due quantities without an estimate from this step's subsample: NaN
+        if self.info.subset is not None:
+            self.unsampled = {q for q, n in self.due if n.transforms and not q.SUBSAMPLE}
+            self.due = [(q, Needs() if q in self.unsampled else n) for q, n in self.due]
         if self.due:
             cockpit._reread_parameters(step)
         if cockpit.budget is not None and step != last:
@@ -652,6 +671,18 @@ class _StepContext:
                 f"{[t.key for t in self.transforms]}; extensions: {[type(e).__name__ for e in self.extensions]}; "
                 f"Hessian-vector products: {[q.name for q, n in self.due if n.hvp]}"
             )
+
+    def _subsample(self, k):
+        """Draw the step's subsample (``info.subset``) when its batch holds more than ``k`` samples."""
+        size = self.info.batch_size
+        if size is None:
+            self.cockpit._note("samples", (
+                f"Cockpit(samples={k}) cannot draw a subsample at step {self.step}: the batch size is "
+                "not known before the backward pass, so the step is exact. Fix: pass info['batch_size']"
+            ))
+        elif size > k:
+            device = self.cockpit.params[0].device if self.cockpit.params else None
+            self.info.subset = _subsample.draw(k, size, (self.cockpit.seed, self.step), device)
 
     def _join(self, owner):
         """A further micro-batch of ``owner``'s accumulated step: its plan, this pass's own info."""
@@ -895,6 +926,13 @@ class _StepContext:
                 too_few.append(quantity.name)
                 outputs.append((quantity, Output(float("nan"))))
                 continue
+            if quantity in self.unsampled:
+                outputs.append((quantity, Output(float("nan"), flags=[
+                    f"{quantity.name}: no estimate from a subsample ({data.samples} of {batch_size} samples, "
+                    f"Cockpit(samples={self.cockpit.samples})): NaN at subsampled steps. Fix: "
+                    "Cockpit(samples=None) for its exact value"
+                ])))
+                continue
             if several and (needs.extensions or needs.hvp):
                 outputs.append((quantity, Output(float("nan"), flags=[
                     f"{quantity.name}: the curvature of an accumulated step ({len(self.passes)} backward "
@@ -938,6 +976,8 @@ class _StepContext:
             by_step.setdefault(self.step, {})[_log.BATCH] = {
                 "size": int(batch_size), "accumulated": data.accumulated, "passes": len(self.passes),
             }
+            if data.subset is not None:
+                by_step[self.step][_log.BATCH]["samples"] = data.samples
         for step in sorted(by_step):
             cockpit._record(step, by_step[step])
             if self.debug:
@@ -1138,3 +1178,22 @@ def _plain(value):
     if isinstance(value, np.generic):
         return value.item()
     return value
+
+
+def _checked_samples(samples, accumulate, group):
+    """``Cockpit(samples=...)`` validated: ``None`` or an integer of at least ``subsample.MIN_SAMPLES``."""
+    if samples is None:
+        return None
+    if not isinstance(samples, numbers.Integral) or isinstance(samples, bool) or samples < _subsample.MIN_SAMPLES:
+        raise ValueError(
+            f"samples must be an integer of at least {_subsample.MIN_SAMPLES} (a standard error needs a "
+            f"variance across the subsample), got {samples!r}. Fix: e.g. Cockpit(model, samples=8), or "
+            "samples=None for exact values"
+        )
+    if accumulate or group is not None:
+        raise ValueError(
+            f"samples={samples} is not combined with {'accumulate=True' if accumulate else 'torch.distributed'} "
+            "(the subsample would have to be drawn across micro-batches or ranks). Fix: samples=None "
+            "there (exact values)"
+        )
+    return int(samples)

@@ -310,6 +310,9 @@ class StepInfo:
         self._cache = {}
         given = self._given.get("batch_size")
         self.batch_size = int(given) if given is not None else batch_size
+        self.subset = None
+        """The indices of the ``k`` samples a subsampled step's individual gradients are formed
+        for (``Cockpit(samples=k)``, ``cockpit_lite.subsample``), or ``None`` (all of them)."""
 
     @classmethod
     def merged(cls, infos):

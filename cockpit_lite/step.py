@@ -16,6 +16,7 @@ class StepData:
         names: their names.
         info: the step's ``StepInfo``.
         batch_size: B, from the individual gradients (``None`` when none were computed).
+        subset: the sample indices of a subsampled step (``samples``), or ``None``.
         grads: detached gradients of this backward pass, zeros for a parameter that got
             none. Under gradient accumulation (a gradient was present before the backward
             pass), the gradient of this backward pass alone, so that every quantity
@@ -45,6 +46,14 @@ class StepData:
             self.grads = [pass_grads[i].reshape(p.shape) if i in pass_grads else g for i, (p, g) in enumerate(zip(params, self.grads))]
         self._per_sample = per_sample
         self._transforms = {t.key: t for t in transforms}
+        self.subset = getattr(info, "subset", None)
+
+    @property
+    def samples(self):
+        """``k``, the number of samples the per-sample transforms saw: ``B``, or the size of the
+        subsample ``subset`` (``Cockpit(samples=k)``; then a quantity estimates its value, see
+        ``cockpit_lite.subsample``)."""
+        return self.batch_size if self.subset is None else len(self.subset)
 
     @cached_property
     def grad_norms(self):
@@ -70,8 +79,8 @@ class StepData:
         for index, param in enumerate(self.params):
             results = self._per_sample.get(index)
             if results is None:
-                zeros = torch.zeros((self.batch_size, *param.shape), dtype=param.dtype, device=param.device)
-                per_sample = _transforms.PerSample(param, index, grad_batch=zeros)
+                zeros = torch.zeros((self.samples, *param.shape), dtype=param.dtype, device=param.device)
+                per_sample = _transforms.PerSample(param, index, grad_batch=zeros, batch_size=self.batch_size)
                 results = _transforms.run([self._transforms[key]], per_sample)
             values.append(results[key])
         return values

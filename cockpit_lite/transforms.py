@@ -176,6 +176,29 @@ class PerSample:
             return PerSample(self.param, self.index, grad_batch=self.grad_batch, batch_size=self.batch_size)
         return PerSample(self.param, self.index, factors=self._factors, rows=self._rows, batch_size=self.batch_size)
 
+    def select(self, rows):
+        """The individual gradients of the samples ``rows`` only (sorted indices, a subsample):
+        ``K = len(rows)``, in the form they came in, with this one's ``B`` and gradient ``g``
+        (of all ``B`` samples: computed here first if needed)."""
+        grad = self.grad
+        if self._factors is not None:
+            a, delta = self._factors
+            part = PerSample(self.param, self.index, factors=(a[rows], delta[rows]), batch_size=self.batch_size,
+                             grad_before=self.grad_before)
+        elif self._sparse():
+            values, samples, index, k = self._rows
+            position = samples.new_full((k,), -1)
+            position[rows] = torch.arange(len(rows), device=samples.device)
+            kept = position[samples]
+            chosen = kept >= 0
+            part = PerSample(self.param, self.index, rows=(values[chosen], kept[chosen], index[chosen], len(rows)),
+                             batch_size=self.batch_size, grad_before=self.grad_before)
+        else:
+            part = PerSample(self.param, self.index, grad_batch=self.grad_batch[rows], batch_size=self.batch_size,
+                             grad_before=self.grad_before)
+        part._grad = grad
+        return part
+
     def element_chunks(self, max_elements=CHUNK_ELEMENTS):
         """The individual gradients as ``[c, *shape]`` pieces of consecutive samples.
 

@@ -237,7 +237,8 @@ class Engine:
                 once the step's last pass is done. ``None``: the transforms run in this
                 pass (under DDP once the global gradient is known, after it).
         """
-        state = _Step(transforms, batch_size, grads_before, needed_by, window, self.group is not None)
+        state = _Step(transforms, batch_size, grads_before, needed_by, window, self.group is not None,
+                      getattr(info, "subset", None))
         graph = self._graph if self._graph is not None else _Graph(info.get("loss"))
         calls = self.capture.calls if self.model is not None else []
         if calls and graph.ready():  # only the forward passes this loss came from
@@ -474,6 +475,8 @@ class Engine:
             totals = torch.autograd.grad(contributions.sum(), params, retain_graph=True, allow_unused=True)
         totals = [torch.zeros_like(p) if g is None else g.detach() for g, p in zip(totals, params)]
         parts = {i: [] for i in indices}
+        if state.subset is not None:  # the subsample's vector-Jacobian products only
+            contributions = contributions[state.subset.to(contributions.device)]
         for samples, grads in global_path.individual_gradients(contributions, params, self._global_mode):
             with torch.no_grad():
                 for index, grad_batch, total in zip(indices, grads, totals):
@@ -585,7 +588,7 @@ class Engine:
             )
         if index not in state.results:  # values of the right shapes, from zeros
             param = self.params[index]
-            zeros = param.new_zeros((state.batch_size or 1, *param.shape))
+            zeros = param.new_zeros((state.held or 1, *param.shape))
             state.results[index] = _transforms.run(state.transforms, _transforms.PerSample(
                 param, index, grad_batch=zeros, batch_size=state.batch_size))
         state.results[index] = {k: _nan_like(v) for k, v in state.results[index].items()}
@@ -599,8 +602,9 @@ class Engine:
 class _Step:
     """What one step's engine collects."""
 
-    def __init__(self, transforms, batch_size, grads_before, needed_by, window=None, distributed=False):
+    def __init__(self, transforms, batch_size, grads_before, needed_by, window=None, distributed=False, subset=None):
         self.window = window
+        self.subset = subset  # the sample indices of a subsampled step (``cockpit_lite.subsample``), or None
         self.deferred = window is not None or distributed  # the transforms run once the step's gradient is known
         self.distributed = distributed
         self.pending = {}
@@ -624,8 +628,18 @@ class _Step:
         self.low_precision = False
         self.batch = _transforms.Batch()
 
+    @property
+    def held(self):
+        """The number of samples whose individual gradients the transforms see (``k`` or ``B``)."""
+        return len(self.subset) if self.subset is not None else self.batch_size
+
     def ready(self, index, per_sample):
-        """Run the transforms on a parameter's complete individual gradients (later, if deferred)."""
+        """Run the transforms on a parameter's complete individual gradients (later, if deferred).
+
+        A subsampled step's transforms see the subsample's rows only, with the gradient
+        of all ``B`` samples (which the check against autograd reads)."""
+        if self.subset is not None and per_sample.num_samples == self.batch_size:
+            per_sample = per_sample.select(self.subset.to(per_sample.param.device))
         if self.deferred:
             self.pending[index] = per_sample
             if not self.distributed:  # each accumulated pass is checked on its own

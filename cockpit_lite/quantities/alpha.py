@@ -6,6 +6,7 @@ import warnings
 import numpy as np
 import torch
 
+from cockpit_lite import subsample
 from cockpit_lite.optim import UpdatePredictor
 from cockpit_lite.quantities.base import Needs, Output, Quantity
 from cockpit_lite.transforms import BatchDotDirection, at_least_float32, dots_of_kept
@@ -61,7 +62,16 @@ class Alpha(Quantity):
     also gives NaN (Cockpit: −1). Step numbers must be consecutive. Needs
     ``info["optimizer"]`` and ``info["loss"]``; individual losses are derived. There is no
     per-layer α: the losses belong to the whole network.
+
+    Subsampled (``Cockpit(samples=k)``, ``cockpit_lite.subsample``): the slopes' means and
+    variances at an end drawn from ``k`` of its ``B`` samples are the subsample's (unbiased
+    for the batch's); the losses' are the whole batch's. α, a smooth function of them, is
+    consistent; its standard error in the ``meta`` is the jackknife's over the subsample
+    (each end's samples left out one at a time; the two ends' draws are independent, so
+    their variances add).
     """
+
+    SUBSAMPLE = True
 
     STATE = ("_start", "_keep")  # the pending step's half of the fit (resumed runs finish it); whether to keep
 
@@ -142,6 +152,7 @@ class Alpha(Quantity):
                 "var_f": _variance(losses),
                 "seed": seed,
                 "backward_dots": data.per_sample(("Alpha", "start")),  # onto the update predicted in backward
+                "subsampled": (data.samples, data.batch_size) if data.subset is not None else None,
                 "backward_predicted": [pending["predicted"].get(i) for i in range(len(data.params))],
                 "kept": pending["kept"],
                 "stepped": None,  # the update optimizer.step() made (its step post-hook)
@@ -222,16 +233,35 @@ class Alpha(Quantity):
                          "their variance, which the fit needs")
         if flags:
             return Output(float("nan"), step=step - 1, flags=flags)
-        slopes_start = start["dots"] / (start["direction_norm"] * start["seed"])
-        slopes_end = sum(data.per_sample(("Alpha", "end"))) / (t * seed)
-        mu = fit_quadratic(
-            t,
-            [start["f"], loss],
-            [float(slopes_start.mean()), float(slopes_end.mean())],
-            [start["var_f"], _variance(losses)],
-            [_variance(slopes_start), _variance(slopes_end)],
-        )
-        return Output(alpha_from_fit(mu, t), step=step - 1)
+        slopes = [start["dots"] / (start["direction_norm"] * start["seed"]), sum(data.per_sample(("Alpha", "end"))) / (t * seed)]
+        fs, var_fs = [start["f"], loss], [start["var_f"], _variance(losses)]
+
+        def alpha(start_slopes, end_slopes):
+            mu = fit_quadratic(
+                t, fs, [float(start_slopes.mean()), float(end_slopes.mean())], var_fs,
+                [_variance(start_slopes), _variance(end_slopes)],
+            )
+            return alpha_from_fit(mu, t)
+
+        value = alpha(*slopes)
+        ends = [start.get("subsampled"), (data.samples, data.batch_size) if data.subset is not None else None]
+        if not any(ends):
+            return Output(value, step=step - 1)
+        variance = 0.0
+        for end, drawn in enumerate(ends):
+            if drawn is None:
+                continue
+            held, size = drawn
+            keep = torch.ones(held, dtype=torch.bool)
+            left_out = []
+            for i in range(held):
+                keep[i] = False
+                parts = [s[keep.to(s.device)] if j == end else s for j, s in enumerate(slopes)]
+                left_out.append(alpha(*parts))
+                keep[i] = True
+            variance += subsample.jackknife_se(left_out, size) ** 2
+        held, size = next(e for e in ends if e)
+        return Output(value, step=step - 1, meta=subsample.meta(held, size, math.sqrt(variance)))
 
 
 def _parallel(predicted, real):

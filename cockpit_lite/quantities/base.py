@@ -107,6 +107,12 @@ class Quantity:
     """The fewest samples the statistic is defined for (2 for a variance across samples); a
     smaller batch records NaN with a flag."""
 
+    SUBSAMPLE = False
+    """Whether ``compute`` estimates the value at a subsampled step (``data.subset``,
+    ``Cockpit(samples=k)``; ``cockpit_lite.subsample``), with its standard error in the
+    ``meta``. At such a step a quantity that needs per-sample transforms and does not is
+    NaN with a flag (and its transforms are not run)."""
+
     STATE = ()
     """The attributes that carry from one step to the next (``θ₀``, the first half of a
     two-step value, a warm start): what ``state_dict`` saves and ``load_state_dict``
@@ -204,6 +210,8 @@ class SingleStepQuantity(Quantity):
 
     INFO = ()
     TRANSFORMS = ()
+    SUBSAMPLE_TRANSFORMS = None
+    """The transforms of a subsampled step, where they differ from ``TRANSFORMS``."""
 
     def needs(self, step, info):
         if not self.is_due(step):
@@ -213,7 +221,8 @@ class SingleStepQuantity(Quantity):
         return self._needs(step, info)
 
     def _needs(self, step, info):
-        return Needs(transforms=tuple(t() for t in self.TRANSFORMS))
+        subsampled = getattr(info, "subset", None) is not None and self.SUBSAMPLE_TRANSFORMS is not None
+        return Needs(transforms=tuple(t() for t in (self.SUBSAMPLE_TRANSFORMS if subsampled else self.TRANSFORMS)))
 
     def observes(self, step):
         return bool(self.TRANSFORMS) and self.is_due(step)

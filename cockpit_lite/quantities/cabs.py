@@ -1,8 +1,11 @@
 """``CABS``: the coupled adaptive batch size for SGD (Balles et al., 2017)."""
 
+import torch
+
+from cockpit_lite import subsample
 from cockpit_lite.optim import plain_sgd_learning_rate
 from cockpit_lite.quantities.base import Output, SingleStepQuantity
-from cockpit_lite.transforms import SumGrad, SumGradSquared, centred_sums_of_squares
+from cockpit_lite.transforms import BatchL2, SumGrad, SumGradSquared, centred_sums_of_squares
 
 
 class CABS(SingleStepQuantity):
@@ -12,10 +15,16 @@ class CABS(SingleStepQuantity):
     individual gradients (``centred_sums_of_squares``: under bf16 autocast autograd's g is
     rounded more than a variance). Defined for plain SGD (as in Cockpit). Per layer: the
     same sum over one parameter tensor.
+
+    Subsampled (``k`` of ``B`` samples, ``cockpit_lite.subsample``): ``Σ_d Σ_n (g̃_{n,d} − g_d)²
+    = Σ_n ‖g̃_n‖² − B ‖g‖²`` with the total estimated by ``(B/k) Σ_{n∈S} ‖g̃_n‖²`` (unbiased,
+    ``‖g‖²`` autograd's): the value is linear in it, its standard error in the ``meta``.
     """
 
     INFO = ("optimizer", "loss")
+    SUBSAMPLE = True
     TRANSFORMS = (SumGradSquared, SumGrad)
+    SUBSAMPLE_TRANSFORMS = (BatchL2,)
 
     def _needs(self, step, info):
         plain_sgd_learning_rate(info.require("optimizer", self.name), self.name)
@@ -25,6 +34,14 @@ class CABS(SingleStepQuantity):
         b = data.batch_size
         lr = plain_sgd_learning_rate(data.info.require("optimizer", self.name), self.name)
         loss = data.info.require("loss", self.name).detach()
+        if data.subset is not None:
+            scale = lr / (b * loss)
+            l2 = data.per_sample(BatchL2.key)
+            parts = [(torch.stack(l2).sum(0), sum(data.grad_squared_norms))] + list(zip(l2, data.grad_squared_norms))
+            return subsample.output(
+                [(scale * (t - b * g2), scale * se) for t, se, g2 in ((*subsample.total(x, b), g2) for x, g2 in parts)],
+                data.samples, b,
+            )
         centred, flags = centred_sums_of_squares(data, self.name)
         parts = [lr * m2.sum() / (b * loss) for m2 in centred]
         return Output(sum(parts), parts, flags=flags)

@@ -1,5 +1,6 @@
 """Base class of the gradient histograms."""
 
+from cockpit_lite import subsample
 from cockpit_lite.quantities.base import Needs, Output, SingleStepQuantity
 
 
@@ -14,8 +15,14 @@ class GradHistogram(SingleStepQuantity):
     ``None`` for a fixed axis), on its own schedule; at a step where one is due, the
     histogram (if due) uses the current range and the new limits apply afterwards.
     The current (adapted) range is the saved state (``STATE``).
+
+    Subsampled (``k`` of ``B`` samples, ``cockpit_lite.subsample``): the counts of the
+    subsample's ``k · P`` elements times ``B/k`` (float64), an unbiased estimate of the
+    counts of the batch's ``B · P``; the ``meta`` says ``samples`` and has no standard
+    error per bin.
     """
 
+    SUBSAMPLE = True
     TRANSFORM = None
     STATE = ("range",)
 
@@ -66,9 +73,14 @@ class GradHistogram(SingleStepQuantity):
         parts = data.per_sample(self._transform.key)
         edge_arrays = self._edges()
 
+        scale = None if data.subset is None else data.batch_size / data.samples
+
         def as_value(counts, clipped, nonfinite):
+            if scale is not None:  # the subsample's counts, scaled to the batch
+                counts, clipped, nonfinite = (c.double() * scale for c in (counts, clipped, nonfinite))
             return {"hist": counts, "edges": edge_arrays, "clipped": clipped, "nonfinite": nonfinite}
 
         total = as_value(*(sum(part[i] for part in parts) for i in range(3)))
         layers = [as_value(*part) for part in parts] if self.per_layer else None
-        return Output(total, layers)
+        meta = None if scale is None else subsample.meta(data.samples, data.batch_size, None)
+        return Output(total, layers, meta=meta)

@@ -1,7 +1,10 @@
 """``GradVariance``: the total variance of the individual gradients, per parameter tensor."""
 
+import torch
+
+from cockpit_lite import subsample
 from cockpit_lite.quantities.base import Output, SingleStepQuantity
-from cockpit_lite.transforms import SumGrad, SumGradSquared, centred_sums_of_squares
+from cockpit_lite.transforms import BatchL2, SumGrad, SumGradSquared, centred_sums_of_squares
 
 
 class GradVariance(SingleStepQuantity):
@@ -14,12 +17,29 @@ class GradVariance(SingleStepQuantity):
     from the same individual gradients as ``Σ_n g̃_{n,d}²`` (see
     ``centred_sums_of_squares``); a tensor whose difference is below its rounding
     error is NaN with a flag.
+
+    Subsampled (``k`` of ``B`` samples, ``cockpit_lite.subsample``): ``Σ_d σ̂_d² =
+    (Σ_n ‖g̃_n‖² − B ‖g‖²) / (B − 1)`` with ``Σ_n ‖g̃_n‖²`` estimated by ``(B/k) Σ_{n∈S} ‖g̃_n‖²``
+    (unbiased) and ``‖g‖²`` autograd's; clamped at 0 (biased only within about a standard
+    error of 0). The ``meta``'s ``"se"`` is the list of the entries' standard errors,
+    ``"total_se"`` that of their sum (the entries share the samples: not the root of the
+    sum of their squares).
     """
 
     MIN_BATCH_SIZE = 2  # a variance across samples
+    SUBSAMPLE = True
 
     TRANSFORMS = (SumGradSquared, SumGrad)
+    SUBSAMPLE_TRANSFORMS = (BatchL2,)
 
     def compute(self, step, data):
+        b = data.batch_size
+        if data.subset is not None:
+            l2 = data.per_sample(BatchL2.key)
+            estimates = [subsample.total(x, b) for x in l2]
+            values = [((t - b * g2) / (b - 1)).clamp(min=0) for (t, _), g2 in zip(estimates, data.grad_squared_norms)]
+            meta = subsample.meta(data.samples, b, [se / (b - 1) for _, se in estimates])
+            meta["total_se"] = subsample.total(torch.stack(l2).sum(0), b)[1] / (b - 1)
+            return Output(values, meta=meta)
         centred, flags = centred_sums_of_squares(data, self.name)
-        return Output([m2.sum() / (data.batch_size - 1) for m2 in centred], flags=flags)
+        return Output([m2.sum() / (b - 1) for m2 in centred], flags=flags)

@@ -2,6 +2,7 @@
 
 import torch
 
+from cockpit_lite import subsample
 from cockpit_lite.quantities.base import Output, SingleStepQuantity
 from cockpit_lite.transforms import BatchDotGrad
 
@@ -12,9 +13,15 @@ class InnerTest(SingleStepQuantity):
     ``sqrt( Var̂_n(g̃_nᵀ g) / (B ‖g‖⁴) )`` with the unbiased sample variance over the
     batch. Per layer: the same statistic on one parameter tensor (``g̃_n`` and ``g``
     restricted to it).
+
+    Subsampled (``k`` of ``B`` samples, ``cockpit_lite.subsample``): the batch mean of
+    ``g̃_nᵀg`` is ``‖g‖²`` (autograd's, exact), so ``(B − 1) Var̂_n = Σ_n (g̃_nᵀg − ‖g‖²)²``
+    is a total, estimated by ``(B/k) Σ_{n∈S} (g̃_nᵀg − ‖g‖²)²`` (unbiased); the standard error
+    of the square root by the delta method.
     """
 
     MIN_BATCH_SIZE = 2  # a variance across samples
+    SUBSAMPLE = True
 
     TRANSFORMS = (BatchDotGrad,)
 
@@ -22,6 +29,11 @@ class InnerTest(SingleStepQuantity):
         b = data.batch_size
         dots = data.per_sample(BatchDotGrad.key)
         grad_l2 = data.grad_squared_norms
+        if data.subset is not None:
+            parts = [(torch.stack(dots).sum(0), sum(grad_l2))] + list(zip(dots, grad_l2))
+            return subsample.output(
+                [subsample.sqrt_of_total((d - g2) ** 2, b, 0, (b - 1) * b * g2**2) for d, g2 in parts], data.samples, b
+            )
 
         def statistic(projections, g2):
             return (projections.var() / (b * g2**2)).sqrt()

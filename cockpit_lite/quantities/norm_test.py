@@ -1,5 +1,8 @@
 """``NormTest``: the norm test of Byrd et al. (2012) for the batch size."""
 
+import torch
+
+from cockpit_lite import subsample
 from cockpit_lite.quantities.base import Output, SingleStepQuantity, total_and_layers
 from cockpit_lite.transforms import BatchL2
 
@@ -10,22 +13,29 @@ class NormTest(SingleStepQuantity):
     ``sqrt( Σ_n ‖g̃_n − g‖² / ((B − 1) B ‖g‖²) )`` with ``Σ_n ‖g̃_n − g‖² = Σ_n ‖g̃_n‖² − B ‖g‖²``.
     A value above 1 means the gradient noise exceeds the gradient: a larger batch
     would help. Per layer: the same statistic on one parameter tensor's gradient.
+
+    Subsampled (``k`` of ``B`` samples, ``cockpit_lite.subsample``): ``Σ_n ‖g̃_n‖²`` is
+    estimated by ``(B/k) Σ_{n∈S} ‖g̃_n‖²`` (unbiased), ``‖g‖²`` is autograd's (exact); the
+    standard error of the square root by the delta method.
     """
 
     MIN_BATCH_SIZE = 2  # a variance across samples
+    SUBSAMPLE = True
 
     TRANSFORMS = (BatchL2,)
 
     def compute(self, step, data):
         b = data.batch_size
+        l2 = data.per_sample(BatchL2.key)
+        if data.subset is not None:
+            parts = [(torch.stack(l2).sum(0), sum(data.grad_squared_norms))] + list(zip(l2, data.grad_squared_norms))
+            return subsample.output(
+                [subsample.sqrt_of_total(x, b, b * g2, (b - 1) * b * g2) for x, g2 in parts], data.samples, b
+            )
 
         def statistic(sum_l2, grad_l2):
             spread = (sum_l2 - b * grad_l2).clamp(min=0)
             return (spread / ((b - 1) * b * grad_l2)).sqrt()
 
-        total, layers = total_and_layers(
-            statistic,
-            [l2.sum() for l2 in data.per_sample(BatchL2.key)],
-            data.grad_squared_norms,
-        )
+        total, layers = total_and_layers(statistic, [x.sum() for x in l2], data.grad_squared_norms)
         return Output(total, layers)

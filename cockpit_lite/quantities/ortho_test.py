@@ -2,6 +2,7 @@
 
 import torch
 
+from cockpit_lite import subsample
 from cockpit_lite.quantities.base import Output, SingleStepQuantity
 from cockpit_lite.transforms import BatchDotGrad, BatchL2
 
@@ -12,9 +13,15 @@ class OrthoTest(SingleStepQuantity):
     ``sqrt( Σ_n ‖g̃_n − (g̃_nᵀg / ‖g‖²) g‖² / ((B − 1) B ‖g‖²) )``, using
     ``Σ_n ‖g̃_n − c_n g‖² = Σ_n ‖g̃_n‖² − Σ_n (g̃_nᵀg)² / ‖g‖²``. Per layer: the same on
     one parameter tensor.
+
+    Subsampled (``k`` of ``B`` samples, ``cockpit_lite.subsample``): the spread is the total
+    of ``‖g̃_n‖² − (g̃_nᵀg)² / ‖g‖²`` (``g`` autograd's, exact), estimated by ``B/k`` times
+    its sum over the subsample (unbiased); the standard error of the square root by the
+    delta method.
     """
 
     MIN_BATCH_SIZE = 2  # a variance across samples
+    SUBSAMPLE = True
 
     TRANSFORMS = (BatchL2, BatchDotGrad)
 
@@ -23,6 +30,11 @@ class OrthoTest(SingleStepQuantity):
         l2 = data.per_sample(BatchL2.key)
         dots = data.per_sample(BatchDotGrad.key)
         grad_l2 = data.grad_squared_norms
+        if data.subset is not None:
+            parts = [(torch.stack(l2).sum(0), torch.stack(dots).sum(0), sum(grad_l2))] + list(zip(l2, dots, grad_l2))
+            return subsample.output(
+                [subsample.sqrt_of_total(l - d**2 / g2, b, 0, (b - 1) * b * g2) for l, d, g2 in parts], data.samples, b
+            )
 
         def statistic(sum_l2, projections, g2):
             spread = (sum_l2 - (projections**2).sum() / g2).clamp(min=0)
