@@ -4,6 +4,8 @@ import textwrap
 
 import numpy as np
 
+from cockpit_lite import log
+
 from .. import data, style
 
 
@@ -188,3 +190,46 @@ def layered(record, ax, key, options, ylabel=None, layers=True, yscale="auto", c
     style.auto_yscale(ax, *shown, scale=yscale)
     finish_time_axes(ax, options, ylabel=ylabel)
     return xs, totals, matrix, names
+
+
+def estimates(record, key):
+    """``(steps, standard errors, how)`` of the steps where ``key`` is an estimate (sorted).
+
+    An estimate's ``meta`` has ``"se"`` (the total's, or ``"total_se"`` for a per-parameter
+    list), and ``"probes"`` (Hutchinson's) or ``"samples"`` of ``"of"`` (a subsample,
+    ``Cockpit(samples=k)``); ``how`` names them for a title ("3 probes", "8/64 samples").
+    """
+    xs, ses, probes, samples = [], [], set(), set()
+    for step in sorted(record):
+        meta = record[step].get(log.META, {}).get(key) or {}
+        se = meta.get("total_se", meta.get("se"))
+        if isinstance(se, (int, float)):
+            xs.append(step)
+            ses.append(se)
+        if meta.get("probes") is not None:
+            probes.add(meta["probes"])
+        elif meta.get("samples") is not None:
+            samples.add((meta["samples"], meta["of"]))
+    how = [f"{'/'.join(str(p) for p in sorted(probes))} probes"] if probes else []
+    how += [f"{'/'.join(f'{k}/{b}' for k, b in sorted(samples))} samples"] if samples else []
+    return np.asarray(xs, float), np.asarray(ses, float), how
+
+
+def estimate_band(ax, record, key, color=style.TOTAL):
+    """Shade ± one standard error around the estimated values of ``key``; return a title suffix
+    (" · est. 3 probes", " · est. 8/64 samples"; empty when no value of ``key`` is an estimate)."""
+    xs, ses, how = estimates(record, key)
+    if len(xs):
+        steps, values = data.series(record, key)
+        keep = np.isin(steps, xs) & np.isfinite(values)
+        lookup = dict(zip(xs, ses))
+        ys = values[keep]
+        errors = np.asarray([lookup[x] for x in steps[keep]])
+        if len(ys):  # clipped to the values' own span around them, so a vague estimate cannot flatten the curve
+            span = max(float(np.ptp(ys)), float(np.abs(ys).max()), 1e-12)
+            low = np.maximum(ys - errors, ys.min() - span)
+            if ax.get_yscale() == "log":  # a band to 0 or below has no place on a log axis
+                low = np.maximum(low, ys / 10)
+            high = np.minimum(ys + errors, ys.max() + span)
+            ax.fill_between(steps[keep], low, high, color=color, alpha=0.18, linewidth=0, label="±1 SE")
+    return f" · est. {'; '.join(how)}" if how else ""

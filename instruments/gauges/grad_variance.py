@@ -13,10 +13,12 @@ How to read it
   training.
 - A sudden jump in one layer: some samples produce outlying gradients there
   (bad data, a loss spike); look at the histograms.
+- Estimated from a subsample of the batch (``Cockpit(samples=k)``): shaded ± one
+  standard error of the total, "est." in the title.
 """
 
 from .. import data, style
-from ._common import largest_layer, layered, missing, no_finite, not_tracked
+from ._common import estimate_band, largest_layer, layered, missing, no_finite, not_tracked
 
 TITLE = "Gradient variance"
 KEYS = ("GradVariance",)
@@ -42,6 +44,7 @@ def gauge(record, ax, *, layers=True, yscale="auto", reference=True, **options):
     if reference and len(gx):
         style.auto_yscale(ax, totals, gy**2, *( [matrix] if layers and matrix.size else []), scale=yscale)
         style.legend(ax, loc="best", ncol=2)
+    estimated = estimate_band(ax, record, "GradVariance")
     title = f"tr Σ {style.fmt(totals[-1])}"
     if reference and len(gx):
         title += f" · ‖g‖² {style.fmt(gy[-1] ** 2)}"
@@ -49,4 +52,4 @@ def gauge(record, ax, *, layers=True, yscale="auto", reference=True, **options):
         name, _ = largest_layer(matrix, names)
         if name is not None:
             title += f" · largest {name}"
-    style.set_title(ax, title)
+    style.set_title(ax, title + estimated)

@@ -21,13 +21,15 @@ How to read it
 Cockpit draws the same three numbers as a circle and two bands around a cross;
 time series are easier to compare across steps, so this gauge draws those.
 With ``layers="NormTest"`` (or another test) the per-layer values of that test are
-added as thin lines, where the record has them.
+added as thin lines, where the record has them. Values estimated from a subsample of
+the batch (``Cockpit(samples=k)``) are shaded ± one standard error and the title says
+"est." with the number of samples.
 """
 
 import numpy as np
 
 from .. import data, style
-from ._common import finish_time_axes, layer_lines, missing, no_finite, not_tracked, raw_and_smooth
+from ._common import estimate_band, finish_time_axes, layer_lines, missing, no_finite, not_tracked, raw_and_smooth
 
 TITLE = "Gradient tests"
 KEYS = ("NormTest", "InnerTest", "OrthoTest")
@@ -74,6 +76,8 @@ def gauge(record, ax, *, layers=None, yscale="log", threshold=1.0, **options):
     ax.axhspan(threshold, max(threshold, *(v.max() for v in all_values)) * 10, color=style.FLAG, alpha=0.05,
                zorder=0)
     style.auto_yscale(ax, *all_values, np.array([threshold]), scale=yscale)
+    estimated = [estimate_band(ax, record, key, COLORS[key]) for key in KEYS if key not in absent]
+    estimated = next((e for e in estimated if e), "")
     low = min(v.min() for v in all_values)
     high = max(v.max() for v in all_values)
     if ax.get_yscale() == "log":
@@ -84,4 +88,4 @@ def gauge(record, ax, *, layers=None, yscale="log", threshold=1.0, **options):
     ax.text(0.99, 0.98, "> 1: noise dominates", transform=ax.transAxes, fontsize=style.LEGEND_SIZE,
             color=style.FLAG, ha="right", va="top", alpha=0.8)
     style.legend(ax, loc="lower left", ncol=3)
-    style.set_title(ax, "tests: " + " · ".join(parts))
+    style.set_title(ax, "tests: " + " · ".join(parts) + estimated)

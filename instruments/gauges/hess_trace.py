@@ -20,12 +20,8 @@ band is ± one standard error of the total (clipped to the values' span) and the
 says "est." with the number of probe vectors.
 """
 
-import numpy as np
-
-from cockpit_lite import log
-
-from .. import data, style
-from ._common import largest_layer, layered, missing, no_finite, not_tracked
+from .. import style
+from ._common import estimate_band, largest_layer, layered, missing, no_finite, not_tracked
 
 TITLE = "Hessian trace"
 KEYS = ("HessTrace",)
@@ -46,34 +42,3 @@ def gauge(record, ax, *, layers=True, yscale="auto", **options):
             title += f" · largest {name}"
     title += estimate_band(ax, record, "HessTrace")
     style.set_title(ax, title)
-
-
-def estimates(record, key):
-    """``(steps, standard errors, probes)`` of the steps where ``key`` is an estimate (sorted)."""
-    xs, ses, probes = [], [], set()
-    for step in sorted(record):
-        meta = record[step].get(log.META, {}).get(key)
-        if meta and meta.get("se") is not None:
-            xs.append(step)
-            ses.append(meta["se"])
-            probes.add(meta.get("probes"))
-    return np.asarray(xs, float), np.asarray(ses, float), sorted(p for p in probes if p is not None)
-
-
-def estimate_band(ax, record, key, color=style.TOTAL):
-    """Shade ± one standard error around the estimated values of ``key``; return a title suffix."""
-    xs, ses, probes = estimates(record, key)
-    if len(xs) == 0:
-        return ""
-
-    steps, values = data.series(record, key)
-    keep = np.isin(steps, xs) & np.isfinite(values)
-    lookup = dict(zip(xs, ses))
-    ys = values[keep]
-    errors = np.asarray([lookup[x] for x in steps[keep]])
-    if len(ys):  # clipped to the values' own span around them, so a vague estimate cannot flatten the curve
-        span = max(float(np.ptp(ys)), float(np.abs(ys).max()), 1e-12)
-        low = np.maximum(ys - errors, ys.min() - span)
-        high = np.minimum(ys + errors, ys.max() + span)
-        ax.fill_between(steps[keep], low, high, color=color, alpha=0.18, linewidth=0, label="±1 SE")
-    return f" · est. {'/'.join(str(p) for p in probes)} probes"

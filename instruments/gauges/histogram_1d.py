@@ -15,6 +15,8 @@ How to read it
 - Everything in the central bin: gradients are vanishing (or the range is far
   too wide for this model; change the quantity's range).
 - Asymmetry means a consistent push in one direction.
+- "est. k/B samples" in the title: the counts of a subsample of the batch's samples
+  (``Cockpit(samples=k)``), scaled by B/k.
 The title's σ is the standard deviation estimated from the bin centres.
 """
 
@@ -106,6 +108,9 @@ def gauge(record, ax, *, step=None, layer=None, layers=False, short_title=False,
         title += f" · {style.percent(clipped / n)} clipped" if clipped else ""
     if nonfinite:
         title += f" · {nonfinite} non-finite"
+    drawn = record[at].get(data.log.META, {}).get("GradHist1d") or {}
+    if drawn.get("samples") is not None and not short_title:  # counts of a subsample, scaled to the batch
+        title += f" · est. {drawn['samples']}/{drawn['of']} samples"
     style.set_title(ax, title)
     if nonfinite:
         ax.title.set_color(style.FLAG)

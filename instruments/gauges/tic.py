@@ -22,8 +22,7 @@ says so.
 import numpy as np
 
 from .. import data, style
-from ._common import finish_time_axes, layer_lines, missing, no_finite, not_tracked, raw_and_smooth
-from .hess_trace import estimate_band
+from ._common import estimate_band, finish_time_axes, layer_lines, missing, no_finite, not_tracked, raw_and_smooth
 
 TITLE = "TIC"
 KEYS = ("TICDiag", "TICTrace")
