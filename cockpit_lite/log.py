@@ -29,7 +29,8 @@ A record is ``{step: {key: value}}`` with integer steps. Keys are
   around the last micro-batch only; then every quantity of the step describes that
   micro-batch alone); and the number of tracked backward passes, the micro-batches of
   ``Cockpit(accumulate=True)``, which the statistics describe together (older logs have
-  no ``"passes"``);
+  no ``"passes"``); at a subsampled step (``Cockpit(samples=k)``) also ``"samples": k``,
+  the number of samples the per-sample quantities were estimated from;
 - ``"meta"``: ``{quantity name: dict}``, how a value was obtained, where it matters
   for reading it: the curvature quantities (``HessTrace``, ``TICDiag``, ``TICTrace``)
   record ``{"curvature": method}`` with method ``"diag_h"``, ``"diag_ggn_exact"``,
@@ -37,7 +38,10 @@ A record is ``{step: {key: value}}`` with integer steps. Keys are
   from Hessian-vector products, then also ``"probes"``: the number of probe vectors,
   ``"se"``: the standard error of the value, and ``"layers_se"``: those of the
   per-layer values), or ``None`` (a TIC without an exact diagonal: NaN with a flag); ``HessMaxEV`` records ``{"solver": "lanczos" | "power",
-  "products": k}``;
+  "products": k}``; a per-sample quantity estimated from a subsample (``Cockpit(samples=k)``,
+  ``cockpit_lite.subsample``) records ``{"samples": k, "of": B, "se": ..., "layers_se":
+  [...]}`` (``GradVariance``: ``"se"`` a list in parameter order and ``"total_se"`` that
+  of the sum; histograms: ``"se": None``);
 - ``"budget"``: at the step where an overhead budget fixed the schedules (see
   ``cockpit_lite.budget``): ``{"factor", "horizon", "plain_step_s", "tiers": {name:
   0 | 1 | 2}, "costs": {tier: marginal cost in plain steps}, "calibration_cost",

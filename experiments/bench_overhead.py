@@ -64,6 +64,8 @@ from cockpit_lite.budget import TIERS, Budget
 from cockpit_lite.utils.configuration import quantities_cls_for_configuration
 
 BATCH = 64
+SAMPLES = 8
+"""``Cockpit(samples=k)`` of the subsampled economy row."""
 LEVELS = ("economy", "business", "full")
 
 
@@ -230,6 +232,9 @@ def configurations(problem, with_quantities, with_peer):
         configs[f"lite {level}"] = lambda level=level: Runner(
             problem, lambda m: Cockpit(m, configuration(level), diagnose=False), backpack=level != "economy"
         )
+    configs[f"lite economy (samples={SAMPLES})"] = lambda: Runner(
+        problem, lambda m: Cockpit(m, configuration("economy"), diagnose=False, samples=SAMPLES), backpack=False
+    )
     if with_quantities:
         for cls in quantities_cls_for_configuration("full") + (
             quantities.EarlyStopping, quantities.CABS,

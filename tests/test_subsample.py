@@ -129,6 +129,39 @@ def test_cabs_estimate_against_brute_force():
         assert cp.get_output()[step]["meta"]["CABS"]["se"] == pytest.approx(scale * se, rel=1e-6)
 
 
+def test_alpha_estimate_against_brute_force():
+    """Exact mean slopes (gᵀd / ‖d‖), the drawn samples' slope variances, the batch's losses; jackknife se."""
+    from cockpit_lite.quantities import Alpha
+    from cockpit_lite.quantities.alpha import alpha_from_fit, fit_quadratic
+
+    problem = problems.make("mlp", B, steps=2)
+    cp, snapshots = problems.run(problem, [Alpha()], samples=K)
+    d = torch.cat([(b - a).reshape(-1) for a, b in zip(snapshots[0].params, snapshots[1].params)])
+    t = float(d.norm())
+    ends = []
+    for step in (0, 1):
+        grads = torch.cat([g.reshape(B, -1) for g in problems.individual_gradients(problem, snapshots[step])], 1)
+        losses = problems.individual_losses(problem, snapshots[step])
+        rows = subsample.draw(K, B, (0, step)).tolist()
+        ends.append((float(problems.loss(problem, snapshots[step])), float(losses.var()),
+                     float(grads.mean(0) @ d) / t, grads[rows] @ d / t))
+
+    def alpha(slopes):
+        mu = fit_quadratic(t, [e[0] for e in ends], [e[2] for e in ends], [e[1] for e in ends],
+                           [float(s.var()) for s in slopes])
+        return alpha_from_fit(mu, t)
+
+    slopes = [e[3] for e in ends]
+    assert cp.get_output()[0]["Alpha"] == pytest.approx(alpha(slopes), rel=1e-6)
+    variance = 0.0
+    for end in (0, 1):
+        left_out = [alpha([torch.cat([s[:i], s[i + 1:]]) if j == end else s for j, s in enumerate(slopes)])
+                    for i in range(K)]
+        mean = sum(left_out) / K
+        variance += (1 - K / B) * (K - 1) / K * sum((v - mean) ** 2 for v in left_out)
+    assert cp.get_output()[0]["meta"]["Alpha"]["se"] == pytest.approx(math.sqrt(variance), rel=1e-6)
+
+
 # -- honesty ---------------------------------------------------------------------------------
 
 HONESTY_DRAWS = 200

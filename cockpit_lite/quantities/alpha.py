@@ -63,9 +63,11 @@ class Alpha(Quantity):
     ``info["optimizer"]`` and ``info["loss"]``; individual losses are derived. There is no
     per-layer α: the losses belong to the whole network.
 
-    Subsampled (``Cockpit(samples=k)``, ``cockpit_lite.subsample``): the slopes' means and
-    variances at an end drawn from ``k`` of its ``B`` samples are the subsample's (unbiased
-    for the batch's); the losses' are the whole batch's. α, a smooth function of them, is
+    Subsampled (``Cockpit(samples=k)``, ``cockpit_lite.subsample``): at an end drawn from
+    ``k`` of its ``B`` samples the mean slope is exact, ``gᵀd / (σ‖d‖)`` with autograd's
+    gradient ``g`` (kept from the start step until the end step: one float64 copy of the
+    gradient), and the slopes' variance is the subsample's (unbiased for the batch's); the
+    losses' mean and variance are the whole batch's. α, a smooth function of them, is
     consistent; its standard error in the ``meta`` is the jackknife's over the subsample
     (each end's samples left out one at a time; the two ends' draws are independent, so
     their variances add).
@@ -153,6 +155,7 @@ class Alpha(Quantity):
                 "seed": seed,
                 "backward_dots": data.per_sample(("Alpha", "start")),  # onto the update predicted in backward
                 "subsampled": (data.samples, data.batch_size) if data.subset is not None else None,
+                "grad": _flat(data.grads) if data.subset is not None else None,  # the exact mean slope's
                 "backward_predicted": [pending["predicted"].get(i) for i in range(len(data.params))],
                 "kept": pending["kept"],
                 "stepped": None,  # the update optimizer.step() made (its step post-hook)
@@ -235,12 +238,14 @@ class Alpha(Quantity):
             return Output(float("nan"), step=step - 1, flags=flags)
         slopes = [start["dots"] / (start["direction_norm"] * start["seed"]), sum(data.per_sample(("Alpha", "end"))) / (t * seed)]
         fs, var_fs = [start["f"], loss], [start["var_f"], _variance(losses)]
+        exact_means = [  # a subsampled end's mean slope is gᵀd / (σ‖d‖), from the exact gradient
+            None if start.get("grad") is None else float(start["grad"] @ update.double()) / (t * start["seed"]),
+            None if data.subset is None else float(_flat(data.grads) @ update.double()) / (t * seed),
+        ]
 
         def alpha(start_slopes, end_slopes):
-            mu = fit_quadratic(
-                t, fs, [float(start_slopes.mean()), float(end_slopes.mean())], var_fs,
-                [_variance(start_slopes), _variance(end_slopes)],
-            )
+            means = [float(s.mean()) if m is None else m for s, m in zip((start_slopes, end_slopes), exact_means)]
+            mu = fit_quadratic(t, fs, means, var_fs, [_variance(start_slopes), _variance(end_slopes)])
             return alpha_from_fit(mu, t)
 
         value = alpha(*slopes)
@@ -303,6 +308,11 @@ def alpha_from_fit(mu, t):
     if mu[2] < 0:
         return -1.0
     return float(2 * t / (-mu[1] / mu[2]) - 1)
+
+
+def _flat(tensors):
+    """One float64 vector of the tensors (parameter order)."""
+    return torch.cat([t.detach().reshape(-1).double() for t in tensors])
 
 
 def _variance(values):
