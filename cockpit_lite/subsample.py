@@ -82,18 +82,21 @@ def jackknife_se(leave_one_out, batch_size):
     return math.sqrt(max(0.0, (1 - k / batch_size) * (k - 1) / k * spread))
 
 
-def sqrt_of_total(values, batch_size, offset, denominator):
-    """``(value, se)``: ``sqrt(max(T̂ − offset, 0) / denominator)`` for the estimated total ``T̂`` of
-    ``values`` (``[k]``) and exact ``offset`` and ``denominator``, with its delta-method standard error."""
-    t, se = total(values, batch_size)
-    value = ((t - offset).clamp(min=0) / denominator).sqrt()
-    return value, sqrt_se(value, se / denominator)
+def sqrt_estimates(columns, batch_size, offsets, denominators):
+    """The ``Output`` of ``sqrt(max(T̂_j − offset_j, 0) / denominator_j)`` for the estimated totals
+    ``T̂_j`` of the columns of ``columns`` (``[k, 1 + L]``: the whole network's per-sample values,
+    then each parameter's), exact ``offsets`` and ``denominators`` (``[1 + L]``), with the
+    delta-method standard errors; all columns in a few tensor operations."""
+    t, se = total(columns, batch_size)
+    values = ((t - offsets).clamp(min=0) / denominators).sqrt()
+    return output(values, sqrt_se(values, se / denominators), columns.shape[0], batch_size)
 
 
-def output(estimates, k, batch_size):
-    """The ``Output`` of ``[(value, se)]`` estimates, the whole network's first, then one per parameter."""
-    (value, se), layers = estimates[0], estimates[1:]
-    return Output(value, [v for v, _ in layers], meta=meta(k, batch_size, se, [e for _, e in layers]))
+def output(values, ses, k, batch_size):
+    """The ``Output`` of estimates ``values`` and standard errors ``ses`` (``[1 + L]``: the whole
+    network's first, then one per parameter)."""
+    return Output(values[0], list(values[1:].unbind()),
+                  meta=meta(k, batch_size, ses[0], list(ses[1:].unbind())))
 
 
 def meta(k, batch_size, se, layers_se=None):

@@ -176,6 +176,28 @@ class PerSample:
             return PerSample(self.param, self.index, grad_batch=self.grad_batch, batch_size=self.batch_size)
         return PerSample(self.param, self.index, factors=self._factors, rows=self._rows, batch_size=self.batch_size)
 
+    def add_to(self, dense):
+        """``dense += grad_batch`` in place (``dense`` of shape ``[K, *shape]``; another use's
+        individual gradients of the same parameter), without forming this use's ``grad_batch``
+        from its factors or rows. Returns ``dense``."""
+        if self._factors is not None and "grad_batch" not in vars(self):
+            a, delta = self._factors
+            dense.view(self.num_samples, delta.shape[-1], a.shape[-1]).baddbmm_(
+                delta.transpose(1, 2).to(dense.dtype), a.to(dense.dtype))
+        elif self._sparse():
+            values, samples, index, k = self._rows
+            dense.view(k, self.param.shape[0], -1).index_put_((samples, index), values.to(dense.dtype), accumulate=True)
+        else:
+            dense.add_(self.grad_batch.reshape(dense.shape))
+        return dense
+
+    def owned_grad_batch(self):
+        """``grad_batch`` as a tensor of its own (built from the factors or rows, else copied),
+        which ``add_to`` may then add into."""
+        if "grad_batch" not in vars(self) and (self._factors is not None or self._rows is not None):
+            return self.grad_batch
+        return self.grad_batch.clone()
+
     def select(self, rows):
         """The individual gradients of the samples ``rows`` only (sorted indices, a subsample):
         ``K = len(rows)``, in the form they came in, with this one's ``B`` and gradient ``g``

@@ -435,7 +435,10 @@ class Engine:
             return
         self.capture.paused = True
         try:
-            per_sample = rule.per_sample(call, tracked, state.batch_size)
+            if state.subset is not None and all(state.uses.get(index, 1) == 1 for _, _, index in tracked):
+                per_sample = rule.per_sample_of(call, tracked, state.batch_size, state.subset)
+            else:  # (a parameter with several uses sums all samples' individual gradients first)
+                per_sample = rule.per_sample(call, tracked, state.batch_size)
         except Exception as error:  # a rule that fails inside the user's backward pass: NaN and a flag, never a crash
             for _, _, index in tracked:
                 self._fail(state, index, f"{call.name or type(call.module).__name__}: {type(error).__name__}: {error}")
@@ -450,14 +453,16 @@ class Engine:
 
     def _accept(self, state, index, part):
         """One use's individual gradients of parameter ``index``."""
-        if part.num_samples != state.batch_size:
+        if part.num_samples not in (state.batch_size, state.held):
             self._fail(state, index, f"a layer rule gave {part.num_samples} individual gradients for a batch of {state.batch_size}")
             return
         part.batch_size = state.batch_size
         part.grad_before = state.grads_before[index]
-        if state.uses.get(index, 1) > 1:
-            dense = part.grad_batch
-            state.dense[index] = dense if index not in state.dense else state.dense[index] + dense
+        if state.uses.get(index, 1) > 1:  # summed in place: one [B, *shape] tensor for all uses
+            if index in state.dense:
+                part.add_to(state.dense[index])
+            else:
+                state.dense[index] = part.owned_grad_batch()
         else:
             state.ready(index, part)
 

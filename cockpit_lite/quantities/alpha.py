@@ -236,19 +236,22 @@ class Alpha(Quantity):
                          "their variance, which the fit needs")
         if flags:
             return Output(float("nan"), step=step - 1, flags=flags)
-        slopes = [start["dots"] / (start["direction_norm"] * start["seed"]), sum(data.per_sample(("Alpha", "end"))) / (t * seed)]
+        slopes = [
+            start["dots"] / (start["direction_norm"] * start["seed"]),
+            sum(data.per_sample(("Alpha", "end"))) / (t * seed),
+        ]
         fs, var_fs = [start["f"], loss], [start["var_f"], _variance(losses)]
         exact_means = [  # a subsampled end's mean slope is gᵀd / (σ‖d‖), from the exact gradient
             None if start.get("grad") is None else float(start["grad"] @ update.double()) / (t * start["seed"]),
             None if data.subset is None else float(_flat(data.grads) @ update.double()) / (t * seed),
         ]
 
-        def alpha(start_slopes, end_slopes):
-            means = [float(s.mean()) if m is None else m for s, m in zip((start_slopes, end_slopes), exact_means)]
-            mu = fit_quadratic(t, fs, means, var_fs, [_variance(start_slopes), _variance(end_slopes)])
-            return alpha_from_fit(mu, t)
+        def alpha(means, variances):  # of the slopes at each end: [..., 2]
+            means = np.where([m is None for m in exact_means], means, [m or 0.0 for m in exact_means])
+            return alpha_from_fit(fit_quadratic(t, fs, means, var_fs, variances), t)
 
-        value = alpha(*slopes)
+        stats = [(float(s.mean()), _variance(s)) for s in slopes]
+        value = alpha([m for m, _ in stats], [v for _, v in stats])
         ends = [start.get("subsampled"), (data.samples, data.batch_size) if data.subset is not None else None]
         if not any(ends):
             return Output(value, step=step - 1)
@@ -256,15 +259,10 @@ class Alpha(Quantity):
         for end, drawn in enumerate(ends):
             if drawn is None:
                 continue
-            held, size = drawn
-            keep = torch.ones(held, dtype=torch.bool)
-            left_out = []
-            for i in range(held):
-                keep[i] = False
-                parts = [s[keep.to(s.device)] if j == end else s for j, s in enumerate(slopes)]
-                left_out.append(alpha(*parts))
-                keep[i] = True
-            variance += subsample.jackknife_se(left_out, size) ** 2
+            means, variances = np.tile([m for m, _ in stats], (drawn[0], 1)), np.tile([v for _, v in stats], (drawn[0], 1))
+            means[:, end], variances[:, end] = _leave_one_out(slopes[end].double().cpu().numpy())
+            left_out = alpha(means, variances)
+            variance += subsample.jackknife_se(np.broadcast_to(left_out, drawn[:1]).tolist(), drawn[1]) ** 2
         held, size = next(e for e in ends if e)
         return Output(value, step=step - 1, meta=subsample.meta(held, size, math.sqrt(variance)))
 
@@ -287,27 +285,50 @@ def fit_quadratic(t, fs, dfs, var_fs, var_dfs):
 
     Observations ``y = (f(0), f(t), f'(0), f'(t))`` with independent Gaussian noise of
     variances ``Λ = diag(var_fs + var_dfs)``; rows of ``Φ`` map μ to them. Then
-    ``μ = (Φ Λ⁻¹ Φᵀ)⁻¹ Φ Λ⁻¹ y``. Returns ``None`` if the system is singular.
+    ``μ = (Φ Λ⁻¹ Φᵀ)⁻¹ Φ Λ⁻¹ y``. ``dfs`` and ``var_dfs`` may have leading axes (``[..., 2]``:
+    several fits at once, e.g. a jackknife's); μ then has shape ``[..., 3]``. Returns ``None``
+    if a system is singular.
     """
     eps = 1e-10
-    variances = [v if v != 0 else eps for v in list(var_fs) + list(var_dfs)]
+    dfs, var_dfs = np.asarray(dfs, dtype=float), np.asarray(var_dfs, dtype=float)
+    shape = np.broadcast_shapes(dfs.shape, var_dfs.shape)[:-1] + (2,)
+
+    def joined(values, slopes):
+        return np.concatenate([np.broadcast_to(np.asarray(values, dtype=float), shape),
+                               np.broadcast_to(slopes, shape)], -1)
+
+    variances = joined(var_fs, var_dfs)
+    variances = np.where(variances != 0, variances, eps)
     phi = np.array([[1.0, 0.0, 0.0], [1.0, t, t**2], [0.0, 1.0, 0.0], [0.0, 1.0, 2 * t]]).T
-    lam_inv = np.diag(1.0 / np.asarray(variances, dtype=float))
-    y = np.asarray(list(fs) + list(dfs), dtype=float)
+    weighted = phi / variances[..., None, :]  # Φ Λ⁻¹
     try:
-        return np.linalg.solve(phi @ lam_inv @ phi.T, phi @ lam_inv @ y)
+        return np.linalg.solve(weighted @ phi.T, (weighted @ joined(fs, dfs)[..., None]))[..., 0]
     except np.linalg.LinAlgError:
         warnings.warn("Alpha: singular quadratic fit", stacklevel=2)
         return None
 
 
 def alpha_from_fit(mu, t):
-    """``α = 2t / (−μ₁/μ₂) − 1``; −1 for a concave fit; NaN without a fit."""
-    if mu is None or not np.all(np.isfinite(mu)):
+    """``α = 2t / (−μ₁/μ₂) − 1``; −1 for a concave fit; NaN without a fit (``mu`` of shape
+    ``[..., 3]``: an array of α)."""
+    if mu is None:
         return float("nan")
-    if mu[2] < 0:
-        return -1.0
-    return float(2 * t / (-mu[1] / mu[2]) - 1)
+    mu = np.asarray(mu, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        alpha = 2 * t / (-mu[..., 1] / mu[..., 2]) - 1
+    alpha = np.where(mu[..., 2] < 0, -1.0, alpha)
+    alpha = np.where(np.isfinite(mu).all(-1), alpha, np.nan)
+    return float(alpha) if alpha.ndim == 0 else alpha
+
+
+def _leave_one_out(values):
+    """``(means, unbiased variances)`` of ``values`` without each one in turn (closed form), ``[k]`` each."""
+    k = len(values)
+    if k < 3:
+        return np.full(k, np.nan), np.full(k, np.nan)
+    total, squares = values.sum(), (values**2).sum()
+    means = (total - values) / (k - 1)
+    return means, (squares - values**2 - (k - 1) * means**2) / (k - 2)
 
 
 def _flat(tensors):

@@ -242,3 +242,8 @@ def total_and_layers(statistic, *per_layer_parts):
     totals = [sum(parts) for parts in per_layer_parts]
     layers = [statistic(*parts) for parts in zip(*per_layer_parts)]
     return statistic(*totals), layers
+
+
+def with_total(per_parameter):
+    """``[..., L]`` values per parameter, with their sum over parameters prepended: ``[..., 1 + L]``."""
+    return torch.cat([per_parameter.sum(-1, keepdim=True), per_parameter], -1)

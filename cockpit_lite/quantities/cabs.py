@@ -4,7 +4,7 @@ import torch
 
 from cockpit_lite import subsample
 from cockpit_lite.optim import plain_sgd_learning_rate
-from cockpit_lite.quantities.base import Output, SingleStepQuantity
+from cockpit_lite.quantities.base import Output, SingleStepQuantity, with_total
 from cockpit_lite.transforms import BatchL2, SumGrad, SumGradSquared, centred_sums_of_squares
 
 
@@ -36,12 +36,9 @@ class CABS(SingleStepQuantity):
         loss = data.info.require("loss", self.name).detach()
         if data.subset is not None:
             scale = lr / (b * loss)
-            l2 = data.per_sample(BatchL2.key)
-            parts = [(torch.stack(l2).sum(0), sum(data.grad_squared_norms))] + list(zip(l2, data.grad_squared_norms))
-            return subsample.output(
-                [(scale * (t - b * g2), scale * se) for t, se, g2 in ((*subsample.total(x, b), g2) for x, g2 in parts)],
-                data.samples, b,
-            )
+            t, se = subsample.total(with_total(torch.stack(data.per_sample(BatchL2.key), 1)), b)
+            g2 = with_total(torch.stack(data.grad_squared_norms))
+            return subsample.output(scale * (t - b * g2), scale * se, data.samples, b)
         centred, flags = centred_sums_of_squares(data, self.name)
         parts = [lr * m2.sum() / (b * loss) for m2 in centred]
         return Output(sum(parts), parts, flags=flags)

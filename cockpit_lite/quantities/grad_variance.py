@@ -3,7 +3,7 @@
 import torch
 
 from cockpit_lite import subsample
-from cockpit_lite.quantities.base import Output, SingleStepQuantity
+from cockpit_lite.quantities.base import Output, SingleStepQuantity, with_total
 from cockpit_lite.transforms import BatchL2, SumGrad, SumGradSquared, centred_sums_of_squares
 
 
@@ -35,11 +35,10 @@ class GradVariance(SingleStepQuantity):
     def compute(self, step, data):
         b = data.batch_size
         if data.subset is not None:
-            l2 = data.per_sample(BatchL2.key)
-            estimates = [subsample.total(x, b) for x in l2]
-            values = [((t - b * g2) / (b - 1)).clamp(min=0) for (t, _), g2 in zip(estimates, data.grad_squared_norms)]
-            meta = subsample.meta(data.samples, b, [se / (b - 1) for _, se in estimates])
-            meta["total_se"] = subsample.total(torch.stack(l2).sum(0), b)[1] / (b - 1)
-            return Output(values, meta=meta)
+            t, se = subsample.total(with_total(torch.stack(data.per_sample(BatchL2.key), 1)), b)
+            values = ((t[1:] - b * torch.stack(data.grad_squared_norms)) / (b - 1)).clamp(min=0)
+            meta = subsample.meta(data.samples, b, list((se[1:] / (b - 1)).unbind()))
+            meta["total_se"] = se[0] / (b - 1)
+            return Output(list(values.unbind()), meta=meta)
         centred, flags = centred_sums_of_squares(data, self.name)
         return Output([m2.sum() / (b - 1) for m2 in centred], flags=flags)

@@ -3,7 +3,7 @@
 import torch
 
 from cockpit_lite import subsample
-from cockpit_lite.quantities.base import Output, SingleStepQuantity
+from cockpit_lite.quantities.base import Output, SingleStepQuantity, with_total
 from cockpit_lite.transforms import BatchDotGrad
 
 
@@ -30,10 +30,8 @@ class InnerTest(SingleStepQuantity):
         dots = data.per_sample(BatchDotGrad.key)
         grad_l2 = data.grad_squared_norms
         if data.subset is not None:
-            parts = [(torch.stack(dots).sum(0), sum(grad_l2))] + list(zip(dots, grad_l2))
-            return subsample.output(
-                [subsample.sqrt_of_total((d - g2) ** 2, b, 0, (b - 1) * b * g2**2) for d, g2 in parts], data.samples, b
-            )
+            d, g2 = with_total(torch.stack(dots, 1)), with_total(torch.stack(grad_l2))
+            return subsample.sqrt_estimates((d - g2) ** 2, b, torch.zeros_like(g2), (b - 1) * b * g2**2)
 
         def statistic(projections, g2):
             return (projections.var() / (b * g2**2)).sqrt()

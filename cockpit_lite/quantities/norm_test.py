@@ -3,7 +3,7 @@
 import torch
 
 from cockpit_lite import subsample
-from cockpit_lite.quantities.base import Output, SingleStepQuantity, total_and_layers
+from cockpit_lite.quantities.base import Output, SingleStepQuantity, total_and_layers, with_total
 from cockpit_lite.transforms import BatchL2
 
 
@@ -28,10 +28,8 @@ class NormTest(SingleStepQuantity):
         b = data.batch_size
         l2 = data.per_sample(BatchL2.key)
         if data.subset is not None:
-            parts = [(torch.stack(l2).sum(0), sum(data.grad_squared_norms))] + list(zip(l2, data.grad_squared_norms))
-            return subsample.output(
-                [subsample.sqrt_of_total(x, b, b * g2, (b - 1) * b * g2) for x, g2 in parts], data.samples, b
-            )
+            x, g2 = with_total(torch.stack(l2, 1)), with_total(torch.stack(data.grad_squared_norms))
+            return subsample.sqrt_estimates(x, b, b * g2, (b - 1) * b * g2)
 
         def statistic(sum_l2, grad_l2):
             spread = (sum_l2 - b * grad_l2).clamp(min=0)
@@ -39,3 +37,4 @@ class NormTest(SingleStepQuantity):
 
         total, layers = total_and_layers(statistic, [x.sum() for x in l2], data.grad_squared_norms)
         return Output(total, layers)
+

@@ -3,7 +3,7 @@
 import torch
 
 from cockpit_lite import subsample
-from cockpit_lite.quantities.base import Output, SingleStepQuantity
+from cockpit_lite.quantities.base import Output, SingleStepQuantity, with_total
 from cockpit_lite.transforms import BatchDotGrad, BatchL2
 
 
@@ -31,10 +31,9 @@ class OrthoTest(SingleStepQuantity):
         dots = data.per_sample(BatchDotGrad.key)
         grad_l2 = data.grad_squared_norms
         if data.subset is not None:
-            parts = [(torch.stack(l2).sum(0), torch.stack(dots).sum(0), sum(grad_l2))] + list(zip(l2, dots, grad_l2))
-            return subsample.output(
-                [subsample.sqrt_of_total(l - d**2 / g2, b, 0, (b - 1) * b * g2) for l, d, g2 in parts], data.samples, b
-            )
+            l, d = with_total(torch.stack(l2, 1)), with_total(torch.stack(dots, 1))
+            g2 = with_total(torch.stack(grad_l2))
+            return subsample.sqrt_estimates(l - d**2 / g2, b, torch.zeros_like(g2), (b - 1) * b * g2)
 
         def statistic(sum_l2, projections, g2):
             spread = (sum_l2 - (projections**2).sum() / g2).clamp(min=0)

@@ -24,6 +24,13 @@ class Rule:
     def per_sample(self, call, tracked, batch_size):
         raise NotImplementedError
 
+    def per_sample_of(self, call, tracked, batch_size, rows):
+        """``per_sample`` of the samples ``rows`` only (a subsample, ``cockpit_lite.subsample``):
+        ``PerSample`` objects of ``len(rows)`` samples whose ``grad`` is the gradient of all
+        ``batch_size``. By default all samples' individual gradients, then selected; a rule
+        whose cost grows with the samples it forms computes the subsample's alone."""
+        return {name: part.select(rows) for name, part in self.per_sample(call, tracked, batch_size).items()}
+
 
 def compute_dtype(*tensors):
     """At least float32 (statistics of bf16/fp16 models and autocast are accumulated in float32)."""

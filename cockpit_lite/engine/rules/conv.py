@@ -25,13 +25,7 @@ class ConvRule(Rule):
             raise UnsupportedCall(f"convolution input has no leading batch axis of size {batch_size}")
 
     def per_sample(self, call, tracked, batch_size):
-        module = call.module
-        inputs, delta = call.args[0], output_grad(call)
-        dims = len(module.kernel_size)
-        if inputs.dim() != dims + 2 or inputs.shape[0] != batch_size:
-            raise UnsupportedCall(f"convolution input of shape {tuple(inputs.shape)} has no leading batch axis of size {batch_size}")
-        dtype = compute_dtype(inputs, delta, module.weight)
-        inputs, delta = inputs.detach().to(dtype), delta.detach().to(dtype)
+        module, (inputs, delta) = call.module, _operands(call, batch_size)
         out = {}
         for name, param, index in tracked:
             if name == "bias":
@@ -40,8 +34,37 @@ class ConvRule(Rule):
                 out[name] = PerSample(param, index, grad_batch=_weight_grads(module, inputs, delta, param))
         return out
 
+    def per_sample_of(self, call, tracked, batch_size, rows):
+        """The weight's individual gradients of the samples ``rows`` only (one grouped
+        convolution of ``len(rows)`` groups); its gradient from all samples by the layer's own
+        weight-gradient convolution (the work of one backward pass of the layer's weight)."""
+        module, (inputs, delta) = call.module, _operands(call, batch_size)
+        out = {}
+        for name, param, index in tracked:
+            if name == "bias":
+                out[name] = PerSample(param, index, grad_batch=delta.flatten(2).sum(2)).select(rows)
+                continue
+            part = PerSample(param, index, grad_batch=_weight_grads(module, inputs[rows], delta[rows], param),
+                             batch_size=batch_size)
+            part.grad = _weight_grads(module, inputs, delta, param, stacked=False).reshape(-1)
+            out[name] = part
+        return out
 
-def _weight_grads(module, inputs, delta, param):
+
+def _operands(call, batch_size):
+    """The call's input and output gradient, detached, in the statistics' dtype."""
+    module = call.module
+    inputs, delta = call.args[0], output_grad(call)
+    dims = len(module.kernel_size)
+    if inputs.dim() != dims + 2 or inputs.shape[0] != batch_size:
+        raise UnsupportedCall(f"convolution input of shape {tuple(inputs.shape)} has no leading batch axis of size {batch_size}")
+    dtype = compute_dtype(inputs, delta, module.weight)
+    return inputs.detach().to(dtype), delta.detach().to(dtype)
+
+
+def _weight_grads(module, inputs, delta, param, stacked=True):
+    """``[B, *weight shape]``, the samples' weight gradients (``stacked``), or the weight gradient
+    of the whole batch, ``[*weight shape]``."""
     b, dims = inputs.shape[0], len(module.kernel_size)
     padding = module._reversed_padding_repeated_twice  # (last dim left, right, ...)
     symmetric = all(left == right for left, right in zip(padding[::2], padding[1::2]))
@@ -50,10 +73,15 @@ def _weight_grads(module, inputs, delta, param):
     else:
         mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
         inputs, padding = F.pad(inputs, padding, mode=mode), [0] * dims
-    weight = inputs.new_empty((b * param.shape[0], *param.shape[1:]))  # only its shape is read
+    if not stacked:
+        b = 1
+        weight = inputs.new_empty(param.shape)
+    else:
+        weight = inputs.new_empty((b * param.shape[0], *param.shape[1:]))  # only its shape is read
+        delta, inputs = delta.reshape(1, -1, *delta.shape[2:]), inputs.reshape(1, -1, *inputs.shape[2:])
     _, grad_batch, _ = torch.ops.aten.convolution_backward(
-        delta.reshape(1, -1, *delta.shape[2:]),
-        inputs.reshape(1, -1, *inputs.shape[2:]),
+        delta,
+        inputs,
         weight,
         None,
         list(module.stride),
@@ -64,4 +92,4 @@ def _weight_grads(module, inputs, delta, param):
         b * module.groups,
         [False, True, False],
     )
-    return grad_batch.view(b, *param.shape)
+    return grad_batch.view(b, *param.shape) if stacked else grad_batch
