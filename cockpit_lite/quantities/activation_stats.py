@@ -49,7 +49,7 @@ that a first BatchNorm/LayerNorm normalises away is an oddity, not a fault.
 import torch
 from torch import nn
 
-from cockpit_lite.quantities.base import Needs, Output, Quantity, input_module
+from cockpit_lite.quantities.base import Needs, Output, Quantity, input_module, user_forward
 
 RELU = (nn.ReLU, nn.ReLU6)
 TANH = (nn.Tanh, nn.Hardtanh, nn.Softsign)
@@ -118,7 +118,7 @@ class ActivationStats(Quantity):
         self._finding, self._carried = [], []
 
     def _model_input(self, module, args):
-        if torch.is_grad_enabled() and self._first is None:
+        if user_forward() and self._first is None:
             self._looked += 1
             self._carried = [a for a in args if torch.is_tensor(a) and a.is_floating_point()][:1]
 
@@ -143,7 +143,7 @@ class ActivationStats(Quantity):
             "sigmoid" if isinstance(module, SIGMOID) else "recurrent" if isinstance(module, RECURRENT) else None)
 
         def hook(mod, args, output):
-            if not torch.is_grad_enabled() or not self.is_due(self._next):
+            if not user_forward() or not self.is_due(self._next):
                 return None
             gates = None
             if kind == "recurrent":

@@ -23,6 +23,7 @@ from typing import Any, Optional
 import torch
 
 from cockpit_lite import schedules
+from cockpit_lite.engine.rules.base import rerunning
 
 
 @dataclass(frozen=True)
@@ -247,3 +248,10 @@ def total_and_layers(statistic, *per_layer_parts):
 def with_total(per_parameter):
     """``[..., L]`` values per parameter, with their sum over parameters prepended: ``[..., 1 + L]``."""
     return torch.cat([per_parameter.sum(-1, keepdim=True), per_parameter], -1)
+
+
+def user_forward():
+    """Whether a forward hook sees the user's own forward pass with gradients on: not a ``no_grad``
+    evaluation, nor the engine's re-run of a module to form its individual gradients (whose
+    vmapped tensors must not be kept, and whose calls are not the user's)."""
+    return torch.is_grad_enabled() and not rerunning()

@@ -13,7 +13,7 @@ with the step's values.
 
 import torch
 
-from cockpit_lite.quantities.base import Needs, Output, Quantity, input_module
+from cockpit_lite.quantities.base import Needs, Output, Quantity, input_module, user_forward
 
 KEYS = ("mean", "std", "min", "max", "nonfinite")
 SUB_BATCH = 16
@@ -41,7 +41,7 @@ class InputStats(Quantity):
         self._handle, self._stats = None, None
 
     def _pre(self, module, args):
-        if self._stats is not None or not torch.is_grad_enabled() or not self.is_due(self._next):
+        if self._stats is not None or not user_forward() or not self.is_due(self._next):
             return None
         x = next((a for a in args if torch.is_tensor(a) and a.is_floating_point()), None)
         if x is None or x.numel() < 2:

@@ -30,7 +30,7 @@ import re
 
 import torch
 
-from cockpit_lite.quantities.base import Needs, Output, Quantity, input_module
+from cockpit_lite.quantities.base import Needs, Output, Quantity, input_module, user_forward
 
 MAX_ANALYSED = 3
 MAX_NODES = 20000
@@ -86,13 +86,13 @@ class NonfiniteOrigin(Quantity):
         self._input = None
 
     def _pre(self, module, args):
-        if torch.is_grad_enabled():
+        if user_forward():
             self._outputs = []
             self._input = next((a for a in args if torch.is_tensor(a) and a.is_floating_point()), None)
 
     def _post(self, name):
         def hook(module, args, output):
-            if torch.is_grad_enabled():
+            if user_forward():
                 tensor = output if torch.is_tensor(output) else next(
                     (o for o in (output if isinstance(output, (tuple, list)) else ()) if torch.is_tensor(o)), None)
                 if tensor is not None and tensor.is_floating_point():

@@ -1,5 +1,7 @@
 """``ActivationStats`` against numpy (float64) on the module outputs of the same forward pass."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -333,3 +335,42 @@ def test_the_recomputed_recurrence_is_the_modules_own(kind, options):
     expected = expected if batch_first else expected.transpose(0, 1)
     torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-6)
     assert 0 <= float(saturated) <= 1
+
+
+class _LSTMReadout(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(3, 5, batch_first=True)
+        self.head = torch.nn.Linear(5, 2)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.lstm(x)[0][:, -1]))
+
+
+def test_the_engines_rerun_of_a_module_is_not_taken_for_the_users_forward_pass():
+    """An LSTM's individual gradients come from a torch.func re-run of the module: the signals'
+    forward hooks must not keep its vmapped tensors (it once broke the next forward pass of the
+    user's training with 'your tensor may have escaped from inside a function being vmapped')."""
+    import warnings
+
+    from cockpit_lite import Cockpit
+    from cockpit_lite.quantities import NormTest
+
+    torch.manual_seed(0)
+    model = _LSTMReadout()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cp = Cockpit(model, [NormTest()])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", message=".*performance drop.*")  # torch: no vmap rule for mkldnn_rnn_layer
+        for step in range(4):
+            x, y = torch.randn(6, 4, 3), torch.randint(0, 2, (6,))
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            with cp(step, info={"loss": loss, "optimizer": opt}):
+                loss.backward()
+            opt.step()
+    record = cp.get_output()
+    assert all(math.isfinite(record[s]["NormTest"]) for s in range(4))
+    stats = record[0]["ActivationStats"]
+    assert set(stats) >= {"lstm"} and math.isfinite(stats["lstm"]["mean"])

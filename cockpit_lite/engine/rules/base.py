@@ -1,5 +1,7 @@
 """Shared pieces of the individual-gradient rules."""
 
+from contextlib import contextmanager
+
 import torch
 
 
@@ -80,3 +82,23 @@ def output_grad(call, position=0):
     if grad is None:
         return torch.zeros_like(call.leaves[position])
     return grad
+
+
+_RERUNS = [0]
+
+
+@contextmanager
+def rerun():
+    """Mark the engine's re-run of a module (``torch.func``, to form its individual gradients):
+    forward hooks of the model (the diagnosis' signals) must not take it for the user's forward
+    pass (``rerunning``)."""
+    _RERUNS[0] += 1
+    try:
+        yield
+    finally:
+        _RERUNS[0] -= 1
+
+
+def rerunning():
+    """Whether a module call happens inside the engine's re-run (``rerun``)."""
+    return _RERUNS[0] > 0

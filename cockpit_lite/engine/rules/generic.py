@@ -27,7 +27,7 @@ from torch.func import functional_call, grad, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils import _pytree as pytree
 
-from cockpit_lite.engine.rules.base import Rule, UnsupportedCall, batch_axis, compute_dtype, output_grad
+from cockpit_lite.engine.rules.base import Rule, UnsupportedCall, batch_axis, compute_dtype, output_grad, rerun
 from cockpit_lite.transforms import PerSample
 
 
@@ -69,7 +69,7 @@ class GenericRule(Rule):
             return sum((g * outputs[p]).sum() for p, g in zip(positions, grads))
 
         device = inputs[0].device.type if inputs else "cpu"
-        with torch.enable_grad(), torch.autocast(device, enabled=False), sdpa_kernel(SDPBackend.MATH):
+        with torch.enable_grad(), torch.autocast(device, enabled=False), sdpa_kernel(SDPBackend.MATH), rerun():
             grads = None
             if type(module) not in self._loop:
                 try:
