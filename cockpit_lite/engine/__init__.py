@@ -306,10 +306,13 @@ class Engine:
                 for index, dense in state.dense.items():
                     if index in state.failed:  # a use failed: the other uses' sum is not its gradient
                         continue
-                    state.ready(index, _transforms.PerSample(
+                    part = _transforms.PerSample(
                         self.params[index], index, grad_batch=dense, batch_size=state.batch_size,
                         grad_before=state.grads_before[index],
-                    ))
+                    )
+                    if index in state.dense_grads:  # the subsample's rows, the gradient of all samples
+                        part.grad = state.dense_grads[index]
+                    state.ready(index, part)
                 if state.window is not None:  # accumulated: this pass is checked on its own, then kept
                     self._check_gradients(state)
                     state.window.add(state.pending, state.batch_size, state.failed)
@@ -325,7 +328,7 @@ class Engine:
                 path.remove()
             # the paths' callbacks hold the state: a reference cycle that would keep its tensors (each
             # parameter's served gradient, the dense sums) alive until Python's cycle collector runs
-            state.paths, state.served, state.dense, state.pending = [], {}, {}, {}
+            state.paths, state.served, state.dense, state.pending, state.dense_grads = [], {}, {}, {}, {}
             self.forget()
         return state.results, state.batch_size, state.flags
 
@@ -459,6 +462,10 @@ class Engine:
         part.batch_size = state.batch_size
         part.grad_before = state.grads_before[index]
         if state.uses.get(index, 1) > 1:  # summed in place: one [B, *shape] tensor for all uses
+            if state.subset is not None and part.num_samples == state.batch_size:  # subsampled: k rows
+                grad = part.grad  # this use's gradient of all B samples
+                state.dense_grads[index] = grad if index not in state.dense_grads else state.dense_grads[index] + grad
+                part = part.select(state.subset.to(part.param.device))
             if index in state.dense:
                 part.add_to(state.dense[index])
             else:
@@ -625,6 +632,7 @@ class _Step:
         self.uses = {}
         self.done = set()
         self.dense = {}
+        self.dense_grads = {}  # subsampled: per multi-use parameter, the sum of its uses' gradients of all B
         self.results = {}
         self.served = {}  # index -> the gradient the engine's individual gradients sum to (None: not checked)
         self.global_path = set()  # indices served by the global path
