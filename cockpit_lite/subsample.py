@@ -26,6 +26,7 @@ per-sample value ``x_n`` (``‖g̃_n‖²``, ``(g̃_nᵀg − ‖g‖²)²``, ..
 The record says ``"samples"`` (k) and the standard errors in its ``meta``.
 """
 
+import hashlib
 import math
 
 import torch
@@ -39,11 +40,13 @@ MIN_SAMPLES = 2
 def draw(k, batch_size, key, device=None):
     """``k`` distinct sample indices out of ``batch_size``, sorted, from a generator seeded by ``key``.
 
-    ``key`` is hashed (a tuple of ints, e.g. ``(seed, step)``) into the seed of a private
-    ``torch.Generator``: the same key draws the same samples in every run, and no global
-    random state is read or advanced.
+    ``key`` (a tuple of ints, e.g. ``(seed, step)``) is hashed by SHA-256 (not Python's
+    ``hash``, which is salted per process for strings) into the seed of a private
+    ``torch.Generator``: the same key draws the same samples in every run and process, and
+    no global random state is read or advanced.
     """
-    generator = torch.Generator().manual_seed(hash(("samples",) + tuple(key)) % 2**63)
+    digest = hashlib.sha256(repr(("samples", *(int(k) for k in key))).encode()).digest()
+    generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
     chosen = torch.randperm(batch_size, generator=generator)[:k].sort().values
     return chosen if device is None else chosen.to(device)
 

@@ -243,6 +243,21 @@ def test_draws_are_reproducible_and_leave_the_users_random_state_alone():
     assert rows.tolist() == sorted(set(rows.tolist())) and len(rows) == 3
 
 
+def test_draws_are_the_same_in_another_process():
+    """Whatever the process's hash salt (PYTHONHASHSEED)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from cockpit_lite import subsample; print(subsample.draw(8, 64, (3, 17)).tolist())"
+    outputs = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       env={**os.environ, "PYTHONHASHSEED": salt}).stdout
+        for salt in ("1", "2")
+    }
+    assert outputs == {str(subsample.draw(8, 64, (3, 17)).tolist()) + "\n"}
+
+
 def test_training_is_undisturbed():
     """The parameters after the steps are those of the run without the Cockpit's subsample, bit for bit."""
     def trained(samples):
