@@ -425,8 +425,12 @@ def _evaluate(model, recipe, valid, generator):
     return loss, accuracy
 
 
-def train(name, seed=0, steps=None):
-    """Train recipe ``name`` under a Cockpit; returns ``(cockpit, summary)`` (summary: first/last loss, held-out)."""
+def train(name, seed=0, steps=None, economy=False, samples=None):
+    """Train recipe ``name`` under a Cockpit; returns ``(cockpit, summary)`` (summary: first/last loss, held-out).
+
+    ``economy``: also track ``configuration("economy")`` (whose ``NormTest`` the
+    ``noise_dominates`` rule reads); ``samples``: ``Cockpit(samples=...)`` (not for the
+    recipes that accumulate gradients, where it is refused: those run exact)."""
     import cockpit_lite
 
     recipe = RECIPES[name]
@@ -435,8 +439,10 @@ def train(name, seed=0, steps=None):
     optimizer = make_optimizer(model.parameters())
     total = steps or recipe.steps
     scheduler = recipe.schedule(optimizer, total) if recipe.schedule else None
-    cp = cockpit_lite.Cockpit(model, quantities=recipe.quantities() if recipe.quantities else None,
-                              accumulate=recipe.accumulate > 1)
+    quantities = (recipe.quantities() if recipe.quantities else []) + (
+        cockpit_lite.configuration("economy") if economy else [])
+    cp = cockpit_lite.Cockpit(model, quantities=quantities or None, accumulate=recipe.accumulate > 1,
+                              samples=samples if recipe.accumulate == 1 else None)
     generator = torch.Generator().manual_seed(seed + 3)
     train_data, valid = data
     losses = []
@@ -549,17 +555,39 @@ def spread(cp):
             "update_min": min(updates, default=math.nan), "update_max": max(updates, default=math.nan)}
 
 
+def compare_samples(names, k, seeds, steps=None):
+    """Findings ``{(kind, layer)}`` of each recipe and seed, exact and with ``samples=k`` (economy
+    tracked in both); returns the list of ``(name, seed, exact, subsampled)`` that differ."""
+    differ = []
+    for name in names:
+        for seed in range(seeds):
+            found = [{(f.kind, f.layer) for f in train(name, seed, steps, economy=True, samples=s)[0].findings}
+                     for s in (None, k)]
+            same = found[0] == found[1]
+            print(f"{name} seed {seed}: {'same' if same else 'DIFFERENT'}  exact {sorted(map(str, found[0])) or '-'}"
+                  + ("" if same else f"  samples={k} {sorted(map(str, found[1])) or '-'}"), flush=True)
+            if not same:
+                differ.append((name, seed, found[0], found[1]))
+    print(f"\n{len(differ)} of {len(names) * seeds} runs differ in their findings with samples={k}")
+    return differ
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m experiments.realistic_diagnosis",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--only", nargs="+", choices=list(RECIPES))
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int)
+    parser.add_argument("--compare-samples", type=int, metavar="K",
+                        help="instead: track configuration('economy') too and compare the findings (kind, layer) "
+                             "of each recipe's exact run with those of Cockpit(samples=K)")
     args = parser.parse_args(argv)
     single_thread()
     import logging
 
     logging.getLogger("cockpit_lite.diagnosis").setLevel(logging.ERROR + 10)
+    if args.compare_samples:
+        return compare_samples(args.only or list(RECIPES), args.compare_samples, args.seeds, args.steps)
     rows, spreads = [], []
     for name in args.only or RECIPES:
         recipe = RECIPES[name]
