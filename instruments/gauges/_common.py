@@ -215,7 +215,7 @@ def estimates(record, key):
     return np.asarray(xs, float), np.asarray(ses, float), how
 
 
-def estimate_band(ax, record, key, color=style.TOTAL):
+def estimate_band(ax, record, key, color=style.TOTAL, label="±1 SE"):
     """Shade ± one standard error around the estimated values of ``key``; return a title suffix
     (" · est. 3 probes", " · est. 8/64 samples"; empty when no value of ``key`` is an estimate)."""
     xs, ses, how = estimates(record, key)
@@ -231,5 +231,5 @@ def estimate_band(ax, record, key, color=style.TOTAL):
             if ax.get_yscale() == "log":  # a band to 0 or below has no place on a log axis
                 low = np.maximum(low, ys / 10)
             high = np.minimum(ys + errors, ys.max() + span)
-            ax.fill_between(steps[keep], low, high, color=color, alpha=0.18, linewidth=0, label="±1 SE")
+            ax.fill_between(steps[keep], low, high, color=color, alpha=0.18, linewidth=0, label=label)
     return f" · est. {'; '.join(how)}" if how else ""

@@ -76,7 +76,8 @@ def gauge(record, ax, *, layers=None, yscale="log", threshold=1.0, **options):
     ax.axhspan(threshold, max(threshold, *(v.max() for v in all_values)) * 10, color=style.FLAG, alpha=0.05,
                zorder=0)
     style.auto_yscale(ax, *all_values, np.array([threshold]), scale=yscale)
-    estimated = [estimate_band(ax, record, key, COLORS[key]) for key in KEYS if key not in absent]
+    estimated = [estimate_band(ax, record, key, COLORS[key], label="±1 SE" if i == 0 else None)
+                 for i, key in enumerate(k for k in KEYS if k not in absent)]
     estimated = next((e for e in estimated if e), "")
     low = min(v.min() for v in all_values)
     high = max(v.max() for v in all_values)

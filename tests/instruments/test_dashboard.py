@@ -123,6 +123,7 @@ KINDS = {
     "100 layers": lambda: records.diagnosis_record(300, n_params=100, n_relu=50, n_tanh=0),
     "economy": records.economy_record,
     "economy with diagnosis": records.economy_with_diagnosis,
+    "economy estimated from a subsample (samples=8)": records.subsampled_economy_record,
     "full": records.full_record,
     "full, TICs NaN with a long flag at every step": records.full_record_without_tic,
     "only a loss": lambda: {0: {"Loss": 1.0}, 1: {"Loss": 0.5}},
@@ -143,6 +144,15 @@ def test_every_record_kind_renders_without_empty_panels_or_overlapping_text(kind
     assert not [text for text, *_ in boxes if "$" in text or "mathdefault" in text]
     assert not overlapping_texts(fig, boxes=boxes)
     assert not outside_parent(fig, boxes=boxes)
+
+
+def test_estimates_from_a_subsample_are_shaded_and_titled():
+    dashboard = Dashboard(**FAST)
+    dashboard.draw(records.subsampled_economy_record())
+    for name in ("gradient_tests", "grad_variance", "histogram_1d"):
+        assert "est. 8/64 samples" in dashboard.axes[name].get_title(), name
+    bands = [c for c in dashboard.axes["gradient_tests"].collections if c.get_label() == "±1 SE"]
+    assert len(bands) == 1
 
 
 def test_step_axes_are_aligned(full_record):
