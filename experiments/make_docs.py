@@ -84,6 +84,8 @@ TABLES = {
     "histogram": _measured("histogram"),
     "correctness": _measured("correctness"),
     "porting_speed": _measured("recipe"),
+    "subsample_overhead": _measured("subsample_overhead"),
+    "subsample_honesty": _measured("subsample_honesty"),
     "lr_comparison": _lr_table,
     "demo_last_epoch": _demo_summary,
 }
