@@ -86,6 +86,7 @@ TABLES = {
     "porting_speed": _measured("recipe"),
     "subsample_overhead": _measured("subsample_overhead"),
     "subsample_honesty": _measured("subsample_honesty"),
+    "subsample_memory": _measured("subsample_memory"),
     "lr_comparison": _lr_table,
     "demo_last_epoch": _demo_summary,
 }
