@@ -18,7 +18,7 @@ per-sample value ``x_n`` (``‖g̃_n‖²``, ``(g̃_nᵀg − ‖g‖²)²``, ..
   over ``S`` (``k − 1`` denominator) is unbiased for it, and its square root is the
   standard error ``se(T̂)`` (``total``). It rests on ``k − 1`` degrees of freedom: for
   normal ``x_n`` ``(T̂ − T) / se`` is about Student's t with ``k − 1`` degrees, so even
-  then ``|T̂ − T| > 3 se`` in 2.0 % of draws at ``k = 8``, 0.9 % at 16, 0.6 % at 32.
+  then ``|T̂ − T| > 3 se`` in 2.0 % of draws at ``k = 8``, 0.9 % at 16, 0.5 % at 32.
 - A smooth function ``h(T̂)`` (a square root, a ratio with an exact denominator) has the
   delta-method standard error ``|h'(T̂)| se(T̂)`` (``sqrt_se``); it is consistent, not
   unbiased (``h`` convex or concave biases it by ``O(1/k)``).

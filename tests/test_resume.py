@@ -62,14 +62,15 @@ def _fresh(log_path, **kwargs):
     return model, opt, Cockpit(model, quantities=_quantities(), log=log_path, **kwargs)
 
 
+@pytest.mark.parametrize("samples", [None, 3], ids=["exact", "samples=3"])
 @pytest.mark.parametrize("split", [3, 5])
-def test_a_resumed_run_records_what_the_uninterrupted_run_records(tmp_path, split):
+def test_a_resumed_run_records_what_the_uninterrupted_run_records(tmp_path, split, samples):
     batches = _batches()
-    model, opt, whole = _fresh(tmp_path / "whole.jsonl")
+    model, opt, whole = _fresh(tmp_path / "whole.jsonl", samples=samples)
     _train(model, opt, whole, batches, range(STEPS))
     whole.close()
 
-    model, opt, first = _fresh(tmp_path / "resumed.jsonl")
+    model, opt, first = _fresh(tmp_path / "resumed.jsonl", samples=samples)
     _train(model, opt, first, batches, range(split))
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "cockpit": first.state_dict()},
                tmp_path / "checkpoint.pt")
@@ -77,7 +78,7 @@ def test_a_resumed_run_records_what_the_uninterrupted_run_records(tmp_path, spli
     del model, opt, first
 
     checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
-    model, opt, resumed = _fresh(tmp_path / "resumed.jsonl")
+    model, opt, resumed = _fresh(tmp_path / "resumed.jsonl", samples=samples)
     model.load_state_dict(checkpoint["model"])
     opt.load_state_dict(checkpoint["optimizer"])
     resumed.load_state_dict(checkpoint["cockpit"])

@@ -99,6 +99,38 @@ def test_estimates_are_the_documented_estimators_on_brute_force_individual_gradi
         assert hist.sum() == pytest.approx(counts.sum())
 
 
+def test_a_validation_pass_between_steps_and_a_layer_frozen_mid_run():
+    """Habits of real loops under samples=k: a forward pass with gradients on (another batch size)
+    before the step's, and the first layer frozen from step 1 on; NormTest against the formula on
+    brute-force individual gradients of the drawn rows (a frozen tensor contributes nothing)."""
+    problem = problems.make("resnet_bn_train", B, steps=3)
+    model, params = problem.model, list(problem.model.parameters())
+    opt = torch.optim.SGD(params, lr=0.1)
+    cp = Cockpit(model, [NormTest()], samples=K, diagnose=False, strict=True)
+    frozen = params[0]
+    for step, (x, y) in enumerate(problem.batches):
+        if step == 1:
+            frozen.requires_grad_(False)
+        snapshot = problems.Snapshot([p.detach().clone() for p in params], x, y,
+                                     {k: v.clone() for k, v in model.state_dict().items()})
+        model(problem.batches[0][0][:5]).sum()  # a validation pass with gradients on, 5 samples
+        opt.zero_grad()
+        loss = problem.lossfunc(model(x), y)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "no longer requires a gradient" (said once)
+            with cp(step, info={"loss": loss, "optimizer": opt}):
+                loss.backward()
+        opt.step()
+        grads = [g.reshape(B, -1) for g in problems.individual_gradients(problem, snapshot)]
+        if step >= 1:
+            grads[0] = torch.zeros_like(grads[0])
+        rows = subsample.draw(K, B, (0, step)).tolist()
+        want, want_se = references(torch.cat(grads, 1), rows)["NormTest"]
+        entry = cp.get_output()[step]
+        assert entry["NormTest"] == pytest.approx(want, rel=1e-6), step
+        assert entry["meta"]["NormTest"]["se"] == pytest.approx(want_se, rel=1e-6), step
+
+
 def test_the_global_path_forms_the_individual_gradients_of_the_drawn_samples_only(monkeypatch):
     """BatchNorm in training mode: k vector-Jacobian products, not B."""
     from cockpit_lite.engine import global_path
