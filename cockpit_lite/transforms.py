@@ -316,6 +316,21 @@ class BatchL2(Transform):
         return per_sample.squared_norms() * per_sample.batch_size**2
 
 
+class GradL2(Transform):
+    """``‖g‖²`` of the parameter's gradient as the engine sums it from the individual gradients of
+    all ``B`` samples (also at a subsampled step), in their precision: under bf16 autocast autograd's
+    gradient is rounded to 2⁻⁸, more than ``Σ_n ‖g̃_n‖² − B ‖g‖²`` of a high-SNR tensor. Shape ``[]``."""
+
+    key = "grad_l2"
+
+    def __call__(self, per_sample):
+        return (per_sample.grad**2).sum()
+
+    def combine(self, values):
+        """Chunks of one batch's samples (the global path) share its gradient: any one's value."""
+        return values[0]
+
+
 class BatchDotGrad(Transform):
     """Projections of the individual gradients on the gradient, ``g̃_nᵀ g``, shape ``[B]``."""
 

@@ -350,3 +350,32 @@ def products_made(monkeypatch):
 
     monkeypatch.setattr(cockpit_lite.cockpit, "HessianVectorProducts", Recorded)
     return made
+
+
+def run_autocast(quantity, steps=2, batch_size=32, offset=50.0, autocast=True, **cockpit_kwargs):  # quantity: one or a list
+    """A float32 MLP trained under bf16 autocast (or without) on targets far from its outputs (the
+    last bias's gradient is nearly the same in every sample: a GSNR of ~10⁴). Returns the record and,
+    per step, the float64 individual gradients by a loop of autograd.grad over the individual losses
+    of one forward pass under the same autocast."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=1e-3)
+    cp = Cockpit(model, quantity if isinstance(quantity, list) else [quantity], strict=True, diagnose=False,
+                          **cockpit_kwargs)
+    g = torch.Generator().manual_seed(1)
+    individual = []
+    for step in range(steps):
+        x = torch.randn(batch_size, 8, generator=g)
+        y = offset + 0.1 * torch.randn(batch_size, 4, generator=g)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = model(x)
+        losses = torch.nn.functional.mse_loss(out.float(), y, reduction="none").mean(1)
+        grads = [torch.autograd.grad(losses[n], params, retain_graph=True) for n in range(batch_size)]
+        individual.append([torch.stack(parts).double().reshape(batch_size, -1) for parts in zip(*grads)])
+        opt.zero_grad()
+        loss = losses.mean()
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+        opt.step()
+    return cp.get_output(), individual

@@ -5,7 +5,7 @@ import torch
 from cockpit_lite import subsample
 from cockpit_lite.optim import plain_sgd_learning_rate
 from cockpit_lite.quantities.base import Output, SingleStepQuantity, with_total
-from cockpit_lite.transforms import BatchL2, SumGrad, SumGradSquared, centred_sums_of_squares
+from cockpit_lite.transforms import BatchL2, GradL2, SumGrad, SumGradSquared, centred_sums_of_squares
 
 
 class CABS(SingleStepQuantity):
@@ -18,13 +18,13 @@ class CABS(SingleStepQuantity):
 
     Subsampled (``k`` of ``B`` samples, ``cockpit_lite.subsample``): ``Σ_d Σ_n (g̃_{n,d} − g_d)²
     = Σ_n ‖g̃_n‖² − B ‖g‖²`` with the total estimated by ``(B/k) Σ_{n∈S} ‖g̃_n‖²`` (unbiased,
-    ``‖g‖²`` autograd's): the value is linear in it, its standard error in the ``meta``.
+    ``‖g‖²`` from the engine's sum of all ``B`` individual gradients, ``GradL2``): the value is linear in it, its standard error in the ``meta``.
     """
 
     INFO = ("optimizer", "loss")
     SUBSAMPLE = True
     TRANSFORMS = (SumGradSquared, SumGrad)
-    SUBSAMPLE_TRANSFORMS = (BatchL2,)
+    SUBSAMPLE_TRANSFORMS = (BatchL2, GradL2)
 
     def _needs(self, step, info):
         plain_sgd_learning_rate(info.require("optimizer", self.name), self.name)
@@ -37,7 +37,7 @@ class CABS(SingleStepQuantity):
         if data.subset is not None:
             scale = lr / (b * loss)
             t, se = subsample.total(with_total(torch.stack(data.per_sample(BatchL2.key), 1)), b)
-            g2 = with_total(torch.stack(data.grad_squared_norms))
+            g2 = with_total(torch.stack(data.per_sample(GradL2.key)))
             return subsample.output(scale * (t - b * g2), scale * se, data.samples, b)
         centred, flags = centred_sums_of_squares(data, self.name)
         parts = [lr * m2.sum() / (b * loss) for m2 in centred]

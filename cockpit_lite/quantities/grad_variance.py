@@ -4,7 +4,7 @@ import torch
 
 from cockpit_lite import subsample
 from cockpit_lite.quantities.base import Output, SingleStepQuantity, with_total
-from cockpit_lite.transforms import BatchL2, SumGrad, SumGradSquared, centred_sums_of_squares
+from cockpit_lite.transforms import BatchL2, GradL2, SumGrad, SumGradSquared, centred_sums_of_squares
 
 
 class GradVariance(SingleStepQuantity):
@@ -20,7 +20,8 @@ class GradVariance(SingleStepQuantity):
 
     Subsampled (``k`` of ``B`` samples, ``cockpit_lite.subsample``): ``Σ_d σ̂_d² =
     (Σ_n ‖g̃_n‖² − B ‖g‖²) / (B − 1)`` with ``Σ_n ‖g̃_n‖²`` estimated by ``(B/k) Σ_{n∈S} ‖g̃_n‖²``
-    (unbiased) and ``‖g‖²`` autograd's; clamped at 0 (biased only within about a standard
+    (unbiased) and ``‖g‖²`` from the engine's sum of all ``B`` individual gradients (``GradL2``:
+    the same precision, not autograd's bf16-rounded gradient under autocast); clamped at 0 (biased only within about a standard
     error of 0). The ``meta``'s ``"se"`` is the list of the entries' standard errors,
     ``"total_se"`` that of their sum (the entries share the samples: not the root of the
     sum of their squares).
@@ -30,13 +31,13 @@ class GradVariance(SingleStepQuantity):
     SUBSAMPLE = True
 
     TRANSFORMS = (SumGradSquared, SumGrad)
-    SUBSAMPLE_TRANSFORMS = (BatchL2,)
+    SUBSAMPLE_TRANSFORMS = (BatchL2, GradL2)
 
     def compute(self, step, data):
         b = data.batch_size
         if data.subset is not None:
             t, se = subsample.total(with_total(torch.stack(data.per_sample(BatchL2.key), 1)), b)
-            values = ((t[1:] - b * torch.stack(data.grad_squared_norms)) / (b - 1)).clamp(min=0)
+            values = ((t[1:] - b * torch.stack(data.per_sample(GradL2.key))) / (b - 1)).clamp(min=0)
             meta = subsample.meta(data.samples, b, list((se[1:] / (b - 1)).unbind()))
             meta["total_se"] = se[0] / (b - 1)
             return Output(list(values.unbind()), meta=meta)

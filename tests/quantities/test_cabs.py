@@ -44,11 +44,10 @@ def test_other_optimizers_are_refused_naming_cabs(make):
 def test_bf16_autocast_matches_brute_force_of_the_same_forward():
     """Σ_n (g̃_n − g)² from sums of the same individual gradients: with autograd's bf16-rounded g it
     lost the high-SNR bias's variance (see tests/quantities/test_mean_gsnr.py)."""
-    from test_mean_gsnr import run_autocast
 
     from cockpit_lite.quantities import Loss
 
-    record, individual = run_autocast([CABS(), Loss()])
+    record, individual = problems.run_autocast([CABS(), Loss()])
     for step, flat in enumerate(individual):
         b = flat[0].shape[0]
         parts = [1e-3 * ((f - f.mean(0)) ** 2).sum() / (b * record[step]["Loss"]) for f in flat]

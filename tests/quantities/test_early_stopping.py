@@ -68,9 +68,8 @@ def test_schedule_and_verbose_are_passed_on(capsys):
 def test_bf16_autocast_matches_brute_force_of_the_same_forward():
     """g and σ̂² from the same individual gradients: with autograd's bf16-rounded g, g² and
     Σ g̃² − B g² disagreed by more than the high-SNR bias's variance (see tests/quantities/test_mean_gsnr.py)."""
-    from test_mean_gsnr import run_autocast
 
-    record, individual = run_autocast(EarlyStopping())
+    record, individual = problems.run_autocast(EarlyStopping())
     for step, flat in enumerate(individual):
         b = flat[0].shape[0]
         snr = [f.mean(0) ** 2 / (f.var(0, unbiased=True) + 1e-5) for f in flat]

@@ -20,9 +20,8 @@ def test_bf16_autocast_matches_brute_force_of_the_same_forward():
     """Under bf16 autocast, Σ g̃² − B g² with autograd's (bf16-rounded) gradient lost the variance of the
     high-SNR last bias (0.0 or negative); g summed from the individual gradients matches the brute force
     of the same autocast forward (2e-2: see tests/quantities/test_mean_gsnr.py)."""
-    from test_mean_gsnr import run_autocast
 
-    record, individual = run_autocast(GradVariance())
+    record, individual = problems.run_autocast(GradVariance())
     for step, flat in enumerate(individual):
         expected = [f.var(0, unbiased=True).sum() for f in flat]
         problems.assert_close(record[step]["GradVariance"], expected, rtol=2e-2, what="GradVariance bf16")

@@ -51,40 +51,12 @@ def test_quiet_by_default(capsys):
     assert "MeanGSNR" not in capsys.readouterr().out
 
 
-def run_autocast(quantity, steps=2, batch_size=32, offset=50.0, autocast=True):  # quantity: one or a list
-    """A float32 MLP trained under bf16 autocast (or without) on targets far from its outputs (the
-    last bias's gradient is nearly the same in every sample: a GSNR of ~10⁴). Returns the record and,
-    per step, the float64 individual gradients by a loop of autograd.grad over the individual losses
-    of one forward pass under the same autocast."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    params = list(model.parameters())
-    opt = torch.optim.SGD(params, lr=1e-3)
-    cp = problems.Cockpit(model, quantity if isinstance(quantity, list) else [quantity], strict=True, diagnose=False)
-    g = torch.Generator().manual_seed(1)
-    individual = []
-    for step in range(steps):
-        x = torch.randn(batch_size, 8, generator=g)
-        y = offset + 0.1 * torch.randn(batch_size, 4, generator=g)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            out = model(x)
-        losses = torch.nn.functional.mse_loss(out.float(), y, reduction="none").mean(1)
-        grads = [torch.autograd.grad(losses[n], params, retain_graph=True) for n in range(batch_size)]
-        individual.append([torch.stack(parts).double().reshape(batch_size, -1) for parts in zip(*grads)])
-        opt.zero_grad()
-        loss = losses.mean()
-        with cp(step, info={"loss": loss, "optimizer": opt}):
-            loss.backward()
-        opt.step()
-    return cp.get_output(), individual
-
-
 def test_bf16_autocast_matches_brute_force_of_the_same_forward():
     """Autograd's gradient under autocast is rounded to bf16 (2⁻⁸ relative), more than the variance of
     a high-SNR element: σ² = Σ g̃²/B − g² with that gradient went negative (MeanGSNR −0.59 against
     478). With g summed from the same individual gradients it matches the brute force; 2e-2 allows for
     the engine reading the first layer's input in float32 where autograd uses its bf16 cast."""
-    record, individual = run_autocast(MeanGSNR())
+    record, individual = problems.run_autocast(MeanGSNR())
     for step, flat in enumerate(individual):
         expected_total = gsnr(torch.cat(flat, 1), DEFAULT_EPSILON).mean()
         expected_layers = [gsnr(f, DEFAULT_EPSILON).mean() for f in flat]
@@ -97,7 +69,7 @@ def test_a_variance_lost_in_rounding_is_nan_and_flagged():
     """float32 individual gradients of the last bias equal to 6 significant digits (targets 10⁵ away):
     Σ g̃² − B g² cannot resolve their variance in float32; the last bias (and with it the total) is NaN
     with a flag, the weights keep their values."""
-    record, individual = run_autocast(MeanGSNR(), steps=1, offset=1e5, autocast=False)
+    record, individual = problems.run_autocast(MeanGSNR(), steps=1, offset=1e5, autocast=False)
     entry = record[0]
     layers = entry["layers"]["MeanGSNR"]
     assert np.isnan(entry["MeanGSNR"]) and np.isnan(layers[3])
