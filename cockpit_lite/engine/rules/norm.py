@@ -4,10 +4,13 @@ For ``y = γ ⊙ x̂ + β`` (``γ``, ``β`` broadcast over the non-parameter axe
 gradients are ``Σ δ_n ⊙ x̂_n`` and ``Σ δ_n`` over every axis of sample n that the
 parameter is broadcast along. ``x̂`` is recomputed from the recorded input with the
 statistics the layer used: per sample (LayerNorm, RMSNorm, GroupNorm), of the batch
-(BatchNorm in training mode) or the running ones (BatchNorm in eval mode).
+(BatchNorm in training mode) or the running ones (BatchNorm in eval mode), by torch's
+own normalisation kernel without the affine parameters (one fused pass, the forward's
+arithmetic).
 """
 
 import torch
+from torch.nn import functional as F
 
 from cockpit_lite.engine.rules.base import Rule, UnsupportedCall, batch_axis, compute_dtype, output_grad
 from cockpit_lite.transforms import PerSample
@@ -49,19 +52,14 @@ class LayerNormRule(_TrailingNorm):
     """LayerNorm: ``x̂ = (x − mean) / sqrt(var + ε)`` over the last ``normalized_shape`` axes."""
 
     def normalised(self, module, x):
-        dims = tuple(range(-len(module.normalized_shape), 0))
-        mean = x.mean(dims, keepdim=True)
-        var = x.var(dims, unbiased=False, keepdim=True)
-        return (x - mean) * torch.rsqrt(var + module.eps)
+        return F.layer_norm(x, module.normalized_shape, eps=module.eps)
 
 
 class RMSNormRule(_TrailingNorm):
     """RMSNorm: ``x̂ = x / sqrt(mean(x²) + ε)`` over the last ``normalized_shape`` axes."""
 
     def normalised(self, module, x):
-        dims = tuple(range(-len(module.normalized_shape), 0))
-        eps = module.eps if module.eps is not None else torch.finfo(x.dtype).eps
-        return x * torch.rsqrt(x.square().mean(dims, keepdim=True) + eps)
+        return F.rms_norm(x, module.normalized_shape, eps=module.eps)
 
 
 class _ChannelNorm(_AffineNorm):
@@ -80,10 +78,7 @@ class GroupNormRule(_ChannelNorm):
     """GroupNorm: ``x̂`` normalised per sample over each group of channels and all positions."""
 
     def normalised(self, module, x):
-        grouped = x.reshape(x.shape[0], module.num_groups, -1)
-        mean = grouped.mean(2, keepdim=True)
-        var = grouped.var(2, unbiased=False, keepdim=True)
-        return ((grouped - mean) * torch.rsqrt(var + module.eps)).reshape(x.shape)
+        return F.group_norm(x, module.num_groups, eps=module.eps)
 
 
 class BatchNormRule(_ChannelNorm):
@@ -91,12 +86,6 @@ class BatchNormRule(_ChannelNorm):
     no running statistics) or the running ones (eval mode)."""
 
     def normalised(self, module, x):
-        shape = (1, -1) + (1,) * (x.dim() - 2)
-        if module.training or not module.track_running_stats:
-            dims = (0,) + tuple(range(2, x.dim()))
-            mean = x.mean(dims, keepdim=True)
-            var = x.var(dims, unbiased=False, keepdim=True)
-        else:
-            mean = module.running_mean.to(x.dtype).reshape(shape)
-            var = module.running_var.to(x.dtype).reshape(shape)
-        return (x - mean) * torch.rsqrt(var + module.eps)
+        if module.training or not module.track_running_stats:  # the batch's statistics, running ones untouched
+            return F.batch_norm(x, None, None, training=True, eps=module.eps)
+        return F.batch_norm(x, module.running_mean.to(x.dtype), module.running_var.to(x.dtype), eps=module.eps)
