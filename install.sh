@@ -13,7 +13,7 @@ $PIP install -q "torch==${TORCH_VERSION}"
 constraint="$(mktemp)"
 trap 'rm -f "$constraint"' EXIT
 echo "torch==${TORCH_VERSION}" > "$constraint"
-# the original Cockpit, for the comparison tests and benchmarks, needs setuptools<81
+# the original Cockpit (and Opacus), for the comparison tests and benchmarks; Cockpit needs setuptools<81
 # the integrations' extras (Lightning, Hugging Face, TensorBoard) are tested too; the
 # constraint keeps lightning and transformers from bringing another torch
 $PIP install -q -c "$constraint" -e ".[test,demo,compare,lightning,hf,tensorboard]" "setuptools<81"
