@@ -121,7 +121,10 @@ class PerSample:
         self._grad = at_least_float32(value)
 
     def sample_sum(self):
-        """``Σ_n grad_batch[n]`` of the samples held here, from the individual gradients themselves, shape ``[D]``."""
+        """``Σ_n grad_batch[n]`` of the samples held here, from the individual gradients themselves, shape ``[D]``
+        (from ``grad_batch`` once it is formed: ``B·D`` additions instead of a product over every position)."""
+        if "grad_batch" in vars(self):
+            return self.flat.sum(0)
         if self._factors is not None:
             a, delta = self._factors
             return (delta.reshape(-1, delta.shape[-1]).T @ a.reshape(-1, a.shape[-1])).reshape(-1)
