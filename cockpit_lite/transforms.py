@@ -377,17 +377,19 @@ class BatchDotDirection(Transform):
     unique to the direction. With ``keep`` (a dict), each ``PerSample`` also goes to
     ``keep[index]`` (``compact``; a list: the chunks of samples of the global path in
     order, or the whole batch) and so outlives the backward pass, for projections onto
-    a direction known only later (``dots_of_kept``).
+    a direction known only later (``dots_of_kept``); ``keep_if(param)``, if given, says
+    which parameters' go there.
     """
 
     per_sample_output = True
-    def __init__(self, key, direction, keep=None):
+    def __init__(self, key, direction, keep=None, keep_if=None):
         self.key = key
         self._direction = direction
         self._keep = keep
+        self._keep_if = keep_if
 
     def __call__(self, per_sample):
-        if self._keep is not None:
+        if self._keep is not None and (self._keep_if is None or self._keep_if(per_sample.param)):
             kept = per_sample.compact()
             whole = kept.num_samples == kept.batch_size
             self._keep[kept.index] = [kept] if whole else self._keep.get(kept.index, []) + [kept]

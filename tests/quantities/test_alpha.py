@@ -1,5 +1,7 @@
 """Alpha against a brute-force float64 reference over two consecutive steps."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -13,6 +15,7 @@ def observations(problem, snapshot, direction):
     """Loss, its per-sample variance, mean slope along ``direction`` and the slopes' variance."""
     grads = problems.individual_gradients(problem, snapshot)
     flat = torch.cat([g.reshape(g.shape[0], -1) for g in grads], 1)
+    direction = direction.to(flat.dtype)
     slopes = flat @ direction / direction.norm()
     losses = problems.individual_losses(problem, snapshot)
     return float(problems.loss(problem, snapshot)), float(losses.var()), float(slopes.mean()), float(slopes.var())
@@ -186,6 +189,37 @@ def test_grad_scaler(optimizer, change, nan_steps):
     assert_exact_but(problem, record, snapshots, nan_steps)
 
 
+@pytest.mark.parametrize("reduction", problems.REDUCTIONS)
+def test_adamw_first_step_on_exact_zero_gradients(reduction):
+    """An attention key bias has a gradient that is zero in exact arithmetic (the softmax cannot see
+    it): in float32 rounding gives it a sign, different in the engine's gradient and autograd's, and
+    AdamW's first update there is about ± the learning rate, so no prediction matches the update.
+    Its individual gradients (a 1-D parameter's) are projected onto the real update: α equals the
+    brute force from step 0 on (it was NaN, "turned", and every later step kept all individual
+    gradients), and the other parameters' individual gradients are never kept."""
+    problem = problems.make("gpt", 8, reduction, steps=3)
+    problem.model.float()
+    params = list(problem.model.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    alpha = Alpha()
+    cp = problems.Cockpit(problem.model, [alpha], strict=True, diagnose=False)
+    snapshots = {}
+    for step, (x, y) in enumerate(problem.batches):
+        snapshots[step] = problems.Snapshot([p.detach().clone() for p in params], x, y)
+        opt.zero_grad()
+        loss = problem.lossfunc(problem.model(x), y)
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+        assert set(alpha._start["kept"]) == {i for i, p in enumerate(params) if p.dim() == 1}
+        opt.step()
+    assert not alpha._keep
+    record = cp.get_output()
+    for step in range(len(snapshots) - 1):
+        assert "flags" not in record[step], record[step]
+        problems.assert_close(record[step]["Alpha"], reference(problem, snapshots, step), rtol=1e-3,
+                              what=f"Alpha, step {step} (float32)")
+
+
 def test_kept_individual_gradients_are_released_at_the_step():
     """Kept individual gradients live from backward to optimizer.step(), not longer; the step
     post-hook is registered for the tracked step only (removed by the next step's context)."""
@@ -201,9 +235,11 @@ def test_kept_individual_gradients_are_released_at_the_step():
             loss.backward()
         assert len(opt._optimizer_step_post_hooks) == (step < 2)
         clip_norm(opt, params)
-        assert bool(alpha._start and alpha._start["kept"]) == (step == 1)  # the edit was seen at step 0
+        kept = set(alpha._start["kept"]) if alpha._start else set()
+        # 1-D parameters at every start step, all of them once the edit was seen at step 0
+        assert kept == {i for i, p in enumerate(params) if step < 2 and (step == 1 or p.dim() == 1)}
         opt.step()
-        assert alpha._start is None or alpha._start["kept"] is None
+        assert not (alpha._start and alpha._start["kept"])
     assert not opt._optimizer_step_post_hooks
     record = cp.get_output()
     assert np.isnan(record[0]["Alpha"]) and np.isfinite(record[1]["Alpha"])
@@ -424,3 +460,18 @@ def test_a_non_finite_loss_is_not_called_a_batch_of_one_sample():
     flags = cp.get_output()[0]["flags"]
     assert any("individual losses are not finite" in f for f in flags)
     assert not any("one sample" in f for f in flags)
+
+
+def test_the_prediction_check_holds_on_a_vector_of_every_parameter_of_a_large_model():
+    """torch's float32 dot and norm of 1.3·10⁷ elements (a 13M-parameter GPT) are off by about 5·10⁻⁴
+    relative on a CPU, more than the check's 10⁻⁴: an update exactly twice its prediction looked
+    turned, and α was NaN at every step. The sums are float64; the distance is the residual's."""
+    from cockpit_lite.quantities.alpha import _dot, _on_line
+
+    predicted = 1e-3 * torch.randn(13_000_000, generator=torch.Generator().manual_seed(0))
+    assert _on_line(predicted, 2 * predicted) == pytest.approx(2.0, rel=1e-12)
+    turned = 2 * predicted
+    turned[:2000] += 0.01  # 6 % of its length off the line
+    assert _on_line(predicted, turned) is None
+    assert _on_line(predicted, -predicted) is None
+    assert math.sqrt(_dot(predicted, predicted)) == pytest.approx(float(predicted.double().norm()), rel=1e-9)
