@@ -87,6 +87,8 @@ TABLES = {
     "subsample_overhead": _measured("subsample_overhead"),
     "subsample_honesty": _measured("subsample_honesty"),
     "subsample_memory": _measured("subsample_memory"),
+    "per_sample_peers": _measured("per_sample_peers"),
+    "memory_flatness": _measured("memory_flatness"),
     "lr_comparison": _lr_table,
     "demo_last_epoch": _demo_summary,
 }
