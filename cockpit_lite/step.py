@@ -5,6 +5,7 @@ from functools import cached_property
 import torch
 
 from cockpit_lite import transforms as _transforms
+from cockpit_lite.utils.norms import norms
 
 
 class StepData:
@@ -57,12 +58,10 @@ class StepData:
 
     @cached_property
     def grad_norms(self):
-        """``‖g‖₂`` of every parameter in one fused call (float32 or wider; NaN/Inf propagate), shared
-        by ``GradNorm``, ``GradPresence`` and the orchestrator's non-finite gradient check."""
-        if not self.grads:
-            return []
-        wide = all(g.dtype in (torch.float32, torch.float64) for g in self.grads)
-        return list(torch._foreach_norm(self.grads, 2, dtype=None if wide else torch.float32))
+        """``‖g‖₂`` of every parameter (``cockpit_lite.utils.norms``: float32 or wider, accurate at
+        any size; NaN/Inf propagate), shared by ``GradNorm``, ``GradPresence`` and the orchestrator's
+        non-finite gradient check."""
+        return norms(self.grads)
 
     @cached_property
     def grad_squared_norms(self):

@@ -1,6 +1,7 @@
 """``Distance``: how far each parameter tensor has moved from where tracking started."""
 
 from cockpit_lite.quantities.base import Needs, Output, Quantity
+from cockpit_lite.utils.norms import norms
 
 
 class Distance(Quantity):
@@ -28,5 +29,5 @@ class Distance(Quantity):
         if self._initial is None:
             self._initial = [p.detach().clone() for p in data.params]
         if self.is_due(step):
-            return Output([(p.detach() - p0).norm() for p, p0 in zip(data.params, self._initial)])
+            return Output(norms(p.detach() - p0 for p, p0 in zip(data.params, self._initial)))
         return None

@@ -1,8 +1,7 @@
 """``ParamNorm``: the norm of every parameter tensor."""
 
-import torch
-
 from cockpit_lite.quantities.base import Output, SingleStepQuantity
+from cockpit_lite.utils.norms import norms
 
 
 class ParamNorm(SingleStepQuantity):
@@ -15,4 +14,4 @@ class ParamNorm(SingleStepQuantity):
     NEEDS_BACKWARD = False
 
     def compute(self, step, data):
-        return Output(list(torch._foreach_norm([p.detach() for p in data.params])))
+        return Output(norms(p.detach() for p in data.params))

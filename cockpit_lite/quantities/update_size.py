@@ -1,6 +1,7 @@
 """``UpdateSize``: the length of the optimizer's step for each parameter tensor."""
 
 from cockpit_lite.quantities.base import Needs, Output, Quantity
+from cockpit_lite.utils.norms import norms
 
 
 class UpdateSize(Quantity):
@@ -28,7 +29,7 @@ class UpdateSize(Quantity):
         output = None
         if self._start is not None and self._start[0] == step - 1:
             output = Output(
-                [(p.detach() - p0).norm() for p, p0 in zip(data.params, self._start[1])],
+                norms(p.detach() - p0 for p, p0 in zip(data.params, self._start[1])),
                 step=step - 1,
             )
         self._start = (step, [p.detach().clone() for p in data.params]) if self.is_due(step) else None
