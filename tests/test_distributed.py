@@ -244,7 +244,9 @@ def _graph_worker(rank, path):
         torch.manual_seed(0)
         model = torch.nn.parallel.DistributedDataParallel(problems.BUILDERS["mlp"][0]().double())
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        cp = Cockpit(model, [quantities.HessMaxEV(), quantities.NormTest()], diagnose=False)
+        with pytest.raises(ValueError, match=r"not combined with torch.distributed.*Fix: samples=None"):
+            Cockpit(model, [quantities.NormTest()], diagnose=False, samples=2)  # a draw across ranks
+        cp = Cockpit(model, [quantities.HessMaxEV(), quantities.NormTest()], diagnose=False)  # the fix
         for step, (x, y) in enumerate(_batches("mlp", 8)):
             opt.zero_grad()
             loss = F.cross_entropy(model(x[rank * 4:(rank + 1) * 4]), y[rank * 4:(rank + 1) * 4])
