@@ -175,9 +175,10 @@ class Alpha(Quantity):
     def _after_step(self, optimizer, args, kwargs):
         """Step post-hook of a start step (once): the update ``d`` the optimizer made.
 
-        With kept individual gradients, ``Σ_params g̃_nᵀ d``; else the projections made in
-        backward, if their direction is ``d``'s (else the step is marked edited and the
-        following start steps keep their individual gradients). The handle is removed by
+        ``g̃_nᵀ d`` summed over the parameters: the kept ones' individual gradients projected
+        onto ``d`` here, the others' projections made in backward, rescaled, if their part of
+        ``d`` lies on the line of their predicted update (else the step is marked edited and
+        the following start steps keep every individual gradient). The handle is removed by
         the next ``needs`` or ``compute`` (not here: torch is iterating over the hooks).
         """
         start = self._start
