@@ -104,10 +104,13 @@ BETWEEN = {  # (what happens between backward and step at every step, optimizer,
 }
 
 
-def run_changed(case, optimizer, change, steps=4, scaler=None):
+def run_changed(case, optimizer, change, steps=4, scaler=None, dtype=None):
     """Train with ``change(opt, params)`` between backward and step at every step; return the record and
-    the snapshots. With a ``GradScaler``, backward runs on the scaled loss and the scaler steps."""
+    the snapshots. With a ``GradScaler``, backward runs on the scaled loss and the scaler steps; with
+    ``dtype``, the model is converted to it (the brute force stays float64)."""
     problem = problems.make(*case, steps=steps)
+    if dtype is not None:
+        problem.model.to(dtype)
     params = list(problem.model.parameters())
     opt = optimizer(params)
     cp = problems.Cockpit(problem.model, [Alpha()], strict=True, diagnose=False)
@@ -129,7 +132,7 @@ def run_changed(case, optimizer, change, steps=4, scaler=None):
     return problem, cp.get_output(), snapshots
 
 
-def assert_exact_but(problem, record, snapshots, nan_steps):
+def assert_exact_but(problem, record, snapshots, nan_steps, rtol=1e-9):
     """α equals the brute force along the real update at every step but ``nan_steps``, which are NaN
     with a flag naming the change (those after it keep the individual gradients until the step)."""
     for step in range(len(snapshots) - 1):
@@ -138,7 +141,7 @@ def assert_exact_but(problem, record, snapshots, nan_steps):
             assert np.isnan(entry["Alpha"]) and any(CHANGED in flag for flag in entry["flags"]), entry
         else:
             assert "flags" not in entry, entry
-            problems.assert_close(entry["Alpha"], reference(problem, snapshots, step), rtol=1e-9, what=f"Alpha, step {step}")
+            problems.assert_close(entry["Alpha"], reference(problem, snapshots, step), rtol=rtol, what=f"Alpha, step {step}")
 
 
 @pytest.mark.parametrize("case", [("mlp", 4, "mean"), ("cnn", 5, "sum")], ids=problems.case_id)
@@ -194,30 +197,13 @@ def test_adamw_first_step_on_exact_zero_gradients(reduction):
     """An attention key bias has a gradient that is zero in exact arithmetic (the softmax cannot see
     it): in float32 rounding gives it a sign, different in the engine's gradient and autograd's, and
     AdamW's first update there is about ± the learning rate, so no prediction matches the update.
-    Its individual gradients (a 1-D parameter's) are projected onto the real update: α equals the
-    brute force from step 0 on (it was NaN, "turned", and every later step kept all individual
-    gradients), and the other parameters' individual gradients are never kept."""
-    problem = problems.make("gpt", 8, reduction, steps=3)
-    problem.model.float()
-    params = list(problem.model.parameters())
-    opt = torch.optim.AdamW(params, lr=1e-3)
-    alpha = Alpha()
-    cp = problems.Cockpit(problem.model, [alpha], strict=True, diagnose=False)
-    snapshots = {}
-    for step, (x, y) in enumerate(problem.batches):
-        snapshots[step] = problems.Snapshot([p.detach().clone() for p in params], x, y)
-        opt.zero_grad()
-        loss = problem.lossfunc(problem.model(x), y)
-        with cp(step, info={"loss": loss, "optimizer": opt}):
-            loss.backward()
-        assert set(alpha._start["kept"]) == {i for i, p in enumerate(params) if p.dim() == 1}
-        opt.step()
-    assert not alpha._keep
-    record = cp.get_output()
-    for step in range(len(snapshots) - 1):
-        assert "flags" not in record[step], record[step]
-        problems.assert_close(record[step]["Alpha"], reference(problem, snapshots, step), rtol=1e-3,
-                              what=f"Alpha, step {step} (float32)")
+    Its individual gradients (a 1-D parameter's, kept at every start step, see
+    ``test_kept_individual_gradients_are_released_at_the_step``) are projected onto the real update:
+    α equals the brute force from step 0 on, with no flag (it was NaN, "turned", and every later
+    step kept all individual gradients)."""
+    problem, record, snapshots = run_changed(("gpt", 8, reduction), lambda params: torch.optim.AdamW(params, lr=1e-3),
+                                             lambda opt, params: None, steps=3, dtype=torch.float32)
+    assert_exact_but(problem, record, snapshots, nan_steps=(), rtol=1e-3)
 
 
 def test_kept_individual_gradients_are_released_at_the_step():
