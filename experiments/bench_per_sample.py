@@ -148,8 +148,9 @@ def from_individual(individual):
     return statistics_of(batch_size, sq_norms, [f.sum(0) for f in flat], [s.sum(0) for s in squares])
 
 
-class Tool:
-    """One way of doing the step and the per-sample work; ``step(x, y)`` returns the statistics."""
+class Tool(bench_overhead.Runner):
+    """One way of doing the step and the per-sample work; ``per_sample_step(x, y)`` returns the statistics
+    (timed by ``bench_overhead.Runner.time_steps``)."""
 
     def __init__(self, problem):
         build, self.batch, self.loss_fn, _ = PROBLEMS[problem]
@@ -159,29 +160,22 @@ class Tool:
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
         g = torch.Generator().manual_seed(1)
         self.batches = [self.batch(g) for _ in range(4)]
-        self.count = 0
+        self.step, self.period, self.skip = 0, 1, 0
 
     def setup(self):
         pass
 
     def run_step(self):
-        x, y = self.batches[self.count % len(self.batches)]
+        x, y = self.batches[self.step % len(self.batches)]
         self.opt.zero_grad()
-        stats = self.step(x, y)
+        stats = self.per_sample_step(x, y)
         self.opt.step()
-        self.count += 1
+        self.step += 1
         return stats
-
-    def time_steps(self, steps):
-        self.run_step()
-        start = time.perf_counter()
-        for _ in range(steps):
-            self.run_step()
-        return (time.perf_counter() - start) / steps
 
 
 class Plain(Tool):
-    def step(self, x, y):
+    def per_sample_step(self, x, y):
         self.loss_fn(self.model(x), y).backward()
 
 
@@ -192,13 +186,13 @@ class Lite(Tool):
         self.cp = Cockpit(self.model, [quantities.NormTest(), quantities.GradVariance(), quantities.MeanGSNR()],
                           diagnose=False)
 
-    def step(self, x, y):
+    def per_sample_step(self, x, y):
         loss = self.loss_fn(self.model(x), y)
-        with self.cp(self.count, info={"loss": loss, "optimizer": self.opt}):
+        with self.cp(self.step, info={"loss": loss, "optimizer": self.opt}):
             loss.backward()
-        if self.count:  # the record is written at every step; read back for the check only
+        if self.step:  # the record is written at every step; read back for the check only
             return None
-        record = self.cp.get_output()[self.count]
+        record = self.cp.get_output()[self.step]
         return [record["NormTest"], sum(record["GradVariance"]), record["MeanGSNR"]]
 
 
@@ -212,7 +206,7 @@ class Opacus(Tool):
         self.module = GradSampleModule(fixed)
         self.model = self.module
 
-    def step(self, x, y):
+    def per_sample_step(self, x, y):
         self.loss_fn(self.module(x), y).backward()
         params = [p for p in self.module.parameters() if p.requires_grad]
         stats = from_individual([p.grad_sample for p in params])
@@ -249,7 +243,7 @@ class TorchFunc(Tool):
 
         self.individual = vmap(grad(one), in_dims=(None, 0, 0))
 
-    def step(self, x, y):
+    def per_sample_step(self, x, y):
         detached = {n: p.detach() for n, p in self.params.items()}
         individual = self.individual(detached, x, y)
         for name, p in self.params.items():
@@ -264,7 +258,7 @@ class BackPACK(Tool):
         self.model = extend(self.model)
         self.loss_fn = extend(nn.CrossEntropyLoss())
 
-    def step(self, x, y):
+    def per_sample_step(self, x, y):
         from backpack import backpack
         from backpack.extensions import BatchL2Grad, SumGradSquared
 
