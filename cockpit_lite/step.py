@@ -57,6 +57,13 @@ class StepData:
         return self.batch_size if self.subset is None else len(self.subset)
 
     @cached_property
+    def params_copy(self):
+        """A copy of the parameters θ_t, made once per step and shared by the quantities that
+        compare them with a later step's or record them (``UpdateSize``, ``Alpha``,
+        ``Parameters``): one copy of the model, not one per quantity. Nobody may change it in place."""
+        return [p.detach().clone() for p in self.params]
+
+    @cached_property
     def grad_norms(self):
         """``‖g‖₂`` of every parameter (``cockpit_lite.utils.norms``: float32 or wider, accurate at
         any size; NaN/Inf propagate), shared by ``GradNorm``, ``GradPresence`` and the orchestrator's

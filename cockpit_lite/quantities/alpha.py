@@ -114,9 +114,8 @@ class Alpha(Quantity):
             loss.register_hook(seed_of_backward)
         transforms = []
         if end:
-            update = self._start["update"] = [
-                p.detach() - p0 for p, p0 in zip(self._start["params"], self._start["params_before"])
-            ]
+            self._take_update(self._start)
+            update = self._start["update"]
             transforms.append(
                 BatchDotDirection(("Alpha", "end"), lambda per_sample: update[per_sample.index])
             )
@@ -154,16 +153,19 @@ class Alpha(Quantity):
             self._start = {
                 "step": step,
                 "params": data.params,
-                "params_before": [p.detach().clone() for p in data.params],
+                "params_before": data.params_copy,  # shared with the other quantities of the step
                 "f": loss,
                 "var_f": _variance(losses),
                 "seed": seed,
                 "backward_dots": data.per_sample(("Alpha", "start")),  # onto the update predicted in backward
                 "subsampled": (data.samples, data.batch_size) if data.subset is not None else None,
-                "grad": _flat(data.grads) if data.subset is not None else None,  # the exact mean slope's
+                # the exact mean slope's gradient, until the post-hook has projected it onto d
+                "grad": [g.detach().clone() for g in data.grads] if data.subset is not None else None,
+                "grad_dot": None,  # gᵀd in float64
                 "backward_predicted": [pending["predicted"].get(i) for i in range(len(data.params))],
                 "kept": pending["kept"],
-                "stepped": None,  # the update optimizer.step() made (its step post-hook)
+                "stepped": None,  # the update optimizer.step() made (its step post-hook), until step t+1 reads it
+                "moved": False,  # whether the parameters changed between optimizer.step() and step t+1
                 "dots": None,
                 "direction_norm": None,
                 "edited": False,
@@ -178,23 +180,27 @@ class Alpha(Quantity):
         ``g̃_nᵀ d`` summed over the parameters: the kept ones' individual gradients projected
         onto ``d`` here, the others' projections made in backward, rescaled, if their part of
         ``d`` lies on the line of their predicted update (else the step is marked edited and
-        the following start steps keep every individual gradient). The handle is removed by
-        the next ``needs`` or ``compute`` (not here: torch is iterating over the hooks).
+        the following start steps keep every individual gradient). What only this needs (the
+        predicted update, a subsampled step's copy of ``g``) is released here. The handle is
+        removed by the next ``needs`` or ``compute`` (not here: torch is iterating over the hooks).
         """
         start = self._start
         if start is None or start["stepped"] is not None:
             return
         update = [(p.detach() - p0).reshape(-1) for p, p0 in zip(start["params"], start["params_before"])]
         start["stepped"] = update
+        predicted, start["backward_predicted"] = start["backward_predicted"], None
+        grad, start["grad"] = start["grad"], None
+        if grad is not None:
+            start["grad_dot"] = _dot(grad, update)
         kept, start["kept"] = start["kept"], {}
         kept = kept if kept is not None else {}
         dots = start["backward_dots"]
         rest = [i for i in range(len(update)) if i not in kept]  # projected onto the prediction in backward
         scale = 1.0  # the rest's real update is scale × its predicted one
         if rest:
-            guess = [start["backward_predicted"][i] for i in rest]
-            scale = None if any(u is None for u in guess) else _on_line(
-                torch.cat(guess), torch.cat([update[i] for i in rest]))
+            guess = [predicted[i] for i in rest]
+            scale = None if any(u is None for u in guess) else _on_line(guess, [update[i] for i in rest])
             if scale is None:
                 start["edited"] = True
                 self._keep = not self._distributed
@@ -206,8 +212,18 @@ class Alpha(Quantity):
             start["dots"] = sum(projected + [scale * dots[i] for i in rest])
         except Exception as error:
             start["failure"] = f"Alpha: projecting the kept individual gradients failed: {error!r}"
-        whole = torch.cat(update)
-        start["direction_norm"] = math.sqrt(_dot(whole, whole))
+        start["direction_norm"] = math.sqrt(_dot(update, update))
+
+    def _take_update(self, start):
+        """At step t+1: ``d = θ_{t+1} − θ_t``, and whether it is the update ``optimizer.step()`` made
+        (``moved``: the parameters changed after it). The copy of θ_t and the stepped update are
+        released: from here on only ``d`` is held."""
+        start["update"] = [p.detach() - p0 for p, p0 in zip(start["params"], start["params_before"])]
+        stepped = start["stepped"]
+        if stepped is not None:
+            start["moved"] = _on_line(stepped, start["update"]) is None
+            start["stepped"] = True
+        start["params_before"] = None
 
     def _remove_hook(self):
         if self._hook is not None:
@@ -216,7 +232,7 @@ class Alpha(Quantity):
 
     def _finish(self, step, data, loss, losses, seed):
         start = self._start
-        update = torch.cat([u.reshape(-1) for u in start["update"]])
+        update = start["update"]
         t = math.sqrt(_dot(update, update))
         flags = []
         stepped = start["stepped"]
@@ -236,7 +252,7 @@ class Alpha(Quantity):
                    "from the next tracked step on α keeps the individual gradients until optimizer.step(), "
                    "which makes it exact")
             )
-        elif _on_line(torch.cat(stepped), update) is None:
+        elif start["moved"]:
             flags.append("Alpha: the parameters changed after optimizer.step() (the update is not the optimizer's)")
         if losses.numel() < 2:
             flags.append("Alpha: a batch of one sample has no variance of the losses and slopes, which the fit needs")
@@ -251,8 +267,8 @@ class Alpha(Quantity):
         ]
         fs, var_fs = [start["f"], loss], [start["var_f"], _variance(losses)]
         exact_means = [  # a subsampled end's mean slope is gᵀd / (σ‖d‖), from the exact gradient
-            None if start.get("grad") is None else float(start["grad"] @ update.double()) / (t * start["seed"]),
-            None if data.subset is None else float(_flat(data.grads) @ update.double()) / (t * seed),
+            None if start.get("grad_dot") is None else start["grad_dot"] / (t * start["seed"]),
+            None if data.subset is None else _dot(data.grads, update) / (t * seed),
         ]
 
         def alpha(means, variances):  # of the slopes at each end: [..., 2]
@@ -289,25 +305,32 @@ def kept_always(param):
 def _on_line(predicted, real):
     """``c`` with ``real ≈ c · predicted``, ``c > 0``, up to ``PREDICTION_RTOL`` of ``‖real‖``, else ``None``.
 
-    In float32 or wider (bf16 arithmetic would round the distance itself by 2⁻⁸), the sums in
-    float64 (``_dot``), and the distance from the residual itself, not from a difference of sums."""
-    rtol = PREDICTION_RTOL.get(predicted.dtype, 1e-4)
-    predicted, real = at_least_float32(predicted), at_least_float32(real)
+    ``predicted`` and ``real`` are lists of tensors (one per parameter; ``[D_i]`` or the
+    parameter's shape), taken as one vector each. In float32 or wider (bf16 arithmetic would
+    round the distance itself by 2⁻⁸), the sums in float64 (``_dot``), and the distance from
+    the residual itself, not from a difference of sums; one tensor at a time (never a copy
+    of the whole model)."""
+    rtol = max(PREDICTION_RTOL.get(p.dtype, 1e-4) for p in predicted)
     squared = _dot(predicted, predicted)
     if squared == 0.0:
         return None
     scale = _dot(predicted, real) / squared
-    residual = real - scale * predicted
-    if scale > 0 and _dot(residual, residual) <= rtol**2 * _dot(real, real):
+    residual = 0.0
+    for p, r in zip(predicted, real):
+        off = at_least_float32(r).reshape(-1) - scale * at_least_float32(p).reshape(-1)
+        residual += _dot([off], [off])
+    if scale > 0 and residual <= rtol**2 * _dot(real, real):
         return scale
     return None
 
 
 def _dot(a, b):
-    """``aᵀb`` summed in float64. torch's float32 ``dot`` and ``norm`` of one vector of 10⁷
-    elements (every parameter of a 13M-parameter GPT) are off by up to 5·10⁻⁴ relative on a
-    CPU, more than the prediction check's tolerance: every step looked turned."""
-    return float((at_least_float32(a) * at_least_float32(b)).sum(dtype=torch.float64))
+    """``Σ_i a_iᵀ b_i`` over two lists of tensors (taken as one vector each), summed in float64,
+    one tensor at a time. torch's float32 ``dot`` and ``norm`` of one vector of 10⁷ elements
+    (every parameter of a 13M-parameter GPT) are off by up to 5·10⁻⁴ relative on a CPU, more
+    than the prediction check's tolerance: every step looked turned."""
+    return sum(float((at_least_float32(x).reshape(-1) * at_least_float32(y).reshape(-1)).sum(dtype=torch.float64))
+               for x, y in zip(a, b))
 
 
 def fit_quadratic(t, fs, dfs, var_fs, var_dfs):
@@ -359,11 +382,6 @@ def _leave_one_out(values):
     total, squares = values.sum(), (values**2).sum()
     means = (total - values) / (k - 1)
     return means, (squares - values**2 - (k - 1) * means**2) / (k - 2)
-
-
-def _flat(tensors):
-    """One float64 vector of the tensors (parameter order)."""
-    return torch.cat([t.detach().reshape(-1).double() for t in tensors])
 
 
 def _variance(values):

@@ -9,4 +9,4 @@ class Parameters(SingleStepQuantity):
     NEEDS_BACKWARD = False
 
     def compute(self, step, data):
-        return Output([p.detach().clone() for p in data.params])
+        return Output(data.params_copy)

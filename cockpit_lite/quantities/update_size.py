@@ -32,5 +32,5 @@ class UpdateSize(Quantity):
                 norms(p.detach() - p0 for p, p0 in zip(data.params, self._start[1])),
                 step=step - 1,
             )
-        self._start = (step, [p.detach().clone() for p in data.params]) if self.is_due(step) else None
+        self._start = (step, data.params_copy) if self.is_due(step) else None
         return output

@@ -455,9 +455,12 @@ def test_the_prediction_check_holds_on_a_vector_of_every_parameter_of_a_large_mo
     from cockpit_lite.quantities.alpha import _dot, _on_line
 
     predicted = 1e-3 * torch.randn(13_000_000, generator=torch.Generator().manual_seed(0))
-    assert _on_line(predicted, 2 * predicted) == pytest.approx(2.0, rel=1e-12)
+    assert _on_line([predicted], [2 * predicted]) == pytest.approx(2.0, rel=1e-12)
     turned = 2 * predicted
     turned[:2000] += 0.01  # 6 % of its length off the line
-    assert _on_line(predicted, turned) is None
-    assert _on_line(predicted, -predicted) is None
-    assert math.sqrt(_dot(predicted, predicted)) == pytest.approx(float(predicted.double().norm()), rel=1e-9)
+    assert _on_line([predicted], [turned]) is None
+    assert _on_line([predicted], [-predicted]) is None
+    assert math.sqrt(_dot([predicted], [predicted])) == pytest.approx(float(predicted.double().norm()), rel=1e-9)
+    pieces = list(predicted.split([4_000_000, 9_000_000]))  # one vector across parameters
+    assert _on_line(pieces, [2 * p for p in pieces]) == pytest.approx(2.0, rel=1e-12)
+    assert _on_line(pieces, [2 * pieces[0], -2 * pieces[1]]) is None
