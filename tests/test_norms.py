@@ -8,7 +8,7 @@ from torch import nn
 
 from cockpit_lite import Cockpit
 from cockpit_lite.quantities import Distance, GradNorm, ParamNorm, UpdateSize
-from cockpit_lite.utils.norms import CHUNK, norms
+from cockpit_lite.utils.norms import CHUNK, dot, norms
 
 
 def test_a_vector_of_every_parameter_of_a_gpt_2_sized_model():
@@ -30,6 +30,22 @@ def test_small_and_large_mixed_keep_their_order_and_dtypes():
                                          torch.float32, torch.float32]
     for t, v in zip(tensors, values):
         assert float(v) == pytest.approx(float(t.double().norm()), rel=1e-6, abs=1e-30)
+
+
+def test_dot_of_a_gpt_2_sized_vector_and_of_mixed_tensors_matches_float64():
+    """The dot product of 1.3·10⁷ float32 elements with a mean (torch's float32 ``dot`` is off by about
+    5·10⁻⁴ there), and of several tensors of different sizes, shapes and dtypes taken as one vector."""
+    g = torch.Generator().manual_seed(2)
+    x = 1e-3 * (torch.randn(13_000_003, generator=g) + 1)
+    y = 1e-3 * (torch.randn(13_000_003, generator=g) + 2)
+    assert dot([x], [y]) == pytest.approx(float(x.double() @ y.double()), rel=1e-8)
+    a = [torch.randn(3, 4, generator=g), torch.randn(CHUNK * 2 + 5, generator=g).bfloat16(),
+         torch.randn(40, 300, generator=g, dtype=torch.float64).t()]
+    b = [torch.randn(12, generator=g), torch.randn(CHUNK * 2 + 5, generator=g),
+         torch.randn(300, 40, generator=g)]
+    exact = sum(float(u.double().reshape(-1) @ v.double().reshape(-1)) for u, v in zip(a, b))
+    assert dot(a, b) == pytest.approx(exact, rel=1e-7)
+    assert dot([], []) == 0.0
 
 
 def test_non_finite_values_propagate():

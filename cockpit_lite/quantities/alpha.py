@@ -10,6 +10,10 @@ from cockpit_lite import subsample
 from cockpit_lite.optim import UpdatePredictor
 from cockpit_lite.quantities.base import Needs, Output, Quantity
 from cockpit_lite.transforms import BatchDotDirection, at_least_float32, dots_of_kept
+from cockpit_lite.utils.norms import dot
+
+FINGERPRINT_CHUNK = 1 << 20
+"""Elements of a parameter whose bits ``fingerprint`` sums at a time (8 MiB of int64)."""
 
 PREDICTION_RTOL = {torch.float64: 1e-10}
 """Largest relative distance of an update from the predicted update's line (float64; 1e-4 for
@@ -161,10 +165,10 @@ class Alpha(Quantity):
                 "subsampled": (data.samples, data.batch_size) if data.subset is not None else None,
                 # the exact mean slope's gradient, until the post-hook has projected it onto d
                 "grad": [g.detach().clone() for g in data.grads] if data.subset is not None else None,
-                "grad_dot": None,  # gᵀd in float64
+                "grad_dot": None,  # gᵀd
                 "backward_predicted": [pending["predicted"].get(i) for i in range(len(data.params))],
                 "kept": pending["kept"],
-                "stepped": None,  # the update optimizer.step() made (its step post-hook), until step t+1 reads it
+                "stepped": None,  # the parameters' bits right after optimizer.step() (its step post-hook)
                 "moved": False,  # whether the parameters changed between optimizer.step() and step t+1
                 "dots": None,
                 "direction_norm": None,
@@ -187,12 +191,12 @@ class Alpha(Quantity):
         start = self._start
         if start is None or start["stepped"] is not None:
             return
-        update = [(p.detach() - p0).reshape(-1) for p, p0 in zip(start["params"], start["params_before"])]
-        start["stepped"] = update
+        update = _Difference(start["params"], start["params_before"])
+        start["stepped"] = fingerprint(start["params"])
         predicted, start["backward_predicted"] = start["backward_predicted"], None
         grad, start["grad"] = start["grad"], None
         if grad is not None:
-            start["grad_dot"] = _dot(grad, update)
+            start["grad_dot"] = dot(grad, update)
         kept, start["kept"] = start["kept"], {}
         kept = kept if kept is not None else {}
         dots = start["backward_dots"]
@@ -200,7 +204,8 @@ class Alpha(Quantity):
         scale = 1.0  # the rest's real update is scale × its predicted one
         if rest:
             guess = [predicted[i] for i in rest]
-            scale = None if any(u is None for u in guess) else _on_line(guess, [update[i] for i in rest])
+            scale = None if any(u is None for u in guess) else _on_line(guess, _Difference(
+                [start["params"][i] for i in rest], [start["params_before"][i] for i in rest]))
             if scale is None:
                 start["edited"] = True
                 self._keep = not self._distributed
@@ -212,18 +217,16 @@ class Alpha(Quantity):
             start["dots"] = sum(projected + [scale * dots[i] for i in rest])
         except Exception as error:
             start["failure"] = f"Alpha: projecting the kept individual gradients failed: {error!r}"
-        start["direction_norm"] = math.sqrt(_dot(update, update))
+        start["direction_norm"] = math.sqrt(dot(update, update))
 
     def _take_update(self, start):
-        """At step t+1: ``d = θ_{t+1} − θ_t``, and whether it is the update ``optimizer.step()`` made
-        (``moved``: the parameters changed after it). The copy of θ_t and the stepped update are
-        released: from here on only ``d`` is held."""
-        start["update"] = [p.detach() - p0 for p, p0 in zip(start["params"], start["params_before"])]
-        stepped = start["stepped"]
-        if stepped is not None:
-            start["moved"] = _on_line(stepped, start["update"]) is None
-            start["stepped"] = True
-        start["params_before"] = None
+        """At step t+1: ``d = θ_{t+1} − θ_t`` (``_Difference``: formed a parameter at a time when
+        read, from θ_t's copy, which ``UpdateSize`` shares), its length, and whether it is the
+        update ``optimizer.step()`` made (``moved``: the parameters' bits changed after it)."""
+        start["update"] = update = _Difference(start["params"], start["params_before"])
+        start["length"] = math.sqrt(dot(update, update))
+        if start["stepped"] is not None:
+            start["moved"] = fingerprint(start["params"]) != start["stepped"]
 
     def _remove_hook(self):
         if self._hook is not None:
@@ -232,8 +235,7 @@ class Alpha(Quantity):
 
     def _finish(self, step, data, loss, losses, seed):
         start = self._start
-        update = start["update"]
-        t = math.sqrt(_dot(update, update))
+        update, t = start["update"], start["length"]
         flags = []
         stepped = start["stepped"]
         if not math.isfinite(t):
@@ -268,7 +270,7 @@ class Alpha(Quantity):
         fs, var_fs = [start["f"], loss], [start["var_f"], _variance(losses)]
         exact_means = [  # a subsampled end's mean slope is gᵀd / (σ‖d‖), from the exact gradient
             None if start.get("grad_dot") is None else start["grad_dot"] / (t * start["seed"]),
-            None if data.subset is None else _dot(data.grads, update) / (t * seed),
+            None if data.subset is None else dot(data.grads, update) / (t * seed),
         ]
 
         def alpha(means, variances):  # of the slopes at each end: [..., 2]
@@ -292,6 +294,43 @@ class Alpha(Quantity):
         return Output(value, step=step - 1, meta=subsample.meta(held, size, math.sqrt(variance)))
 
 
+class _Difference:
+    """``[(θ_i − θ0_i).reshape(-1)]``, a sequence whose items are formed when read (one
+    parameter's difference at a time, never a copy of the whole model)."""
+
+    def __init__(self, params, before):
+        self._params, self._before = params, before
+
+    def __len__(self):
+        return len(self._params)
+
+    def __getitem__(self, i):
+        return (self._params[i].detach() - self._before[i]).reshape(-1)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+
+def fingerprint(params):
+    """The parameters' bits, summed exactly: per tensor ``(Σ_j b_j, Σ_j (j+1) b_j)`` in int64 of
+    the elements' bit patterns ``b_j`` (integer sums: exact, the same in any order or thread
+    count). Any change of one element changes the first; a permutation, the second; a change
+    that leaves both equal has to be constructed."""
+    sums = []
+    for param in params:
+        flat = param.detach().reshape(-1)
+        if flat.is_floating_point():
+            flat = flat.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()])
+        total = weighted = 0
+        for start in range(0, flat.numel(), FINGERPRINT_CHUNK):
+            bits = flat[start : start + FINGERPRINT_CHUNK].to(torch.int64)
+            positions = torch.arange(start + 1, start + 1 + bits.numel(), dtype=torch.int64, device=bits.device)
+            total += int(bits.sum())
+            weighted += int((bits * positions).sum())
+        sums.append((total, weighted))
+    return sums
+
+
 def kept_always(param):
     """Whether a start step keeps ``param``'s individual gradients until ``optimizer.step()``
     whatever the prediction: 1-D parameters (biases, normalisation scales; ``B ×`` their size,
@@ -307,30 +346,22 @@ def _on_line(predicted, real):
 
     ``predicted`` and ``real`` are lists of tensors (one per parameter; ``[D_i]`` or the
     parameter's shape), taken as one vector each. In float32 or wider (bf16 arithmetic would
-    round the distance itself by 2⁻⁸), the sums in float64 (``_dot``), and the distance from
-    the residual itself, not from a difference of sums; one tensor at a time (never a copy
-    of the whole model)."""
+    round the distance itself by 2⁻⁸), the sums accurate at any size (``utils.norms.dot``: torch's
+    float32 ``dot`` of every parameter of a 13M-parameter GPT is off by 5·10⁻⁴, more than the
+    tolerance: every step looked turned), and the distance from the residual itself, not from a
+    difference of sums; one tensor at a time (never a copy of the whole model)."""
     rtol = max(PREDICTION_RTOL.get(p.dtype, 1e-4) for p in predicted)
-    squared = _dot(predicted, predicted)
+    squared = dot(predicted, predicted)
     if squared == 0.0:
         return None
-    scale = _dot(predicted, real) / squared
+    scale = dot(predicted, real) / squared
     residual = 0.0
     for p, r in zip(predicted, real):
         off = at_least_float32(r).reshape(-1) - scale * at_least_float32(p).reshape(-1)
-        residual += _dot([off], [off])
-    if scale > 0 and residual <= rtol**2 * _dot(real, real):
+        residual += dot([off], [off])
+    if scale > 0 and residual <= rtol**2 * dot(real, real):
         return scale
     return None
-
-
-def _dot(a, b):
-    """``Σ_i a_iᵀ b_i`` over two lists of tensors (taken as one vector each), summed in float64,
-    one tensor at a time. torch's float32 ``dot`` and ``norm`` of one vector of 10⁷ elements
-    (every parameter of a 13M-parameter GPT) are off by up to 5·10⁻⁴ relative on a CPU, more
-    than the prediction check's tolerance: every step looked turned."""
-    return sum(float((at_least_float32(x).reshape(-1) * at_least_float32(y).reshape(-1)).sum(dtype=torch.float64))
-               for x, y in zip(a, b))
 
 
 def fit_quadratic(t, fs, dfs, var_fs, var_dfs):

@@ -283,8 +283,12 @@ def test_updates_that_are_not_the_optimizer_s_are_flagged():
             for p in params:
                 p.sub_(0.1 * p.grad)
 
-    record = _after_step_run(lambda opt, params: True, shrink)
-    assert np.isnan(record[0]["Alpha"]) and any("after optimizer.step()" in f for f in record[0]["flags"])
+    def clamp_data(params):  # WGAN's weight clipping: through .data, which bumps no version counter
+        params[0].data.clamp_(-0.05, 0.05)
+
+    for after_step in (shrink, clamp_data):
+        record = _after_step_run(lambda opt, params: True, after_step)
+        assert np.isnan(record[0]["Alpha"]) and any("after optimizer.step()" in f for f in record[0]["flags"])
     record = _after_step_run(lambda opt, params: by_hand(opt, params), lambda params: None)
     assert np.isnan(record[0]["Alpha"]) and any("without a step of info['optimizer']" in f for f in record[0]["flags"])
 
@@ -452,7 +456,8 @@ def test_the_prediction_check_holds_on_a_vector_of_every_parameter_of_a_large_mo
     """torch's float32 dot and norm of 1.3·10⁷ elements (a 13M-parameter GPT) are off by about 5·10⁻⁴
     relative on a CPU, more than the check's 10⁻⁴: an update exactly twice its prediction looked
     turned, and α was NaN at every step. The sums are float64; the distance is the residual's."""
-    from cockpit_lite.quantities.alpha import _dot, _on_line
+    from cockpit_lite.quantities.alpha import _on_line
+    from cockpit_lite.utils.norms import dot
 
     predicted = 1e-3 * torch.randn(13_000_000, generator=torch.Generator().manual_seed(0))
     assert _on_line([predicted], [2 * predicted]) == pytest.approx(2.0, rel=1e-12)
@@ -460,7 +465,34 @@ def test_the_prediction_check_holds_on_a_vector_of_every_parameter_of_a_large_mo
     turned[:2000] += 0.01  # 6 % of its length off the line
     assert _on_line([predicted], [turned]) is None
     assert _on_line([predicted], [-predicted]) is None
-    assert math.sqrt(_dot([predicted], [predicted])) == pytest.approx(float(predicted.double().norm()), rel=1e-9)
+    assert math.sqrt(dot([predicted], [predicted])) == pytest.approx(float(predicted.double().norm()), rel=1e-9)
     pieces = list(predicted.split([4_000_000, 9_000_000]))  # one vector across parameters
     assert _on_line(pieces, [2 * p for p in pieces]) == pytest.approx(2.0, rel=1e-12)
     assert _on_line(pieces, [2 * pieces[0], -2 * pieces[1]]) is None
+
+
+def test_the_fingerprint_sees_every_change_and_is_the_same_in_any_thread_count():
+    """The check "the parameters changed after optimizer.step()" compares exact integer sums of the
+    parameters' bits: one ulp of one element, or two elements swapped, changes them; the same bits
+    give the same sums whatever the thread count."""
+    from cockpit_lite.quantities.alpha import FINGERPRINT_CHUNK, fingerprint
+
+    g = torch.Generator().manual_seed(0)
+    params = [torch.randn(FINGERPRINT_CHUNK + 7, generator=g), torch.randn(3, 4, generator=g).to(torch.bfloat16),
+              torch.randn(5, dtype=torch.float64, generator=g)]
+    before = fingerprint(params)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert fingerprint(params) == before
+    finally:
+        torch.set_num_threads(threads)
+    for i in range(3):
+        changed = [p.clone() for p in params]
+        bits = changed[i].view(-1).view({2: torch.int16, 4: torch.int32, 8: torch.int64}[changed[i].element_size()])
+        bits[-1] += 1  # the next float
+        assert fingerprint(changed)[i] != before[i] and fingerprint(changed)[:i] == before[:i]
+        swapped = [p.clone() for p in params]
+        flat = swapped[i].view(-1)
+        flat[0], flat[1] = params[i].view(-1)[1], params[i].view(-1)[0]
+        assert fingerprint(swapped)[i] != before[i]
