@@ -13,6 +13,7 @@ gradient ``g``. The *individual gradient* is ``g̃_n = B · grad_batch[n]``, so 
 This is the convention of Cockpit's formulas. No transform calls ``.item()``.
 """
 
+import functools
 from functools import cached_property
 
 import torch
@@ -21,6 +22,11 @@ from cockpit_lite import histogram
 
 CHUNK_ELEMENTS = 1 << 20
 """Individual-gradient elements built at a time for histograms of factored layers (4 MiB in float32)."""
+
+GRAD_BATCH_ELEMENTS = 1 << 22
+"""The most individual-gradient elements (16 MiB in float32) a parameter's transforms see at
+once when its ``grad_batch`` has to be built (factors with sequence axes, summed uses):
+beyond, they run on consecutive chunks of samples (``PerSample.sample_chunks``)."""
 
 BATCH_ELEMENTS = 1 << 16
 """A parameter with at most this many individual-gradient elements (``B ×`` its size) is
@@ -33,8 +39,8 @@ BATCH_FLUSH_ELEMENTS = 1 << 18
 class PerSample:
     """The individual gradients of one parameter, and the primitives transforms are built from.
 
-    One of three forms (``K`` samples, ``K = B`` except for the chunks of
-    ``cockpit_lite.engine.global_path``):
+    One of four forms (``K`` samples, ``K = B`` except for a subsample and for chunks of
+    samples, ``cockpit_lite.engine.global_path`` and ``sample_chunks``):
 
     - ``grad_batch``: ``[K, *shape]``, each sample's contribution to the reduced loss;
     - ``factors = (a, δ)`` with ``a`` of shape ``[K, L, I]`` (layer inputs) and ``δ`` of
@@ -45,7 +51,10 @@ class PerSample:
       elements (histograms);
     - ``rows = (values, samples, index, K)``: ``grad_batch[samples[u], index[u]] =
       values[u]`` and zero elsewhere, each ``(sample, index)`` pair once (an Embedding
-      weight: only the looked-up rows are non-zero).
+      weight: only the looked-up rows are non-zero);
+    - ``parts``: ``PerSample`` objects of the same parameter in the other forms, whose
+      individual gradients add up to this one's (a parameter used several times: a
+      tied embedding and head); ``grad_batch`` is their sum, formed when needed.
 
     Attributes:
         param: the parameter tensor.
@@ -56,11 +65,13 @@ class PerSample:
             (gradient accumulation), or ``None``.
     """
 
-    def __init__(self, param, index, grad_batch=None, factors=None, rows=None, batch_size=None, grad_before=None):
+    def __init__(self, param, index, grad_batch=None, factors=None, rows=None, parts=None, batch_size=None,
+                 grad_before=None):
         self.param = param
         self.index = index
         self._factors = factors
         self._rows = rows
+        self._parts = parts
         self.grad_before = grad_before
         self._grad = None
         if grad_batch is not None:
@@ -70,10 +81,14 @@ class PerSample:
     @property
     def dtype(self):
         """The dtype the statistics are computed in (float32 or wider)."""
+        if "grad_batch" in vars(self):
+            return self.grad_batch.dtype
         if self._factors is not None:
             return self._factors[0].dtype
-        if self._rows is not None and "grad_batch" not in vars(self):
+        if self._rows is not None:
             return self._rows[0].dtype
+        if self._parts is not None:
+            return functools.reduce(torch.promote_types, (p.dtype for p in self._parts))
         return self.grad_batch.dtype
 
     @property
@@ -83,6 +98,8 @@ class PerSample:
             return self._factors[0].shape[0]
         if self._rows is not None and "grad_batch" not in vars(self):
             return self._rows[3]
+        if self._parts is not None:
+            return self._parts[0].num_samples
         return self.grad_batch.shape[0]
 
     @property
@@ -94,7 +111,13 @@ class PerSample:
 
     @cached_property
     def grad_batch(self):
-        """``[K, *shape]`` contributions to the reduced loss (built from the factors or rows if needed)."""
+        """``[K, *shape]`` contributions to the reduced loss (built from the factors, rows or parts if needed)."""
+        if self._parts is not None:  # a part of its own first (not one to add into: a part is only read)
+            first, *others = sorted(self._parts, key=lambda p: p._dense())
+            dense = first.owned_grad_batch().to(self.dtype)
+            for part in others:
+                part.add_to(dense)
+            return dense
         if self._rows is not None:
             values, samples, index, k = self._rows
             dense = values.new_zeros((k, self.param.shape[0], values.shape[1]))
@@ -131,6 +154,8 @@ class PerSample:
         if self._sparse():
             values, _, index, _ = self._rows
             return values.new_zeros((self.param.shape[0], values.shape[1])).index_add_(0, index, values).reshape(-1)
+        if self._parts is not None:
+            return sum(p.sample_sum().to(self.dtype) for p in self._parts)
         return self.flat.sum(0)
 
     def dots(self, vector):
@@ -175,9 +200,11 @@ class PerSample:
         """The same individual gradients in the form they came in (factors, rows or
         ``grad_batch``), without what was built from them since (``grad_batch`` of factors):
         what keeping them beyond the backward pass costs."""
-        if self._factors is None and self._rows is None:
+        if self._dense():
             return PerSample(self.param, self.index, grad_batch=self.grad_batch, batch_size=self.batch_size)
-        return PerSample(self.param, self.index, factors=self._factors, rows=self._rows, batch_size=self.batch_size)
+        parts = None if self._parts is None else [p.compact() for p in self._parts]
+        return PerSample(self.param, self.index, factors=self._factors, rows=self._rows, parts=parts,
+                         batch_size=self.batch_size)
 
     def add_to(self, dense):
         """``dense += grad_batch`` in place (``dense`` of shape ``[K, *shape]``; another use's
@@ -190,55 +217,85 @@ class PerSample:
         elif self._sparse():
             values, samples, index, k = self._rows
             dense.view(k, self.param.shape[0], -1).index_put_((samples, index), values.to(dense.dtype), accumulate=True)
+        elif self._parts is not None and "grad_batch" not in vars(self):
+            for part in self._parts:
+                part.add_to(dense)
         else:
             dense.add_(self.grad_batch.reshape(dense.shape))
         return dense
 
     def owned_grad_batch(self):
-        """``grad_batch`` as a tensor of its own (built from the factors or rows, else copied),
-        which ``add_to`` may then add into."""
-        if "grad_batch" not in vars(self) and (self._factors is not None or self._rows is not None):
+        """``grad_batch`` as a tensor of its own (built from the factors, rows or parts, else
+        copied), which ``add_to`` may then add into."""
+        if not self._dense() and "grad_batch" not in vars(self):
             return self.grad_batch
         return self.grad_batch.clone()
 
+    def held_elements(self):
+        """How many elements the individual gradients take in the form they came in (factors,
+        rows, parts or ``grad_batch``)."""
+        if self._dense():
+            return self.grad_batch.numel()
+        if self._parts is not None:
+            return sum(p.held_elements() for p in self._parts)
+        pieces = self._factors if self._factors is not None else self._rows[:3]
+        return sum(t.numel() for t in pieces)
+
     def select(self, rows):
-        """The individual gradients of the samples ``rows`` only (sorted indices, a subsample):
-        ``K = len(rows)``, in the form they came in, with this one's ``B`` and gradient ``g``
-        (of all ``B`` samples: computed here first if needed)."""
-        grad = self.grad
-        if self._factors is not None:
+        """The individual gradients of the samples ``rows`` only (sorted indices, a subsample,
+        or a ``slice`` of consecutive ones): ``K = len(rows)``, in the form they came in, with
+        this one's ``B`` and gradient ``g`` (of all ``B`` samples: computed here first if needed)."""
+        part = self._rows_of(rows)
+        part._grad = self.grad
+        return part
+
+    def _rows_of(self, rows):
+        """``select`` without the gradient."""
+        count = len(range(self.num_samples)[rows]) if isinstance(rows, slice) else len(rows)
+        if self._factors is not None and "grad_batch" not in vars(self):
             a, delta = self._factors
-            part = PerSample(self.param, self.index, factors=(a[rows], delta[rows]), batch_size=self.batch_size,
-                             grad_before=self.grad_before)
+            forms = {"factors": (a[rows], delta[rows])}
         elif self._sparse():
             values, samples, index, k = self._rows
             position = samples.new_full((k,), -1)
-            position[rows] = torch.arange(len(rows), device=samples.device)
+            position[rows] = torch.arange(count, device=samples.device)
             kept = position[samples]
             chosen = kept >= 0
-            part = PerSample(self.param, self.index, rows=(values[chosen], kept[chosen], index[chosen], len(rows)),
-                             batch_size=self.batch_size, grad_before=self.grad_before)
+            forms = {"rows": (values[chosen], kept[chosen], index[chosen], count)}
+        elif self._parts is not None and "grad_batch" not in vars(self):
+            forms = {"parts": [p._rows_of(rows) for p in self._parts]}
         else:
-            part = PerSample(self.param, self.index, grad_batch=self.grad_batch[rows], batch_size=self.batch_size,
-                             grad_before=self.grad_before)
-        part._grad = grad
-        return part
+            forms = {"grad_batch": self.grad_batch[rows]}
+        return PerSample(self.param, self.index, batch_size=self.batch_size, grad_before=self.grad_before, **forms)
+
+    def chunked(self):
+        """Whether transforms should see these individual gradients in ``sample_chunks``: their
+        ``grad_batch`` would have to be built (factors with sequence axes, parts) and would hold
+        more than ``GRAD_BATCH_ELEMENTS`` elements."""
+        builds = self._parts is not None or (self._factors is not None and not self._single_position())
+        return builds and "grad_batch" not in vars(self) and self.num_samples * self.param.numel() > GRAD_BATCH_ELEMENTS
+
+    def sample_chunks(self):
+        """The individual gradients as ``select``-ed pieces of consecutive samples, each of at
+        most ``GRAD_BATCH_ELEMENTS`` elements once its ``grad_batch`` is formed (at least one
+        sample), made one at a time, so that the whole ``[K, *shape]`` never exists."""
+        step = max(1, GRAD_BATCH_ELEMENTS // self.param.numel())
+        for start in range(0, self.num_samples, step):
+            yield self.select(slice(start, start + step))
 
     def element_chunks(self, max_elements=CHUNK_ELEMENTS):
         """The individual gradients as ``[c, *shape]`` pieces of consecutive samples.
 
-        A factored layer's pieces are built one at a time from the factors (about
-        ``max_elements`` elements each, cache-sized), so the whole ``[B, O, I]``
-        tensor never exists; otherwise ``grad_batch`` is the only piece.
+        The pieces of factors or parts are built one at a time (about ``max_elements``
+        elements each, cache-sized), so the whole ``[K, *shape]`` tensor never exists;
+        otherwise ``grad_batch`` is the only piece.
         """
-        if self._factors is None or "grad_batch" in self.__dict__:
+        if (self._factors is None and self._parts is None) or "grad_batch" in vars(self):
             yield self.grad_batch
             return
-        a, delta = self._factors
         step = max(1, max_elements // self.param.numel())
         for start in range(0, self.num_samples, step):
-            part = torch.einsum("nlo,nli->noi", delta[start : start + step], a[start : start + step])
-            yield part.reshape(-1, *self.param.shape)
+            yield self._rows_of(slice(start, start + step)).grad_batch
 
     def nonzero_element_chunks(self, max_elements=CHUNK_ELEMENTS):
         """``element_chunks`` with (some) exact zeros left out: returns ``(zeros, chunks)``.
@@ -272,6 +329,10 @@ class PerSample:
     def _sparse(self):
         """Rows form, not yet materialised."""
         return self._rows is not None and "grad_batch" not in vars(self)
+
+    def _dense(self):
+        """``grad_batch`` form (given, not built from another form)."""
+        return self._factors is None and self._rows is None and self._parts is None
 
     def _single_position(self):
         """Factors without sequence axes, where the ghost formulas are exact and cheapest."""
@@ -496,12 +557,23 @@ def run(transforms, per_sample, batch=None):
     Histograms run last, so that the other transforms can use the cheaper factored
     forms before the individual gradients are built for the histograms. With a
     ``Batch``, a batchable transform of a small parameter is left to the batch,
-    which adds its value to the returned dict when it computes.
+    which adds its value to the returned dict when it computes. Individual gradients
+    whose ``grad_batch`` has to be built and would exceed ``GRAD_BATCH_ELEMENTS`` go
+    through the transforms in chunks of samples (``PerSample.sample_chunks``), and each
+    transform ``combine``s its chunks' values: one chunk's elements exist at a time.
 
     Returns:
         dict ``{transform.key: value}``.
     """
     ordered = sorted(transforms, key=lambda t: isinstance(t, (GradHistogram1d, GradHistogram2d)))
+    if per_sample.chunked():
+        values = [_run_whole(ordered, chunk) for chunk in per_sample.sample_chunks()]
+        return {t.key: t.combine([v[t.key] for v in values]) for t in ordered}
+    return _run_whole(ordered, per_sample, batch)
+
+
+def _run_whole(ordered, per_sample, batch=None):
+    """``run`` on the individual gradients as they are (no chunks)."""
     small = per_sample.param.numel() * per_sample.num_samples <= BATCH_ELEMENTS
     results = {}
     with torch.no_grad():

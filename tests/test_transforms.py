@@ -3,7 +3,9 @@
 import pytest
 import torch
 
+import problems
 from cockpit_lite import transforms
+from cockpit_lite.quantities import Alpha, GradVariance, InnerTest, NormTest, OrthoTest
 
 B, O, I = 5, 3, 4
 
@@ -109,3 +111,104 @@ def test_histogram_leaves_out_zero_rows_exactly(range_):
     for value, reference in zip(hist(factored), expected):
         torch.testing.assert_close(value, reference, rtol=0, atol=0)
     assert expected[2] == O  # every product with the infinite input: ±∞, or NaN where δ = 0
+
+
+def _uses(seed=3):
+    """Three uses of one [O, I] parameter in the three forms (factors with positions, rows, grad_batch)
+    and their explicit sum."""
+    g = torch.Generator().manual_seed(seed)
+    param = torch.zeros(O, I, dtype=torch.float64)
+    a, delta = torch.randn(B, 6, I, generator=g, dtype=torch.float64), torch.randn(B, 6, O, generator=g, dtype=torch.float64)
+    samples, index = torch.tensor([0, 0, 2, 4]), torch.tensor([1, 2, 1, 0])
+    values = torch.randn(4, I, generator=g, dtype=torch.float64)
+    dense = torch.randn(B, O, I, generator=g, dtype=torch.float64)
+    explicit = torch.einsum("nlo,nli->noi", delta, a) + dense
+    explicit[samples, index] += values
+    parts = [transforms.PerSample(param, 0, factors=(a, delta)), transforms.PerSample(param, 0, grad_batch=dense),
+             transforms.PerSample(param, 0, rows=(values, samples, index, B))]
+    return transforms.PerSample(param, 0, parts=parts), explicit
+
+
+def test_the_uses_of_a_parameter_sum_without_being_formed_first():
+    """The ``parts`` form (a tied embedding and head): every primitive is that of the explicit sum,
+    ``select`` of indices or of a slice keeps the form, and forming it never changes a part."""
+    summed, explicit = _uses()
+    flat = explicit.reshape(B, -1)
+    vector = torch.randn(O * I, dtype=torch.float64)
+    torch.testing.assert_close(summed.sample_sum(), flat.sum(0))
+    assert summed.held_elements() == B * 6 * (I + O) + B * O * I + 4 * I + 8
+    for rows in (torch.tensor([1, 4]), slice(2, 5)):
+        part = summed.select(rows)
+        assert part._parts is not None and part.num_samples == len(flat[rows])
+        torch.testing.assert_close(part.grad, flat.sum(0))  # the gradient of all samples
+        torch.testing.assert_close(part.squared_norms(), (flat[rows] ** 2).sum(1))
+    torch.testing.assert_close(summed.dots(vector), flat @ vector)
+    torch.testing.assert_close(summed.sum_of_squares(), (flat**2).sum(0))
+    torch.testing.assert_close(torch.cat(list(summed.element_chunks(max_elements=O * I))), explicit)
+    torch.testing.assert_close(summed.compact().grad_batch, explicit)  # the parts were only read
+    dense = torch.zeros(B, O, I, dtype=torch.float64)
+    torch.testing.assert_close(summed.compact().add_to(dense), explicit)
+
+
+@pytest.mark.parametrize("form", ["factors", "parts"])
+def test_transforms_of_large_individual_gradients_run_on_chunks_of_samples(monkeypatch, form):
+    """Beyond ``GRAD_BATCH_ELEMENTS`` a ``grad_batch`` that would have to be built is never built
+    whole: the transforms see chunks of samples and combine them into the values of the explicit
+    individual gradients."""
+    if form == "factors":
+        per_sample, _, flat = factored_and_explicit(7)
+        explicit = flat.reshape(B, O, I)
+    else:
+        per_sample, explicit = _uses()
+        flat = explicit.reshape(B, -1)
+    monkeypatch.setattr(transforms, "GRAD_BATCH_ELEMENTS", 2 * O * I)  # chunks of two samples
+    chunks, whole = [], transforms.PerSample.sample_chunks
+
+    def spied(self):
+        for chunk in whole(self):
+            chunks.append(chunk.num_samples)
+            yield chunk
+
+    monkeypatch.setattr(transforms.PerSample, "sample_chunks", spied)
+    kept = {}
+    direction = torch.randn(O * I, dtype=torch.float64)
+    histogram = transforms.GradHistogram1d(5, (-3.0, 3.0))
+    chosen = [transforms.BatchL2(), transforms.GradL2(), transforms.BatchDotGrad(), transforms.SumGradSquared(),
+              transforms.SumGrad(), histogram, transforms.BatchDotDirection("d", lambda p: direction, keep=kept)]
+    values = transforms.run(chosen, per_sample)
+    assert chunks == [2, 2, 1] and "grad_batch" not in vars(per_sample)  # never all B samples at once
+    individual, g = B * flat, flat.sum(0)
+    torch.testing.assert_close(values["batch_l2"], (individual**2).sum(1))
+    torch.testing.assert_close(values["grad_l2"], (g**2).sum())
+    torch.testing.assert_close(values["batch_dot_grad"], individual @ g)
+    torch.testing.assert_close(values["sum_grad_squared"], (individual**2).sum(0).reshape(O, I))
+    torch.testing.assert_close(values["sum_grad"], individual.sum(0).reshape(O, I))
+    of_explicit = histogram(transforms.PerSample(per_sample.param, 0, grad_batch=explicit))
+    for value, expected in zip(values[histogram.key], of_explicit):
+        torch.testing.assert_close(value, expected)
+    torch.testing.assert_close(values["d"], individual @ direction)
+    torch.testing.assert_close(transforms.dots_of_kept(kept[0], direction), individual @ direction)
+
+
+@pytest.mark.parametrize("case", [("gpt", 4, "mean"), ("gpt", 4, "sum"), ("transformer", 4, "sum"),
+                                  ("vit_like", 4, "mean")], ids=problems.case_id)
+def test_chunks_of_samples_on_realistic_models_match_brute_force(monkeypatch, case):
+    """Every sequence layer (and the GPT's tied embedding and head, summed from its uses' own forms)
+    in chunks of one sample: the quantities equal their brute-force float64 references."""
+    from quantities import test_alpha, test_grad_variance, test_inner_test, test_norm_test, test_ortho_test
+
+    monkeypatch.setattr(transforms, "GRAD_BATCH_ELEMENTS", 1)
+    forms, whole = [], transforms.PerSample.sample_chunks
+
+    def spied(self):
+        forms.append("parts" if self._parts is not None else "factors")
+        yield from whole(self)
+
+    monkeypatch.setattr(transforms.PerSample, "sample_chunks", spied)
+    for quantity, reference, layers in [(NormTest, test_norm_test.reference, True),
+                                        (InnerTest, test_inner_test.reference, True),
+                                        (OrthoTest, test_ortho_test.reference, True),
+                                        (GradVariance, test_grad_variance.reference, False)]:
+        problems.check(quantity(), reference, case, layers=layers)
+    problems.check(Alpha(), test_alpha.reference, case, steps=4, layers=False, schedule_steps=[0, 1, 2])
+    assert "factors" in forms and (case[0] != "gpt" or "parts" in forms)

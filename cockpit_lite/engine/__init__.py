@@ -303,11 +303,14 @@ class Engine:
                 for call, tracked in state.calls.items():
                     if id(call) not in state.done:
                         self._run_rule(state, call, tracked)
-                for index, dense in state.dense.items():
+                for index, uses in state.dense.items():
                     if index in state.failed:  # a use failed: the other uses' sum is not its gradient
                         continue
-                    part = _transforms.PerSample(
-                        self.params[index], index, grad_batch=dense, batch_size=state.batch_size,
+                    parts = uses["parts"] + ([] if uses["sum"] is None else [_transforms.PerSample(
+                        self.params[index], index, grad_batch=uses["sum"], batch_size=state.batch_size,
+                        grad_before=state.grads_before[index])])
+                    part = parts[0] if len(parts) == 1 else _transforms.PerSample(
+                        self.params[index], index, parts=parts, batch_size=state.batch_size,
                         grad_before=state.grads_before[index],
                     )
                     if index in state.dense_grads:  # the subsample's rows, the gradient of all samples
@@ -461,15 +464,18 @@ class Engine:
             return
         part.batch_size = state.batch_size
         part.grad_before = state.grads_before[index]
-        if state.uses.get(index, 1) > 1:  # summed in place: one [B, *shape] tensor for all uses
+        if state.uses.get(index, 1) > 1:  # the uses are summed once all have arrived (``finish``)
             if state.subset is not None and part.num_samples == state.batch_size:  # subsampled: k rows
                 grad = part.grad  # this use's gradient of all B samples
                 state.dense_grads[index] = grad if index not in state.dense_grads else state.dense_grads[index] + grad
                 part = part.select(state.subset.to(part.param.device))
-            if index in state.dense:
-                part.add_to(state.dense[index])
+            uses = state.dense.setdefault(index, {"parts": [], "sum": None})
+            if part.held_elements() < part.num_samples * part.param.numel():
+                uses["parts"].append(part)  # factors or rows: smaller than [K, *shape] (a tied head's)
+            elif uses["sum"] is None:  # the others summed in place: one [K, *shape] tensor for all
+                uses["sum"] = part.owned_grad_batch()
             else:
-                state.dense[index] = part.owned_grad_batch()
+                part.add_to(uses["sum"])
         else:
             state.ready(index, part)
 
@@ -631,7 +637,7 @@ class _Step:
         self.paths = []
         self.uses = {}
         self.done = set()
-        self.dense = {}
+        self.dense = {}  # a parameter with several uses: {"parts": uses in their own form, "sum": the others'}
         self.dense_grads = {}  # subsampled: per multi-use parameter, the sum of its uses' gradients of all B
         self.results = {}
         self.served = {}  # index -> the gradient the engine's individual gradients sum to (None: not checked)
