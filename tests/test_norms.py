@@ -46,6 +46,7 @@ def test_dot_of_a_gpt_2_sized_vector_and_of_mixed_tensors_matches_float64():
     exact = sum(float(u.double().reshape(-1) @ v.double().reshape(-1)) for u, v in zip(a, b))
     assert dot(a, b) == pytest.approx(exact, rel=1e-7)
     assert dot([], []) == 0.0
+    assert dot(t for t in a) == pytest.approx(sum(float(t.double().norm()) ** 2 for t in a), rel=1e-7)
 
 
 def test_non_finite_values_propagate():

@@ -217,14 +217,14 @@ class Alpha(Quantity):
             start["dots"] = sum(projected + [scale * dots[i] for i in rest])
         except Exception as error:
             start["failure"] = f"Alpha: projecting the kept individual gradients failed: {error!r}"
-        start["direction_norm"] = math.sqrt(dot(update, update))
+        start["direction_norm"] = math.sqrt(dot(update))
 
     def _take_update(self, start):
         """At step t+1: ``d = θ_{t+1} − θ_t`` (``_Difference``: formed a parameter at a time when
         read, from θ_t's copy, which ``UpdateSize`` shares), its length, and whether it is the
         update ``optimizer.step()`` made (``moved``: the parameters' bits changed after it)."""
         start["update"] = update = _Difference(start["params"], start["params_before"])
-        start["length"] = math.sqrt(dot(update, update))
+        start["length"] = math.sqrt(dot(update))
         if start["stepped"] is not None:
             start["moved"] = fingerprint(start["params"]) != start["stepped"]
 
@@ -351,15 +351,12 @@ def _on_line(predicted, real):
     tolerance: every step looked turned), and the distance from the residual itself, not from a
     difference of sums; one tensor at a time (never a copy of the whole model)."""
     rtol = max(PREDICTION_RTOL.get(p.dtype, 1e-4) for p in predicted)
-    squared = dot(predicted, predicted)
+    squared = dot(predicted)
     if squared == 0.0:
         return None
     scale = dot(predicted, real) / squared
-    residual = 0.0
-    for p, r in zip(predicted, real):
-        off = at_least_float32(r).reshape(-1) - scale * at_least_float32(p).reshape(-1)
-        residual += dot([off], [off])
-    if scale > 0 and residual <= rtol**2 * dot(real, real):
+    off = (at_least_float32(r).reshape(-1) - scale * at_least_float32(p).reshape(-1) for p, r in zip(predicted, real))
+    if scale > 0 and dot(off) <= rtol**2 * dot(real):
         return scale
     return None
 

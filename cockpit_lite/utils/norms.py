@@ -39,16 +39,21 @@ def _chunked(tensor):
     return (rows.square().sum() + tail.square()).sqrt().to(dtype)
 
 
-def dot(a, b):
-    """``Σ_i a_iᵀ b_i`` over two sequences of tensors (pairs of equal size, taken as one vector
-    each), a Python float: each ``CHUNK``-element row's dot product in float32 or wider, the rows
+def dot(a, b=None):
+    """``Σ_i a_iᵀ b_i`` over two iterables of tensors (pairs of equal size, taken as one vector
+    each; ``b=None``: ``Σ_i ‖a_i‖²``, ``a`` read once, so it may make its tensors as it goes), a
+    Python float: each ``CHUNK``-element row's dot product in float32 or wider, the rows
     summed in float64 (relative error 10⁻⁷ or less at any size, about 10⁻⁹ over many rows; torch's
     float32 ``dot`` of 1.3·10⁷ elements is off by 5·10⁻⁴). One tensor at a time, with no temporary
     of a tensor's size."""
     total = 0.0
-    for x, y in zip(a, b):
+    for x, y in ((x, x) for x in a) if b is None else zip(a, b):
+        x, y = x.reshape(-1), y.reshape(-1)
+        if x.numel() <= CHUNK:  # exact products, one call
+            total += float(torch.dot(x.double(), y.double()))
+            continue
         dtype = torch.promote_types(torch.promote_types(x.dtype, y.dtype), torch.float32)
-        x, y = x.reshape(-1).to(dtype), y.reshape(-1).to(dtype)
+        x, y = x.to(dtype), y.to(dtype)
         whole = x.numel() // CHUNK * CHUNK
         rows = torch.linalg.vecdot(x[:whole].view(-1, CHUNK), y[:whole].view(-1, CHUNK))
         total += float(rows.sum(dtype=torch.float64) + (x[whole:] * y[whole:]).sum(dtype=torch.float64))
