@@ -32,18 +32,34 @@ CHECKPOINTS = (1, 10, 50, 100, 200)
 CONFIGS = ("plain", "economy", "economy, samples=8")
 
 
-def problem(name, generator):
-    """``(model, loss of (outputs, targets), batch maker)``."""
-    if name == "transformer":
-        def batch():
-            return torch.randint(0, 100, (64, 64), generator=generator), torch.randint(0, 10, (64,), generator=generator)
-        return TransformerClassifier(d=128, length=64), nn.functional.cross_entropy, batch
+PROBLEMS = {
+    # name: (model builder, vocabulary, sequence length, default batch size, language model)
+    "transformer": (lambda: TransformerClassifier(d=128, length=64), 100, 64, 64, False),
+    "gpt": (lambda: GPT(vocab=512, d=128, length=64, blocks=4), 512, 64, 16, True),
+    "gpt2_small": (lambda: GPT(vocab=8192, d=512, length=128, blocks=4, heads=8), 8192, 128, 8, True),
+    "transformer512": (lambda: TransformerClassifier(d=512, length=32), 100, 32, 64, False),
+}
+"""``gpt2_small`` and ``transformer512`` are ``experiments.memory_peak``'s."""
+
+OPTIMIZERS = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.01),
+    "adamw": lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1),
+}
+
+
+def problem(name, generator, batch_size=None):
+    """``(model, loss of (outputs, targets), batch maker)``; random tokens."""
+    build, vocab, length, default, language_model = PROBLEMS[name]
+    size = batch_size or default
 
     def batch():
-        ids = torch.randint(0, 512, (16, 65), generator=generator)
-        return ids[:, :-1], ids[:, 1:]
+        if language_model:
+            ids = torch.randint(0, vocab, (size, length + 1), generator=generator)
+            return ids[:, :-1], ids[:, 1:]
+        return (torch.randint(0, vocab, (size, length), generator=generator),
+                torch.randint(0, 10, (size,), generator=generator))
 
-    return GPT(vocab=512, d=128, length=64, blocks=4), token_loss, batch
+    return build(), token_loss if language_model else nn.functional.cross_entropy, batch
 
 
 def resident():
@@ -55,8 +71,11 @@ def resident():
     raise OSError("no VmRSS in /proc/self/status")
 
 
-def run(name, config, steps):
-    """Resident set before training and after each checkpoint step of one configuration."""
+def run(name, config, steps, optimizer="sgd", batch_size=None):
+    """One configuration's resident set before training and after each checkpoint step, and the
+    growth of its peak resident set (``ru_maxrss``) over training: ``{"rss": {step: bytes},
+    "peak": bytes}``."""
+    import resource
     import warnings
 
     from cockpit_lite import Cockpit, configuration
@@ -64,8 +83,9 @@ def run(name, config, steps):
     warnings.simplefilter("ignore")
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    model, loss_fn, batch = problem(name, torch.Generator().manual_seed(1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, loss_fn, batch = problem(name, torch.Generator().manual_seed(1), batch_size)
+    opt = OPTIMIZERS[optimizer](model.parameters())
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     cp = None
     if config != "plain":
         samples = 8 if "samples" in config else None
@@ -83,24 +103,27 @@ def run(name, config, steps):
         opt.step()
         if step in CHECKPOINTS or step == steps:
             rss[step] = resident()
-    return rss
+    return {"rss": rss, "peak": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak) * 1024}
 
 
-def measure(name, config, steps):
-    """``run`` in a fresh process."""
+def measure(name, config, steps, optimizer="sgd", batch_size=None, env=None):
+    """``run`` in a fresh process (with ``env`` added to its environment)."""
     code = ("import json; from experiments import memory_flatness as m; "
-            f"print(json.dumps(m.run({name!r}, {config!r}, {steps})))")
+            f"print(json.dumps(m.run({name!r}, {config!r}, {steps}, {optimizer!r}, {batch_size!r})))")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    env = dict(os.environ, **(env or {}),
+               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    return {int(k): v for k, v in json.loads(out.stdout.splitlines()[-1]).items()}
+    result = json.loads(out.stdout.splitlines()[-1])
+    return {"rss": {int(k): v for k, v in result["rss"].items()}, "peak": result["peak"]}
 
 
 def table(results, steps):
     marks = [s for s in CHECKPOINTS if s <= steps] + ([steps] if steps not in CHECKPOINTS else [])
     lines = ["| problem | configuration | " + " | ".join(f"step {s}" for s in marks) + f" | RSS step {steps} / step {min(10, steps)} |",
              "|---|---|" + "---|" * (len(marks) + 1)]
-    for (name, config), rss in results.items():
+    for (name, config), result in results.items():
+        rss = result["rss"]
         growth = " | ".join(f"+{(rss[s] - rss[0]) / 2**20:.0f}" for s in marks)
         ratio = rss[steps] / rss[min(10, steps)]
         lines.append(f"| {name} | {config} | {growth} | {ratio:.3f} |")
@@ -120,7 +143,7 @@ def main(argv=None):
     print(table(results, args.steps))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([{"problem": n, "config": c, "rss": r} for (n, c), r in results.items()], f, indent=1)
+            json.dump([{"problem": n, "config": c, "rss": r["rss"]} for (n, c), r in results.items()], f, indent=1)
 
 
 if __name__ == "__main__":
