@@ -8,7 +8,7 @@ from torch import nn
 
 from cockpit_lite import Cockpit
 from cockpit_lite.quantities import Distance, GradNorm, ParamNorm, UpdateSize
-from cockpit_lite.utils.norms import CHUNK, dot, norms
+from cockpit_lite.utils.norms import CHUNK, GATHER, dot, gathered, norms
 
 
 def test_a_vector_of_every_parameter_of_a_gpt_2_sized_model():
@@ -47,6 +47,15 @@ def test_dot_of_a_gpt_2_sized_vector_and_of_mixed_tensors_matches_float64():
     assert dot(a, b) == pytest.approx(exact, rel=1e-7)
     assert dot([], []) == 0.0
     assert dot(t for t in a) == pytest.approx(sum(float(t.double().norm()) ** 2 for t in a), rel=1e-7)
+
+
+def test_small_tensors_are_gathered_in_order_and_large_ones_stay_alone():
+    tensors = [torch.full((3,), 1.0), torch.full((2, 2), 2.0), torch.full((GATHER + 1,), 3.0), torch.full((5,), 4.0)]
+    pieces = list(gathered((t, 2 * t) for t in tensors))
+    assert [p[0].tolist() for p in pieces[:1]] == [[1.0] * 3 + [2.0] * 4]
+    assert [len(p[0]) for p in pieces] == [7, GATHER + 1, 5]
+    torch.testing.assert_close(torch.cat([p[1] for p in pieces]), 2 * torch.cat([t.reshape(-1) for t in tensors]))
+    assert [len(p[0]) for p in gathered([(torch.ones(4),)] * 5, size=8)] == [8, 8, 4]
 
 
 def test_non_finite_values_propagate():

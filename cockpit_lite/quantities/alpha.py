@@ -10,7 +10,10 @@ from cockpit_lite import subsample
 from cockpit_lite.optim import UpdatePredictor
 from cockpit_lite.quantities.base import Needs, Output, Quantity
 from cockpit_lite.transforms import BatchDotDirection, at_least_float32, dots_of_kept
-from cockpit_lite.utils.norms import dot
+from cockpit_lite.utils.norms import dot, gathered, gram
+
+DIFFERENCE_ELEMENTS = 1 << 22
+"""Models of at most this many parameters (16 MiB in float32) have their update formed once."""
 
 FINGERPRINT_CHUNK = 1 << 20
 """Elements of a parameter whose bits ``fingerprint`` sums at a time (8 MiB of int64)."""
@@ -296,15 +299,22 @@ class Alpha(Quantity):
 
 class _Difference:
     """``[(θ_i − θ0_i).reshape(-1)]``, a sequence whose items are formed when read (one
-    parameter's difference at a time, never a copy of the whole model)."""
+    parameter's difference at a time, never a copy of the whole model), or once, up front, if
+    all of them hold at most ``DIFFERENCE_ELEMENTS`` elements (a small model: each read would
+    cost more calls than it saves memory)."""
 
     def __init__(self, params, before):
         self._params, self._before = params, before
+        self._formed = None
+        if sum(p.numel() for p in params) <= DIFFERENCE_ELEMENTS:
+            self._formed = [self[i] for i in range(len(params))]
 
     def __len__(self):
         return len(self._params)
 
     def __getitem__(self, i):
+        if self._formed is not None:
+            return self._formed[i]
         return (self._params[i].detach() - self._before[i]).reshape(-1)
 
     def __iter__(self):
@@ -312,22 +322,27 @@ class _Difference:
 
 
 def fingerprint(params):
-    """The parameters' bits, summed exactly: per tensor ``(Σ_j b_j, Σ_j (j+1) b_j)`` in int64 of
-    the elements' bit patterns ``b_j`` (integer sums: exact, the same in any order or thread
-    count). Any change of one element changes the first; a permutation, the second; a change
-    that leaves both equal has to be constructed."""
-    sums = []
+    """The parameters' bits, summed exactly: for the parameters of each dtype, concatenated in
+    order (``utils.norms.gathered``), ``(Σ_j b_j, Σ_j (j+1) b_j)`` in int64 of the elements' bit
+    patterns ``b_j`` (integer sums: exact, the same in any order or thread count). Any change
+    of one element changes the first; a permutation, the second; a change that leaves both
+    equal has to be constructed."""
+    groups = {}
     for param in params:
-        flat = param.detach().reshape(-1)
-        if flat.is_floating_point():
-            flat = flat.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()])
-        total = weighted = 0
-        for start in range(0, flat.numel(), FINGERPRINT_CHUNK):
-            bits = flat[start : start + FINGERPRINT_CHUNK].to(torch.int64)
-            positions = torch.arange(start + 1, start + 1 + bits.numel(), dtype=torch.int64, device=bits.device)
-            total += int(bits.sum())
-            weighted += int((bits * positions).sum())
-        sums.append((total, weighted))
+        groups.setdefault(param.dtype, []).append(param.detach())
+    sums = []
+    for dtype, tensors in groups.items():
+        total = weighted = offset = 0
+        for (flat,) in gathered(((t,) for t in tensors), FINGERPRINT_CHUNK):
+            if flat.is_floating_point():
+                flat = flat.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()])
+            for start in range(0, flat.numel(), FINGERPRINT_CHUNK):
+                bits = flat[start : start + FINGERPRINT_CHUNK].to(torch.int64)
+                positions = torch.arange(offset + 1, offset + 1 + bits.numel(), dtype=torch.int64, device=bits.device)
+                total += int(bits.sum())
+                weighted += int((bits * positions).sum())
+                offset += bits.numel()
+        sums.append((str(dtype), total, weighted))
     return sums
 
 
@@ -346,17 +361,17 @@ def _on_line(predicted, real):
 
     ``predicted`` and ``real`` are lists of tensors (one per parameter; ``[D_i]`` or the
     parameter's shape), taken as one vector each. In float32 or wider (bf16 arithmetic would
-    round the distance itself by 2⁻⁸), the sums accurate at any size (``utils.norms.dot``: torch's
+    round the distance itself by 2⁻⁸), the sums in float64 (``utils.norms.gram``: torch's
     float32 ``dot`` of every parameter of a 13M-parameter GPT is off by 5·10⁻⁴, more than the
     tolerance: every step looked turned), and the distance from the residual itself, not from a
     difference of sums; one tensor at a time (never a copy of the whole model)."""
     rtol = max(PREDICTION_RTOL.get(p.dtype, 1e-4) for p in predicted)
-    squared = dot(predicted)
+    (squared, cross), (_, length) = gram(zip(predicted, real))
     if squared == 0.0:
         return None
-    scale = dot(predicted, real) / squared
-    off = (at_least_float32(r).reshape(-1) - scale * at_least_float32(p).reshape(-1) for p, r in zip(predicted, real))
-    if scale > 0 and dot(off) <= rtol**2 * dot(real):
+    scale = cross / squared
+    off = (at_least_float32(r) - scale * at_least_float32(p) for p, r in gathered(zip(predicted, real)))
+    if scale > 0 and dot(off) <= rtol**2 * length:
         return scale
     return None
 

@@ -5,12 +5,18 @@ torch's float32 ``vector_norm`` and ``_foreach_norm`` on a CPU accumulate one lo
 GPT-2-sized model) by 5·10⁻⁴. ``norms`` takes the norm of each row of ``CHUNK`` elements
 (accurate) and combines the rows' squares in float64: relative error about 10⁻⁹ at any
 size, at the cost of one ``vector_norm`` pass. Tensors of at most ``CHUNK`` elements go
-through one fused ``_foreach_norm``. ``dot`` sums dot products the same way.
+through one fused ``_foreach_norm``. ``dot`` and ``gram`` sum dot products in float64.
 """
 
 import torch
 
 CHUNK = 4096
+
+GATHER = 1 << 16
+"""``gathered``: tensors of at most this many elements are concatenated into runs."""
+
+PIECE = 1 << 18
+"""``gram``: elements of each vector converted to float64 at a time (2 MiB)."""
 
 
 def norms(tensors):
@@ -42,19 +48,49 @@ def _chunked(tensor):
 def dot(a, b=None):
     """``Σ_i a_iᵀ b_i`` over two iterables of tensors (pairs of equal size, taken as one vector
     each; ``b=None``: ``Σ_i ‖a_i‖²``, ``a`` read once, so it may make its tensors as it goes), a
-    Python float: each ``CHUNK``-element row's dot product in float32 or wider, the rows
-    summed in float64 (relative error 10⁻⁷ or less at any size, about 10⁻⁹ over many rows; torch's
-    float32 ``dot`` of 1.3·10⁷ elements is off by 5·10⁻⁴). One tensor at a time, with no temporary
-    of a tensor's size."""
-    total = 0.0
-    for x, y in ((x, x) for x in a) if b is None else zip(a, b):
-        x, y = x.reshape(-1), y.reshape(-1)
-        if x.numel() <= CHUNK:  # exact products, one call
-            total += float(torch.dot(x.double(), y.double()))
+    Python float, accurate at any size (``gram``; torch's float32 ``dot`` of 1.3·10⁷ elements
+    is off by 5·10⁻⁴ relative on a CPU)."""
+    g = gram((x,) for x in a) if b is None else gram(zip(a, b))
+    return 0.0 if g is None else g[0][-1]
+
+
+def gram(items):
+    """``G[i][j] = Σ_t x_{t,i}ᵀ x_{t,j}`` over an iterable of tuples ``(x_{t,1}, …, x_{t,k})`` of
+    tensors (each tuple's of equal size): the ``k × k`` Gram matrix of the vectors the tuples'
+    i-th tensors make together, as nested Python floats (``None`` for no tuples). Products and
+    sums in float64 (relative error about 10⁻¹⁵ at any size), ``PIECE`` elements of each vector
+    converted at a time, small tensors gathered (``gathered``): one matrix product per piece,
+    several products of the same vectors in one pass."""
+    total = None
+    for run in gathered(items):
+        for start in range(0, run[0].numel(), PIECE):
+            rows = torch.stack([t[start : start + PIECE].to(torch.float64) for t in run])
+            g = rows @ rows.T
+            total = g if total is None else total + g
+    return None if total is None else total.tolist()
+
+
+def gathered(items, size=None):
+    """Tuples of tensors (each tuple's of equal size), flattened, as fewer, larger tuples: runs
+    of tuples of at most ``size`` (default ``GATHER``) elements concatenated position by
+    position up to about ``size`` elements, larger ones alone, in order. One call per run
+    instead of one per tensor (a model's many small biases and norms). Concatenation promotes
+    mixed dtypes; tensors of one run share a device."""
+    size = GATHER if size is None else size
+    run, count, device = [], 0, None
+    for item in items:
+        item = tuple(t.reshape(-1) for t in item)
+        if run and (item[0].device != device or item[0].numel() > size):
+            yield tuple(torch.cat(ts) for ts in zip(*run))
+            run, count = [], 0
+        if item[0].numel() > size:
+            yield item
             continue
-        dtype = torch.promote_types(torch.promote_types(x.dtype, y.dtype), torch.float32)
-        x, y = x.to(dtype), y.to(dtype)
-        whole = x.numel() // CHUNK * CHUNK
-        rows = torch.linalg.vecdot(x[:whole].view(-1, CHUNK), y[:whole].view(-1, CHUNK))
-        total += float(rows.sum(dtype=torch.float64) + (x[whole:] * y[whole:]).sum(dtype=torch.float64))
-    return total
+        run.append(item)
+        count += item[0].numel()
+        device = item[0].device
+        if count >= size:
+            yield tuple(torch.cat(ts) for ts in zip(*run))
+            run, count = [], 0
+    if run:
+        yield tuple(torch.cat(ts) for ts in zip(*run))
