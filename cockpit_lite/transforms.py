@@ -197,7 +197,7 @@ class PerSample:
         return self.flat.square().sum(0)
 
     def compact(self):
-        """The same individual gradients in the form they came in (factors, rows or
+        """The same individual gradients in the form they came in (factors, rows, parts or
         ``grad_batch``), without what was built from them since (``grad_batch`` of factors):
         what keeping them beyond the backward pass costs."""
         if self._dense():
