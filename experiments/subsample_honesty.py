@@ -117,6 +117,8 @@ def summarise(exact, draws):
         ses = np.array([values_of(d[step], name)[1] for d in draws], float)
         truth = np.array(truth, float)
         keep = np.isfinite(truth) & np.isfinite(estimates).all(0)
+        if name == "Alpha":  # −1, a concave fit, is no position on a parabola: nothing to estimate
+            keep &= truth != -1.0
         if not keep.any():
             continue
         estimates, ses, truth = estimates[:, keep], ses[:, keep], truth[keep]
