@@ -49,6 +49,7 @@ been given it.
    of the micro-batches'); then the transforms run on them as chunks of one batch.
 """
 
+import dataclasses
 import math
 import warnings
 import weakref
@@ -713,23 +714,24 @@ def _as_if_batched(call, batch_size, delta=None):
     """A call whose output all samples share, as if every sample had made it: its inputs and
     output gain a leading batch axis, and ``delta`` (``[B, *output shape]``, the samples'
     output gradients) is its output gradient."""
-    output = call.leaves[0].expand(batch_size, *call.leaves[0].shape)
+    shared = call.leaves[0]
     virtual = Call(
         call.module, call.name,
         tuple(_expand(a, batch_size) for a in call.args),
         {k: _expand(v, batch_size) for k, v in call.kwargs.items()},
-        output, call.start, call.end,
+        call.start, call.end,
     )
-    virtual.leaves, virtual.leaf_positions = [output], [0]
+    virtual.leaves = [dataclasses.replace(shared, grad_fn=None, shape=torch.Size((batch_size, *shared.shape)))]
+    virtual.leaf_positions = [0]
     if delta is not None:
         virtual.grads = {0: delta}
     return virtual
 
 
 def _release(call):
-    """Drop a call's references to its inputs, outputs and output gradients (activations that
-    autograd frees during the backward pass would otherwise live until the step ends)."""
-    call.args, call.kwargs, call.output, call.grads, call.leaves = (), {}, None, {}, []
+    """Drop a call's references to its inputs and output gradients (activations that autograd
+    frees during the backward pass would otherwise live until the step ends)."""
+    call.args, call.kwargs, call.grads, call.leaves = (), {}, {}, []
 
 
 def _expand(value, batch_size):

@@ -2,10 +2,14 @@
 
 ``ForwardCapture`` puts a forward pre-hook and a forward hook on a set of modules. For
 every call made with gradients enabled it keeps a ``Call``: the module, references to
-its inputs and output (tensors autograd keeps alive anyway), the start and end
-positions of the call among all calls (so that nesting and order are known), and it
-registers a gradient hook on each output tensor that reports the gradient w.r.t. that
-output (``δ``) during the backward pass. Nothing is copied and nothing is computed.
+its inputs (tensors autograd keeps alive anyway, as the layer's saved inputs), a ``Leaf``
+for each output tensor (its place in the graph and its shape, not its memory: an output
+that autograd does not save, a Linear's before a residual addition, is freed as without
+the Cockpit), the start and end positions of the call among all calls (so that nesting and
+order are known), and it registers a gradient hook on each output tensor that reports the
+gradient w.r.t. that output (``δ``) during the backward pass (the hook lives on the
+tensor's autograd node and fires after the tensor is freed). Nothing is copied and
+nothing is computed.
 
 The Cockpit installs the hooks only before a forward pass whose step is due (it
 *arms* the capture at the end of the previous step, see ``cockpit_lite.engine``), so a
@@ -29,6 +33,29 @@ from torch.nn.modules import module as _module
 from torch.utils import _pytree as pytree
 
 
+@dataclass(frozen=True)
+class Leaf:
+    """What the engine reads of an output tensor, without its memory: its autograd node and
+    output number (where it sits in the graph), shape, dtype and device."""
+
+    grad_fn: Any
+    output_nr: int
+    shape: torch.Size
+    dtype: torch.dtype
+    device: torch.device
+
+    @classmethod
+    def of(cls, tensor):
+        return cls(tensor.grad_fn, tensor.output_nr, tensor.shape, tensor.dtype, tensor.device)
+
+    def dim(self):
+        return len(self.shape)
+
+    def zeros(self):
+        """A gradient of zeros for it."""
+        return torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+
+
 @dataclass(eq=False)
 class Call:
     """One call of a module during the forward pass.
@@ -37,8 +64,7 @@ class Call:
         module: the module.
         name: its name in the model (``""`` for the model itself).
         args, kwargs: the inputs it was called with.
-        output: what it returned.
-        leaves: the output's tensors that require a gradient (pytree leaves).
+        leaves: ``Leaf`` stand-ins of the output's tensors that require a gradient (pytree leaves).
         leaf_positions: their positions among the output's pytree leaves.
         start, end: positions of the call's beginning and end in the sequence of all
             beginnings and ends (a call nested in another starts after it and ends before).
@@ -49,7 +75,6 @@ class Call:
     name: str
     args: tuple
     kwargs: dict
-    output: Any
     start: int
     end: int = -1
     leaves: list = field(default_factory=list)
@@ -161,11 +186,11 @@ class ForwardCapture:
         if self.paused or not starts:
             return None
         name = self.modules[module] if self.modules is not None else ""
-        call = Call(module, name, args, kwargs, output, starts.pop(), self._counter)
+        call = Call(module, name, args, kwargs, starts.pop(), self._counter)
         self._counter += 1
         for position, leaf in enumerate(pytree.tree_leaves(output)):
             if torch.is_tensor(leaf) and leaf.requires_grad:
-                call.leaves.append(leaf)
+                call.leaves.append(Leaf.of(leaf))
                 call.leaf_positions.append(position)
                 self._tensor_handles.append(leaf.register_hook(self._grad_hook(call, len(call.leaves) - 1)))
         self.calls.append(call)

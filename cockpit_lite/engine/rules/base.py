@@ -80,7 +80,7 @@ def output_grad(call, position=0):
     """``δ`` of output tensor ``position`` of ``call`` (zeros if the loss did not use it)."""
     grad = call.grads.get(position)
     if grad is None:
-        return torch.zeros_like(call.leaves[position])
+        return call.leaves[position].zeros()
     return grad
 
 
