@@ -66,7 +66,7 @@ def gram(items):
         for start in range(0, run[0].numel(), PIECE):
             rows = torch.stack([t[start : start + PIECE].to(torch.float64) for t in run])
             g = rows @ rows.T
-            total = g if total is None else total + g
+            total = g if total is None else total + g.to(total.device)  # (parameters on several devices)
     return None if total is None else total.tolist()
 
 
