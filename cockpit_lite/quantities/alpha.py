@@ -202,12 +202,13 @@ class Alpha(Quantity):
             start["grad_dot"] = dot(grad, update)
         kept, start["kept"] = start["kept"], {}
         kept = kept if kept is not None else {}
+        kept_indices = list(kept)
         dots = start["backward_dots"]
         rest = [i for i in range(len(update)) if i not in kept]  # projected onto the prediction in backward
-        scale = 1.0  # the rest's real update is scale × its predicted one
+        scale, squares = 1.0, 0.0  # the rest's real update is scale × its predicted one; ‖the rest's d‖²
         if rest:
             guess = [predicted[i] for i in rest]
-            scale = None if any(u is None for u in guess) else _on_line(guess, _Difference(
+            scale, squares = (None, None) if any(u is None for u in guess) else _on_line(guess, _Difference(
                 [start["params"][i] for i in rest], [start["params_before"][i] for i in rest]))
             if scale is None:
                 start["edited"] = True
@@ -220,16 +221,18 @@ class Alpha(Quantity):
             start["dots"] = sum(projected + [scale * dots[i] for i in rest])
         except Exception as error:
             start["failure"] = f"Alpha: projecting the kept individual gradients failed: {error!r}"
-        start["direction_norm"] = math.sqrt(dot(update))
+        start["direction_norm"] = math.sqrt(squares + dot(update[i] for i in sorted(kept_indices)))
 
     def _take_update(self, start):
         """At step t+1: ``d = θ_{t+1} − θ_t`` (``_Difference``: formed a parameter at a time when
-        read, from θ_t's copy, which ``UpdateSize`` shares), its length, and whether it is the
-        update ``optimizer.step()`` made (``moved``: the parameters' bits changed after it)."""
+        read, from θ_t's copy, which ``UpdateSize`` shares), whether it is the update
+        ``optimizer.step()`` made (``moved``: the parameters' bits changed after it), and its
+        length (the post-hook's if they did not: the same bits)."""
         start["update"] = update = _Difference(start["params"], start["params_before"])
-        start["length"] = math.sqrt(dot(update))
         if start["stepped"] is not None:
             start["moved"] = fingerprint(start["params"]) != start["stepped"]
+        same = start["stepped"] is not None and not start["moved"] and start["direction_norm"] is not None
+        start["length"] = start["direction_norm"] if same else math.sqrt(dot(update))
 
     def _remove_hook(self):
         if self._hook is not None:
@@ -357,7 +360,8 @@ def kept_always(param):
 
 
 def _on_line(predicted, real):
-    """``c`` with ``real ≈ c · predicted``, ``c > 0``, up to ``PREDICTION_RTOL`` of ``‖real‖``, else ``None``.
+    """``(c, ‖real‖²)`` with ``real ≈ c · predicted``, ``c > 0``, up to ``PREDICTION_RTOL`` of
+    ``‖real‖``; ``c`` is ``None`` if there is no such ``c``.
 
     ``predicted`` and ``real`` are lists of tensors (one per parameter; ``[D_i]`` or the
     parameter's shape), taken as one vector each. In float32 or wider (bf16 arithmetic would
@@ -368,12 +372,12 @@ def _on_line(predicted, real):
     rtol = max(PREDICTION_RTOL.get(p.dtype, 1e-4) for p in predicted)
     (squared, cross), (_, length) = gram(zip(predicted, real))
     if squared == 0.0:
-        return None
+        return None, length
     scale = cross / squared
     off = (at_least_float32(r) - scale * at_least_float32(p) for p, r in gathered(zip(predicted, real)))
     if scale > 0 and dot(off) <= rtol**2 * length:
-        return scale
-    return None
+        return scale, length
+    return None, length
 
 
 def fit_quadratic(t, fs, dfs, var_fs, var_dfs):

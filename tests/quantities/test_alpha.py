@@ -460,15 +460,16 @@ def test_the_prediction_check_holds_on_a_vector_of_every_parameter_of_a_large_mo
     from cockpit_lite.utils.norms import dot
 
     predicted = 1e-3 * torch.randn(13_000_000, generator=torch.Generator().manual_seed(0))
-    assert _on_line([predicted], [2 * predicted]) == pytest.approx(2.0, rel=1e-12)
+    scale, squares = _on_line([predicted], [2 * predicted])
+    assert scale == pytest.approx(2.0, rel=1e-12) and squares == pytest.approx(4 * float(predicted.double().norm()) ** 2, rel=1e-12)
     turned = 2 * predicted
     turned[:2000] += 0.01  # 6 % of its length off the line
-    assert _on_line([predicted], [turned]) is None
-    assert _on_line([predicted], [-predicted]) is None
+    assert _on_line([predicted], [turned])[0] is None
+    assert _on_line([predicted], [-predicted])[0] is None
     assert math.sqrt(dot([predicted], [predicted])) == pytest.approx(float(predicted.double().norm()), rel=1e-9)
     pieces = list(predicted.split([4_000_000, 9_000_000]))  # one vector across parameters
-    assert _on_line(pieces, [2 * p for p in pieces]) == pytest.approx(2.0, rel=1e-12)
-    assert _on_line(pieces, [2 * pieces[0], -2 * pieces[1]]) is None
+    assert _on_line(pieces, [2 * p for p in pieces])[0] == pytest.approx(2.0, rel=1e-12)
+    assert _on_line(pieces, [2 * pieces[0], -2 * pieces[1]])[0] is None
 
 
 def test_the_fingerprint_sees_every_change_and_is_the_same_in_any_thread_count():
