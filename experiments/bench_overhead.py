@@ -3,11 +3,13 @@
 Usage::
 
     python -m experiments.bench_overhead [--repeats 5] [--steps 5] [--quick] [--json PATH]
+        [--problems mlp cnn transformer resnet_bn resnet18] [--configs "lite economy" ...]
 
 For each problem (an MLP 784-64-10 and a small CNN on 3×32×32 inputs, a transformer
 encoder classifier: embedding, 2 layers, d=64, 4 heads, sequence 32, and a small ResNet
-with BatchNorm in training mode on 3×32×32; batch 64, cross-entropy, SGD) it times, in
-one process with one thread:
+with BatchNorm in training mode on 3×32×32; on request, ``resnet18``, a torchvision-style
+ResNet-18 in training mode on 3×32×32; batch 64, cross-entropy, SGD) it times, in one
+process with one thread (``--configs``: only the configurations named, and the plain step):
 
 - the plain step (forward, backward, SGD step; no BackPACK),
 - the untracked step: a Cockpit with the economy level present but nothing due
@@ -117,6 +119,39 @@ def resnet_bn():
     )
 
 
+class BasicBlock(nn.Module):
+    """torchvision's ResNet basic block: two 3×3 conv + BatchNorm, a 1×1 conv + BatchNorm shortcut
+    where the shape changes."""
+
+    def __init__(self, inputs, channels, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inputs, channels, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+        self.downsample = None
+        if stride != 1 or inputs != channels:
+            self.downsample = nn.Sequential(nn.Conv2d(inputs, channels, 1, stride=stride, bias=False),
+                                            nn.BatchNorm2d(channels))
+
+    def forward(self, x):
+        shortcut = x if self.downsample is None else self.downsample(x)
+        return torch.relu(self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x))))) + shortcut)
+
+
+def resnet18(classes=10):
+    """A torchvision-style ResNet-18 (its layout, written here: torchvision is not imported): 7×7/2
+    stem conv + BatchNorm + 3×3/2 max pooling, four stages of two basic blocks (64, 128, 256, 512
+    channels), average pooling, linear; 11M parameters, BatchNorm in training mode."""
+    layers = [nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+              nn.MaxPool2d(3, stride=2, padding=1)]
+    inputs = 64
+    for channels, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        layers += [BasicBlock(inputs, channels, stride), BasicBlock(channels, channels, 1)]
+        inputs = channels
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, classes))
+
+
 def _images(shape):
     return lambda g: torch.randn(BATCH, *shape, generator=g)
 
@@ -127,7 +162,10 @@ PROBLEMS = {
     "cnn": (cnn, _images((3, 32, 32)), True),
     "transformer": (TransformerClassifier, lambda g: torch.randint(0, 100, (BATCH, 32), generator=g), False),
     "resnet_bn": (resnet_bn, _images((3, 32, 32)), False),
+    "resnet18": (resnet18, _images((3, 32, 32)), False),
 }
+DEFAULT_PROBLEMS = ("mlp", "cnn", "transformer", "resnet_bn")
+"""What a run measures unless ``--problems`` says otherwise (``resnet18`` is slow: ask for it)."""
 
 
 def never(step):
@@ -259,8 +297,10 @@ def configurations(problem, with_quantities, with_peer):
     return configs
 
 
-def measure(problem, repeats, steps, with_quantities, with_peer, with_memory=True):
-    runners = {name: make() for name, make in configurations(problem, with_quantities, with_peer).items()}
+def measure(problem, repeats, steps, with_quantities, with_peer, with_memory=True, only=None):
+    """Median step time of each configuration (``only``: these and the plain step), and their peak memory."""
+    runners = {name: make() for name, make in configurations(problem, with_quantities, with_peer).items()
+               if only is None or name == "plain" or name in only}
     times = {name: [] for name in runners}
     for _ in range(repeats):
         for name, runner in runners.items():
@@ -320,7 +360,8 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="2 repeats, 2 steps, no per-quantity rows, no memory column")
     parser.add_argument("--no-quantities", action="store_true", help="no per-quantity rows")
     parser.add_argument("--no-peer", action="store_true", help="leave out the original Cockpit")
-    parser.add_argument("--problems", nargs="+", default=list(PROBLEMS))
+    parser.add_argument("--problems", nargs="+", default=list(DEFAULT_PROBLEMS), choices=list(PROBLEMS))
+    parser.add_argument("--configs", nargs="+", help="only these configurations (and the plain step)")
     parser.add_argument("--json", help="also write the numbers to this JSON file")
     parser.add_argument("--budget", type=float, nargs="?", const=1.25, help="the 500-step budget table instead")
     parser.add_argument("--budget-steps", type=int, default=500)
@@ -346,7 +387,7 @@ def main(argv=None):
         warnings.simplefilter("ignore")
         for problem in args.problems:
             medians, memory = measure(problem, args.repeats, args.steps, not (args.quick or args.no_quantities),
-                                      with_peer, with_memory=not args.quick)
+                                      with_peer, with_memory=not args.quick, only=args.configs)
             results[problem] = {"median_step_s": medians, "peak_memory_bytes": memory}
     print(f"step time / plain step time (median of {args.repeats} interleaved rounds of "
           f"{args.steps} steps, batch {BATCH}, 1 thread)")
