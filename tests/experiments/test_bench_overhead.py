@@ -26,3 +26,23 @@ def test_budget_table(capsys):
     printed = capsys.readouterr().out
     assert "budget=1.25" in printed and "/octave" in printed
     assert any(line.split()[:2] == ["HessMaxEV", "curvature"] for line in printed.splitlines())
+
+
+def test_configs_times_only_those_and_the_plain_step(capsys):
+    bench_overhead.main(["--quick", "--no-peer", "--problems", "mlp", "--configs", "lite economy (samples=8)"])
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("plain ", "lite", "untracked"))]
+    assert [line.split("  ")[0] for line in table if "step:" not in line] == ["plain", "lite economy (samples=8)"]
+
+
+def test_resnet18_has_torchvision_s_layout():
+    """torchvision's ResNet-18 with 10 classes has 11,181,642 parameters: 20 convolutions (3 of them
+    1×1 shortcuts), 20 BatchNorms, one linear layer."""
+    import torch
+    from torch import nn
+
+    model = bench_overhead.resnet18()
+    assert sum(p.numel() for p in model.parameters()) == 11_181_642
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    assert len(convs) == 20 and sum(m.kernel_size == (1, 1) for m in convs) == 3
+    assert sum(isinstance(m, nn.BatchNorm2d) for m in model.modules()) == 20
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
