@@ -190,13 +190,8 @@ def test_transforms_of_large_individual_gradients_run_on_chunks_of_samples(monke
     torch.testing.assert_close(transforms.dots_of_kept(kept[0], direction), individual @ direction)
 
 
-@pytest.mark.parametrize("case", [("gpt", 4, "mean"), ("gpt", 4, "sum"), ("transformer", 4, "sum"),
-                                  ("vit_like", 4, "mean")], ids=problems.case_id)
-def test_chunks_of_samples_on_realistic_models_match_brute_force(monkeypatch, case):
-    """Every sequence layer (and the GPT's tied embedding and head, summed from its uses' own forms)
-    in chunks of one sample: the quantities equal their brute-force float64 references."""
-    from quantities import test_alpha, test_grad_variance, test_inner_test, test_norm_test, test_ortho_test
-
+def _one_sample_chunks(monkeypatch):
+    """Every individual-gradient chunk one sample; returns the list the chunked forms are noted in."""
     monkeypatch.setattr(transforms, "GRAD_BATCH_ELEMENTS", 1)
     forms, whole = [], transforms.PerSample.sample_chunks
 
@@ -205,6 +200,17 @@ def test_chunks_of_samples_on_realistic_models_match_brute_force(monkeypatch, ca
         yield from whole(self)
 
     monkeypatch.setattr(transforms.PerSample, "sample_chunks", spied)
+    return forms
+
+
+@pytest.mark.parametrize("case", [("gpt", 4, "mean"), ("gpt", 4, "sum"), ("transformer", 4, "sum"),
+                                  ("vit_like", 4, "mean")], ids=problems.case_id)
+def test_chunks_of_samples_on_realistic_models_match_brute_force(monkeypatch, case):
+    """Every sequence layer (and the GPT's tied embedding and head, summed from its uses' own forms)
+    in chunks of one sample: the quantities equal their brute-force float64 references."""
+    from quantities import test_alpha, test_grad_variance, test_inner_test, test_norm_test, test_ortho_test
+
+    forms = _one_sample_chunks(monkeypatch)
     for quantity, reference, layers in [(NormTest, test_norm_test.reference, True),
                                         (InnerTest, test_inner_test.reference, True),
                                         (OrthoTest, test_ortho_test.reference, True),
@@ -212,3 +218,35 @@ def test_chunks_of_samples_on_realistic_models_match_brute_force(monkeypatch, ca
         problems.check(quantity(), reference, case, layers=layers)
     problems.check(Alpha(), test_alpha.reference, case, steps=4, layers=False, schedule_steps=[0, 1, 2])
     assert "factors" in forms and (case[0] != "gpt" or "parts" in forms)
+
+
+def test_chunks_of_a_tied_gpt_under_bf16_autocast_match_brute_force(monkeypatch):
+    """The parts form and chunks of one sample under bf16 autocast (float32 statistics of bf16
+    operands): GradVariance of a tied GPT against a loop of autograd.grad over the samples' token
+    losses of the same autocast forward pass (2 %, the engine reading float32 inputs where
+    autograd's weight gradient uses their bf16 casts, as in the engine's own autocast test)."""
+    import models
+    from torch.nn import functional as F
+
+    from cockpit_lite import Cockpit
+
+    forms = _one_sample_chunks(monkeypatch)
+    torch.manual_seed(0)
+    model = models.GPT()
+    cp = Cockpit(model, [GradVariance()], strict=True, diagnose=False)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, models.VOCAB, (6, models.SEQ), generator=g), torch.randint(0, models.VOCAB, (6, models.SEQ), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = models.TokenCrossEntropy()(model(x), y)
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(x)
+    per_token = F.cross_entropy(logits.reshape(-1, models.VOCAB).float(), y.reshape(-1), reduction="none")
+    losses = per_token.reshape(6, -1).mean(1)  # each sample's mean token loss: g̃_n = ∇ℓ_n
+    params = list(model.parameters())
+    individual = [torch.autograd.grad(l, params, retain_graph=True) for l in losses]
+    expected = [torch.stack(v).double().reshape(6, -1).var(0).sum() for v in zip(*individual)]
+    torch.testing.assert_close(torch.tensor(cp.get_output()[0]["GradVariance"], dtype=torch.float64),
+                               torch.stack(expected), rtol=2e-2, atol=1e-7)
+    assert "factors" in forms and "parts" in forms
