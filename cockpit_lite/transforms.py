@@ -28,6 +28,10 @@ GRAD_BATCH_ELEMENTS = 1 << 22
 once when its ``grad_batch`` has to be built (factors with sequence axes, summed uses):
 beyond, they run on consecutive chunks of samples (``PerSample.sample_chunks``)."""
 
+SKETCH_RANK = 3
+"""Columns of the random sketch that checks a factored parameter's individual gradients against
+autograd's gradient at a subsampled step (``PerSample.check``)."""
+
 BATCH_ELEMENTS = 1 << 16
 """A parameter with at most this many individual-gradient elements (``B ×`` its size) is
 gathered with others for a batchable transform (see ``Batch``)."""
@@ -74,6 +78,9 @@ class PerSample:
         self._parts = parts
         self.grad_before = grad_before
         self._grad = None
+        self._whole = None  # the individual gradients of all samples that these were selected from
+        self._grad_source = None  # a callable giving ``g`` when it is first read (rules)
+        self._check_source = None  # a callable giving ``check``'s value (rules)
         if grad_batch is not None:
             self.grad_batch = at_least_float32(grad_batch)
         self.batch_size = self.num_samples if batch_size is None else int(batch_size)
@@ -134,14 +141,58 @@ class PerSample:
     @property
     def grad(self):
         """The gradient ``g`` of this parameter, shape ``[D]``: ``sample_sum()`` unless the engine
-        set another (autograd's total on the global path, the ranks' mean under DDP)."""
+        set another (autograd's total on the global path and at a subsampled step, the ranks' mean
+        under DDP); for a subsample's rows, that of all samples (those they were ``select``-ed from,
+        or a rule's ``_grad_source``). Formed when first read."""
         if self._grad is None:
-            self._grad = self.sample_sum()
+            if self._whole is not None:
+                self._grad = self._whole.grad
+            else:
+                self._grad = self.sample_sum() if self._grad_source is None else self._grad_source()
+            self._forget_sources()
         return self._grad
 
     @grad.setter
     def grad(self, value):
         self._grad = at_least_float32(value)
+        self._forget_sources()
+
+    def _forget_sources(self):
+        self._whole = self._grad_source = self._check_source = None
+
+    def check(self, generator):
+        """``(value, project)`` to check these individual gradients against autograd's gradient
+        ``G`` of the parameter (its shape) without forming their sum where that costs a product:
+        ``value`` should equal ``project(G)`` up to rounding, both scaled so that the norm of a
+        difference ``E = Σ_n grad_batch[n] − G`` comes out as about ``‖E‖`` (``project`` ``None``:
+        ``value`` is the sum itself, compared with ``G`` whole).
+
+        For factors (``a``, ``δ``; a Linear layer's weight, ``[O, I]``) it is the random sketch
+        ``s_j = u_jᵀ (Σ_n grad_batch[n]) v_j = (δ u_j)ᵀ (a v_j)`` for ``j < r = SKETCH_RANK``,
+        ``u_j: [O]``, ``v_j: [I]`` with independent normal entries of variance ``r^(-1/2)`` from ``generator``,
+        for which ``E Σ_j (u_jᵀ E v_j)² = ‖E‖²``: one pass over each factor (``r·L·(O + I)``
+        multiplications per sample instead of ``L·O·I``). A wrong capture (another tensor, a use
+        not seen, another loss) makes ``‖E‖`` as large as ``‖G‖``; the sketch misses it only if
+        all ``r`` products of two normal variates fall below ``GRAD_CHECK_RTOL``, with probability
+        about ``10⁻⁷`` at ``r = 3``. A subsample's rows (``select``) are checked by the samples
+        they came from; a rule may give its own check (``_check_source``).
+        """
+        if self._grad is not None:
+            return self._grad, None
+        if self._check_source is not None:
+            return self._check_source(generator)
+        if self._whole is not None:
+            return self._whole.check(generator)
+        if self._factors is None or "grad_batch" in vars(self):
+            return self.grad, None
+        a, delta = (t.reshape(-1, t.shape[-1]) for t in self._factors)
+        scale = SKETCH_RANK ** -0.25
+        left, right = (
+            (torch.randn((SKETCH_RANK, t.shape[1]), generator=generator) * scale).to(device=t.device, dtype=t.dtype)
+            for t in (delta, a)
+        )
+        value = ((left @ delta.T) * (right @ a.T)).sum(1)  # [r, L]-shaped products: one pass over each factor
+        return value, lambda grad: ((left @ grad.reshape(left.shape[1], right.shape[1]).to(left.dtype)) * right).sum(1)
 
     def sample_sum(self):
         """``Σ_n grad_batch[n]`` of the samples held here, from the individual gradients themselves, shape ``[D]``
@@ -244,9 +295,13 @@ class PerSample:
     def select(self, rows):
         """The individual gradients of the samples ``rows`` only (sorted indices, a subsample,
         or a ``slice`` of consecutive ones): ``K = len(rows)``, in the form they came in, with
-        this one's ``B`` and gradient ``g`` (of all ``B`` samples: computed here first if needed)."""
+        this one's ``B`` and gradient ``g`` (of all ``B`` samples: formed from these when the
+        part's ``grad`` is first read, unless it is set before, and until then these are kept)."""
         part = self._rows_of(rows)
-        part._grad = self.grad
+        if self._grad is not None:
+            part._grad = self._grad
+        else:
+            part._whole = self
         return part
 
     def _rows_of(self, rows):
@@ -359,6 +414,9 @@ class Transform:
     batch = None
     per_sample_output = False
     """Whether the value has one entry per sample (concatenated across chunks of samples)."""
+    reads_grad = False
+    """Whether the value depends on ``PerSample.grad`` (at a subsampled step the engine runs such
+    transforms once autograd has accumulated the parameter's gradient, the others at once)."""
 
     def __call__(self, per_sample):
         raise NotImplementedError
@@ -382,10 +440,13 @@ class BatchL2(Transform):
 
 class GradL2(Transform):
     """``‖g‖²`` of the parameter's gradient as the engine sums it from the individual gradients of
-    all ``B`` samples (also at a subsampled step), in their precision: under bf16 autocast autograd's
-    gradient is rounded to 2⁻⁸, more than ``Σ_n ‖g̃_n‖² − B ‖g‖²`` of a high-SNR tensor. Shape ``[]``."""
+    all ``B`` samples, in their precision: under bf16 autocast autograd's gradient is rounded to 2⁻⁸,
+    more than ``Σ_n ‖g̃_n‖² − B ‖g‖²`` of a high-SNR tensor. At a subsampled step of a float32 or
+    wider backward pass, autograd's gradient (``PerSample.grad``: there the estimate's own error is
+    far larger than float32's rounding). Shape ``[]``."""
 
     key = "grad_l2"
+    reads_grad = True
 
     def __call__(self, per_sample):
         return (per_sample.grad**2).sum()
@@ -400,6 +461,7 @@ class BatchDotGrad(Transform):
 
     per_sample_output = True
     key = "batch_dot_grad"
+    reads_grad = True
 
     def __call__(self, per_sample):
         return per_sample.dots(per_sample.grad) * per_sample.batch_size
@@ -439,15 +501,17 @@ class BatchDotDirection(Transform):
     ``keep[index]`` (``compact``; a list: the chunks of samples of the global path in
     order, or the whole batch) and so outlives the backward pass, for projections onto
     a direction known only later (``dots_of_kept``); ``keep_if(param)``, if given, says
-    which parameters' go there.
+    which parameters' go there. ``reads_grad``: whether ``direction`` uses ``per_sample.grad``.
     """
 
     per_sample_output = True
-    def __init__(self, key, direction, keep=None, keep_if=None):
+
+    def __init__(self, key, direction, keep=None, keep_if=None, reads_grad=True):
         self.key = key
         self._direction = direction
         self._keep = keep
         self._keep_if = keep_if
+        self.reads_grad = reads_grad
 
     def __call__(self, per_sample):
         if self._keep is not None and (self._keep_if is None or self._keep_if(per_sample.param)):

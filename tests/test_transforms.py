@@ -250,3 +250,48 @@ def test_chunks_of_a_tied_gpt_under_bf16_autocast_match_brute_force(monkeypatch)
     torch.testing.assert_close(torch.tensor(cp.get_output()[0]["GradVariance"], dtype=torch.float64),
                                torch.stack(expected), rtol=2e-2, atol=1e-7)
     assert "factors" in forms and "parts" in forms
+
+
+@pytest.mark.parametrize("positions", [1, 7])
+def test_the_check_of_factors_is_a_sketch_of_their_sum_that_measures_a_difference(positions):
+    """``PerSample.check`` of factors: ``value = project(Σ_n grad_batch[n])`` exactly (float64),
+    and for ``G = Σ_n grad_batch[n] − E`` the distance ``‖value − project(G)‖`` estimates ``‖E‖``:
+    its mean square over many sketches is ``‖E‖²``, and a difference as large as the sum (a
+    wrong capture) never looks smaller than the check's tolerance (1e-3 of it) in 4000 sketches."""
+    factored, _, flat = factored_and_explicit(positions)
+    total = flat.sum(0).reshape(O, I)
+    generator = torch.Generator().manual_seed(0)
+    value, project = factored.check(generator)
+    assert project is not None and value.shape == (transforms.SKETCH_RANK,)
+    torch.testing.assert_close(value, project(total))
+    g = torch.Generator().manual_seed(1)
+    spread = torch.randn(O, I, generator=g, dtype=torch.float64)
+    rank_one = torch.outer(torch.randn(O, generator=g, dtype=torch.float64), torch.randn(I, generator=g, dtype=torch.float64))
+    for error in (spread, rank_one):
+        error = error * total.norm() / error.norm()
+        squares = []
+        for _ in range(4000):
+            value, project = factored.check(generator)
+            squares.append(float(((value - project(total - error)) ** 2).sum()))
+        squares = torch.tensor(squares)
+        mean, se = float(squares.mean()), float(squares.std() / len(squares) ** 0.5)
+        assert abs(mean - float(error.norm()) ** 2) < 4 * se, (mean, float(error.norm()) ** 2, se)
+        assert float(squares.sqrt().min()) > 1e-3 * float(error.norm())
+
+
+def test_a_subsample_takes_its_gradient_and_its_check_from_all_samples_when_read():
+    """``select`` forms no sum: the rows' ``grad`` is that of all samples once read (or the one
+    set before, which then stands alone), and their ``check`` is that of all samples."""
+    factored, _, flat = factored_and_explicit(7)
+    part = factored.select(torch.tensor([1, 3]))
+    assert part._grad is None and factored._grad is None
+    value, project = part.check(torch.Generator().manual_seed(0))
+    torch.testing.assert_close(value, project(flat.sum(0).reshape(O, I)))
+    torch.testing.assert_close(part.grad, flat.sum(0))
+    assert part._whole is None  # read: the samples it came from are let go
+    other = factored_and_explicit(7)[0].select(slice(0, 2))
+    given = torch.randn(O * I, dtype=torch.float64)
+    other.grad = given
+    assert other._whole is None and torch.equal(other.grad, given)
+    value, project = other.check(None)
+    assert value is other.grad and project is None  # a gradient set is compared whole
