@@ -36,11 +36,17 @@ tracked parameters become the model; from then on everything is as if the Cockpi
 been given it.
 3. *During backward*: per call, the rule's individual gradients go through the due
    transforms (``cockpit_lite.transforms``) and are dropped. A parameter with several
-   uses sums its uses per sample first.
+   uses sums its uses per sample first. At a subsampled step (``cockpit_lite.subsample``)
+   a parameter served by one layer's rule keeps its subsample's rows until autograd has
+   accumulated its gradient (a hook on the parameter, right after the layer's backward):
+   the transforms that read ``g`` use autograd's, so the rule never sums all ``B`` samples
+   (for a Linear or a convolution that sum is the work of the layer's weight gradient again).
 4. *Finish*: the re-run rules, the sums of multi-use parameters, and a check of every
    parameter served by rules: the rules' gradient ``Σ_n grad_batch[n]`` must equal the
    gradient autograd accumulated in this backward pass (a use the capture did not see,
-   e.g. a weight read by a parent's code as well as by its own layer, fails it). A
+   e.g. a weight read by a parent's code as well as by its own layer, fails it); at a
+   subsampled step a factored weight is checked by a random sketch of that sum, a
+   convolution's by a few output channels (``PerSample.check``). A
    failed parameter's values become NaN with a flag and a warning, and it takes the
    global path from the next step on.
 5. *Deferred* (under ``torch.distributed``, and for a step of several accumulated backward
@@ -99,6 +105,7 @@ class Engine:
         self._owning = weakref.WeakKeyDictionary()
         self._roots = ()  # the modules a ModuleList ``model`` of several found ones holds (``discover``)
         self._graph = None  # the step's loss graph (``prepare``)
+        self._sketches = torch.Generator().manual_seed(0)  # the checks' random projections (``PerSample.check``)
         if model is not None:
             self._owners, self._parents, modules = _ownership(model, self.index)
             self.capture = ForwardCapture(modules, self._on_grad)
@@ -253,6 +260,8 @@ class Engine:
                 "path. Enter cp(step) at every step, with consecutive step numbers.",
             )
         routes = self._routes(calls, state, graph) if calls else {}
+        if state.subset is not None and not state.deferred:
+            self._take_grads_from_autograd(state, routes)
         global_indices = [  # no module owns it (parameters given without their model): global too
             i for i, p in enumerate(self.params)
             if routes.get(i) == "global" or (i not in routes and p.requires_grad and (not calls or i not in self._owners))
@@ -287,7 +296,8 @@ class Engine:
             indices = {name: index for name, _, index in tracked}
             state.paths.append(attention.AttentionHooks(
                 state.attention_nodes[call], tracked, state.batch_size,
-                lambda name, part, indices=indices: self._accept(state, indices[name], part),
+                lambda name, part, low_precision, indices=indices: self._accept(
+                    state, indices[name], part, low_precision),
             ))
         self._step = state
 
@@ -317,6 +327,8 @@ class Engine:
                     if index in state.dense_grads:  # the subsample's rows, the gradient of all samples
                         part.grad = state.dense_grads[index]
                     state.ready(index, part)
+                for index in list(state.waiting):  # rules run here, or no gradient reached it (no hook fired)
+                    self._on_accumulated(state, index)
                 if state.window is not None:  # accumulated: this pass is checked on its own, then kept
                     self._check_gradients(state)
                     state.window.add(state.pending, state.batch_size, state.failed)
@@ -333,6 +345,7 @@ class Engine:
             # the paths' callbacks hold the state: a reference cycle that would keep its tensors (each
             # parameter's served gradient, the dense sums) alive until Python's cycle collector runs
             state.paths, state.served, state.dense, state.pending, state.dense_grads = [], {}, {}, {}, {}
+            state.checks, state.waiting = {}, {}
             self.forget()
         return state.results, state.batch_size, state.flags
 
@@ -458,8 +471,43 @@ class Engine:
             self._accept(state, index, part)
             del part
 
-    def _accept(self, state, index, part):
+    def _take_grads_from_autograd(self, state, routes):
+        """At a subsampled step: the parameters whose transforms take ``g`` from autograd (one use,
+        served by a layer's rule, in float32 or wider), each with a hook that fires once autograd has
+        accumulated its gradient."""
+        state.generator = self._sketches
+        for index, uses in routes.items():
+            param = self.params[index]
+            if uses == "global" or len(uses) != 1 or uses[0][2] not in (None, "attention"):
+                continue
+            if param.dtype not in GRAD_CHECK_RTOL:
+                continue
+            state.from_autograd.add(index)
+            state.paths.append(param.register_post_accumulate_grad_hook(
+                lambda param, index=index: self._on_accumulated(state, index)))
+
+    def _on_accumulated(self, state, index):
+        """Parameter ``index``'s gradient of this backward pass is in ``.grad``: the transforms
+        that read ``g`` run on the subsample's rows kept for them (``_Step.ready``)."""
+        waiting = state.waiting.pop(index, None)
+        if waiting is None:
+            return
+        part, results = waiting
+        param = self.params[index]
+        try:
+            with torch.no_grad():
+                grad = param.grad.detach() if param.grad is not None else torch.zeros_like(param)
+                if state.grads_before[index] is not None:
+                    grad = grad - state.grads_before[index]
+                part.grad = grad.reshape(-1)
+                results.update(_transforms.run([t for t in state.transforms if t.reads_grad], part, state.batch))
+        except Exception as error:  # never a crash of the user's backward pass
+            self._fail(state, index, f"{type(error).__name__}: {error}")
+
+    def _accept(self, state, index, part, low_precision=False):
         """One use's individual gradients of parameter ``index``."""
+        if low_precision:
+            state.low_precision = True
         if part.num_samples not in (state.batch_size, state.held):
             self._fail(state, index, f"a layer rule gave {part.num_samples} individual gradients for a batch of {state.batch_size}")
             return
@@ -545,7 +593,8 @@ class Engine:
         return results, batch_size
 
     def _check_gradients(self, state):
-        """Each rule-served parameter's ``Σ_n grad_batch[n]`` against autograd's gradient.
+        """Each rule-served parameter's ``Σ_n grad_batch[n]`` against autograd's gradient (at a
+        subsampled step, ``PerSample.check``'s estimate of their difference where it has one).
 
         The tolerance is relative to the larger of the parameter's own gradient norm and
         ``MODEL_SCALE_FRACTION`` of the model's gradient norm scaled to the parameter's
@@ -554,8 +603,9 @@ class Engine:
         and two noises must not fail the check against each other.
         """
         checked = []
-        for index, engine_grad in state.served.items():
-            if engine_grad is None or index in state.failed:
+        served = [(index, (grad, None)) for index, grad in state.served.items()] + list(state.checks.items())
+        for index, (engine, project) in served:
+            if engine is None or index in state.failed:
                 continue
             param = self.params[index]
             if param.grad is None:
@@ -563,17 +613,18 @@ class Engine:
             true = param.grad.detach()
             if state.grads_before[index] is not None:
                 true = true - state.grads_before[index]
-            checked.append((index, param, engine_grad, true.reshape(-1).to(engine_grad.dtype)))
+            true = true.to(engine.dtype)
+            checked.append((index, param, engine, true, true.reshape(-1) if project is None else project(true)))
         if not checked:
             return
-        norms = [float(true.norm()) for _, _, _, true in checked]
-        size = sum(true.numel() for _, _, _, true in checked)
+        norms = [float(true.norm()) for _, _, _, true, _ in checked]
+        size = sum(true.numel() for _, _, _, true, _ in checked)
         model = sum(n * n for n in norms if math.isfinite(n)) ** 0.5
-        for (index, param, engine_grad, true), norm in zip(checked, norms):
-            low = param.dtype not in GRAD_CHECK_RTOL or engine_grad.dtype not in GRAD_CHECK_RTOL or state.low_precision
+        for (index, param, engine, true, compared), norm in zip(checked, norms):
+            low = param.dtype not in GRAD_CHECK_RTOL or engine.dtype not in GRAD_CHECK_RTOL or state.low_precision
             rtol = LOW_PRECISION_RTOL if low else GRAD_CHECK_RTOL[param.dtype]
             scale = max(norm, MODEL_SCALE_FRACTION * model * (true.numel() / size) ** 0.5)
-            error = float((engine_grad - true).norm())
+            error = float((engine - compared).norm())
             if error > rtol * scale + 1e-30 and torch.isfinite(true).all():
                 away = f"{error / max(norm, 1e-30):.2g} (relative) away from autograd's"
                 self._fail(state, index, (
@@ -647,6 +698,10 @@ class _Step:
         self.flags = []
         self.low_precision = False
         self.batch = _transforms.Batch()
+        self.from_autograd = set()  # subsampled: parameters whose transforms take ``g`` from autograd
+        self.waiting = {}  # index -> (the subsample's PerSample, its results) until autograd's ``g`` is known
+        self.checks = {}  # index -> ``PerSample.check``'s (value, project), checked in ``_check_gradients``
+        self.generator = None
 
     @property
     def held(self):
@@ -656,10 +711,20 @@ class _Step:
     def ready(self, index, per_sample):
         """Run the transforms on a parameter's complete individual gradients (later, if deferred).
 
-        A subsampled step's transforms see the subsample's rows only, with the gradient
-        of all ``B`` samples (which the check against autograd reads)."""
+        A subsampled step's transforms see the subsample's rows only, with the gradient of all
+        ``B`` samples: autograd's for a parameter in ``from_autograd`` (the transforms that read
+        it wait for it in ``waiting``, until ``Engine._on_accumulated``; the check against
+        autograd is ``PerSample.check``, prepared here from all samples), else the sum of the
+        individual gradients (which the check reads)."""
         if self.subset is not None and per_sample.num_samples == self.batch_size:
             per_sample = per_sample.select(self.subset.to(per_sample.param.device))
+        if index in self.from_autograd and not self.low_precision:
+            self.checks[index] = per_sample.check(self.generator)
+            now = [t for t in self.transforms if not t.reads_grad]
+            self.results[index] = _transforms.run(now, per_sample, self.batch)
+            if len(now) < len(self.transforms):
+                self.waiting[index] = (per_sample, self.results[index])
+            return
         if self.deferred:
             self.pending[index] = per_sample
             if not self.distributed:  # each accumulated pass is checked on its own

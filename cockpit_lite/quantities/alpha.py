@@ -124,7 +124,7 @@ class Alpha(Quantity):
             self._take_update(self._start)
             update = self._start["update"]
             transforms.append(
-                BatchDotDirection(("Alpha", "end"), lambda per_sample: update[per_sample.index])
+                BatchDotDirection(("Alpha", "end"), lambda per_sample: update[per_sample.index], reads_grad=False)
             )
         if start:
             optimizer = info.require("optimizer", self.name)

@@ -597,6 +597,48 @@ def test_backward_of_another_loss_than_info_loss_is_flagged_at_every_step_and_th
         problems.assert_close(cp.get_output()[step]["NormTest"], expected, what="NormTest, an explicit L2 term")
 
 
+@pytest.mark.parametrize("name", ["mlp", "cnn", "transformer", "vit_like"])
+def test_a_subsampled_step_checks_the_rules_by_sketches_and_still_catches_another_loss(name, monkeypatch):
+    """At a subsampled step the transforms take ``g`` from autograd and the rules never sum all
+    samples' factored individual gradients; ``PerSample.check`` (a random sketch; a convolution's
+    output channels) checks them instead: an honest run has no flag, and ``(loss + λ·l2).backward()``
+    with ``info["loss"] = loss`` is NaN with the flag at every step, as at an exact step."""
+    from cockpit_lite import transforms
+
+    problem = problems.make(name, 8)
+    checks, sums = [], []
+    check, sample_sum = transforms.PerSample.check, transforms.PerSample.sample_sum
+
+    def spy_check(self, generator):
+        value, project = check(self, generator)
+        checks.append(project is not None)
+        return value, project
+
+    def spy_sum(self):
+        sums.append(self._factors is not None and self.num_samples == 8)
+        return sample_sum(self)
+
+    monkeypatch.setattr(transforms.PerSample, "check", spy_check)
+    monkeypatch.setattr(transforms.PerSample, "sample_sum", spy_sum)
+    cp, _ = problems.run(problem, [quantities.NormTest(), quantities.InnerTest()], samples=3)
+    assert any(checks) and not any(sums), (checks, sums)
+    for step, entry in cp.get_output().items():
+        assert "flags" not in entry and math.isfinite(entry["NormTest"]), (step, entry)
+    model, (x, y) = problem.model, problem.batches[0]
+    cp = Cockpit(model, [quantities.NormTest()], diagnose=False, samples=3)
+    for step in range(2):
+        model.zero_grad()
+        loss = problem.lossfunc(model(x), y)
+        with pytest.warns(UserWarning) if step == 0 else warnings.catch_warnings():
+            with cp(step, info={"loss": loss}):
+                (loss + 1e-2 * sum((p**2).sum() for p in model.parameters())).backward()
+        entry = cp.get_output()[step]
+        assert math.isnan(entry["NormTest"]) and any("another loss" in f for f in entry["flags"]), (step, entry)
+        if step == 0:  # the sketched weights themselves (from step 1 on they take the global path)
+            for weight in (n for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n):
+                assert any(f"of {weight} unavailable" in f for f in entry["flags"]), (weight, entry["flags"])
+
+
 def test_activations_are_not_kept_past_the_backward_pass():
     """The capture lets go of a call's inputs, outputs and output gradient once its rule ran (and of
     untracked calls' once the step is planned), so autograd frees activations during backward as it

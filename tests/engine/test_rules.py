@@ -621,3 +621,28 @@ def test_layers_before_an_evaluating_batch_norm_are_served_by_their_rules(monkey
     model[1].running_mean.uniform_(-1, 1)
     model.eval()
     assert_matches_autograd(model, torch.randn(6, 4, dtype=torch.float64), monkeypatch)
+
+
+def test_a_subsampled_convolutions_check_is_its_weight_gradient_on_random_output_channels():
+    """``_channels_check``: ``value = project(G)`` for the batch's weight gradient ``G`` (autograd's,
+    float64), and for ``G − E`` the distance estimates ``‖E‖`` (mean square ``‖E‖²`` over many draws
+    of the channels)."""
+    from cockpit_lite.engine.rules import conv
+
+    torch.manual_seed(0)
+    layer = nn.Conv2d(3, 6, kernel_size=3, padding=1).double()
+    x = torch.randn(4, 3, 7, 6, dtype=torch.float64)
+    out = layer(x)
+    delta = torch.randn_like(out)
+    (grad,) = torch.autograd.grad(out, layer.weight, delta)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        value, project = conv._channels_check(layer, x, delta, layer.weight, generator)
+        torch.testing.assert_close(value, project(grad))
+        error = torch.randn(grad.shape, dtype=torch.float64)
+        squares = torch.tensor([
+            float(((value - project(grad - error)) ** 2).sum())
+            for value, project in (conv._channels_check(layer, x, delta, layer.weight, generator) for _ in range(3000))
+        ])
+    mean, se = float(squares.mean()), float(squares.std() / len(squares) ** 0.5)
+    assert abs(mean - float(error.norm()) ** 2) < 4 * se, (mean, float(error.norm()) ** 2, se)

@@ -53,7 +53,8 @@ def _rows(node):
 
 
 class AttentionHooks:
-    """Pre-hooks on the two projections of one call; ``on_result(name, PerSample)`` per parameter."""
+    """Pre-hooks on the two projections of one call; ``on_result(name, PerSample, low_precision)``
+    per parameter (``low_precision``: the output gradient arrived in float16 or bfloat16)."""
 
     def __init__(self, nodes, tracked, batch_size, on_result):
         self.batch_size = batch_size
@@ -75,14 +76,15 @@ class AttentionHooks:
                 return None
             with torch.no_grad():
                 inputs = _rows(node)
+                low_precision = delta.dtype in (torch.float16, torch.bfloat16)
                 dtype = compute_dtype(inputs, delta)
                 a, d = (_per_sample(t.detach().to(dtype), self.batch_size) for t in (inputs, delta))
                 if weight in self.tracked:
                     param, index = self.tracked[weight]
-                    self.on_result(weight, PerSample(param, index, factors=(a, d)))
+                    self.on_result(weight, PerSample(param, index, factors=(a, d)), low_precision)
                 if bias in self.tracked:
                     param, index = self.tracked[bias]
-                    self.on_result(bias, PerSample(param, index, grad_batch=d.sum(1)))
+                    self.on_result(bias, PerSample(param, index, grad_batch=d.sum(1)), low_precision)
             return None
 
         return hook

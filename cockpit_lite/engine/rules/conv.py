@@ -36,8 +36,11 @@ class ConvRule(Rule):
 
     def per_sample_of(self, call, tracked, batch_size, rows):
         """The weight's individual gradients of the samples ``rows`` only (one grouped
-        convolution of ``len(rows)`` groups); its gradient from all samples by the layer's own
-        weight-gradient convolution (the work of one backward pass of the layer's weight)."""
+        convolution of ``len(rows)`` groups). Its gradient of all samples, if read, is the layer's
+        own weight-gradient convolution (the work of one backward pass of the layer's weight);
+        its ``check`` against autograd's gradient, with ``groups = 1``, that convolution for
+        ``CHECKED_CHANNELS`` random output channels: ``G[c]`` for those ``c``, scaled by
+        ``sqrt(C_out / CHECKED_CHANNELS)`` so that the difference estimates ``‖E‖``."""
         module, (inputs, delta) = call.module, _operands(call, batch_size)
         out = {}
         for name, param, index in tracked:
@@ -46,9 +49,23 @@ class ConvRule(Rule):
                 continue
             part = PerSample(param, index, grad_batch=_weight_grads(module, inputs[rows], delta[rows], param),
                              batch_size=batch_size)
-            part.grad = _weight_grads(module, inputs, delta, param, stacked=False).reshape(-1)
+            part._grad_source = lambda param=param: _weight_grads(module, inputs, delta, param, stacked=False).reshape(-1)
+            if module.groups == 1 and param.shape[0] > CHECKED_CHANNELS:
+                part._check_source = lambda generator, param=param: _channels_check(module, inputs, delta, param, generator)
             out[name] = part
         return out
+
+
+CHECKED_CHANNELS = 2
+"""Output channels of a convolution's weight whose gradient ``check`` forms at a subsampled step."""
+
+
+def _channels_check(module, inputs, delta, param, generator):
+    """``PerSample.check`` of a convolution's weight from ``CHECKED_CHANNELS`` random output channels."""
+    channels = torch.randperm(param.shape[0], generator=generator)[:CHECKED_CHANNELS].sort().values.to(param.device)
+    scale = (param.shape[0] / len(channels)) ** 0.5
+    value = _weight_grads(module, inputs, delta[:, channels].contiguous(), param[channels], stacked=False) * scale
+    return value, lambda grad: grad[channels].to(value.dtype) * scale
 
 
 def _operands(call, batch_size):
