@@ -480,7 +480,7 @@ class Engine:
             param = self.params[index]
             if uses == "global" or len(uses) != 1 or uses[0][2] not in (None, "attention"):
                 continue
-            if param.dtype not in GRAD_CHECK_RTOL:
+            if param.dtype not in GRAD_CHECK_RTOL or not param.requires_grad:
                 continue
             state.from_autograd.add(index)
             state.paths.append(param.register_post_accumulate_grad_hook(
