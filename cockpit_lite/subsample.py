@@ -4,7 +4,8 @@ At a tracked step with ``B > k``, the Cockpit draws a uniform subsample ``S`` of
 distinct samples (``draw``: its own generator, seeded by ``(seed, step)``; the user's
 random state is untouched). The engine forms the individual gradients of those ``k``
 samples only (on the global path, k vector-Jacobian products instead of B); the batch
-gradient ``g`` stays autograd's, exact. A quantity that supports it
+gradient ``g`` stays autograd's, exact (``cockpit_lite.engine``: a rule-served parameter's
+transforms that read it wait for autograd to accumulate it). A quantity that supports it
 (``Quantity.SUBSAMPLE``) estimates its value from the subsample; the others are NaN with
 a flag at such steps.
 

@@ -86,6 +86,7 @@ TABLES = {
     "porting_speed": _measured("recipe"),
     "subsample_overhead": _measured("subsample_overhead"),
     "subsample_honesty": _measured("subsample_honesty"),
+    "subsample_scale": _measured("subsample_scale"),
     "memory_peak": _measured("memory_peak"),
     "per_sample_peers": _measured("per_sample_peers"),
     "memory_flatness": _measured("memory_flatness"),
