@@ -185,14 +185,28 @@ class PerSample:
             return self._whole.check(generator)
         if self._factors is None or "grad_batch" in vars(self):
             return self.grad, None
-        a, delta = (t.reshape(-1, t.shape[-1]) for t in self._factors)
-        scale = SKETCH_RANK ** -0.25
+        return self.sketch(generator)
+
+    def sketch(self, generator):
+        """``check``'s random sketch ``(value, project)`` in any form: from the factors as there, else
+        ``project`` of the sum (cheap where no product forms it: rows, ``grad_batch``). The
+        parameter is taken as a ``[O, I]`` matrix (``O`` its first axis); the same ``generator``
+        state gives the same ``u_j, v_j``, so the sketches of a parameter's several uses add up."""
+        rows = self.param.shape[0] if self.param.dim() else 1
+        columns = self.param.numel() // max(rows, 1)
+        device, dtype = self.param.device, self.dtype
         left, right = (
-            (torch.randn((SKETCH_RANK, t.shape[1]), generator=generator) * scale).to(device=t.device, dtype=t.dtype)
-            for t in (delta, a)
+            (torch.randn((SKETCH_RANK, n), generator=generator) * SKETCH_RANK**-0.25).to(device=device, dtype=dtype)
+            for n in (rows, columns)
         )
-        value = ((left @ delta.T) * (right @ a.T)).sum(1)  # [r, L]-shaped products: one pass over each factor
-        return value, lambda grad: ((left @ grad.reshape(left.shape[1], right.shape[1]).to(left.dtype)) * right).sum(1)
+
+        def project(grad):
+            return ((left @ grad.reshape(rows, columns).to(dtype)) * right).sum(1)
+
+        if self._factors is None or "grad_batch" in vars(self):
+            return project(self.grad), project
+        a, delta = (t.reshape(-1, t.shape[-1]).to(dtype) for t in self._factors)
+        return ((left @ delta.T) * (right @ a.T)).sum(1), project  # [r, L]-shaped products: one pass over each factor
 
     def sample_sum(self):
         """``Σ_n grad_batch[n]`` of the samples held here, from the individual gradients themselves, shape ``[D]``
@@ -292,12 +306,16 @@ class PerSample:
         pieces = self._factors if self._factors is not None else self._rows[:3]
         return sum(t.numel() for t in pieces)
 
-    def select(self, rows):
+    def select(self, rows, with_grad=True):
         """The individual gradients of the samples ``rows`` only (sorted indices, a subsample,
         or a ``slice`` of consecutive ones): ``K = len(rows)``, in the form they came in, with
         this one's ``B`` and gradient ``g`` (of all ``B`` samples: formed from these when the
-        part's ``grad`` is first read, unless it is set before, and until then these are kept)."""
+        part's ``grad`` is first read, unless it is set before, and until then these are kept).
+        ``with_grad=False``: without (the part holds only its rows; a use of a parameter whose
+        gradient is set on the sum of its uses)."""
         part = self._rows_of(rows)
+        if not with_grad:
+            return part
         if self._grad is not None:
             part._grad = self._grad
         else:

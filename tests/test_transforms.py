@@ -295,3 +295,21 @@ def test_a_subsample_takes_its_gradient_and_its_check_from_all_samples_when_read
     assert other._whole is None and torch.equal(other.grad, given)
     value, project = other.check(None)
     assert value is other.grad and project is None  # a gradient set is compared whole
+
+
+def test_sketches_of_a_parameters_uses_in_any_form_add_up_to_the_sketch_of_their_sum():
+    """``PerSample.sketch`` with the same generator state draws the same projections for every form,
+    so a tied head's factors and the embedding's rows are checked by the sum of their sketches."""
+    g = torch.Generator().manual_seed(3)
+    vocab, d = 6, 4
+    a = torch.randn(B, 5, d, generator=g, dtype=torch.float64)
+    delta = torch.randn(B, 5, vocab, generator=g, dtype=torch.float64)
+    param = torch.zeros(vocab, d, dtype=torch.float64)
+    head = transforms.PerSample(param, 0, factors=(a, delta))
+    samples, index = torch.tensor([0, 0, 2, 4]), torch.tensor([1, 5, 1, 0])
+    values = torch.randn(4, d, generator=g, dtype=torch.float64)
+    embedding = transforms.PerSample(param, 0, rows=(values, samples, index, B))
+    total = head.grad_batch.sum(0) + embedding.grad_batch.sum(0)
+    (first, project), (second, _) = (p.sketch(torch.Generator().manual_seed(7)) for p in (head, embedding))
+    torch.testing.assert_close(first + second, project(total))
+    assert not torch.allclose(first, project(total))

@@ -472,17 +472,20 @@ class Engine:
             del part
 
     def _take_grads_from_autograd(self, state, routes):
-        """At a subsampled step: the parameters whose transforms take ``g`` from autograd (one use,
+        """At a subsampled step: the parameters whose transforms take ``g`` from autograd (every use
         served by a layer's rule, in float32 or wider), each with a hook that fires once autograd has
-        accumulated its gradient."""
+        accumulated its gradient. A parameter with several uses gets a seed of its own, with which
+        every use draws the same sketch (``PerSample.sketch``: the uses' sketches add up)."""
         state.generator = self._sketches
         for index, uses in routes.items():
             param = self.params[index]
-            if uses == "global" or len(uses) != 1 or uses[0][2] not in (None, "attention"):
+            if uses == "global" or any(path not in (None, "attention") for _, _, path in uses):
                 continue
             if param.dtype not in GRAD_CHECK_RTOL or not param.requires_grad:
                 continue
             state.from_autograd.add(index)
+            if len(uses) > 1:
+                state.seeds[index] = int(torch.randint(2**62, (), generator=self._sketches))
             state.paths.append(param.register_post_accumulate_grad_hook(
                 lambda param, index=index: self._on_accumulated(state, index)))
 
@@ -515,9 +518,17 @@ class Engine:
         part.grad_before = state.grads_before[index]
         if state.uses.get(index, 1) > 1:  # the uses are summed once all have arrived (``finish``)
             if state.subset is not None and part.num_samples == state.batch_size:  # subsampled: k rows
-                grad = part.grad  # this use's gradient of all B samples
-                state.dense_grads[index] = grad if index not in state.dense_grads else state.dense_grads[index] + grad
-                part = part.select(state.subset.to(part.param.device))
+                rows = state.subset.to(part.param.device)
+                if state.takes_autograd_grad(index):  # this use's part of the sketch that checks the sum
+                    value, project = part.sketch(torch.Generator().manual_seed(state.seeds[index]))
+                    if index in state.checks:
+                        value = value + state.checks[index][0]
+                    state.checks[index] = (value, project)
+                    part = part.select(rows, with_grad=False)  # the sum of the uses gets autograd's
+                else:
+                    grad = part.grad  # this use's gradient of all B samples
+                    state.dense_grads[index] = grad if index not in state.dense_grads else state.dense_grads[index] + grad
+                    part = part.select(rows)
             uses = state.dense.setdefault(index, {"parts": [], "sum": None})
             if part.held_elements() < part.num_samples * part.param.numel():
                 uses["parts"].append(part)  # factors or rows: smaller than [K, *shape] (a tied head's)
@@ -702,6 +713,12 @@ class _Step:
         self.waiting = {}  # index -> (the subsample's PerSample, its results) until autograd's ``g`` is known
         self.checks = {}  # index -> ``PerSample.check``'s (value, project), checked in ``_check_gradients``
         self.generator = None
+        self.seeds = {}  # subsampled: per parameter of several uses, the seed of their common sketch
+
+    def takes_autograd_grad(self, index):
+        """Whether parameter ``index``'s transforms take ``g`` from autograd at this step (a low-precision
+        backward pass keeps the rules' sum, unless a use has already been sketched)."""
+        return index in self.from_autograd and (index in self.checks or not self.low_precision)
 
     @property
     def held(self):
@@ -718,8 +735,9 @@ class _Step:
         individual gradients (which the check reads)."""
         if self.subset is not None and per_sample.num_samples == self.batch_size:
             per_sample = per_sample.select(self.subset.to(per_sample.param.device))
-        if index in self.from_autograd and not self.low_precision:
-            self.checks[index] = per_sample.check(self.generator)
+        if self.takes_autograd_grad(index):
+            if index not in self.checks:  # (one of several uses: their sketches, from ``Engine._accept``)
+                self.checks[index] = per_sample.check(self.generator)
             now = [t for t in self.transforms if not t.reads_grad]
             self.results[index] = _transforms.run(now, per_sample, self.batch)
             if len(now) < len(self.transforms):

@@ -597,11 +597,11 @@ def test_backward_of_another_loss_than_info_loss_is_flagged_at_every_step_and_th
         problems.assert_close(cp.get_output()[step]["NormTest"], expected, what="NormTest, an explicit L2 term")
 
 
-@pytest.mark.parametrize("name", ["mlp", "cnn", "transformer", "vit_like"])
+@pytest.mark.parametrize("name", ["mlp", "cnn", "transformer", "vit_like", "gpt"])
 def test_a_subsampled_step_checks_the_rules_by_sketches_and_still_catches_another_loss(name, monkeypatch):
     """At a subsampled step the transforms take ``g`` from autograd and the rules never sum all
     samples' factored individual gradients; ``PerSample.check`` (a random sketch; a convolution's
-    output channels) checks them instead: an honest run has no flag, and ``(loss + λ·l2).backward()``
+    output channels; a tied embedding and head: the sum of its uses' sketches) checks them instead: an honest run has no flag, and ``(loss + λ·l2).backward()``
     with ``info["loss"] = loss`` is NaN with the flag at every step, as at an exact step."""
     from cockpit_lite import transforms
 
