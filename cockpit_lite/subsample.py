@@ -22,7 +22,11 @@ per-sample value ``x_n`` (``‖g̃_n‖²``, ``(g̃_nᵀg − ‖g‖²)²``, ..
   then ``|T̂ − T| > 3 se`` in 2.0 % of draws at ``k = 8``, 0.9 % at 16, 0.5 % at 32.
 - A smooth function ``h(T̂)`` (a square root, a ratio with an exact denominator) has the
   delta-method standard error ``|h'(T̂)| se(T̂)`` (``sqrt_se``); it is consistent, not
-  unbiased (``h`` convex or concave biases it by ``O(1/k)``).
+  unbiased: ``h`` concave or convex biases it by ``O(1/k)``, ``E h(T̂) ≈ h(T) + h''(T)
+  Var(T̂)/2``. For the square root ``v = √U`` of ``U = (T̂ − offset)/D`` that term is
+  ``−Var(U)/(8 U^{3/2})``, and ``sqrt_estimates`` removes it: ``v (1 + c²/8)`` with ``c =
+  se(U)/U`` (bounded at 1, where the expansion no longer describes anything), which leaves
+  ``O(1/k²)``.
 
 The record says ``"samples"`` (k) and the standard errors in its ``meta``.
 """
@@ -87,13 +91,19 @@ def jackknife_se(leave_one_out, batch_size):
 
 
 def sqrt_estimates(columns, batch_size, offsets, denominators):
-    """The ``Output`` of ``sqrt(max(T̂_j − offset_j, 0) / denominator_j)`` for the estimated totals
-    ``T̂_j`` of the columns of ``columns`` (``[k, 1 + L]``: the whole network's per-sample values,
-    then each parameter's), exact ``offsets`` and ``denominators`` (``[1 + L]``), with the
-    delta-method standard errors; all columns in a few tensor operations."""
+    """The ``Output`` of ``v_j = sqrt(U_j)``, ``U_j = max(T̂_j − offset_j, 0) / denominator_j``, for the
+    estimated totals ``T̂_j`` of the columns of ``columns`` (``[k, 1 + L]``: the whole network's
+    per-sample values, then each parameter's), exact ``offsets`` and ``denominators``
+    (``[1 + L]``), with the delta-method standard errors; all columns in a few tensor operations.
+
+    Each value carries the square root's second-order bias correction, ``v_j (1 + c_j²/8)`` with
+    ``c_j = min(se(U_j) / U_j, 1)`` (0 where ``U_j`` is 0); the standard error is the delta
+    method's at ``v_j``."""
     t, se = total(columns, batch_size)
-    values = ((t - offsets).clamp(min=0) / denominators).sqrt()
-    return output(values, sqrt_se(values, se / denominators), columns.shape[0], batch_size)
+    u, se_u = (t - offsets).clamp(min=0) / denominators, se / denominators
+    values = u.sqrt()
+    spread = torch.where(u > 0, se_u / u.clamp(min=1e-300), torch.zeros_like(u)).clamp(max=1.0)
+    return output(values * (1 + spread.square() / 8), sqrt_se(values, se_u), columns.shape[0], batch_size)
 
 
 def output(values, ses, k, batch_size):

@@ -43,11 +43,15 @@ def srswor(values, batch_size):
 
 
 def root(total, offset, denominator):
-    """sqrt(max(T − offset, 0) / denominator) and the delta-method standard error of it (at 0 the
-    documented bound sqrt(se / denominator))."""
+    """v = sqrt(U), U = max(T − offset, 0) / denominator, times the second-order bias correction
+    1 + min(se(U)/U, 1)²/8, and the delta-method standard error of v (at 0 the documented bound
+    sqrt(se / denominator))."""
     t, se = total
-    value = math.sqrt(max(t - offset, 0.0) / denominator)
-    return value, se / denominator / (2 * value) if value > 0 else math.sqrt(se / denominator)
+    u, se_u = max(t - offset, 0.0) / denominator, se / denominator
+    value = math.sqrt(u)
+    if value == 0:
+        return 0.0, math.sqrt(se_u)
+    return value * (1 + min(se_u / u, 1.0) ** 2 / 8), se_u / (2 * value)
 
 
 def references(individual, rows):
@@ -280,6 +284,23 @@ def _records(samples, steps=3, quantities_=None):
                          samples=samples)
     return json.dumps({s: {k: v for k, v in e.items() if k != "Time"} for s, e in cp.get_output().items()},
                       default=lambda o: np.asarray(o).tolist(), sort_keys=True)
+
+
+def test_the_square_roots_bias_correction_is_bounded_and_vanishes_at_zero():
+    """sqrt_estimates: v (1 + c²/8), c = se(U)/U bounded at 1 (a draw of 3 of 7 whose spread is
+    larger than its estimate); at U = 0 the value is 0 and the standard error the bound."""
+    x = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [9.0, 9.0, 9.0]], dtype=torch.float64)
+    t, se = srswor([0.0, 0.0, 9.0], 7)  # T̂ = 21, se ≈ 15.9
+    out = subsample.sqrt_estimates(x, 7, torch.tensor([0.0, 15.0, 30.0], dtype=torch.float64),
+                                   torch.ones(3, dtype=torch.float64))
+    values = [float(out.value)] + [float(v) for v in out.layers]
+    ses = [float(out.meta["se"])] + [float(s) for s in out.meta["layers_se"]]
+    c = se / t
+    assert 0.5 < c < 1
+    assert values[0] == pytest.approx(math.sqrt(t) * (1 + c**2 / 8), rel=1e-12)
+    assert values[1] == pytest.approx(math.sqrt(t - 15) * (1 + 1 / 8), rel=1e-12)  # se/U ≈ 2.6: bounded
+    assert values[2] == 0.0 and ses[2] == pytest.approx(math.sqrt(se), rel=1e-12)
+    assert ses[1] == pytest.approx(se / (2 * math.sqrt(t - 15)), rel=1e-12)
 
 
 def test_samples_at_least_the_batch_size_is_exact_bit_for_bit():

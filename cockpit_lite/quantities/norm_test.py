@@ -16,7 +16,8 @@ class NormTest(SingleStepQuantity):
 
     Subsampled (``k`` of ``B`` samples, ``cockpit_lite.subsample``): ``Σ_n ‖g̃_n‖²`` is
     estimated by ``(B/k) Σ_{n∈S} ‖g̃_n‖²`` (unbiased), ``‖g‖²`` is autograd's (exact); the
-    standard error of the square root by the delta method.
+    square root with its second-order bias removed, its standard error by the delta method
+    (``subsample.sqrt_estimates``).
     """
 
     MIN_BATCH_SIZE = 2  # a variance across samples
