@@ -438,7 +438,10 @@ class Engine:
         if grad.dtype in (torch.float16, torch.bfloat16):
             state.low_precision = True
         tracked = state.calls.get(call)
-        if tracked is None or id(call) in state.done:  # no rule reads it: not kept (the logits' δ is large)
+        if tracked is None:  # no rule reads it: not kept (the logits' δ is large)
+            return
+        if id(call) in state.done:  # an output's hook fires once per backward pass: this is another
+            state.repeated = True
             return
         call.grads[position] = grad
         if len(call.grads) < len(call.leaves):
@@ -638,6 +641,15 @@ class Engine:
             error = float((engine - compared).norm())
             if error > rtol * scale + 1e-30 and torch.isfinite(true).all():
                 away = f"{error / max(norm, 1e-30):.2g} (relative) away from autograd's"
+                if state.repeated and index not in state.global_path:  # not a use the engine missed
+                    self._fail(state, index, (
+                        f"the individual gradients sum to a gradient {away}: backward ran more than once "
+                        "inside cp(step), and they are those of one backward pass. Fix: call "
+                        "backward once, on the sum of the losses ((loss_a + loss_b).backward()), and pass "
+                        "that sum as info['loss'] (micro-batches: Cockpit(model, accumulate=True) and one "
+                        "`with cp(step)` around each backward)"
+                    ), demote=False)
+                    continue
                 self._fail(state, index, (
                     f"the gradient of info['loss'] is {away} in this backward pass: backward ran on "
                     "another loss (e.g. an explicit L2 term added to it). Fix: pass as info['loss'] "
@@ -649,13 +661,15 @@ class Engine:
                     "well), or backward ran on another loss than info['loss']"
                 ))
 
-    def _fail(self, state, index, reason):
-        """Mark a parameter's values of this step NaN; it takes the global path from now on."""
+    def _fail(self, state, index, reason, demote=True):
+        """Mark a parameter's values of this step NaN; it takes the global path from now on
+        (``demote``; not if the global path would not change the reason)."""
         state.failed.add(index)
-        self.force_global.add(index)
+        if demote:
+            self.force_global.add(index)
         name = self.names[index]
         state.flags.append(f"individual gradients of {name} unavailable at this step: {reason}")
-        if index in state.global_path:
+        if index in state.global_path or not demote:
             self._warn_once(("loss", index), (
                 f"cockpit-lite: the individual gradients of {name} are not those of the backward "
                 f"pass ({reason}); its values are NaN at every step where this holds."
@@ -708,6 +722,7 @@ class _Step:
         self.failed = set()
         self.flags = []
         self.low_precision = False
+        self.repeated = False  # a served layer's output received a second gradient: backward ran again
         self.batch = _transforms.Batch()
         self.from_autograd = set()  # subsampled: parameters whose transforms take ``g`` from autograd
         self.waiting = {}  # index -> (the subsample's PerSample, its results) until autograd's ``g`` is known

@@ -597,6 +597,51 @@ def test_backward_of_another_loss_than_info_loss_is_flagged_at_every_step_and_th
         problems.assert_close(cp.get_output()[step]["NormTest"], expected, what="NormTest, an explicit L2 term")
 
 
+@pytest.mark.parametrize("samples", [None, 3])
+def test_two_backward_passes_in_one_step_are_named_and_the_fix_works(samples):
+    """``ce.backward(retain_graph=True); penalty.backward()`` inside one ``with cp(step)`` (two losses
+    backpropagated one after the other): the rules see the first pass only. NaN and a flag that
+    names the second pass at every step, never a switch to the global path (which could not
+    follow the two passes either); the fix it names, one backward of the sum passed as
+    info['loss'], is exact against the brute force."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+    x, y = torch.randn(8, 4, dtype=torch.float64), torch.randint(0, 3, (8,))
+    cp = Cockpit(model, [quantities.NormTest()], diagnose=False, samples=samples)
+
+    def terms(out):
+        return F.cross_entropy(out, y, reduction="none") + 0.1 * (out**2).sum(1)  # ℓ_n of ce + penalty
+
+    for step in range(2):
+        model.zero_grad()
+        out = model(x)
+        ce, penalty = F.cross_entropy(out, y), 0.1 * (out**2).sum(1).mean()
+        with pytest.warns(UserWarning) if step == 0 else warnings.catch_warnings():
+            with cp(step, info={"loss": ce}):
+                ce.backward(retain_graph=True)
+                penalty.backward()
+        entry = cp.get_output()[step]
+        assert math.isnan(entry["NormTest"]) and all("backward ran more than once" in f for f in entry["flags"]), step
+        assert cp.engine.force_global == set()
+    for step in range(2, 4):  # the fix
+        model.zero_grad()
+        out = model(x)
+        total = F.cross_entropy(out, y) + 0.1 * (out**2).sum(1).mean()
+        with cp(step, info={"loss": total, "individual_losses": terms(out)}):
+            total.backward()
+        entry = cp.get_output()[step]
+        assert "flags" not in entry and math.isfinite(entry["NormTest"])
+        if samples is not None:  # (the estimator against the brute force: tests/test_subsample.py)
+            continue
+        shares = terms(model(x)) / 8
+        params = list(model.parameters())
+        rows = torch.stack([8 * torch.cat([g.reshape(-1) for g in torch.autograd.grad(shares[n], params, retain_graph=True)])
+                            for n in range(8)])
+        mean = rows.mean(0)
+        expected = torch.sqrt(((rows - mean) ** 2).sum() / (7 * 8 * (mean**2).sum()))
+        problems.assert_close(entry["NormTest"], expected, what="NormTest, two losses summed")
+
+
 @pytest.mark.parametrize("name", ["mlp", "cnn", "transformer", "vit_like", "gpt"])
 def test_a_subsampled_step_checks_the_rules_by_sketches_and_still_catches_another_loss(name, monkeypatch):
     """At a subsampled step the transforms take ``g`` from autograd and the rules never sum all
