@@ -642,6 +642,29 @@ def test_two_backward_passes_in_one_step_are_named_and_the_fix_works(samples):
         problems.assert_close(entry["NormTest"], expected, what="NormTest, two losses summed")
 
 
+@pytest.mark.parametrize("name", ["resnet_bn_train", "transformer", "gpt", "lstm"])
+def test_two_backward_passes_are_named_on_every_route(name):
+    """The global path (BatchNorm in training mode), attention, a tied head and an LSTM: every
+    parameter's flag names the second backward pass, none is sent to the global path."""
+    problem = problems.make(name, 7, steps=2)
+    opt = torch.optim.SGD(problem.model.parameters(), lr=0.1)
+    cp = Cockpit(problem.model, [quantities.NormTest()], diagnose=False)
+    for step, (x, y) in enumerate(problem.batches):
+        opt.zero_grad()
+        out = problem.model(x)
+        loss, penalty = problem.lossfunc(out, y), 0.01 * out.pow(2).mean()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with cp(step, info={"loss": loss, "optimizer": opt}):
+                loss.backward(retain_graph=True)
+                penalty.backward()
+        opt.step()
+        flags = cp.get_output()[step]["flags"]
+        assert len(flags) == len(list(problem.model.parameters())), step
+        assert all("backward ran more than once" in f for f in flags), step
+        assert math.isnan(cp.get_output()[step]["NormTest"]) and cp.engine.force_global == set()
+
+
 @pytest.mark.parametrize("name", ["mlp", "cnn", "transformer", "vit_like", "gpt"])
 def test_a_subsampled_step_checks_the_rules_by_sketches_and_still_catches_another_loss(name, monkeypatch):
     """At a subsampled step the transforms take ``g`` from autograd and the rules never sum all
