@@ -272,7 +272,16 @@ class Engine:
                 "(the number of samples of the forward pass)"
             )
         if global_indices:  # before any hook of this step exists: its backward passes must not fire them
-            self._run_global(state, info, global_indices)
+            try:
+                self._run_global(state, info, global_indices)
+            except ValueError as error:  # (each sample's loss underivable): refused, unless the engine chose it
+                if state.batch_size is None or not set(global_indices) <= self.force_global:
+                    raise
+                for index in global_indices:
+                    self._fail(state, index, (
+                        "a layer rule failed for it at an earlier step, so it takes the global path, "
+                        f"which cannot run here: {error}"
+                    ), demote=False)
         for index, uses in routes.items():
             if uses == "global":
                 continue
@@ -669,10 +678,15 @@ class Engine:
             self.force_global.add(index)
         name = self.names[index]
         state.flags.append(f"individual gradients of {name} unavailable at this step: {reason}")
-        if index in state.global_path or not demote:
+        if index in state.global_path:
             self._warn_once(("loss", index), (
                 f"cockpit-lite: the individual gradients of {name} are not those of the backward "
                 f"pass ({reason}); its values are NaN at every step where this holds."
+            ))
+        elif not demote:
+            self._warn_once(("unavailable", index), (
+                f"cockpit-lite: individual gradients of {name} unavailable ({reason}); its values are "
+                "NaN at every step where this holds."
             ))
         else:
             self._warn_once(

@@ -497,6 +497,42 @@ def test_a_use_the_capture_missed_is_caught_when_small_or_beside_the_global_path
     assert any("lin.weight" in str(w.message) for w in caught)
 
 
+def test_a_parameter_sent_to_the_global_path_without_individual_losses_is_nan_not_a_crash():
+    """A use the capture missed sends ``lin.weight`` to the global path; with a loss whose
+    individual losses cannot be derived (a custom one) that path cannot run. The next step is NaN
+    for it with a flag naming the fix, instead of an error out of the user's loop; the fix
+    (``info["individual_losses"]``) is exact against the brute force."""
+    torch.manual_seed(0)
+    model = ReadAgain(1.0, False).double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cp = Cockpit(model, [quantities.GradVariance()], diagnose=False)
+    x, y = torch.randn(6, 4, dtype=torch.float64), torch.randn(6, 3, dtype=torch.float64)
+    index = [name for name, _ in model.named_parameters()].index("lin.weight")
+
+    def terms():
+        return (model(x) - y).abs().pow(1.5).sum(1)
+
+    for step in range(3):
+        opt.zero_grad()
+        per = terms()
+        loss = per.mean()
+        info = {"loss": loss, "optimizer": opt, **({"individual_losses": per} if step == 2 else {})}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with cp(step, info=info):
+                loss.backward()
+        entry = cp.get_output()[step]
+        if step < 2:
+            assert math.isnan(entry["GradVariance"][index])
+            assert step == 0 or any("individual_losses" in f for f in entry["flags"])
+        else:
+            assert "flags" not in entry
+            expected = [torch.stack([6 * torch.autograd.grad(terms()[n] / 6, p)[0] for n in range(6)]).var(0).sum()
+                        for p in model.parameters()]
+            problems.assert_close(entry["GradVariance"], expected, what="GradVariance, the global path's fix")
+        opt.step()
+
+
 @pytest.mark.parametrize("params_only", [False, True])
 def test_a_validation_pass_with_gradients_on_is_not_a_use(params_only):
     """``model.eval()`` without ``no_grad`` on a larger batch between training steps: only the
