@@ -205,7 +205,7 @@ class PerSample:
 
         if self._factors is None or "grad_batch" in vars(self):
             return project(self.grad), project
-        a, delta = (t.reshape(-1, t.shape[-1]).to(dtype) for t in self._factors)
+        a, delta = (t.to(dtype) for t in _positions(*self._factors))
         return ((left @ delta.T) * (right @ a.T)).sum(1), project  # [r, L]-shaped products: one pass over each factor
 
     def sample_sum(self):
@@ -214,8 +214,8 @@ class PerSample:
         if "grad_batch" in vars(self):
             return self.flat.sum(0)
         if self._factors is not None:
-            a, delta = self._factors
-            return (delta.reshape(-1, delta.shape[-1]).T @ a.reshape(-1, a.shape[-1])).reshape(-1)
+            a, delta = _positions(*self._factors)
+            return (delta.T @ a).reshape(-1)
         if self._sparse():
             values, _, index, _ = self._rows
             return values.new_zeros((self.param.shape[0], values.shape[1])).index_add_(0, index, values).reshape(-1)
@@ -410,6 +410,16 @@ class PerSample:
     def _single_position(self):
         """Factors without sequence axes, where the ghost formulas are exact and cheapest."""
         return self._factors is not None and self._factors[0].shape[1] == 1
+
+
+def _positions(a, delta):
+    """The factors ``[K, L, I]`` and ``[K, L, O]`` as ``[K·L, I]`` and ``[K·L, O]``, their
+    leading axes flattened in the same order: that of ``δ``'s memory (a sum over the
+    positions does not depend on it), so that factors regrouped per sample from
+    sequence-first rows (``[T, B, ·]`` viewed as ``[B, T, ·]``: attention's projections) are
+    not copied."""
+    order = sorted(range(delta.dim() - 1), key=lambda axis: -delta.stride(axis))
+    return tuple(t.permute(*order, t.dim() - 1).reshape(-1, t.shape[-1]) for t in (a, delta))
 
 
 def at_least_float32(tensor):
