@@ -12,11 +12,13 @@ from cockpit_lite.quantities.base import Needs, Output, Quantity
 from cockpit_lite.transforms import BatchDotDirection, at_least_float32, dots_of_kept
 from cockpit_lite.utils.norms import dot, gathered, gram
 
-DIFFERENCE_ELEMENTS = 1 << 22
-"""Models of at most this many parameters (16 MiB in float32) have their update formed once."""
+DIFFERENCE_ELEMENTS = 1 << 20
+"""Models of at most this many parameters (4 MiB in float32) have their update formed once
+(beyond, one more copy of the model held from ``optimizer.step()`` to the next step)."""
 
-FINGERPRINT_CHUNK = 1 << 20
-"""Elements of a parameter whose bits ``fingerprint`` sums at a time (8 MiB of int64)."""
+FINGERPRINT_CHUNK = 1 << 18
+"""Elements of a parameter whose bits ``fingerprint`` sums at a time (three temporaries of
+2 MiB of int64: the bits, their positions, the product)."""
 
 PREDICTION_RTOL = {torch.float64: 1e-10}
 """Largest relative distance of an update from the predicted update's line (float64; 1e-4 for

@@ -172,6 +172,21 @@ def test_kept_individual_gradients_of_every_form(case, monkeypatch):
     assert_exact_but(problem, record, snapshots, [0])
 
 
+@pytest.mark.parametrize("case", [("gpt", 4, "mean"), ("cnn", 5, "sum")], ids=problems.case_id)
+def test_a_large_model_s_update_formed_a_parameter_at_a_time(case, monkeypatch):
+    """Beyond ``DIFFERENCE_ELEMENTS`` parameters the update is formed a parameter at a time when
+    read, and ``fingerprint`` takes each parameter's bits in several chunks: the brute force, also
+    where the individual gradients are kept until the step (AdamW with norm clipping)."""
+    from cockpit_lite.quantities import alpha as alpha_module
+
+    monkeypatch.setattr(alpha_module, "DIFFERENCE_ELEMENTS", 0)
+    monkeypatch.setattr(alpha_module, "FINGERPRINT_CHUNK", 5)
+    problems.check(Alpha(), reference, case, steps=4, layers=False, schedule_steps=[0, 1, 2])
+    adamw = lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1)  # noqa: E731
+    problem, record, snapshots = run_changed(case, adamw, clip_norm)
+    assert_exact_but(problem, record, snapshots, [0])
+
+
 @pytest.mark.parametrize(
     ("optimizer", "change", "nan_steps"),
     [
