@@ -179,6 +179,7 @@ class Alpha(Quantity):
                 "direction_norm": None,
                 "edited": False,
                 "failure": None,
+                "no_learning_rate": all(float(group["lr"]) == 0.0 for group in pending["optimizer"].param_groups),
             }
             self._hook = pending["optimizer"].register_step_post_hook(self._after_step)
         return output
@@ -249,7 +250,9 @@ class Alpha(Quantity):
         if not math.isfinite(t):
             flags.append("Alpha: the update is not finite (the parameters diverged)")
         elif t == 0.0:
-            flags.append("Alpha: the parameters did not change between the two steps")
+            flags.append("Alpha: the parameters did not change between the two steps"
+                         + (" (the learning rate was 0, as at the first step of a warm-up from 0: no step to place)"
+                            if start.get("no_learning_rate") else ""))
         elif stepped is None:
             flags.append("Alpha: the parameters changed without a step of info['optimizer'] in between")
         elif start["failure"] is not None:

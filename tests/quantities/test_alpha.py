@@ -323,9 +323,24 @@ def test_a_failing_projection_never_breaks_the_optimizer_step(monkeypatch):
 
 def test_no_update_is_nan_and_flagged():
     problem = problems.make("mlp", 4, steps=2)
-    cp, _ = problems.run(problem, [Alpha()], lr=0.0)
+    cp, _ = problems.run(problem, [Alpha()], lr=0.0)  # a warm-up from 0 (transformers' schedules) at its first step
     entry = cp.get_output()[0]
     assert np.isnan(entry["Alpha"]) and "did not change" in entry["flags"][0]
+    assert "the learning rate was 0" in entry["flags"][0]
+    saved = {}
+
+    def keep(opt, params):
+        saved.setdefault("before", [p.detach().clone() for p in params])
+        return True
+
+    def undone(params):  # a learning rate, but the step put back: no hint about the learning rate
+        with torch.no_grad():
+            for p, before in zip(params, saved["before"]):
+                p.copy_(before)
+
+    entry = _after_step_run(keep, undone)[0]
+    assert np.isnan(entry["Alpha"]) and "did not change" in entry["flags"][0]
+    assert "learning rate" not in entry["flags"][0]
 
 
 def test_needs_optimizer_before_backward():
