@@ -1192,8 +1192,11 @@ def _checked_samples(samples, accumulate, group):
         )
     if accumulate or group is not None:
         raise ValueError(
-            f"samples={samples} is not combined with {'accumulate=True' if accumulate else 'torch.distributed'} "
-            "(the subsample would have to be drawn across micro-batches or ranks). Fix: samples=None "
+            f"samples={samples} is not combined with "
+            + ("accumulate=True (gradient accumulation; the Lightning callback and the Hugging Face trainer set it "
+               "when accumulate_grad_batches or gradient_accumulation_steps is above 1)" if accumulate else
+               "torch.distributed")
+            + " (the subsample would have to be drawn across micro-batches or ranks). Fix: samples=None "
             "there (exact values)"
         )
     return int(samples)

@@ -32,6 +32,9 @@ Needs ``lightning`` (``pip install ".[lightning]" in a clone of cockpit-lite``).
 - Quantities that need Hessian-vector products (``HessMaxEV``, Hutchinson's estimator)
   take them from the loss ``on_before_backward`` receives, before Lightning's backward
   pass, which stays plain: no override of ``LightningModule.backward`` is needed.
+- ``CockpitCallback(samples=k)`` (keyword arguments go to the ``Cockpit``): the batch size
+  the subsample is drawn from comes from the graph of the loss (the Cockpit sees no forward
+  call of the module itself); refused under accumulation.
 - Checkpoints carry the Cockpit: ``state_dict`` (Lightning's ``Callback.state_dict``,
   saved in the checkpoint's ``"callbacks"``) is ``{"cockpit": Cockpit.state_dict()}``,
   plain tensors and Python values; ``trainer.fit(module, ckpt_path=...)`` restores it into
@@ -160,6 +163,14 @@ class CockpitCallback(_pl.Callback):
                 info["individual_losses"] = contributions * (contributions.shape[0] * (loss / returned).detach())
             except ValueError:
                 pass  # a loss of its own kind: quantities that need individual losses say so
+        if self.cockpit.samples is not None and "individual_losses" not in info:
+            try:  # the subsample is drawn before the backward pass, and the Cockpit sees no forward call
+                # of the module itself (training_step calls its layers): the batch size from the loss's graph
+                info["batch_size"] = contributions_from_graph(loss).shape[0]
+            except ValueError:
+                pass  # the Cockpit warns that the step is exact
+        elif self.cockpit.samples is not None:
+            info["batch_size"] = info["individual_losses"].shape[0]
         self._context = self.cockpit(trainer.global_step, info=info)
         self._context.__enter__()
 

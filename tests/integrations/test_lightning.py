@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 
-from cockpit_lite import quantities
+from cockpit_lite import quantities, subsample
+from test_subsample import references
 
 BATCH, BATCHES = 6, 4
 
@@ -112,6 +113,29 @@ def test_callback_tracks_the_optimizer_steps(tmp_path):
         "cockpit__primary__epoch_000.png", "cockpit__primary__epoch_001.png"]
     assert all(os.path.isfile(p) for p in callback.dashboard_paths)
     assert os.path.isfile(os.path.join(callback.dirpath, "cockpit.jsonl"))
+
+
+def test_a_subsample_under_accumulation_is_refused_naming_the_trainer_s_setting_and_the_fix_works(tmp_path):
+    """``samples=k`` with ``accumulate_grad_batches > 1`` (the callback then accumulates): a clear
+    error naming the setting; the fix it names (``samples=None``) tracks, and without accumulation
+    the subsample is drawn."""
+    pl, CockpitCallback, Module = _lightning()
+    with pytest.raises(ValueError, match=r"accumulate_grad_batches.*Fix: samples=None"):
+        _fit(tmp_path / "a", [CockpitCallback([quantities.NormTest()], dashboards=False, samples=3)])
+    fixed = CockpitCallback([quantities.NormTest()], dashboards=False, samples=None)
+    _fit(tmp_path / "b", [fixed])
+    assert all(math.isfinite(entry["NormTest"]) for entry in fixed.cockpit.get_output().values())
+    drawn = CockpitCallback([quantities.NormTest()], dashboards=False, samples=3)
+    drawn_module_seen = _fit(tmp_path / "c", [drawn], accumulate_grad_batches=1)[0].seen
+    record = drawn.cockpit.get_output()
+    assert sorted(record) == list(range(2 * BATCHES))
+    for step, entry in record.items():  # the documented estimator on the brute force of the drawn samples
+        params, x, y = drawn_module_seen[divmod(step, BATCHES)]
+        flat = torch.cat([g.reshape(BATCH, -1) for g in _individual_gradients(None, params, x, y)], 1)
+        value, se = references(flat, subsample.draw(3, BATCH, (0, step)).tolist())["NormTest"]
+        assert entry["batch"]["samples"] == 3
+        assert entry["NormTest"] == pytest.approx(value, rel=1e-9)
+        assert entry["meta"]["NormTest"]["se"] == pytest.approx(se, rel=1e-9)
 
 
 def test_training_is_not_disturbed(tmp_path):
