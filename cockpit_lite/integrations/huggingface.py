@@ -60,7 +60,8 @@ class CockpitTrainerMixin:
         cockpit_dir: folder of the log and dashboards.
         cockpit_dashboards: draw a dashboard at the end of every epoch.
         cockpit_sinks: sinks passed to the Cockpit (e.g. ``TensorBoardSink``).
-        cockpit_kwargs: dict passed to ``Cockpit`` (``strict``, ``seed``).
+        cockpit_kwargs: dict passed to ``Cockpit`` (``strict``, ``seed``, ``samples``; ``samples`` is
+            refused with ``gradient_accumulation_steps > 1``).
     """
 
     def __init__(self, *args, cockpit_quantities=None, cockpit_dir=None, cockpit_dashboards=True, cockpit_sinks=(),
