@@ -181,6 +181,22 @@ def contributions_from_graph(loss, batch_size=None, keep_graph=False):
         return per_sequence(per_row, batch_size)
 
 
+def batch_size_from_graph(loss):
+    """``B`` read from ``loss``'s graph where its loss function has one input row per sample
+    (``[B, C]`` logits, ``[B, ...]`` outputs); ``None`` where the rows were flattened from
+    sequences (``[B, T, C]`` viewed as ``[B·T, C]``: for a sequence-first model the first axis
+    is ``T``, so the graph does not tell), or the loss is no loss function of
+    ``contributions_from_graph``'s."""
+    if loss.grad_fn is None:
+        return None
+    function, derive, reduction = _loss_function(_unscaled(loss.grad_fn)[0])
+    if derive is None or reduction not in (_MEAN, _SUM):
+        return None
+    with torch.no_grad():
+        rows = derive(function)[0].shape[0]
+    return rows if _flattened_batch(function, rows) is None else None
+
+
 def _unscaled(node):
     """``(loss node, factor)``: ``loss = factor · (loss function's value)``, looking through
     an extended loss module's hook and multiplications or divisions by constants (a loss

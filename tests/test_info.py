@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from cockpit_lite import extend
-from cockpit_lite.info import StepInfo, individual_losses_from_graph, normalise_individual_losses
+from cockpit_lite.info import StepInfo, batch_size_from_graph, individual_losses_from_graph, normalise_individual_losses
 
 B = 6
 g = torch.Generator().manual_seed(0)
@@ -322,3 +322,21 @@ def test_a_given_batch_size_groups_the_rows_of_each_sample():
     assert info.batch_size == 3 and type(info.batch_size) is int
     torch.testing.assert_close(info.require("individual_losses", "Alpha"), unreduced.reshape(3, 2).sum(1) / 2)
     assert StepInfo({"loss": loss}, 0, batch_size=6).batch_size == 6
+
+
+def test_the_batch_size_is_read_from_the_graph_only_where_each_sample_has_one_row():
+    """``batch_size_from_graph``: ``B`` for ``[B, C]`` logits and ``[B, k]`` regression outputs (also
+    scaled, as ``loss / k``), ``None`` for token losses flattened from ``[B, T, V]`` (for a
+    sequence-first model the first axis would be ``T``), a loss of its own kind and a detached loss."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 4, generator=g, requires_grad=True)
+    targets = torch.randint(0, 4, (6,), generator=g)
+    assert batch_size_from_graph(nn.functional.cross_entropy(logits, targets)) == 6
+    assert batch_size_from_graph(nn.functional.cross_entropy(logits, targets, reduction="sum") / 3) == 6
+    outputs = torch.randn(5, 3, generator=g, requires_grad=True)
+    assert batch_size_from_graph(nn.functional.mse_loss(outputs, torch.zeros(5, 3))) == 5
+    tokens = torch.randn(6, 7, 4, generator=g, requires_grad=True)
+    flattened = nn.functional.cross_entropy(tokens.view(-1, 4), torch.randint(0, 4, (42,), generator=g))
+    assert batch_size_from_graph(flattened) is None
+    assert batch_size_from_graph(outputs.pow(2).mean()) is None
+    assert batch_size_from_graph(nn.functional.cross_entropy(logits, targets).detach()) is None

@@ -33,8 +33,10 @@ Needs ``lightning`` (``pip install ".[lightning]" in a clone of cockpit-lite``).
   take them from the loss ``on_before_backward`` receives, before Lightning's backward
   pass, which stays plain: no override of ``LightningModule.backward`` is needed.
 - ``CockpitCallback(samples=k)`` (keyword arguments go to the ``Cockpit``): the batch size
-  the subsample is drawn from comes from the graph of the loss (the Cockpit sees no forward
-  call of the module itself); refused under accumulation.
+  the subsample is drawn from comes from the loss's graph (the Cockpit sees no forward call
+  of the module itself) where its loss function has one row per sample
+  (``info.batch_size_from_graph``), else the step is exact with a warning; refused under
+  accumulation.
 - Checkpoints carry the Cockpit: ``state_dict`` (Lightning's ``Callback.state_dict``,
   saved in the checkpoint's ``"callbacks"``) is ``{"cockpit": Cockpit.state_dict()}``,
   plain tensors and Python values; ``trainer.fit(module, ckpt_path=...)`` restores it into
@@ -48,7 +50,7 @@ import os
 
 import torch
 
-from cockpit_lite.info import contributions_from_graph
+from cockpit_lite.info import batch_size_from_graph, contributions_from_graph
 from cockpit_lite.integrations import require
 from cockpit_lite.integrations.sinks import Sink, scalars
 
@@ -163,14 +165,11 @@ class CockpitCallback(_pl.Callback):
                 info["individual_losses"] = contributions * (contributions.shape[0] * (loss / returned).detach())
             except ValueError:
                 pass  # a loss of its own kind: quantities that need individual losses say so
-        if self.cockpit.samples is not None and "individual_losses" not in info:
-            try:  # the subsample is drawn before the backward pass, and the Cockpit sees no forward call
-                # of the module itself (training_step calls its layers): the batch size from the loss's graph
-                info["batch_size"] = contributions_from_graph(loss).shape[0]
-            except ValueError:
-                pass  # the Cockpit warns that the step is exact
-        elif self.cockpit.samples is not None:
-            info["batch_size"] = info["individual_losses"].shape[0]
+        if self.cockpit.samples is not None:  # the subsample is drawn before the backward pass, and the
+            # Cockpit sees no forward call of the module itself (training_step calls its layers)
+            size = batch_size_from_graph(loss)
+            if size is not None:  # else the Cockpit warns that the step is exact
+                info["batch_size"] = size
         self._context = self.cockpit(trainer.global_step, info=info)
         self._context.__enter__()
 
