@@ -106,6 +106,27 @@ def test_gpt2_first_order_quantities_match_brute_force(tmp_path):
     assert [os.path.basename(p) for p in trainer.dashboard_paths] == ["cockpit__primary__epoch_000.png"]
 
 
+def test_a_subsample_is_the_documented_estimator_on_the_brute_force(tmp_path):
+    """``cockpit_kwargs={"samples": 2}``: each step's NormTest and its standard error from the two
+    drawn sequences, as ``cockpit_lite.subsample`` documents, on the brute force."""
+    from cockpit_lite import subsample
+    from test_subsample import references
+
+    transformers, CockpitTrainer, _Recording = _hf()
+    trainer = _Recording(model=_model(), args=_args(tmp_path, max_steps=3), train_dataset=_Tokens(3 * B),
+                         cockpit_quantities=[quantities.NormTest()], cockpit_kwargs={"samples": 2},
+                         cockpit_dashboards=False)
+    trainer.train()
+    record = trainer.cockpit.get_output()
+    assert sorted(record) == [0, 1, 2]
+    for step, (params, ids, num_items) in trainer.seen.items():
+        flat = torch.cat([g.reshape(B, -1) for g in _reference(params, ids, num_items)], 1)
+        value, se = references(flat, subsample.draw(2, B, (0, step)).tolist())["NormTest"]
+        assert record[step]["batch"]["samples"] == 2
+        assert record[step]["NormTest"] == pytest.approx(value, rel=1e-6)
+        assert record[step]["meta"]["NormTest"]["se"] == pytest.approx(se, rel=1e-6)
+
+
 def test_accumulation_tracks_every_micro_batch_and_training_is_not_disturbed(tmp_path):
     transformers, CockpitTrainer, _Recording = _hf()
     tracked = CockpitTrainer(model=_model(), args=_args(tmp_path / "a", max_steps=2, gradient_accumulation_steps=2),
