@@ -179,7 +179,7 @@ class Alpha(Quantity):
                 "direction_norm": None,
                 "edited": False,
                 "failure": None,
-                "no_learning_rate": all(float(group["lr"]) == 0.0 for group in pending["optimizer"].param_groups),
+                "no_learning_rate": all(_is_zero(group.get("lr")) for group in pending["optimizer"].param_groups),
             }
             self._hook = pending["optimizer"].register_step_post_hook(self._after_step)
         return output
@@ -434,6 +434,14 @@ def _leave_one_out(values):
     total, squares = values.sum(), (values**2).sum()
     means = (total - values) / (k - 1)
     return means, (squares - values**2 - (k - 1) * means**2) / (k - 2)
+
+
+def _is_zero(learning_rate):
+    """Whether a parameter group's learning rate is 0 (``False`` for none, or one that is no number)."""
+    try:
+        return float(learning_rate) == 0.0
+    except (TypeError, ValueError, RuntimeError):
+        return False
 
 
 def _variance(values):

@@ -343,6 +343,27 @@ def test_no_update_is_nan_and_flagged():
     assert "learning rate" not in entry["flags"][0]
 
 
+class _SignDescent(torch.optim.Optimizer):
+    """An element-wise optimizer whose parameter groups hold no "lr"."""
+
+    def __init__(self, params, step_size=0.01):
+        super().__init__(params, {"step_size": step_size})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.sub_(group["step_size"] * p.grad.sign())
+
+
+def test_an_optimizer_without_a_learning_rate_key():
+    problem = problems.make("mlp", 4, steps=3)
+    cp, _ = problems.run(problem, [Alpha()], optimizer=_SignDescent)
+    record = cp.get_output()
+    assert all(math.isfinite(record[s]["Alpha"]) and "flags" not in record[s] for s in (0, 1))
+
+
 def test_needs_optimizer_before_backward():
     problem = problems.make("mlp", 4)
     cp = problems.Cockpit(problem.model, [Alpha()])
