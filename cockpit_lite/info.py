@@ -192,8 +192,11 @@ def batch_size_from_graph(loss):
     function, derive, reduction = _loss_function(_unscaled(loss.grad_fn)[0])
     if derive is None or reduction not in (_MEAN, _SUM):
         return None
-    with torch.no_grad():
-        rows = derive(function)[0].shape[0]
+    try:
+        with torch.no_grad():
+            rows = derive(function)[0].shape[0]
+    except (RuntimeError, ValueError):  # saved tensors gone (a second call after backward): it cannot tell
+        return None
     return rows if _flattened_batch(function, rows) is None else None
 
 

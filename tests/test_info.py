@@ -340,3 +340,6 @@ def test_the_batch_size_is_read_from_the_graph_only_where_each_sample_has_one_ro
     assert batch_size_from_graph(flattened) is None
     assert batch_size_from_graph(outputs.pow(2).mean()) is None
     assert batch_size_from_graph(nn.functional.cross_entropy(logits, targets).detach()) is None
+    freed = nn.functional.cross_entropy(logits * 2, targets)
+    freed.backward()
+    assert batch_size_from_graph(freed) is None
