@@ -152,6 +152,25 @@ def contributions_from_graph(loss, batch_size=None, keep_graph=False):
         ValueError: if the graph does not end in a supported loss function, or its rows
             are not a multiple of ``batch_size``.
     """
+    function, derive, reduction, factor = _loss_of(loss)
+    with torch.set_grad_enabled(keep_graph):
+        elements, denominator = derive(function)
+        per_row = elements.reshape(elements.shape[0], -1).sum(1)
+        if reduction == _MEAN:
+            per_row = per_row / denominator
+        if factor != 1.0:
+            per_row = per_row * factor
+        if batch_size is None:
+            batch_size = _flattened_batch(function, per_row.shape[0])
+        return per_sequence(per_row, batch_size)
+
+
+def _loss_of(loss):
+    """``(loss function's node, derive, reduction, factor)`` of ``loss = factor · loss function``.
+
+    Raises:
+        ValueError: naming the fix, if ``loss`` has no graph or ends in no supported loss function.
+    """
     if loss.grad_fn is None:
         raise ValueError(
             "info['loss'] has no autograd graph (it was detached, made by .item() or computed "
@@ -169,16 +188,7 @@ def contributions_from_graph(loss, batch_size=None, keep_graph=False):
             "Pass them yourself: info={'individual_losses': "
             "lossfunc_with_reduction_none(output, target), ...}"
         )
-    with torch.set_grad_enabled(keep_graph):
-        elements, denominator = derive(function)
-        per_row = elements.reshape(elements.shape[0], -1).sum(1)
-        if reduction == _MEAN:
-            per_row = per_row / denominator
-        if factor != 1.0:
-            per_row = per_row * factor
-        if batch_size is None:
-            batch_size = _flattened_batch(function, per_row.shape[0])
-        return per_sequence(per_row, batch_size)
+    return function, derive, reduction, factor
 
 
 def batch_size_from_graph(loss):
@@ -187,15 +197,11 @@ def batch_size_from_graph(loss):
     sequences (``[B, T, C]`` viewed as ``[B·T, C]``: for a sequence-first model the first axis
     is ``T``, so the graph does not tell), or the loss is no loss function of
     ``contributions_from_graph``'s."""
-    if loss.grad_fn is None:
-        return None
-    function, derive, reduction = _loss_function(_unscaled(loss.grad_fn)[0])
-    if derive is None or reduction not in (_MEAN, _SUM):
-        return None
     try:
+        function, derive, _, _ = _loss_of(loss)
         with torch.no_grad():
             rows = derive(function)[0].shape[0]
-    except (RuntimeError, ValueError):  # saved tensors gone (a second call after backward): it cannot tell
+    except (RuntimeError, ValueError):  # no such loss, or its saved tensors are gone (after backward)
         return None
     return rows if _flattened_batch(function, rows) is None else None
 
