@@ -1,5 +1,6 @@
 """``Alpha``: where on the local 1-d loss parabola the optimizer's step landed."""
 
+import functools
 import math
 import warnings
 
@@ -16,9 +17,9 @@ DIFFERENCE_ELEMENTS = 1 << 20
 """Models of at most this many parameters (4 MiB in float32) have their update formed once
 (beyond, one more copy of the model held from ``optimizer.step()`` to the next step)."""
 
-FINGERPRINT_CHUNK = 1 << 18
-"""Elements of a parameter whose bits ``fingerprint`` sums at a time (three temporaries of
-2 MiB of int64: the bits, their positions, the product)."""
+FINGERPRINT_GATHER = 1 << 12
+"""``fingerprint``: parameters of at most this many elements are concatenated (a model's many
+biases and norms, one sum for them all); larger ones are summed in place."""
 
 PREDICTION_RTOL = {torch.float64: 1e-10}
 """Largest relative distance of an update from the predicted update's line (float64; 1e-4 for
@@ -201,18 +202,24 @@ class Alpha(Quantity):
         start["stepped"] = fingerprint(start["params"])
         predicted, start["backward_predicted"] = start["backward_predicted"], None
         grad, start["grad"] = start["grad"], None
-        if grad is not None:
-            start["grad_dot"] = dot(grad, update)
         kept, start["kept"] = start["kept"], {}
         kept = kept if kept is not None else {}
-        kept_indices = list(kept)
         dots = start["backward_dots"]
         rest = [i for i in range(len(update)) if i not in kept]  # projected onto the prediction in backward
-        scale, squares = 1.0, 0.0  # the rest's real update is scale × its predicted one; ‖the rest's d‖²
+        if any(predicted[i] is None for i in rest):
+            start["edited"] = True
+            self._keep = not self._distributed
+            return
+        # one pass over each parameter: ‖d‖², gᵀd and, for the rest, their predicted update's ‖u‖² and uᵀd
+        with_grad = (lambda i: (grad[i],)) if grad is not None else (lambda i: ())
+        rest_sums = gram((update[i], predicted[i]) + with_grad(i) for i in rest) if rest else None
+        kept_sums = gram((update[i],) + with_grad(i) for i in sorted(kept)) if kept else None
+        if grad is not None:
+            start["grad_dot"] = sum(g[0][-1] for g in (rest_sums, kept_sums) if g is not None)
+        scale = 1.0  # the rest's real update is scale × its predicted one
         if rest:
-            guess = [predicted[i] for i in rest]
-            scale, squares = (None, None) if any(u is None for u in guess) else _on_line(guess, _Difference(
-                [start["params"][i] for i in rest], [start["params_before"][i] for i in rest]))
+            scale = _on_line([predicted[i] for i in rest], [update[i] for i in rest],
+                             (rest_sums[1][1], rest_sums[0][1], rest_sums[0][0]))
             if scale is None:
                 start["edited"] = True
                 self._keep = not self._distributed
@@ -224,7 +231,7 @@ class Alpha(Quantity):
             start["dots"] = sum(projected + [scale * dots[i] for i in rest])
         except Exception as error:
             start["failure"] = f"Alpha: projecting the kept individual gradients failed: {error!r}"
-        start["direction_norm"] = math.sqrt(squares + dot(update[i] for i in sorted(kept_indices)))
+        start["direction_norm"] = math.sqrt(sum(g[0][0] for g in (rest_sums, kept_sums) if g is not None))
 
     def _take_update(self, start):
         """At step t+1: ``d = θ_{t+1} − θ_t`` (``_Difference``: formed a parameter at a time when
@@ -289,18 +296,26 @@ class Alpha(Quantity):
             return alpha_from_fit(fit_quadratic(t, fs, means, var_fs, variances), t)
 
         stats = [(float(s.mean()), _variance(s)) for s in slopes]
-        value = alpha([m for m, _ in stats], [v for _, v in stats])
         ends = [start.get("subsampled"), (data.samples, data.batch_size) if data.subset is not None else None]
+        # row 0: the fit of the step; then, for each drawn end, one row per sample left out there
+        means, variances = [np.array([[m for m, _ in stats]])], [np.array([[v for _, v in stats]])]
+        for end, drawn in enumerate(ends):
+            if drawn is not None:
+                means.append(np.repeat(means[0], drawn[0], axis=0))
+                variances.append(np.repeat(variances[0], drawn[0], axis=0))
+                means[-1][:, end], variances[-1][:, end] = _leave_one_out(slopes[end].double().cpu().numpy())
+        means, variances = np.concatenate(means), np.concatenate(variances)
+        fitted = alpha(means, variances)
+        if np.ndim(fitted) == 0:  # a singular system among the rows made all NaN: the step's own fit alone
+            fitted = np.full(len(means), np.nan)
+            fitted[0] = alpha(means[0], variances[0]) if len(means) > 1 else np.nan
+        value = float(fitted[0])
         if not any(ends):
             return Output(value, step=step - 1)
-        variance = 0.0
-        for end, drawn in enumerate(ends):
-            if drawn is None:
-                continue
-            means, variances = np.tile([m for m, _ in stats], (drawn[0], 1)), np.tile([v for _, v in stats], (drawn[0], 1))
-            means[:, end], variances[:, end] = _leave_one_out(slopes[end].double().cpu().numpy())
-            left_out = alpha(means, variances)
-            variance += subsample.jackknife_se(np.broadcast_to(left_out, drawn[:1]).tolist(), drawn[1]) ** 2
+        variance, row = 0.0, 1
+        for drawn in filter(None, ends):
+            variance += subsample.jackknife_se(fitted[row : row + drawn[0]].tolist(), drawn[1]) ** 2
+            row += drawn[0]
         held, size = next(e for e in ends if e)
         return Output(value, step=step - 1, meta=subsample.meta(held, size, math.sqrt(variance)))
 
@@ -330,28 +345,62 @@ class _Difference:
 
 
 def fingerprint(params):
-    """The parameters' bits, summed exactly: for the parameters of each dtype, concatenated in
-    order (``utils.norms.gathered``), ``(Σ_j b_j, Σ_j (j+1) b_j)`` in int64 of the elements' bit
-    patterns ``b_j`` (integer sums: exact, the same in any order or thread count). Any change
-    of one element changes the first; a permutation, the second; a change that leaves both
-    equal has to be constructed."""
+    """The parameters' bits, summed: for the parameters of each dtype, concatenated in order
+    (``utils.norms.gathered``), ``(Σ_j b_j, Σ_j (j+1) b_j)`` of the elements' bit patterns
+    ``b_j`` read as integers of their width (16-bit ones widened to 32), in the wrapping
+    arithmetic of that width (modular sums: the same in any order or thread count). Any
+    change of one element changes the first (by a non-zero difference of two patterns, less
+    than the modulus); a permutation, almost always the second; a change that leaves both
+    equal has to be constructed. A tensor is read as rows of ``R = FINGERPRINT_ROW`` elements:
+    ``Σ_j (j+1) b_j = R·Σ_r r·rows_r + Σ_c (c+1)·columns_c`` from its row and column sums, two
+    passes of the integers' own reductions and no temporary the size of the tensor."""
     groups = {}
     for param in params:
         groups.setdefault(param.dtype, []).append(param.detach())
     sums = []
     for dtype, tensors in groups.items():
         total = weighted = offset = 0
-        for (flat,) in gathered(((t,) for t in tensors), FINGERPRINT_CHUNK):
+        for (flat,) in gathered(((t,) for t in tensors), FINGERPRINT_GATHER):
             if flat.is_floating_point():
                 flat = flat.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()])
-            for start in range(0, flat.numel(), FINGERPRINT_CHUNK):
-                bits = flat[start : start + FINGERPRINT_CHUNK].to(torch.int64)
-                positions = torch.arange(offset + 1, offset + 1 + bits.numel(), dtype=torch.int64, device=bits.device)
-                total += int(bits.sum())
-                weighted += int((bits * positions).sum())
-                offset += bits.numel()
+            if flat.dtype not in (torch.int32, torch.int64):
+                flat = flat.to(torch.int32)
+            piece_total, piece_weighted = _bit_sums(flat)
+            total += piece_total
+            weighted += piece_weighted + offset * piece_total
+            offset += flat.numel()
         sums.append((str(dtype), total, weighted))
     return sums
+
+
+FINGERPRINT_ROW = 512
+"""``fingerprint``: elements per row of a tensor (its row sums ``[n / 512]``, its column sums ``[512]``)."""
+
+
+def _bit_sums(bits):
+    """``(Σ_j b_j, Σ_j (j+1) b_j)`` of a 1-D integer tensor (wrapping in its dtype, then in int64):
+    of its row sums, column sums and tail (what the rows leave) against ``_bit_weights``."""
+    rows = bits.numel() // FINGERPRINT_ROW
+    whole = bits[: rows * FINGERPRINT_ROW].view(rows, FINGERPRINT_ROW)
+    sums = torch.cat([whole.sum(1, dtype=bits.dtype), whole.sum(0, dtype=bits.dtype), bits[rows * FINGERPRINT_ROW :]])
+    total, weighted = (sums.to(torch.int64) * _bit_weights(rows, sums.numel(), bits.device)).sum(1).tolist()
+    return total, weighted
+
+
+@functools.lru_cache(maxsize=64)
+def _bit_weights(rows, size, device):
+    """``[2, size]`` int64: what ``_bit_sums`` multiplies ``[row sums | column sums | tail]`` by,
+    ``[0 … | 1 … | 1 …]`` for the total (the column sums add up to the rows') and
+    ``[R·r … | c + 1 … | R·rows + i + 1 …]`` for the positions' sum (``R = FINGERPRINT_ROW``;
+    without a whole row the column sums are zeros)."""
+    width = FINGERPRINT_ROW
+    ones = torch.ones(size - rows, dtype=torch.int64, device=device)
+    positions = torch.cat([
+        torch.arange(rows, dtype=torch.int64, device=device) * width,
+        torch.arange(1, width + 1, dtype=torch.int64, device=device),
+        torch.arange(rows * width + 1, rows * width + 1 + size - rows - width, dtype=torch.int64, device=device),
+    ])
+    return torch.stack([torch.cat([ones.new_zeros(rows), ones]), positions])
 
 
 def kept_always(param):
@@ -364,25 +413,31 @@ def kept_always(param):
     return param.dim() <= 1
 
 
-def _on_line(predicted, real):
-    """``(c, ‖real‖²)`` with ``real ≈ c · predicted``, ``c > 0``, up to ``PREDICTION_RTOL`` of
-    ``‖real‖``; ``c`` is ``None`` if there is no such ``c``.
+def _on_line(predicted, real, sums):
+    """``c`` with ``real ≈ c · predicted``, ``c > 0``, up to ``PREDICTION_RTOL`` of ``‖real‖``;
+    ``None`` if there is no such ``c``.
 
     ``predicted`` and ``real`` are lists of tensors (one per parameter; ``[D_i]`` or the
-    parameter's shape), taken as one vector each. In float32 or wider (bf16 arithmetic would
-    round the distance itself by 2⁻⁸), the sums in float64 (``utils.norms.gram``: torch's
-    float32 ``dot`` of every parameter of a 13M-parameter GPT is off by 5·10⁻⁴, more than the
-    tolerance: every step looked turned), and the distance from the residual itself, not from a
-    difference of sums; one tensor at a time (never a copy of the whole model)."""
+    parameter's shape), taken as one vector each; ``sums = (‖predicted‖², predictedᵀreal,
+    ‖real‖²)`` in float64 (``utils.norms.gram``: torch's float32 ``dot`` of every parameter of a
+    13M-parameter GPT is off by 5·10⁻⁴, more than the tolerance: every step looked turned). Then
+    ``c = predictedᵀreal / ‖predicted‖²`` and the squared distance ``‖real − c·predicted‖²`` is
+    ``‖real‖² − c·predictedᵀreal`` where that difference of sums cannot be off by more than a
+    tenth of the tolerance: float32 or narrower tensors (their products are exact in float64, and
+    the float64 sums of ``n`` of them are off by at most ``n·2⁻⁵³`` of ``‖real‖²`` each) with
+    ``4n·2⁻⁵³ ≤ rtol²/10``; else (float64 tensors, large models) it is the residual's own sum,
+    one more pass, one tensor at a time (never a copy of the whole model)."""
     rtol = max(PREDICTION_RTOL.get(p.dtype, 1e-4) for p in predicted)
-    (squared, cross), (_, length) = gram(zip(predicted, real))
-    if squared == 0.0:
-        return None, length
+    squared, cross, length = sums
+    if squared == 0.0 or not cross > 0:
+        return None
     scale = cross / squared
-    off = (at_least_float32(r) - scale * at_least_float32(p) for p, r in gathered(zip(predicted, real)))
-    if scale > 0 and dot(off) <= rtol**2 * length:
-        return scale, length
-    return None, length
+    narrow = all(t.dtype in (torch.float32, torch.float16, torch.bfloat16) for t in (*predicted, *real))
+    if narrow and 4 * sum(p.numel() for p in predicted) * 2.0**-53 <= rtol**2 / 10:
+        distance = max(length - scale * cross, 0.0)
+    else:
+        distance = dot(at_least_float32(r) - scale * at_least_float32(p) for p, r in gathered(zip(predicted, real)))
+    return scale if distance <= rtol**2 * length else None
 
 
 def fit_quadratic(t, fs, dfs, var_fs, var_dfs):

@@ -175,12 +175,12 @@ def test_kept_individual_gradients_of_every_form(case, monkeypatch):
 @pytest.mark.parametrize("case", [("gpt", 4, "mean"), ("cnn", 5, "sum")], ids=problems.case_id)
 def test_a_large_model_s_update_formed_a_parameter_at_a_time(case, monkeypatch):
     """Beyond ``DIFFERENCE_ELEMENTS`` parameters the update is formed a parameter at a time when
-    read, and ``fingerprint`` takes each parameter's bits in several chunks: the brute force, also
+    read, and ``fingerprint`` sums each parameter's bits in place: the brute force, also
     where the individual gradients are kept until the step (AdamW with norm clipping)."""
     from cockpit_lite.quantities import alpha as alpha_module
 
     monkeypatch.setattr(alpha_module, "DIFFERENCE_ELEMENTS", 0)
-    monkeypatch.setattr(alpha_module, "FINGERPRINT_CHUNK", 5)
+    monkeypatch.setattr(alpha_module, "FINGERPRINT_GATHER", 5)
     problems.check(Alpha(), reference, case, steps=4, layers=False, schedule_steps=[0, 1, 2])
     adamw = lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1)  # noqa: E731
     problem, record, snapshots = run_changed(case, adamw, clip_norm)
@@ -505,31 +505,58 @@ def test_a_non_finite_loss_is_not_called_a_batch_of_one_sample():
 def test_the_prediction_check_holds_on_a_vector_of_every_parameter_of_a_large_model():
     """torch's float32 dot and norm of 1.3·10⁷ elements (a 13M-parameter GPT) are off by about 5·10⁻⁴
     relative on a CPU, more than the check's 10⁻⁴: an update exactly twice its prediction looked
-    turned, and α was NaN at every step. The sums are float64; the distance is the residual's."""
+    turned, and α was NaN at every step. The sums are float64; at this size the distance is the
+    residual's."""
     from cockpit_lite.quantities.alpha import _on_line
-    from cockpit_lite.utils.norms import dot
+    from cockpit_lite.utils.norms import dot, gram
+
+    def on_line(predicted, real):
+        (squared, cross), (_, length) = gram(zip(predicted, real))
+        return _on_line(predicted, real, (squared, cross, length))
 
     predicted = 1e-3 * torch.randn(13_000_000, generator=torch.Generator().manual_seed(0))
-    scale, squares = _on_line([predicted], [2 * predicted])
-    assert scale == pytest.approx(2.0, rel=1e-12) and squares == pytest.approx(4 * float(predicted.double().norm()) ** 2, rel=1e-12)
+    assert on_line([predicted], [2 * predicted]) == pytest.approx(2.0, rel=1e-12)
     turned = 2 * predicted
     turned[:2000] += 0.01  # 6 % of its length off the line
-    assert _on_line([predicted], [turned])[0] is None
-    assert _on_line([predicted], [-predicted])[0] is None
+    assert on_line([predicted], [turned]) is None
+    assert on_line([predicted], [-predicted]) is None
     assert math.sqrt(dot([predicted], [predicted])) == pytest.approx(float(predicted.double().norm()), rel=1e-9)
     pieces = list(predicted.split([4_000_000, 9_000_000]))  # one vector across parameters
-    assert _on_line(pieces, [2 * p for p in pieces])[0] == pytest.approx(2.0, rel=1e-12)
-    assert _on_line(pieces, [2 * pieces[0], -2 * pieces[1]])[0] is None
+    assert on_line(pieces, [2 * p for p in pieces]) == pytest.approx(2.0, rel=1e-12)
+    assert on_line(pieces, [2 * pieces[0], -2 * pieces[1]]) is None
+
+
+@pytest.mark.parametrize("size", [1000, 3_000_000])  # the distance from the sums; from the residual
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_prediction_check_s_tolerance_is_the_same_whichever_way_it_takes_the_distance(size, dtype):
+    """Small float32 vectors take the distance from the Gram sums, others from the residual: both
+    accept an update 10⁻² of the tolerance off its prediction's line and refuse one 10² off it."""
+    from cockpit_lite.quantities.alpha import PREDICTION_RTOL, _on_line
+    from cockpit_lite.utils.norms import gram
+
+    g = torch.Generator().manual_seed(1)
+    predicted = torch.randn(size, generator=g, dtype=torch.float64)
+    across = torch.randn(size, generator=g, dtype=torch.float64)
+    across -= (across @ predicted) / (predicted @ predicted) * predicted  # orthogonal to the prediction
+    rtol = PREDICTION_RTOL.get(dtype, 1e-4)
+    for off, accepted in [(1e-2, True), (1e2, False)]:
+        real = (3 * predicted + off * rtol * 3 * predicted.norm() / across.norm() * across).to(dtype)
+        pred = predicted.to(dtype)
+        (squared, cross), (_, length) = gram([(pred, real)])
+        scale = _on_line([pred], [real], (squared, cross, length))
+        assert (scale is not None) == accepted
+        if accepted:
+            assert scale == pytest.approx(3.0, rel=10 * rtol)
 
 
 def test_the_fingerprint_sees_every_change_and_is_the_same_in_any_thread_count():
     """The check "the parameters changed after optimizer.step()" compares exact integer sums of the
     parameters' bits: one ulp of one element, or two elements swapped, changes them; the same bits
     give the same sums whatever the thread count."""
-    from cockpit_lite.quantities.alpha import FINGERPRINT_CHUNK, fingerprint
+    from cockpit_lite.quantities.alpha import FINGERPRINT_GATHER, FINGERPRINT_ROW, fingerprint
 
     g = torch.Generator().manual_seed(0)
-    params = [torch.randn(FINGERPRINT_CHUNK + 7, generator=g), torch.randn(3, 4, generator=g).to(torch.bfloat16),
+    params = [torch.randn(FINGERPRINT_GATHER + 7, generator=g), torch.randn(3, 4, generator=g).to(torch.bfloat16),
               torch.randn(5, dtype=torch.float64, generator=g), torch.randn(6, generator=g), torch.randn(2, generator=g)]
     before = fingerprint(params)
     threads = torch.get_num_threads()
@@ -549,3 +576,18 @@ def test_the_fingerprint_sees_every_change_and_is_the_same_in_any_thread_count()
         assert fingerprint(swapped) != before
     moved = [params[0], params[1], params[2], params[4], params[3]]  # two small tensors' places swapped
     assert fingerprint(moved) != before
+    for other in (FINGERPRINT_ROW, FINGERPRINT_ROW + 3):  # same column of another row; another row and column
+        swapped = params[0].clone()
+        swapped[0], swapped[other] = params[0][other], params[0][0]
+        assert fingerprint([swapped] + params[1:]) != before
+
+
+def test_the_fingerprint_s_sums_are_the_sums_of_the_bits_and_their_positions():
+    """``Σ_j b_j`` and ``Σ_j (j+1) b_j`` from a piece's row and column sums, rows and a tail, equal
+    the sums taken element by element (small integers: no wrapping)."""
+    from cockpit_lite.quantities.alpha import FINGERPRINT_ROW, _bit_sums
+
+    for n in (5, FINGERPRINT_ROW, 3 * FINGERPRINT_ROW + 11, 2 * FINGERPRINT_ROW**2 + 1):  # rows > row length
+        bits = torch.randint(-1000, 1000, (n,), dtype=torch.int32, generator=torch.Generator().manual_seed(n))
+        values = bits.tolist()
+        assert _bit_sums(bits) == (sum(values), sum((j + 1) * b for j, b in enumerate(values)))
