@@ -17,7 +17,7 @@ DIFFERENCE_ELEMENTS = 1 << 20
 """Models of at most this many parameters (4 MiB in float32) have their update formed once
 (beyond, one more copy of the model held from ``optimizer.step()`` to the next step)."""
 
-FINGERPRINT_GATHER = 1 << 12
+FINGERPRINT_GATHER = 1 << 16
 """``fingerprint``: parameters of at most this many elements are concatenated (a model's many
 biases and norms, one sum for them all); larger ones are summed in place."""
 
