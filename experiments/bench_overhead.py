@@ -4,6 +4,7 @@ Usage::
 
     python -m experiments.bench_overhead [--repeats 5] [--steps 5] [--quick] [--json PATH]
         [--problems mlp cnn transformer resnet_bn resnet18] [--configs "lite economy" ...]
+        [--leave-one-out]
 
 For each problem (an MLP 784-64-10 and a small CNN on 3×32×32 inputs, a transformer
 encoder classifier: embedding, 2 layers, d=64, 4 heads, sequence 32, and a small ResNet
@@ -23,6 +24,8 @@ process with one thread (``--configs``: only the configurations named, and the p
   are BackPACK-extended, so their curvature is BackPACK's exact Hessian diagonal; the transformer and the ResNet are not (BackPACK cannot do
   them) and their curvature is Hutchinson's estimate,
 - cockpit-lite with each quantity alone,
+- with ``--leave-one-out``: economy with ``samples=8`` without each of its quantities in turn,
+  "  without Q" (what each quantity adds to the others' shared work),
 - Cockpit's recipe with cockpit-lite, "(recipe)" (MLP, CNN): model and loss BackPACK-extended,
   ``Cockpit(model.parameters(), configuration(level))``, ``info`` with ``batch_size`` and
   ``individual_losses``, ``create_graph=cp.create_graph(step)`` (always False: Cockpit's script line,
@@ -257,7 +260,7 @@ def high_water_mark():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def configurations(problem, with_quantities, with_peer):
+def configurations(problem, with_quantities, with_peer, leave_one_out=False):
     configs = {"plain": lambda: Runner(problem)}
     configs["untracked"] = lambda: Runner(  # not extended: nothing it tracks needs BackPACK
         problem, lambda m: Cockpit(m, configuration("economy", track_schedule=never), diagnose=False),
@@ -281,6 +284,11 @@ def configurations(problem, with_quantities, with_peer):
                 problem, lambda m: Cockpit(m, [cls()], diagnose=False),
                 backpack=issubclass(cls, CurvatureQuantity),
             )
+    for left_out in quantities_cls_for_configuration("economy") if leave_one_out else ():
+        configs[f"  without {left_out.__name__}"] = lambda left_out=left_out: Runner(
+            problem, lambda m: Cockpit(m, [q for q in configuration("economy") if type(q) is not left_out],
+                                       diagnose=False, samples=SAMPLES), backpack=False,
+        )
     if PROBLEMS[problem][2]:  # Cockpit's recipe: extended model and loss, parameters, its info keys
         for level in LEVELS:
             configs[f"lite {level} (recipe)"] = lambda level=level: Runner(
@@ -297,10 +305,11 @@ def configurations(problem, with_quantities, with_peer):
     return configs
 
 
-def measure(problem, repeats, steps, with_quantities, with_peer, with_memory=True, only=None):
-    """Median step time of each configuration (``only``: these and the plain step), and their peak memory."""
-    runners = {name: make() for name, make in configurations(problem, with_quantities, with_peer).items()
-               if only is None or name == "plain" or name in only}
+def measure(problem, repeats, steps, with_quantities, with_peer, with_memory=True, only=None, leave_one_out=False):
+    """Median step time of each configuration (``only``: these, the plain step and the leave-one-out rows),
+    and their peak memory."""
+    runners = {name: make() for name, make in configurations(problem, with_quantities, with_peer, leave_one_out).items()
+               if only is None or name == "plain" or name in only or name.startswith("  without ")}
     times = {name: [] for name in runners}
     for _ in range(repeats):
         for name, runner in runners.items():
@@ -363,6 +372,8 @@ def main(argv=None):
     parser.add_argument("--problems", nargs="+", default=list(DEFAULT_PROBLEMS), choices=list(PROBLEMS))
     parser.add_argument("--configs", nargs="+", help="only these configurations (and the plain step)")
     parser.add_argument("--json", help="also write the numbers to this JSON file")
+    parser.add_argument("--leave-one-out", action="store_true",
+                        help="also economy with samples=8 without each of its quantities in turn")
     parser.add_argument("--budget", type=float, nargs="?", const=1.25, help="the 500-step budget table instead")
     parser.add_argument("--budget-steps", type=int, default=500)
     parser.add_argument("--budget-level", default="full", choices=LEVELS)
@@ -387,7 +398,8 @@ def main(argv=None):
         warnings.simplefilter("ignore")
         for problem in args.problems:
             medians, memory = measure(problem, args.repeats, args.steps, not (args.quick or args.no_quantities),
-                                      with_peer, with_memory=not args.quick, only=args.configs)
+                                      with_peer, with_memory=not args.quick, only=args.configs,
+                                      leave_one_out=args.leave_one_out)
             results[problem] = {"median_step_s": medians, "peak_memory_bytes": memory}
     print(f"step time / plain step time (median of {args.repeats} interleaved rounds of "
           f"{args.steps} steps, batch {BATCH}, 1 thread)")
