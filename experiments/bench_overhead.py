@@ -4,12 +4,13 @@ Usage::
 
     python -m experiments.bench_overhead [--repeats 5] [--steps 5] [--quick] [--json PATH]
         [--problems mlp cnn transformer resnet_bn resnet18] [--configs "lite economy" ...]
-        [--leave-one-out]
+        [--leave-one-out] [--optimizer sgd|adamw]
 
 For each problem (an MLP 784-64-10 and a small CNN on 3×32×32 inputs, a transformer
 encoder classifier: embedding, 2 layers, d=64, 4 heads, sequence 32, and a small ResNet
 with BatchNorm in training mode on 3×32×32; on request, ``resnet18``, a torchvision-style
-ResNet-18 in training mode on 3×32×32; batch 64, cross-entropy, SGD) it times, in one
+ResNet-18 in training mode on 3×32×32; batch 64, cross-entropy, SGD, or with ``--optimizer adamw``
+AdamW) it times, in one
 process with one thread (``--configs``: only the configurations named, and the plain step):
 
 - the plain step (forward, backward, SGD step; no BackPACK),
@@ -69,6 +70,12 @@ from cockpit_lite.budget import TIERS, Budget
 from cockpit_lite.utils.configuration import quantities_cls_for_configuration
 
 BATCH = 64
+OPTIMIZERS = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.01),
+    "adamw": lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01),
+}
+OPTIMIZER = "sgd"
+"""The optimizer of every configuration (``--optimizer``)."""
 SAMPLES = 8
 """``Cockpit(samples=k)`` of the subsampled economy row."""
 LEVELS = ("economy", "business", "full")
@@ -186,7 +193,7 @@ class Runner:
         self.model, self.lossfunc = build(), nn.CrossEntropyLoss()
         if make_cockpit is not None and supported and backpack:
             self.model, self.lossfunc = extend(self.model), extend(self.lossfunc)
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
+        self.opt = OPTIMIZERS[OPTIMIZER](self.model.parameters())
         self.cp = make_cockpit(self.model) if make_cockpit is not None else None
         self.peer = peer
         g = torch.Generator().manual_seed(1)
@@ -235,6 +242,7 @@ def peak_memory(problem, name):
     code = (
         "import sys, warnings; warnings.simplefilter('ignore');"
         "from experiments import bench_overhead as b; import torch; torch.set_num_threads(1);"
+        f"b.OPTIMIZER = {OPTIMIZER!r};"
         f"runner = b.configurations({problem!r}, True, {name.startswith('Cockpit')!r})[{name!r}]();"
         "base = b.high_water_mark();"
         "[runner.run_step() for _ in range(4)];"
@@ -363,6 +371,7 @@ def print_budget(factor, steps, problems, level="full"):
 
 
 def main(argv=None):
+    global OPTIMIZER
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=5)
@@ -374,12 +383,15 @@ def main(argv=None):
     parser.add_argument("--json", help="also write the numbers to this JSON file")
     parser.add_argument("--leave-one-out", action="store_true",
                         help="also economy with samples=8 without each of its quantities in turn")
+    parser.add_argument("--optimizer", default=OPTIMIZER, choices=list(OPTIMIZERS),
+                        help="sgd: SGD, lr 0.01; adamw: AdamW, lr 1e-3, weight decay 0.01")
     parser.add_argument("--budget", type=float, nargs="?", const=1.25, help="the 500-step budget table instead")
     parser.add_argument("--budget-steps", type=int, default=500)
     parser.add_argument("--budget-level", default="full", choices=LEVELS)
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.steps = 2, 2
+    OPTIMIZER = args.optimizer
     torch.set_num_threads(1)
     logging.getLogger("cockpit_lite.diagnosis").setLevel(logging.ERROR)  # findings on random data: not the point
     if args.budget is not None:
@@ -404,16 +416,21 @@ def main(argv=None):
     print(f"step time / plain step time (median of {args.repeats} interleaved rounds of "
           f"{args.steps} steps, batch {BATCH}, 1 thread)")
     names = list(dict.fromkeys(name for r in results.values() for name in r["median_step_s"]))
-    print(f"{'configuration':<22}" + "".join(f"{p + ' time':>12}{p + ' +MiB':>10}" for p in results))
+    widths = {p: (max(12, len(p) + 6), max(10, len(p) + 6)) for p in results}
+    first = max(22, *(len(name) + 1 for name in names))
+    print(f"{'configuration':<{first}}" + "".join(f"{p + ' time':>{widths[p][0]}}{p + ' +MiB':>{widths[p][1]}}"
+                                                  for p in results))
     for name in names:
-        row = f"{name:<22}"
+        row = f"{name:<{first}}"
         for problem, r in results.items():
+            time_width, memory_width = widths[problem]
             if name not in r["median_step_s"]:  # the original Cockpit runs on MLP and CNN only
-                row += f"{'–':>12}{'':>10}"
+                row += f"{'–':>{time_width}}{'':>{memory_width}}"
                 continue
             ratio = r["median_step_s"][name] / r["median_step_s"]["plain"]
             mem = r["peak_memory_bytes"].get(name)
-            row += f"{ratio:>11.2f}x" + (f"{mem / 2**20:>10.1f}" if mem is not None else f"{'':>10}")
+            row += f"{ratio:>{time_width - 1}.2f}x" + (f"{mem / 2**20:>{memory_width}.1f}" if mem is not None
+                                                       else f"{'':>{memory_width}}")
         print(row)
     if not args.quick:
         print("+MiB: growth of the process's peak resident memory over 4 steps (fresh process)")

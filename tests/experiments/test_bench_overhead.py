@@ -46,3 +46,13 @@ def test_resnet18_has_torchvision_s_layout():
     assert len(convs) == 20 and sum(m.kernel_size == (1, 1) for m in convs) == 3
     assert sum(isinstance(m, nn.BatchNorm2d) for m in model.modules()) == 20
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_optimizer_adamw_runs_every_configuration_under_adamw(monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(bench_overhead, "OPTIMIZER", bench_overhead.OPTIMIZER)  # main sets it
+    bench_overhead.main(["--quick", "--no-peer", "--problems", "mlp", "--configs", "lite economy (samples=8)",
+                         "--optimizer", "adamw"])
+    assert "lite economy (samples=8)" in capsys.readouterr().out
+    assert type(bench_overhead.Runner("mlp").opt) is torch.optim.AdamW
