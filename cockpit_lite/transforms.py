@@ -528,8 +528,11 @@ class BatchDotDirection(Transform):
     unique to the direction. With ``keep`` (a dict), each ``PerSample`` also goes to
     ``keep[index]`` (``compact``; a list: the chunks of samples of the global path in
     order, or the whole batch) and so outlives the backward pass, for projections onto
-    a direction known only later (``dots_of_kept``); ``keep_if(param)``, if given, says
-    which parameters' go there. ``reads_grad``: whether ``direction`` uses ``per_sample.grad``.
+    a direction known only later (``dots_of_kept``); ``keep_if(per_sample)``, if given, says
+    which parameters' go there (asked once per chunk: it must answer alike for the chunks of
+    one parameter); a kept parameter's value is zeros (``direction`` is not asked: its
+    projection is made later, onto the later direction). ``reads_grad``: whether
+    ``direction`` uses ``per_sample.grad``.
     """
 
     per_sample_output = True
@@ -542,10 +545,11 @@ class BatchDotDirection(Transform):
         self.reads_grad = reads_grad
 
     def __call__(self, per_sample):
-        if self._keep is not None and (self._keep_if is None or self._keep_if(per_sample.param)):
+        if self._keep is not None and (self._keep_if is None or self._keep_if(per_sample)):
             kept = per_sample.compact()
             whole = kept.num_samples == kept.batch_size
             self._keep[kept.index] = [kept] if whole else self._keep.get(kept.index, []) + [kept]
+            return per_sample.param.new_zeros(per_sample.num_samples, dtype=per_sample.dtype)
         return dots_of_kept([per_sample], self._direction(per_sample))
 
 

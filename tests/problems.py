@@ -110,10 +110,12 @@ class Snapshot:
     rng: torch.Tensor = None
 
 
-def run(problem, quantities, lr=0.1, optimizer=None, steps=None, first_step=0, params_only=False, **cockpit_kwargs):
+def run(problem, quantities, lr=0.1, optimizer=None, steps=None, first_step=0, params_only=False, before_step=None,
+        **cockpit_kwargs):
     """Train ``problem`` with a Cockpit; return ``(cockpit, snapshots by step)``.
 
     ``params_only``: give the Cockpit ``model.parameters()`` (Cockpit's style) instead of the model.
+    ``before_step(params)``: called between the backward pass and ``optimizer.step()`` (clipping).
     """
     params = list(problem.model.parameters())
     opt = optimizer(params) if optimizer else torch.optim.SGD(params, lr=lr)
@@ -130,6 +132,8 @@ def run(problem, quantities, lr=0.1, optimizer=None, steps=None, first_step=0, p
         loss = problem.lossfunc(problem.model(x), y)
         with cp(step, info={"loss": loss, "optimizer": opt}):
             loss.backward(create_graph=cp.create_graph(step))
+        if before_step is not None:
+            before_step(params)
         opt.step()
     return cp, snapshots
 

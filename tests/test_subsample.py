@@ -191,13 +191,11 @@ def test_cabs_estimate_against_brute_force():
         assert cp.get_output()[step]["meta"]["CABS"]["se"] == pytest.approx(scale * se, rel=1e-6)
 
 
-def test_alpha_estimate_against_brute_force():
-    """Exact mean slopes (gᵀd / ‖d‖), the drawn samples' slope variances, the batch's losses; jackknife se."""
-    from cockpit_lite.quantities import Alpha
+def _alpha_reference(problem, snapshots):
+    """Brute-force subsampled α of step 0 and its jackknife se: exact mean slopes (gᵀd / ‖d‖), the
+    drawn samples' slope variances, the batch's losses; ``d`` the real update."""
     from cockpit_lite.quantities.alpha import alpha_from_fit, fit_quadratic
 
-    problem = problems.make("mlp", B, steps=2)
-    cp, snapshots = problems.run(problem, [Alpha()], samples=K)
     d = torch.cat([(b - a).reshape(-1) for a, b in zip(snapshots[0].params, snapshots[1].params)])
     t = float(d.norm())
     ends = []
@@ -214,14 +212,104 @@ def test_alpha_estimate_against_brute_force():
         return alpha_from_fit(mu, t)
 
     slopes = [e[3] for e in ends]
-    assert cp.get_output()[0]["Alpha"] == pytest.approx(alpha(slopes), rel=1e-6)
     variance = 0.0
     for end in (0, 1):
         left_out = [alpha([torch.cat([s[:i], s[i + 1:]]) if j == end else s for j, s in enumerate(slopes)])
                     for i in range(K)]
         mean = sum(left_out) / K
         variance += (1 - K / B) * (K - 1) / K * sum((v - mean) ** 2 for v in left_out)
-    assert cp.get_output()[0]["meta"]["Alpha"]["se"] == pytest.approx(math.sqrt(variance), rel=1e-6)
+    return alpha(slopes), math.sqrt(variance)
+
+
+def _counted_predictions(monkeypatch):
+    """A list that gets one entry per update ``Alpha`` predicts (``cockpit_lite.optim.UpdatePredictor``)."""
+    from cockpit_lite.quantities import alpha
+
+    made, predict = [], alpha.UpdatePredictor.__call__
+
+    def counted(self, param, grad):
+        made.append(param.dim())
+        return predict(self, param, grad)
+
+    monkeypatch.setattr(alpha.UpdatePredictor, "__call__", counted)
+    return made
+
+
+def _first_held(monkeypatch, case):
+    """The elements α keeps of the first parameter of more than one dimension that a subsampled start
+    step of ``case`` decides on (``K`` samples, in the form they came in)."""
+    from cockpit_lite.quantities import Alpha, alpha
+
+    held, keeps = [], alpha._keeps
+
+    def spied(info):
+        decide = keeps(info)
+
+        def keeps_and_notes(per_sample):
+            if per_sample.param.dim() > 1 and not held:
+                held.append(per_sample.held_elements() * K // per_sample.num_samples)
+            return decide(per_sample)
+
+        return keeps_and_notes
+
+    with monkeypatch.context() as patch:
+        patch.setattr(alpha, "_keeps", spied)
+        problems.run(problems.make(*case, steps=1), [Alpha()], samples=K)
+    return held[0]
+
+
+@pytest.mark.parametrize("route", ["kept", "predicted", "mixed"])
+@pytest.mark.parametrize("case", CASES, ids=problems.case_id)
+def test_alpha_estimate_against_brute_force(monkeypatch, case, route):
+    """The routes of the drawn samples' slopes at the start step: their individual gradients kept and
+    projected onto the real update in the optimizer's step post-hook (a small model's, within
+    ``KEEP_ELEMENTS``: no update predicted), projected in backward onto the predicted update
+    (``KEEP_ELEMENTS`` 0: every parameter of more than one dimension), or some of each (the global
+    path in chunks of one sample, whose first chunk decides for its parameter)."""
+    from cockpit_lite.engine import global_path
+    from cockpit_lite.quantities import Alpha, alpha
+
+    name, batch_size, reduction = case
+    if route == "predicted":
+        monkeypatch.setattr(alpha, "KEEP_ELEMENTS", 0)
+    if route == "mixed":  # room for the first matrix the backward pass forms only
+        monkeypatch.setattr(global_path, "CHUNK_ELEMENTS", 1)
+        monkeypatch.setattr(alpha, "KEEP_ELEMENTS", _first_held(monkeypatch, case))
+    made = _counted_predictions(monkeypatch)
+    problem = problems.make(name, batch_size, reduction, steps=2)
+    matrices = sum(p.dim() > 1 for p in problem.model.parameters())
+    cp, snapshots = problems.run(problem, [Alpha()], samples=K)
+    assert len(made) == {"kept": 0, "predicted": 2 * matrices, "mixed": 2 * (matrices - 1)}[route]
+    value, se = _alpha_reference(problem, snapshots)
+    record = cp.get_output()[0]
+    problems.assert_close(record["Alpha"], value, rtol=1e-6, what="Alpha samples")
+    problems.assert_close(record["meta"]["Alpha"]["se"], se, rtol=1e-6, what="Alpha samples se")
+
+
+def test_a_subsampled_alpha_is_exact_at_once_under_clipping_with_adam(monkeypatch):
+    """``clip_grad_norm_`` under Adam turns the update away from any prediction. A subsampled start
+    step of a small model keeps the drawn samples' individual gradients and projects them onto the
+    real update: α matches the brute force from the first step. Beyond ``KEEP_ELEMENTS`` the
+    prediction is checked, and that step is NaN with a flag, as at an exact step."""
+    from cockpit_lite.quantities import Alpha, alpha
+
+    def clipped(params):
+        assert torch.nn.utils.clip_grad_norm_(params, max_norm=1e-2) > 1e-1  # the clipping did shorten it
+
+    adam = lambda params: torch.optim.Adam(params, lr=1e-2)  # noqa: E731
+    problem = problems.make("mlp", B, steps=2)
+    state = {k: v.clone() for k, v in problem.model.state_dict().items()}
+    cp, snapshots = problems.run(problem, [Alpha()], optimizer=adam, before_step=clipped, samples=K)
+    value, se = _alpha_reference(problem, snapshots)
+    record = cp.get_output()[0]
+    assert record["Alpha"] == pytest.approx(value, rel=1e-6) and "flags" not in record
+    assert record["meta"]["Alpha"]["se"] == pytest.approx(se, rel=1e-6)
+
+    monkeypatch.setattr(alpha, "KEEP_ELEMENTS", 0)
+    problem.model.load_state_dict(state)
+    cp, _ = problems.run(problem, [Alpha()], optimizer=adam, before_step=clipped, samples=K)
+    record = cp.get_output()[0]
+    assert math.isnan(record["Alpha"]) and any("the update turned" in f for f in record["flags"])
 
 
 # -- honesty ---------------------------------------------------------------------------------

@@ -17,6 +17,11 @@ DIFFERENCE_ELEMENTS = 1 << 20
 """Models of at most this many parameters (4 MiB in float32) have their update formed once
 (beyond, one more copy of the model held from ``optimizer.step()`` to the next step)."""
 
+KEEP_ELEMENTS = 1 << 22
+"""At a subsampled start step, the most elements (16 MiB in float32) of the drawn samples'
+individual gradients that α keeps from the backward pass to ``optimizer.step()`` beyond the
+1-D parameters', to project them onto the real update there instead of predicting it."""
+
 FINGERPRINT_GATHER = 1 << 16
 """``fingerprint``: parameters of at most this many elements are concatenated (a model's many
 biases and norms, one sum for them all); larger ones are summed in place."""
@@ -71,7 +76,9 @@ class Alpha(Quantity):
     activations; other parameters ``B ×`` their size) and projects them onto the real
     update there: exact for every change of the gradient, at that memory (not under
     torch.distributed: the ranks' slopes are gathered before the step, so such steps stay
-    NaN). At step t+1 the update ``θ_{t+1} − θ_t`` must be the one the optimizer made
+    NaN). At a subsampled start step (below) α keeps, besides the 1-D ones, the drawn samples'
+    individual gradients of every parameter while they hold at most ``KEEP_ELEMENTS`` elements in
+    all (a small model's: all of them) and predicts only the others' updates. At step t+1 the update ``θ_{t+1} − θ_t`` must be the one the optimizer made
     (parameters changed after the step give NaN and a flag). An update of zero length
     also gives NaN (Cockpit: −1). Step numbers must be consecutive. Needs
     ``info["optimizer"]`` and ``info["loss"]``; individual losses are derived. There is no
@@ -142,7 +149,7 @@ class Alpha(Quantity):
                 return predicted[per_sample.index]
 
             transforms.append(BatchDotDirection(("Alpha", "start"), predicted_update, keep=kept,
-                                                keep_if=None if self._keep else kept_always))
+                                                keep_if=None if self._keep else _keeps(info)))
         return Needs(transforms=tuple(transforms))
 
     def observes(self, step):
@@ -401,6 +408,29 @@ def _bit_weights(rows, size, device):
         torch.arange(rows * width + 1, rows * width + 1 + size - rows - width, dtype=torch.int64, device=device),
     ])
     return torch.stack([torch.cat([ones.new_zeros(rows), ones]), positions])
+
+
+def _keeps(info):
+    """``keep_if`` of a start step that does not keep everything: the 1-D parameters
+    (``kept_always``) and, at a subsampled step, the others in the order the backward pass forms
+    them while the drawn samples' individual gradients kept so far, in the form they came in,
+    hold at most ``KEEP_ELEMENTS`` elements (decided on a parameter's first chunk of samples,
+    for all ``k`` from that chunk's share)."""
+    subset = getattr(info, "subset", None)
+    room = [KEEP_ELEMENTS]
+    decided = {}
+
+    def keeps(per_sample):
+        index = per_sample.index
+        if index not in decided:
+            decided[index] = kept_always(per_sample.param)
+            if not decided[index] and subset is not None:
+                held = per_sample.held_elements() * len(subset) // per_sample.num_samples
+                decided[index] = held <= room[0]
+                room[0] -= held if decided[index] else 0
+        return decided[index]
+
+    return keeps
 
 
 def kept_always(param):
