@@ -86,8 +86,8 @@ class Alpha(Quantity):
 
     Subsampled (``Cockpit(samples=k)``, ``cockpit_lite.subsample``): at an end drawn from
     ``k`` of its ``B`` samples the mean slope is exact, ``gᵀd / (σ‖d‖)`` with autograd's
-    gradient ``g`` (kept from the start step until the end step: one float64 copy of the
-    gradient), and the slopes' variance is the subsample's (unbiased for the batch's); the
+    gradient ``g`` (at the start step a copy of it, in its dtype, unclipped, kept until the
+    optimizer's step post-hook has projected it onto ``d``), and the slopes' variance is the subsample's (unbiased for the batch's); the
     losses' mean and variance are the whole batch's. α, a smooth function of them, is
     consistent; its standard error in the ``meta`` is the jackknife's over the subsample
     (each end's samples left out one at a time; the two ends' draws are independent, so
