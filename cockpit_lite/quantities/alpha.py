@@ -77,21 +77,21 @@ class Alpha(Quantity):
     update there: exact for every change of the gradient, at that memory (not under
     torch.distributed: the ranks' slopes are gathered before the step, so such steps stay
     NaN). At a subsampled start step (below) α keeps, besides the 1-D ones, the drawn samples'
-    individual gradients of every parameter while they hold at most ``KEEP_ELEMENTS`` elements in
-    all (a small model's: all of them) and predicts only the others' updates. At step t+1 the update ``θ_{t+1} − θ_t`` must be the one the optimizer made
-    (parameters changed after the step give NaN and a flag). An update of zero length
-    also gives NaN (Cockpit: −1). Step numbers must be consecutive. Needs
-    ``info["optimizer"]`` and ``info["loss"]``; individual losses are derived. There is no
-    per-layer α: the losses belong to the whole network.
+    individual gradients of every parameter while they hold at most ``KEEP_ELEMENTS`` elements
+    in all (a small model's: all of them) and predicts only the others' updates. At step t+1
+    the update ``θ_{t+1} − θ_t`` must be the one the optimizer made (parameters changed after
+    the step give NaN and a flag). An update of zero length also gives NaN (Cockpit: −1). Step
+    numbers must be consecutive. Needs ``info["optimizer"]`` and ``info["loss"]``; individual
+    losses are derived. There is no per-layer α: the losses belong to the whole network.
 
     Subsampled (``Cockpit(samples=k)``, ``cockpit_lite.subsample``): at an end drawn from
     ``k`` of its ``B`` samples the mean slope is exact, ``gᵀd / (σ‖d‖)`` with autograd's
     gradient ``g`` (at the start step a copy of it, in its dtype, unclipped, kept until the
-    optimizer's step post-hook has projected it onto ``d``), and the slopes' variance is the subsample's (unbiased for the batch's); the
-    losses' mean and variance are the whole batch's. α, a smooth function of them, is
-    consistent; its standard error in the ``meta`` is the jackknife's over the subsample
-    (each end's samples left out one at a time; the two ends' draws are independent, so
-    their variances add).
+    optimizer's step post-hook has projected it onto ``d``), and the slopes' variance is the
+    subsample's (unbiased for the batch's); the losses' mean and variance are the whole
+    batch's. α, a smooth function of them, is consistent; its standard error in the ``meta``
+    is the jackknife's over the subsample (each end's samples left out one at a time; the two
+    ends' draws are independent, so their variances add).
     """
 
     SUBSAMPLE = True
