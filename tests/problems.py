@@ -356,15 +356,18 @@ def products_made(monkeypatch):
     return made
 
 
-def run_autocast(quantity, steps=2, batch_size=32, offset=50.0, autocast=True, **cockpit_kwargs):  # quantity: one or a list
+def run_autocast(quantity, steps=2, batch_size=32, offset=50.0, autocast=True, trace=None, with_losses=False,
+                 lr=1e-3, **cockpit_kwargs):  # quantity: one or a list
     """A float32 MLP trained under bf16 autocast (or without) on targets far from its outputs (the
     last bias's gradient is nearly the same in every sample: a GSNR of ~10⁴). Returns the record and,
     per step, the float64 individual gradients by a loop of autograd.grad over the individual losses
-    of one forward pass under the same autocast."""
+    of one forward pass under the same autocast. ``trace`` (a dict) gets ``"params"``, the parameters
+    before each step and after the last, and ``"losses"``, each step's individual losses;
+    ``with_losses``: those go to the Cockpit too, as ``info["individual_losses"]``."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     params = list(model.parameters())
-    opt = torch.optim.SGD(params, lr=1e-3)
+    opt = torch.optim.SGD(params, lr=lr)
     cp = Cockpit(model, quantity if isinstance(quantity, list) else [quantity], strict=True, diagnose=False,
                           **cockpit_kwargs)
     g = torch.Generator().manual_seed(1)
@@ -377,9 +380,15 @@ def run_autocast(quantity, steps=2, batch_size=32, offset=50.0, autocast=True, *
         losses = torch.nn.functional.mse_loss(out.float(), y, reduction="none").mean(1)
         grads = [torch.autograd.grad(losses[n], params, retain_graph=True) for n in range(batch_size)]
         individual.append([torch.stack(parts).double().reshape(batch_size, -1) for parts in zip(*grads)])
+        if trace is not None:
+            trace.setdefault("params", []).append([p.detach().double().clone() for p in params])
+            trace.setdefault("losses", []).append(losses.detach().double())
         opt.zero_grad()
         loss = losses.mean()
-        with cp(step, info={"loss": loss, "optimizer": opt}):
+        info = {"loss": loss, "optimizer": opt, **({"individual_losses": losses} if with_losses else {})}
+        with cp(step, info=info):
             loss.backward()
         opt.step()
+    if trace is not None:
+        trace["params"].append([p.detach().double().clone() for p in params])
     return cp.get_output(), individual

@@ -191,20 +191,28 @@ def test_cabs_estimate_against_brute_force():
         assert cp.get_output()[step]["meta"]["CABS"]["se"] == pytest.approx(scale * se, rel=1e-6)
 
 
-def _alpha_reference(problem, snapshots):
-    """Brute-force subsampled α of step 0 and its jackknife se: exact mean slopes (gᵀd / ‖d‖), the
-    drawn samples' slope variances, the batch's losses; ``d`` the real update."""
+def _alpha_reference(problem, snapshots, step=0):
+    """Brute-force subsampled α of ``step`` and its jackknife se (``_subsampled_alpha``)."""
+    d = torch.cat([(b - a).reshape(-1) for a, b in zip(snapshots[step].params, snapshots[step + 1].params)])
+    grads = [torch.cat([g.reshape(B, -1) for g in problems.individual_gradients(problem, snapshots[end])], 1)
+             for end in (step, step + 1)]
+    losses = [problems.individual_losses(problem, snapshots[end]) for end in (step, step + 1)]
+    return _subsampled_alpha(d, grads, losses, K, step)
+
+
+def _subsampled_alpha(d, grads, losses, k, step=0):
+    """α of the step ``d`` from float64 observations at its two ends (``grads[end]``: ``[B, D]``
+    individual gradients, ``losses[end]``: ``[B]``), and its jackknife se: exact mean slopes
+    (gᵀd / ‖d‖), the slope variances of the ``k`` samples drawn at each end (seed 0, steps
+    ``step`` and ``step + 1``), the batch's losses."""
     from cockpit_lite.quantities.alpha import alpha_from_fit, fit_quadratic
 
-    d = torch.cat([(b - a).reshape(-1) for a, b in zip(snapshots[0].params, snapshots[1].params)])
-    t = float(d.norm())
+    b, t = len(losses[0]), float(d.norm())
     ends = []
-    for step in (0, 1):
-        grads = torch.cat([g.reshape(B, -1) for g in problems.individual_gradients(problem, snapshots[step])], 1)
-        losses = problems.individual_losses(problem, snapshots[step])
-        rows = subsample.draw(K, B, (0, step)).tolist()
-        ends.append((float(problems.loss(problem, snapshots[step])), float(losses.var()),
-                     float(grads.mean(0) @ d) / t, grads[rows] @ d / t))
+    for end in (0, 1):
+        rows = subsample.draw(k, b, (0, step + end)).tolist()
+        ends.append((float(losses[end].mean()), float(losses[end].var()), float(grads[end].mean(0) @ d) / t,
+                     grads[end][rows] @ d / t))
 
     def alpha(slopes):
         mu = fit_quadratic(t, [e[0] for e in ends], [e[2] for e in ends], [e[1] for e in ends],
@@ -215,9 +223,9 @@ def _alpha_reference(problem, snapshots):
     variance = 0.0
     for end in (0, 1):
         left_out = [alpha([torch.cat([s[:i], s[i + 1:]]) if j == end else s for j, s in enumerate(slopes)])
-                    for i in range(K)]
-        mean = sum(left_out) / K
-        variance += (1 - K / B) * (K - 1) / K * sum((v - mean) ** 2 for v in left_out)
+                    for i in range(k)]
+        mean = sum(left_out) / k
+        variance += (1 - k / b) * (k - 1) / k * sum((v - mean) ** 2 for v in left_out)
     return alpha(slopes), math.sqrt(variance)
 
 
@@ -310,6 +318,47 @@ def test_a_subsampled_alpha_is_exact_at_once_under_clipping_with_adam(monkeypatc
     cp, _ = problems.run(problem, [Alpha()], optimizer=adam, before_step=clipped, samples=K)
     record = cp.get_output()[0]
     assert math.isnan(record["Alpha"]) and any("the update turned" in f for f in record["flags"])
+
+
+def test_a_layer_frozen_mid_run_under_adam():
+    """A layer frozen after step 0 gets no gradient from step 1 on, and Adam leaves it alone: its kept
+    individual gradients (zeros) project onto its zero update, and α of step 1 matches the brute
+    force (on the predicted route Adam's momentum made a predicted update the real one did not
+    follow: that step was NaN, flagged as turned)."""
+    from cockpit_lite.quantities import Alpha
+
+    def freeze_first_layer(params):
+        params[0].requires_grad_(False)
+        params[1].requires_grad_(False)
+
+    problem = problems.make("mlp", B, steps=3)
+    adam = lambda params: torch.optim.Adam(params, lr=1e-2)  # noqa: E731
+    frozen = iter([freeze_first_layer])
+    with pytest.warns(UserWarning, match="no longer requires a gradient"):
+        cp, snapshots = problems.run(problem, [Alpha()], optimizer=adam, samples=K,
+                                     before_step=lambda params: next(frozen, lambda _: None)(params))
+    assert torch.equal(snapshots[1].params[0], snapshots[2].params[0])  # frozen from step 1 on
+    value, se = _alpha_reference(problem, snapshots, step=1)
+    record = cp.get_output()[1]
+    assert "flags" not in record
+    problems.assert_close(record["Alpha"], value, rtol=1e-6, what="Alpha samples")
+    problems.assert_close(record["meta"]["Alpha"]["se"], se, rtol=1e-6, what="Alpha samples se")
+
+
+def test_bf16_autocast_alpha_against_brute_force():
+    """Under bf16 autocast the drawn samples' individual gradients (kept: a small model's) are
+    projected onto the real update; α and its se match the fit to float64 observations of the same
+    autocast forward passes (individual gradients by autograd, rounded to bf16 there, hence 2e-2)."""
+    from cockpit_lite.quantities import Alpha
+
+    trace = {}
+    record, individual = problems.run_autocast(Alpha(), samples=8, trace=trace, with_losses=True, lr=3e-2)
+    d = torch.cat([(b - a).reshape(-1) for a, b in zip(*trace["params"][:2])])
+    grads = [torch.cat(individual[step], 1) for step in (0, 1)]
+    value, se = _subsampled_alpha(d, grads, trace["losses"][:2], 8)
+    assert "flags" not in record[0] and -1 < value < 1  # a convex fit: the slopes decide α
+    problems.assert_close(record[0]["Alpha"], value, rtol=2e-2, what="Alpha samples bf16")
+    problems.assert_close(record[0]["meta"]["Alpha"]["se"], se, rtol=2e-2, what="Alpha samples bf16 se")
 
 
 # -- honesty ---------------------------------------------------------------------------------
