@@ -87,6 +87,7 @@ TABLES = {
     "subsample_overhead": _measured("subsample_overhead"),
     "subsample_honesty": _measured("subsample_honesty"),
     "subsample_scale": _measured("subsample_scale"),
+    "subsample_floor": _measured("subsample_floor"),
     "memory_peak": _measured("memory_peak"),
     "per_sample_peers": _measured("per_sample_peers"),
     "memory_flatness": _measured("memory_flatness"),
