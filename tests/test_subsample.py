@@ -320,12 +320,17 @@ def test_a_subsampled_alpha_is_exact_at_once_under_clipping_with_adam(monkeypatc
     assert math.isnan(record["Alpha"]) and any("the update turned" in f for f in record["flags"])
 
 
-def test_a_layer_frozen_mid_run_under_adam():
-    """A layer frozen after step 0 gets no gradient from step 1 on, and Adam leaves it alone: its kept
-    individual gradients (zeros) project onto its zero update, and α of step 1 matches the brute
-    force (on the predicted route Adam's momentum made a predicted update the real one did not
-    follow: that step was NaN, flagged as turned)."""
-    from cockpit_lite.quantities import Alpha
+@pytest.mark.parametrize("route", ["kept", "predicted"])
+def test_a_layer_frozen_mid_run_under_adam(monkeypatch, route):
+    """A layer frozen after step 0 gets no gradient from step 1 on, and Adam leaves it alone (a
+    parameter without ``.grad`` is skipped): kept, its individual gradients (zeros) project onto its
+    zero update; predicted (``KEEP_ELEMENTS`` 0), its update is predicted as zero, not as the step
+    Adam's momentum would make. Either way α of step 1 matches the brute force without a flag (the
+    prediction from momentum made that step NaN, flagged as turned)."""
+    from cockpit_lite.quantities import Alpha, alpha
+
+    if route == "predicted":
+        monkeypatch.setattr(alpha, "KEEP_ELEMENTS", 0)
 
     def freeze_first_layer(params):
         params[0].requires_grad_(False)
@@ -338,6 +343,8 @@ def test_a_layer_frozen_mid_run_under_adam():
         cp, snapshots = problems.run(problem, [Alpha()], optimizer=adam, samples=K,
                                      before_step=lambda params: next(frozen, lambda _: None)(params))
     assert torch.equal(snapshots[1].params[0], snapshots[2].params[0])  # frozen from step 1 on
+    assert math.isnan(cp.get_output()[0]["Alpha"])  # it moved in step 0: no gradient of it at that step's end
+    assert any("stopped requiring a gradient" in flag for flag in cp.get_output()[0]["flags"])
     value, se = _alpha_reference(problem, snapshots, step=1)
     record = cp.get_output()[1]
     assert "flags" not in record

@@ -80,8 +80,11 @@ class Alpha(Quantity):
     individual gradients of every parameter while they hold at most ``KEEP_ELEMENTS`` elements
     in all (a small model's: all of them) and predicts only the others' updates. At step t+1
     the update ``θ_{t+1} − θ_t`` must be the one the optimizer made (parameters changed after
-    the step give NaN and a flag). An update of zero length also gives NaN (Cockpit: −1). Step
-    numbers must be consecutive. Needs ``info["optimizer"]`` and ``info["loss"]``; individual
+    the step give NaN and a flag). An update of zero length also gives NaN (Cockpit: −1). A
+    parameter that moved in the step and was then frozen (``requires_grad_(False)``) has no
+    gradient at step t+1: NaN and a flag naming it. A frozen parameter without ``.grad``,
+    which torch's optimizers skip, has a predicted update of zero. Step numbers must be
+    consecutive. Needs ``info["optimizer"]`` and ``info["loss"]``; individual
     losses are derived. There is no per-layer α: the losses belong to the whole network.
 
     Subsampled (``Cockpit(samples=k)``, ``cockpit_lite.subsample``): at an end drawn from
@@ -145,7 +148,10 @@ class Alpha(Quantity):
 
             def predicted_update(per_sample):
                 if per_sample.index not in predicted:  # once per parameter (chunks of samples share it)
-                    predicted[per_sample.index] = predict(per_sample.param, per_sample.optimizer_grad)
+                    param = per_sample.param
+                    frozen = not param.requires_grad and param.grad is None  # torch's optimizers skip it
+                    predicted[per_sample.index] = (param.new_zeros(param.numel()) if frozen
+                                                   else predict(param, per_sample.optimizer_grad))
                 return predicted[per_sample.index]
 
             transforms.append(BatchDotDirection(("Alpha", "start"), predicted_update, keep=kept,
@@ -281,6 +287,11 @@ class Alpha(Quantity):
             )
         elif start["moved"]:
             flags.append("Alpha: the parameters changed after optimizer.step() (the update is not the optimizer's)")
+        frozen = [data.names[i] for i, p in enumerate(data.params) if not p.requires_grad and bool(update[i].any())]
+        if frozen and math.isfinite(t):
+            flags.append(f"Alpha: {', '.join(frozen)} moved in the step and then stopped requiring a gradient "
+                         "(frozen), so the slope at the step's end has no gradient of it: α of this step is "
+                         "not defined (the next steps leave it out, as it no longer moves)")
         if losses.numel() < 2:
             flags.append("Alpha: a batch of one sample has no variance of the losses and slopes, which the fit needs")
         elif not (math.isfinite(start["var_f"]) and math.isfinite(_variance(losses))):

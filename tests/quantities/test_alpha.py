@@ -85,6 +85,13 @@ def zero_first(opt, params):
     params[0].grad.zero_()
 
 
+def freeze_first(opt, params):
+    """The first layer frozen after its step-0 gradient (from step 1 on it has no ``.grad``, which
+    Adam skips: an update of zero, not the one its momentum would make)."""
+    params[0].requires_grad_(False)
+    params[1].requires_grad_(False)
+
+
 CHANGED = "changed between backward and optimizer.step()"
 
 BETWEEN = {  # (what happens between backward and step at every step, optimizer, steps whose α is NaN)
@@ -142,6 +149,24 @@ def assert_exact_but(problem, record, snapshots, nan_steps, rtol=1e-9):
         else:
             assert "flags" not in entry, entry
             problems.assert_close(entry["Alpha"], reference(problem, snapshots, step), rtol=rtol, what=f"Alpha, step {step}")
+
+
+@pytest.mark.parametrize("case", [("mlp", 4, "mean"), ("cnn", 5, "sum")], ids=problems.case_id)
+def test_a_layer_frozen_mid_run_under_adam(case):
+    """Frozen after step 0's backward: step 0's update moved the layer, whose gradient at the step's
+    end no longer exists, so α of step 0 is NaN with a flag naming it (it was a silently different
+    number). From step 1 on Adam skips the layer (no ``.grad``); its update is predicted as zero, not
+    as the step its momentum would make, and α equals the brute force (it was NaN, flagged as
+    turned)."""
+    with pytest.warns(UserWarning, match="no longer requires a gradient"):
+        problem, record, snapshots = run_changed(case, lambda ps: torch.optim.Adam(ps, lr=1e-2), freeze_first)
+    assert np.isnan(record[0]["Alpha"])
+    assert any("0.weight, 0.bias moved in the step and then stopped requiring a gradient" in flag
+               for flag in record[0]["flags"]), record[0]
+    for step in (1, 2):
+        assert "flags" not in record[step], record[step]
+        problems.assert_close(record[step]["Alpha"], reference(problem, snapshots, step), rtol=1e-9,
+                              what=f"Alpha, step {step}")
 
 
 @pytest.mark.parametrize("case", [("mlp", 4, "mean"), ("cnn", 5, "sum")], ids=problems.case_id)
