@@ -291,7 +291,8 @@ class Alpha(Quantity):
         if frozen and math.isfinite(t):
             flags.append(f"Alpha: {', '.join(frozen)} moved in the step and then stopped requiring a gradient "
                          "(frozen), so the slope at the step's end has no gradient of it: α of this step is "
-                         "not defined (the next steps leave it out, as it no longer moves)")
+                         "not defined (nor at a later step in which it still moves, e.g. by Adam's momentum "
+                         "on a zeroed gradient; once it stays put it no longer counts)")
         if losses.numel() < 2:
             flags.append("Alpha: a batch of one sample has no variance of the losses and slopes, which the fit needs")
         elif not (math.isfinite(start["var_f"]) and math.isfinite(_variance(losses))):
