@@ -2,41 +2,44 @@
 
 Usage::
 
-    python -m experiments.subsample_floor [--problems mlp cnn] [--repeats 9] [--steps 10] [--json PATH]
+    python -m experiments.subsample_floor [--problems mlp cnn transformer resnet_bn resnet18]
+        [--repeats R] [--steps S] [--json PATH]
 
 ``bench_overhead``'s targets for ``configuration("economy")`` with ``samples=8`` (MLP ≤ 4×, CNN
-≤ 1.4×) leave a few tenths of a plain step for nine quantities. This asks how much of that any
-implementation in eager PyTorch spends. ``Floor`` does, for a model of ``nn.Linear`` and
-``nn.Conv2d`` layers (no sequence axis, no normalisation layer; mean cross-entropy; SGD), the
-work economy needs at a subsampled step, fused by hand for that model and nothing else:
+≤ 1.4×, transformer ≤ 1.8×, ResNets with BatchNorm ≤ 7×) leave a few tenths of a plain step (on
+the ResNets, six plain steps) for nine quantities. This asks how much of that an implementation
+in eager PyTorch spends. For each of ``bench_overhead``'s problems a ``Floor`` does the work
+economy needs at a subsampled step, fused by hand for that model and nothing else (mean
+cross-entropy, SGD):
 
 - before backward: the step's draw of 8 samples (``cockpit_lite.subsample.draw``, as the
   Cockpit draws it), a copy of the parameters, the drawn samples' losses;
-- each layer's input and output gradient, from one forward hook (registered once) and one
-  tensor hook;
-- the drawn samples' individual gradients: a Linear weight's from its factors (the rows of
-  units a ReLU switched off counted as zeros, not built), a convolution weight's by one grouped
-  convolution (``cockpit_lite.engine.rules.conv._weight_grads``), a bias's by a sum;
-- the check that the captured factors of all samples give autograd's gradient (a Linear
-  weight's by a rank-3 random sketch, a convolution weight's by two random output channels, a
-  bias whole), compared on the host;
+- the drawn samples' individual gradients. ``Floor`` (MLP, CNN): each layer's input and output
+  gradient from one forward hook (registered once) and one tensor hook; a Linear weight's from
+  its factors (the rows of units a ReLU switched off counted as zeros, not built), a convolution
+  weight's by one grouped convolution (``cockpit_lite.engine.rules.conv._weight_grads``), a
+  bias's by a sum. ``TransformerFloor`` and ``GlobalFloor`` (the ResNets): see their docstrings;
+- the check that the capture gives autograd's gradient of every parameter (a Linear weight's
+  by a rank-3 random sketch, a convolution weight's by two random output channels, the rest
+  whole; on the ResNets the gradient of the losses' sum), compared on the host;
 - the per-sample squared norms and dot products with the gradient of every parameter, and
   from them ``NormTest``, ``InnerTest`` and ``OrthoTest`` of the network and of each parameter
   with their standard errors (``cockpit_lite.subsample.sqrt_estimates``);
 - ``GradHist1d``'s histogram of all ``8·P`` elements (``cockpit_lite.histogram.histogram1d``),
   scaled to the batch; ``GradNorm``, ``Distance`` (from the initial parameters), ``Loss``;
 - after ``optimizer.step()``: the update, ``UpdateSize``, ``Alpha``'s slopes of the drawn
-  samples along it (the kept factors projected onto it), and at the next step the new draw's
-  slopes along it and the parabola fit of both ends;
+  samples along it, and at the next step the new draw's slopes along it and the parabola fit
+  of both ends;
 - every value moved to the host in one transfer per dtype.
 
-So ``Floor`` over the plain step is what those quantities cost without the library's generality
-(routes, rules for every layer type, schedules, records). ``agreement`` first checks that
-``Floor`` computes what ``Cockpit`` does: the network's ``NormTest``, ``InnerTest`` and
+So a ``Floor`` over the plain step is what those quantities cost without the library's
+generality (routes, rules for every layer type, schedules, records). ``agreement`` first checks
+that it computes what ``Cockpit`` does: the network's ``NormTest``, ``InnerTest`` and
 ``OrthoTest``, each parameter's ``GradNorm`` and the histogram's counts, on identical models,
-batches and draws, over four steps. Then the plain step, ``Floor``, ``Floor`` without the
-histogram, ``Floor`` without the check, and ``Cockpit`` with economy and ``samples=8`` are timed in
-interleaved rounds (medians, one thread, batch 64).
+batches and draws, over four steps. Then the plain step, the ``Floor``, the ``Floor`` without
+the histogram, the ``Floor`` without the check, and ``Cockpit`` with economy and ``samples=8``
+are timed in interleaved rounds (medians, one thread, batch 64; ``ROUNDS`` per problem unless
+``--repeats``/``--steps`` say otherwise).
 """
 
 import argparse
@@ -61,6 +64,10 @@ SAMPLES = 8
 BINS, RANGE = 100, (-2.0, 2.0)
 """``GradHist1d``'s default bins and range (``agreement`` checks that the record has them)."""
 SKETCH = 3
+ROUNDS = {"mlp": (9, 10), "cnn": (9, 5), "transformer": (5, 3), "resnet_bn": (3, 2), "resnet18": (2, 2)}
+"""Interleaved rounds and steps per round of each problem."""
+DEFAULT_PROBLEMS = ("mlp", "cnn", "transformer", "resnet_bn")
+"""What a run measures unless ``--problems`` says otherwise (``resnet18`` is slow: ask for it)."""
 
 
 class Floor:
@@ -70,15 +77,18 @@ class Floor:
         """``histogram``/``check``: False leaves out ``GradHist1d``'s histogram / the check of the capture."""
         self.histogram, self.check = histogram, check
         self.layers = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
-        self.params = [p for m in self.layers for p in (m.weight, m.bias)]
+        self.params = self._tracked(model)
         self.initial = [p.detach().clone() for p in self.params]
-        self.sketches = {m: (torch.randn(SKETCH, m.weight.shape[0]), torch.randn(SKETCH, m.weight.shape[1]))
-                         for m in self.layers if isinstance(m, nn.Linear)}
+        self.sketches = {m: (torch.randn(SKETCH, m.weight.shape[0]), torch.randn(SKETCH, m.weight[0].numel()))
+                         for m in model.modules() if isinstance(m, nn.Linear)}
         self.kept, self.previous, self.values, self.last = {}, None, None, None
         self.start_point, self.alpha, self.failed = None, None, None
         for m in self.layers:
             m.register_forward_hook(self._forward)
         optimizer.register_step_post_hook(lambda *_: self._after_step())
+
+    def _tracked(self, model):
+        return [p for m in self.layers for p in (m.weight, m.bias)]
 
     def _forward(self, module, inputs, output):
         self.kept[module] = [inputs[0].detach(), None]
@@ -86,21 +96,21 @@ class Floor:
 
     def start(self, step, outputs, targets):
         """Before backward: the draw, θ_t, the drawn samples' losses."""
-        self.rows = subsample.draw(SAMPLES, outputs.shape[0], (0, step))
+        self.batch = outputs.shape[0]
+        self.rows = subsample.draw(SAMPLES, self.batch, (0, step))
         self.before = torch._foreach_mul([p.detach() for p in self.params], 1.0)
         self.losses = F.cross_entropy(outputs.detach()[self.rows], targets[self.rows], reduction="none")
 
-    def finish(self, loss):
-        """After backward: the drawn samples' individual gradients and every statistic but the update's."""
-        b, rows, out = self.kept[self.layers[0]][0].shape[0], self.rows, {}
-        grads = [p.grad.detach() for p in self.params]
+    def _individual(self, b, rows, grads):
+        """Per parameter, in ``self.params``' order: the drawn samples' squared norms and dot products
+        with the gradient, the histogram's elements (and the count of zeros not formed), the factors
+        their slopes need; and the pairs (from the capture, autograd's) the check compares."""
         squares, dots, checks, elements, factors, off = [], [], [], [], [], 0
         for m, gw, gb in zip(self.layers, grads[::2], grads[1::2]):
             a, delta = self.kept[m]
             if isinstance(m, nn.Linear):
-                u, v = self.sketches[m]
                 if self.check:
-                    checks.append((((u @ delta.T) * (v @ a.T)).sum(1), ((u @ gw) * v).sum(1)))
+                    checks.append(_sketch(self.sketches[m], a, delta, gw))
                 da, ad = delta[rows] * b, a[rows]
                 if self.histogram:
                     live = da.reshape(-1) != 0  # rows of units a ReLU switched off are zeros, not built
@@ -116,19 +126,26 @@ class Floor:
                     part = _weight_grads(m, a, delta[:, channels].contiguous(), m.weight[channels], stacked=False)
                     checks.append((part, gw[channels]))
                 flat = _weight_grads(m, a[rows], delta[rows] * b, m.weight).flatten(1)
-                if self.histogram:
-                    elements.append(flat.reshape(-1))
-                squares.append((flat**2).sum(1))
-                dots.append(flat @ gw.reshape(-1))
-                factors.append(("conv", flat, None))
+                _dense(flat, gw, squares, dots, elements if self.histogram else None, factors)
                 da = (delta[rows] * b).flatten(2).sum(2)
             if self.check:
                 checks.append((delta.flatten(2).sum(2).sum(0) if delta.dim() > 2 else delta.sum(0), gb))
-            if self.histogram:
-                elements.append(da.reshape(-1))
-            squares.append((da**2).sum(1))
-            dots.append(da @ gb)
-            factors.append(("bias", da, None))
+            _dense(da, gb, squares, dots, elements if self.histogram else None, factors)
+        return squares, dots, checks, self._histogram(elements, off), factors
+
+    def _histogram(self, elements, zeros=0):
+        """``(counts, clipped, nonfinite)`` of the elements and ``zeros`` zeros not formed (``None``: no histogram)."""
+        if not self.histogram:
+            return None
+        counts, clipped, nonfinite = histogram1d(torch.cat(elements), BINS, RANGE)
+        counts[BINS // 2] += zeros  # 0 lies in the middle bin of the symmetric range
+        return counts, clipped, nonfinite
+
+    def finish(self, loss):
+        """After backward: the drawn samples' individual gradients and every statistic but the update's."""
+        b, rows, out = self.batch, self.rows, {}
+        grads = [p.grad.detach() for p in self.params]
+        squares, dots, checks, histogram, factors = self._individual(b, rows, grads)
         g2 = with_total(torch.stack([(g**2).sum() for g in grads]))
         (squares, dots), zero = (with_total(torch.stack(x, 1)) for x in (squares, dots)), torch.zeros_like(g2)
         out["norm_test"] = subsample.sqrt_estimates(squares, b, b * g2, (b - 1) * b * g2)
@@ -136,23 +153,25 @@ class Floor:
         out["ortho_test"] = subsample.sqrt_estimates(squares - dots**2 / g2, b, zero, (b - 1) * b * g2)
         out["grad_norm"] = torch._foreach_norm(grads)
         out["distance"] = torch._foreach_norm(torch._foreach_sub([p.detach() for p in self.params], self.initial))
-        if self.histogram:
-            counts, clipped, nonfinite = histogram1d(torch.cat(elements), BINS, RANGE)
-            counts[BINS // 2] += off  # 0 lies in the middle bin of the symmetric range
-            out["hist"] = (counts.double() * (b / SAMPLES), clipped, nonfinite)
+        if histogram is not None:
+            out["hist"] = (histogram[0].double() * (b / SAMPLES), *histogram[1:])
         if self.check:
             out["check"] = torch.stack([torch.stack([(x - y).norm(), y.norm()]) for x, y in checks])
         out["loss"] = loss.detach()
         if self.previous is not None:  # Alpha's end point: the new draw's losses and slopes along the last update
-            out["end"] = _moments(self.losses, self._slopes(factors, self.previous))
+            out["end"] = _moments(self.losses, self._end_slopes(factors))
         self.factors, self.grads, self.values, self.last = factors, grads, out, out
 
-    def _slopes(self, factors, update):
+    def _start_slopes(self, factors, update):
         """``g̃_nᵀ d`` of the drawn samples for an update ``d`` (one tensor per parameter)."""
         total = 0
         for (kind, x, y), d in zip(factors, update):
             total = total + (((x @ d) * y).sum(1) if kind == "linear" else x @ d.reshape(-1))
         return total
+
+    def _end_slopes(self, factors):
+        """The new draw's ``g̃_nᵀ d`` along the last update ``d``."""
+        return self._start_slopes(factors, self.previous)
 
     def _after_step(self):
         """After the step: the update, its size, Alpha's start point, the transfer and checks, the fit."""
@@ -161,7 +180,7 @@ class Floor:
         update = torch._foreach_sub([p.detach() for p in self.params], self.before)
         out, self.values = self.values, None
         out["update_size"] = torch._foreach_norm(update)
-        out["start"] = _moments(self.losses, self._slopes(self.factors, update))
+        out["start"] = _moments(self.losses, self._start_slopes(self.factors, update))
         host = _to_host(out)
         if self.check:
             error, scale = host["check"].T
@@ -169,6 +188,174 @@ class Floor:
         if "end" in host and self.start_point is not None:
             self.alpha = _alpha(self.start_point, host["end"])
         self.start_point, self.previous = host["start"], update
+
+
+def _dense(flat, grad, squares, dots, elements, factors):
+    """Squared norms, dot products with ``grad``, elements and factors of formed individual gradients ``[k, D]``."""
+    squares.append((flat**2).sum(1))
+    dots.append(flat @ grad.reshape(-1))
+    if elements is not None:
+        elements.append(flat.reshape(-1))
+    factors.append(("dense", flat, None))
+
+
+def _sketch(sketch, a, delta, grad):
+    """The check of a Linear weight: ``u_jᵀ (Σ_rows δ aᵀ) v_j`` from the captured rows, and autograd's."""
+    u, v = sketch
+    a, delta = a.reshape(-1, a.shape[-1]), delta.reshape(-1, delta.shape[-1])
+    return ((u @ delta.T) * (v @ a.T)).sum(1), ((u @ grad) * v).sum(1)
+
+
+class TransformerFloor(Floor):
+    """``Floor`` for ``bench_overhead.TransformerClassifier``: token embedding and positions, encoder
+    layers (packed self-attention, two Linear layers with a sequence axis, two LayerNorms), a Linear
+    head on the mean over positions.
+
+    The captures: forward hooks on the Linear and LayerNorm modules and the embedding; for the
+    attention, the input rows the projections' autograd nodes saved and their output gradients, from
+    pre-hooks on those nodes (found from the parameters' gradient accumulators once per step), as
+    the attention is never re-run. The individual gradients of the drawn samples are formed (a
+    sequence layer's ``[k, out, in]`` by one contraction over positions), the LayerNorms' from their
+    normalised inputs recomputed for the drawn samples; the check recomputes them for all samples, as
+    it needs the whole batch's sum.
+    """
+
+    def __init__(self, model, optimizer, histogram=True, check=True):
+        self.model = model
+        super().__init__(model, optimizer, histogram, check)
+        for m in model.modules():
+            if isinstance(m, (nn.LayerNorm, nn.Embedding)):
+                m.register_forward_hook(self._forward)
+
+    def _tracked(self, model):
+        return list(model.parameters())
+
+    def start(self, step, outputs, targets):
+        super().start(step, outputs, targets)
+        users, accumulators, stack, seen = {}, {}, [outputs.grad_fn], set()
+        while stack:  # the graph's consumers of each node, the parameters' accumulators
+            node = stack.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            for following, _ in node.next_functions:
+                if following is not None:
+                    users.setdefault(following, []).append(node)
+                    if type(following).__name__ == "AccumulateGrad":
+                        accumulators[following.variable] = following
+                    stack.append(following)
+        for m in self.model.modules():
+            if isinstance(m, nn.MultiheadAttention):
+                for weight in (m.in_proj_weight, m.out_proj.weight):
+                    node = users[users[accumulators[weight]][0]][0]  # TBackward0, then the product
+                    node.register_prehook(lambda grads, node=node, weight=weight: self.kept.__setitem__(
+                        weight, [_saved_rows(node).detach(), grads[0].detach()]))
+
+    def _individual(self, b, rows, grads):
+        squares, dots, checks, elements, factors = [], [], [], [], []
+        grad_of = dict(zip(self.params, grads))
+        formed = {}  # parameter -> [k, D] individual gradients of the drawn samples
+        elements_or_none = elements if self.histogram else None
+        for m in self.model.modules():
+            if isinstance(m, nn.Embedding):
+                ids, delta = self.kept[m]
+                v, d = m.weight.shape
+                k = len(rows)
+                index = (ids[rows] + torch.arange(k)[:, None] * v).reshape(-1)
+                dr = (delta[rows] * b).reshape(-1, d)
+                formed[m.weight] = delta.new_zeros(k * v, d).index_add_(0, index, dr).view(k, -1)
+                formed[self.model.pos] = (delta[rows] * b).reshape(k, -1)
+                if self.check:
+                    checks.append((delta.new_zeros(v, d).index_add_(0, ids.reshape(-1), delta.reshape(-1, d)),
+                                   grad_of[m.weight]))
+                    checks.append((delta.sum(0), grad_of[self.model.pos]))
+            elif isinstance(m, nn.MultiheadAttention):
+                for weight, bias in ((m.in_proj_weight, m.in_proj_bias), (m.out_proj.weight, m.out_proj.bias)):
+                    a, delta = (t.reshape(-1, self.batch, t.shape[-1]).transpose(0, 1) for t in self.kept[weight])
+                    self._sequence_linear(weight, bias, a, delta, b, rows, grad_of, formed, checks)
+            elif isinstance(m, nn.Linear) and m.weight not in formed:  # (the attention's out_proj was served above)
+                a, delta = self.kept[m]
+                if a.dim() == 2:
+                    a, delta = a[:, None], delta[:, None]
+                self._sequence_linear(m.weight, m.bias, a, delta, b, rows, grad_of, formed, checks)
+            elif isinstance(m, nn.LayerNorm):
+                x, delta = self.kept[m]
+                normalised = F.layer_norm(x[rows], m.normalized_shape, eps=m.eps)
+                dr = delta[rows] * b
+                formed[m.weight] = (dr * normalised).sum(1)
+                formed[m.bias] = dr.sum(1)
+                if self.check:
+                    whole = F.layer_norm(x, m.normalized_shape, eps=m.eps)
+                    checks.append(((delta * whole).sum((0, 1)), grad_of[m.weight]))
+                    checks.append((delta.sum((0, 1)), grad_of[m.bias]))
+        for param in self.params:
+            _dense(formed[param], grad_of[param], squares, dots, elements_or_none, factors)
+        return squares, dots, checks, self._histogram(elements), factors
+
+    def _sequence_linear(self, weight, bias, a, delta, b, rows, grad_of, formed, checks):
+        """A Linear layer's drawn samples' ``Σ_t δ_t a_tᵀ`` (``[k, out, in]``) and bias, and its check."""
+        dr, ar = delta[rows] * b, a[rows]
+        formed[weight] = torch.einsum("nto,nti->noi", dr, ar).reshape(len(rows), -1)
+        formed[bias] = dr.sum(1)
+        if self.check:
+            if weight not in self.sketches:  # (keyed by the weight: an attention has two)
+                self.sketches[weight] = (torch.randn(SKETCH, weight.shape[0]), torch.randn(SKETCH, weight.shape[1]))
+            checks.append(_sketch(self.sketches[weight], a, delta, grad_of[weight]))
+            checks.append((delta.sum((0, 1)), grad_of[bias]))
+
+
+class GlobalFloor(Floor):
+    """``Floor`` for a network with BatchNorm in training mode (``bench_overhead.resnet_bn``,
+    ``resnet18``), where a sample's loss depends on every sample through the batch statistics: each
+    drawn sample's individual gradient is one vector-Jacobian product through the whole graph (the
+    global path), taken before the backward pass, and its statistics are taken at once (the
+    histogram accumulated, nothing of ``[k, P]`` held). The check is the gradient of the sum of the
+    losses, one more product, against autograd's; ``Alpha``'s slopes at the start are along the update
+    predicted in backward (plain SGD's ``−η g``, as ``cockpit_lite.optim.UpdatePredictor`` predicts
+    it), at the end along the last update.
+    """
+
+    def __init__(self, model, optimizer, histogram=True, check=True):
+        self.model, self.lr = model, optimizer.param_groups[0]["lr"]
+        super().__init__(model, optimizer, histogram, check)
+
+    def _tracked(self, model):
+        return list(model.parameters())
+
+    def start(self, step, outputs, targets):
+        super().start(step, outputs, targets)
+        losses = F.cross_entropy(outputs, targets, reduction="none")
+        self.sample_grads = [torch.autograd.grad(losses[n], self.params, retain_graph=True) for n in self.rows.tolist()]
+        if self.check:
+            self.totals = torch.autograd.grad(losses.sum() / self.batch, self.params, retain_graph=True)
+
+    def _individual(self, b, rows, grads):
+        squares, dots, end, histogram = [], [], [], None
+        for sample in self.sample_grads:
+            flats = [g.reshape(-1) for g in sample]
+            squares.append(torch.stack([f.dot(f) for f in flats]))
+            dots.append(torch.stack([f.dot(g.reshape(-1)) for f, g in zip(flats, grads)]))
+            if self.previous is not None:
+                end.append(sum(f.dot(d.reshape(-1)) for f, d in zip(flats, self.previous)))
+            if self.histogram:  # accumulated sample by sample
+                part = histogram1d(torch.cat(flats), BINS, RANGE, out=None if histogram is None else histogram[0])
+                histogram = part if histogram is None else (part[0], histogram[1] + part[1], histogram[2] + part[2])
+        self.sample_grads = None
+        squares, dots = torch.stack(squares), torch.stack(dots)
+        factors = {"start": -self.lr * dots.sum(1), "end": torch.stack(end) if end else None}
+        checks = list(zip(self.totals, grads)) if self.check else []
+        return list(squares.unbind(1)), list(dots.unbind(1)), checks, histogram, factors
+
+    def _end_slopes(self, factors):
+        return factors["end"]
+
+    def _start_slopes(self, factors, update):
+        return factors["start"]
+
+
+def _saved_rows(node):
+    """The input rows a projection's node saved: ``x`` of ``mm(x, Wᵀ)``, ``x`` of ``addmm(b, x, Wᵀ)``."""
+    return node._saved_self if type(node).__name__ == "MmBackward0" else node._saved_mat1
 
 
 def _moments(losses, slopes):
@@ -218,12 +405,17 @@ def _to_host(tree):
     return host
 
 
+FLOORS = {"mlp": Floor, "cnn": Floor, "transformer": TransformerFloor, "resnet_bn": GlobalFloor,
+          "resnet18": GlobalFloor}
+"""``bench_overhead``'s problems that have a ``Floor``."""
+
+
 class FloorRunner(bench_overhead.Runner):
     """``bench_overhead.Runner`` (same model, batches, optimizer) whose step runs ``Floor``."""
 
     def __init__(self, problem, **options):
         super().__init__(problem)
-        self.floor = Floor(self.model, self.opt, **options)
+        self.floor = FLOORS[problem](self.model, self.opt, **options)
 
     def run_step(self):
         x, y = self.batches[self.step % len(self.batches)]
@@ -269,30 +461,30 @@ def agreement(problem, steps=4):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m experiments.subsample_floor",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--problems", nargs="+", default=["mlp", "cnn"], choices=["mlp", "cnn"])
-    parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--problems", nargs="+", default=list(DEFAULT_PROBLEMS), choices=list(FLOORS))
+    parser.add_argument("--repeats", type=int, help="interleaved rounds (default: ROUNDS')")
+    parser.add_argument("--steps", type=int, help="steps per round (default: ROUNDS')")
     parser.add_argument("--json", help="also write the numbers to this JSON file")
     args = parser.parse_args(argv)
     single_thread()
     warnings.simplefilter("ignore")
     results = {}
-    print(f"step time / plain step time (median of {args.repeats} interleaved rounds of {args.steps} steps, "
-          f"batch {bench_overhead.BATCH}, 1 thread)")
+    print(f"step time / plain step time (median of interleaved rounds, batch {bench_overhead.BATCH}, 1 thread)")
     for problem in args.problems:
+        repeats, steps = args.repeats or ROUNDS[problem][0], args.steps or ROUNDS[problem][1]
         difference = agreement(problem)
         runners = {"plain": bench_overhead.Runner(problem), "floor": FloorRunner(problem),
                    "floor, no histogram": FloorRunner(problem, histogram=False),
                    "floor, no check": FloorRunner(problem, check=False), "economy": _economy_runner(problem)}
         times = {name: [] for name in runners}
-        for _ in range(args.repeats):
+        for _ in range(repeats):
             for name, runner in runners.items():
-                times[name].append(runner.time_steps(args.steps))
+                times[name].append(runner.time_steps(steps))
         plain = statistics.median(times["plain"])
         results[problem] = {"plain_ms": plain * 1e3, "difference": difference,
                             **{name: statistics.median(t) / plain for name, t in times.items() if name != "plain"}}
-        print(f"{problem}: plain step {plain * 1e3:.3f} ms; Floor against Cockpit: largest relative "
-              f"difference {difference:.1e}")
+        print(f"{problem} ({repeats} rounds of {steps} steps): plain step {plain * 1e3:.3f} ms; Floor against "
+              f"Cockpit: largest relative difference {difference:.1e}")
         for name in runners:
             if name != "plain":
                 print(f"  {name:<{max(map(len, runners))}} {results[problem][name]:6.2f}x")

@@ -8,7 +8,7 @@ import pytest
 from experiments import subsample_floor
 
 
-@pytest.mark.parametrize("problem", ["mlp", "cnn"])
+@pytest.mark.parametrize("problem", ["mlp", "cnn", "transformer", "resnet_bn"])
 def test_the_floor_gives_cockpits_values(problem):
     assert subsample_floor.agreement(problem, steps=2) < 1e-4
 
