@@ -191,7 +191,8 @@ class Floor:
 
 
 def _dense(flat, grad, squares, dots, elements, factors):
-    """Squared norms, dot products with ``grad``, elements and factors of formed individual gradients ``[k, D]``."""
+    """Squared norms, dot products with ``grad``, elements (unless ``elements`` is None) and factors
+    of formed individual gradients ``[k, D]``."""
     squares.append((flat**2).sum(1))
     dots.append(flat @ grad.reshape(-1))
     if elements is not None:
