@@ -79,16 +79,19 @@ class Floor:
         self.layers = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
         self.params = self._tracked(model)
         self.initial = [p.detach().clone() for p in self.params]
-        self.sketches = {m: (torch.randn(SKETCH, m.weight.shape[0]), torch.randn(SKETCH, m.weight[0].numel()))
-                         for m in model.modules() if isinstance(m, nn.Linear)}
+        self.sketches = {}  # a Linear weight's random vectors u_j, v_j (``_sketch``)
         self.kept, self.previous, self.values, self.last = {}, None, None, None
         self.start_point, self.alpha, self.failed = None, None, None
-        for m in self.layers:
+        for m in self._captured(model):
             m.register_forward_hook(self._forward)
         optimizer.register_step_post_hook(lambda *_: self._after_step())
 
     def _tracked(self, model):
         return [p for m in self.layers for p in (m.weight, m.bias)]
+
+    def _captured(self, model):
+        """The modules whose input and output gradient a forward hook keeps."""
+        return self.layers
 
     def _forward(self, module, inputs, output):
         self.kept[module] = [inputs[0].detach(), None]
@@ -102,15 +105,16 @@ class Floor:
         self.losses = F.cross_entropy(outputs.detach()[self.rows], targets[self.rows], reduction="none")
 
     def _individual(self, b, rows, grads):
-        """Per parameter, in ``self.params``' order: the drawn samples' squared norms and dot products
-        with the gradient, the histogram's elements (and the count of zeros not formed), the factors
-        their slopes need; and the pairs (from the capture, autograd's) the check compares."""
+        """``(squares, dots, checks, histogram, factors)``: per parameter, in ``self.params``' order,
+        the drawn samples' squared norms and dot products with the gradient; the pairs (from the
+        capture, autograd's) the check compares; the histogram of the individual gradients' elements
+        (``_histogram``); per parameter the factors the slopes need (``_start_slopes``)."""
         squares, dots, checks, elements, factors, off = [], [], [], [], [], 0
         for m, gw, gb in zip(self.layers, grads[::2], grads[1::2]):
             a, delta = self.kept[m]
             if isinstance(m, nn.Linear):
                 if self.check:
-                    checks.append(_sketch(self.sketches[m], a, delta, gw))
+                    checks.append(self._sketch(m.weight, a, delta, gw))
                 da, ad = delta[rows] * b, a[rows]
                 if self.histogram:
                     live = da.reshape(-1) != 0  # rows of units a ReLU switched off are zeros, not built
@@ -140,6 +144,15 @@ class Floor:
         counts, clipped, nonfinite = histogram1d(torch.cat(elements), BINS, RANGE)
         counts[BINS // 2] += zeros  # 0 lies in the middle bin of the symmetric range
         return counts, clipped, nonfinite
+
+    def _sketch(self, weight, a, delta, grad):
+        """The check of a Linear weight: ``u_jᵀ (Σ_rows δ aᵀ) v_j`` (``j < SKETCH``) from the captured
+        rows, and the same of autograd's gradient; ``u_j, v_j`` drawn once per weight."""
+        if weight not in self.sketches:
+            self.sketches[weight] = (torch.randn(SKETCH, weight.shape[0]), torch.randn(SKETCH, weight.shape[1]))
+        u, v = self.sketches[weight]
+        a, delta = a.reshape(-1, a.shape[-1]), delta.reshape(-1, delta.shape[-1])
+        return ((u @ delta.T) * (v @ a.T)).sum(1), ((u @ grad) * v).sum(1)
 
     def finish(self, loss):
         """After backward: the drawn samples' individual gradients and every statistic but the update's."""
@@ -200,13 +213,6 @@ def _dense(flat, grad, squares, dots, elements, factors):
     factors.append(("dense", flat, None))
 
 
-def _sketch(sketch, a, delta, grad):
-    """The check of a Linear weight: ``u_jᵀ (Σ_rows δ aᵀ) v_j`` from the captured rows, and autograd's."""
-    u, v = sketch
-    a, delta = a.reshape(-1, a.shape[-1]), delta.reshape(-1, delta.shape[-1])
-    return ((u @ delta.T) * (v @ a.T)).sum(1), ((u @ grad) * v).sum(1)
-
-
 class TransformerFloor(Floor):
     """``Floor`` for ``bench_overhead.TransformerClassifier``: token embedding and positions, encoder
     layers (packed self-attention, two Linear layers with a sequence axis, two LayerNorms), a Linear
@@ -224,12 +230,12 @@ class TransformerFloor(Floor):
     def __init__(self, model, optimizer, histogram=True, check=True):
         self.model = model
         super().__init__(model, optimizer, histogram, check)
-        for m in model.modules():
-            if isinstance(m, (nn.LayerNorm, nn.Embedding)):
-                m.register_forward_hook(self._forward)
 
     def _tracked(self, model):
         return list(model.parameters())
+
+    def _captured(self, model):
+        return [m for m in model.modules() if isinstance(m, (nn.Linear, nn.LayerNorm, nn.Embedding))]
 
     def start(self, step, outputs, targets):
         super().start(step, outputs, targets)
@@ -299,9 +305,7 @@ class TransformerFloor(Floor):
         formed[weight] = torch.einsum("nto,nti->noi", dr, ar).reshape(len(rows), -1)
         formed[bias] = dr.sum(1)
         if self.check:
-            if weight not in self.sketches:  # (keyed by the weight: an attention has two)
-                self.sketches[weight] = (torch.randn(SKETCH, weight.shape[0]), torch.randn(SKETCH, weight.shape[1]))
-            checks.append(_sketch(self.sketches[weight], a, delta, grad_of[weight]))
+            checks.append(self._sketch(weight, a, delta, grad_of[weight]))
             checks.append((delta.sum((0, 1)), grad_of[bias]))
 
 
@@ -322,6 +326,9 @@ class GlobalFloor(Floor):
 
     def _tracked(self, model):
         return list(model.parameters())
+
+    def _captured(self, model):
+        return []  # each drawn sample's gradient is a vector-Jacobian product of the whole graph
 
     def start(self, step, outputs, targets):
         super().start(step, outputs, targets)
