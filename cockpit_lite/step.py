@@ -71,6 +71,13 @@ class StepData:
         return norms(self.grads)
 
     @cached_property
+    def centred_squares(self):
+        """``Σ_n (g̃_{n,d} − g_d)²`` of every parameter and the parameters whose variance was lost in
+        rounding (``cockpit_lite.transforms.centred_squares``), shared by ``GradVariance``,
+        ``MeanGSNR``, ``CABS`` and ``EarlyStopping``."""
+        return _transforms.centred_squares(self)
+
+    @cached_property
     def grad_squared_norms(self):
         """``‖g‖²`` of every parameter (shared by the gradient tests)."""
         return [(g**2).sum() for g in self.grads]

@@ -691,22 +691,32 @@ def centred_sums_of_squares(data, quantity):
     ``Σ_n g̃_{n,d}²`` (relative ``√B u`` typically, ``u`` the unit roundoff: a gradient
     nearly the same in every sample), ``M2_d`` can come out negative. A negative
     ``M2_d`` cannot be trusted, nor can the elements beside it: that parameter's
-    values are NaN and a flag names it.
+    values are NaN and a flag names it. Computed once per step (``StepData.centred_squares``)
+    for all the quantities that read it.
 
     Returns:
         ``(list of M2 tensors in parameter order, flags)``.
     """
+    centred, lost = data.centred_squares
+    flags = [
+        f"{quantity}: the variance of {count} element(s) of {name} is lost in the rounding "
+        f"of Σ_n g̃_n² − B g² in {dtype} (a gradient nearly the same in every sample): NaN for "
+        "this parameter"
+        for name, count, dtype in lost
+    ]
+    return centred, flags
+
+
+def centred_squares(data):
+    """``centred_sums_of_squares``' ``M2`` tensors (NaN for a parameter with a negative element)
+    and ``(name, number of negative elements, dtype)`` of each such parameter."""
     b = data.batch_size
-    centred, flags = [], []
+    centred, lost = [], []
     for name, squares, sums in zip(data.names, data.per_sample(SumGradSquared.key), data.per_sample(SumGrad.key)):
         m2 = squares - sums**2 / b
-        lost = m2 < 0
-        if bool(lost.any()):
-            flags.append(
-                f"{quantity}: the variance of {int(lost.sum())} element(s) of {name} is lost in the rounding "
-                f"of Σ_n g̃_n² − B g² in {m2.dtype} (a gradient nearly the same in every sample): NaN for "
-                "this parameter"
-            )
+        negative = m2 < 0
+        if bool(negative.any()):
+            lost.append((name, int(negative.sum()), m2.dtype))
             m2 = torch.full_like(m2, float("nan"))
         centred.append(m2)
-    return centred, flags
+    return centred, lost
