@@ -75,3 +75,19 @@ def test_a_variance_lost_in_rounding_is_nan_and_flagged():
     assert np.isnan(entry["MeanGSNR"]) and np.isnan(layers[3])
     assert any("2.bias" in flag and "lost in the rounding" in flag for flag in entry["flags"])
     problems.assert_close(layers[:3], [gsnr(f, DEFAULT_EPSILON).mean() for f in individual[0][:3]], rtol=1e-4)
+
+
+def test_the_quantities_of_one_step_share_its_centred_sums(monkeypatch):
+    """``GradVariance`` and ``MeanGSNR`` read ``Σ_n (g̃_n − g)²`` of one computation per step
+    (``StepData.centred_squares``), and each flags a lost variance in its own name."""
+    from cockpit_lite import transforms
+    from cockpit_lite.quantities import GradVariance
+
+    calls = []
+    compute = transforms.centred_squares
+    monkeypatch.setattr(transforms, "centred_squares", lambda data: calls.append(data.step) or compute(data))
+    record, _ = problems.run_autocast([GradVariance(), MeanGSNR()], steps=2, offset=1e5, autocast=False)
+    assert calls == [0, 1]
+    flags = record[0]["flags"]
+    for name in ("GradVariance", "MeanGSNR"):
+        assert any(flag.startswith(f"{name}: ") and "2.bias" in flag and "lost in the rounding" in flag for flag in flags)
