@@ -29,8 +29,8 @@ cross-entropy, SGD):
   scaled to the batch; ``GradNorm``, ``Distance`` (from the initial parameters), ``Loss``;
 - after ``optimizer.step()``: the update, ``UpdateSize``, ``Alpha``'s slopes of the drawn
   samples along it, and at the next step the new draw's slopes along it and the parabola fit
-  of both ends;
-- every value moved to the host in one transfer per dtype.
+  of both ends (``quantities.alpha.fit_quadratic``);
+- every value moved to the host in one transfer per dtype (``cockpit_lite.cockpit._to_host``).
 
 So a ``Floor`` over the plain step is what those quantities cost without the library's
 generality (routes, rules for every layer type, schedules, records). ``agreement`` first checks
@@ -53,9 +53,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from cockpit_lite import Cockpit, configuration, subsample
+from cockpit_lite.cockpit import _to_host
 from cockpit_lite.engine import GRAD_CHECK_RTOL
 from cockpit_lite.engine.rules.conv import _weight_grads
 from cockpit_lite.histogram import histogram1d
+from cockpit_lite.quantities.alpha import alpha_from_fit, fit_quadratic
 from cockpit_lite.quantities.base import with_total
 from experiments import bench_overhead
 from experiments.common import single_thread
@@ -194,12 +196,14 @@ class Floor:
         out, self.values = self.values, None
         out["update_size"] = torch._foreach_norm(update)
         out["start"] = _moments(self.losses, self._start_slopes(self.factors, update))
-        host = _to_host(out)
+        host = _to_host({key: _plain(value) for key, value in out.items()})
         if self.check:
             error, scale = host["check"].T
             self.failed = np.flatnonzero(error > GRAD_CHECK_RTOL[torch.float32] * scale)
         if "end" in host and self.start_point is not None:
-            self.alpha = _alpha(self.start_point, host["end"])
+            start, end = self.start_point, host["end"]  # x ∈ [0, 1] along the update: t = 1
+            self.alpha = alpha_from_fit(fit_quadratic(1.0, [start[0], end[0]], [start[1], end[1]],
+                                                      [start[2], end[2]], [start[3], end[3]]), 1.0)
         self.start_point, self.previous = host["start"], update
 
 
@@ -366,51 +370,14 @@ def _saved_rows(node):
     return node._saved_self if type(node).__name__ == "MmBackward0" else node._saved_mat1
 
 
+def _plain(value):
+    """An ``Output``'s tensors as a tuple (value, layers, standard errors) for ``_to_host``."""
+    return (value.value, value.layers, value.meta["se"], value.meta["layers_se"]) if hasattr(value, "meta") else value
+
+
 def _moments(losses, slopes):
     """Means and variances of the drawn samples' losses and slopes (what Alpha's fit and its error take)."""
     return torch.stack([losses.mean(), slopes.mean(), losses.var(), slopes.var()])
-
-
-def _alpha(start, end):
-    """α = 1/x* − 1 of the parabola fitted, weighted by the observations' variances, to the mean
-    losses and slopes at both ends of an update (x ∈ [0, 1] along it, x* its minimum; −1 if concave)."""
-    design = np.array([[0.0, 0.0, 1.0], [1.0, 1.0, 1.0], [0.0, 1.0, 0.0], [2.0, 1.0, 0.0]])
-    observed = np.array([start[0], end[0], start[1], end[1]])
-    weights = 1 / np.sqrt(np.maximum(np.array([start[2], end[2], start[3], end[3]]), 1e-10))
-    (a, b, _), *_ = np.linalg.lstsq(design * weights[:, None], observed * weights, rcond=None)
-    return -1.0 if a <= 0 else float(-2 * a / b - 1)
-
-
-def _to_host(tree):
-    """A dict of tensors, lists and tuples of tensors and ``Output``s on the host as numpy arrays,
-    the tensors of one dtype in one transfer."""
-    found = {}
-
-    def collect(key, node):
-        if torch.is_tensor(node):
-            found[key] = node
-        elif isinstance(node, (list, tuple)):
-            for i, item in enumerate(node):
-                collect(f"{key}.{i}", item)
-        elif hasattr(node, "value"):  # an Output
-            collect(key, node.value)
-            collect(f"{key}.layers", node.layers)
-            collect(f"{key}.se", node.meta["se"])
-            collect(f"{key}.layers_se", node.meta["layers_se"])
-
-    for key, node in tree.items():
-        collect(key, node)
-    groups = {}
-    for key, tensor in found.items():
-        groups.setdefault(tensor.dtype, []).append(key)
-    host = {}
-    for keys in groups.values():
-        flat, offset = torch.cat([found[k].reshape(-1) for k in keys]).numpy(), 0
-        for key in keys:
-            n = found[key].numel()
-            host[key] = flat[offset : offset + n].reshape(found[key].shape)
-            offset += n
-    return host
 
 
 FLOORS = {"mlp": Floor, "cnn": Floor, "transformer": TransformerFloor, "resnet_bn": GlobalFloor,
