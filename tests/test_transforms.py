@@ -190,6 +190,29 @@ def test_transforms_of_large_individual_gradients_run_on_chunks_of_samples(monke
     torch.testing.assert_close(transforms.dots_of_kept(kept[0], direction), individual @ direction)
 
 
+def test_chunks_of_samples_give_the_gradient_their_sums_add_up_to(monkeypatch):
+    """When no transform reads ``g`` while the chunks go by, the parameter's gradient (which the
+    check against autograd reads) is the sum of the chunks' own sums: the factors' product over
+    all positions, the work of the layer's weight gradient again, is never formed."""
+    per_sample, _, flat = factored_and_explicit(7)
+    monkeypatch.setattr(transforms, "GRAD_BATCH_ELEMENTS", 2 * O * I)
+
+    def no_product(*factors):
+        raise AssertionError("the gradient was formed from the factors")
+
+    monkeypatch.setattr(transforms, "_positions", no_product)
+    values = transforms.run([transforms.BatchL2(), transforms.SumGradSquared(), transforms.SumGrad()], per_sample)
+    torch.testing.assert_close(per_sample.grad, flat.sum(0))
+    torch.testing.assert_close(values["sum_grad"], B * flat.sum(0).reshape(O, I))
+
+
+def test_chunks_are_cache_sized_on_the_cpu_only():
+    """On the CPU a chunk holds at most ``CPU_GRAD_BATCH_ELEMENTS`` elements; elsewhere ``GRAD_BATCH_ELEMENTS``."""
+    assert transforms.grad_batch_elements(torch.device("cpu")) == transforms.CPU_GRAD_BATCH_ELEMENTS
+    assert transforms.grad_batch_elements(torch.device("cuda")) == transforms.GRAD_BATCH_ELEMENTS
+    assert transforms.CPU_GRAD_BATCH_ELEMENTS < transforms.GRAD_BATCH_ELEMENTS
+
+
 def _one_sample_chunks(monkeypatch):
     """Every individual-gradient chunk one sample; returns the list the chunked forms are noted in."""
     monkeypatch.setattr(transforms, "GRAD_BATCH_ELEMENTS", 1)
