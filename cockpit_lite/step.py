@@ -78,6 +78,12 @@ class StepData:
         return _transforms.centred_squares(self)
 
     @cached_property
+    def centred_totals(self):
+        """``Σ_d M2_d`` of every parameter (``centred_squares``), one tensor ``[P]`` in parameter
+        order, shared by ``GradVariance`` and ``CABS``."""
+        return torch.stack([m2.sum() for m2 in self.centred_squares[0]])
+
+    @cached_property
     def grad_squared_norms(self):
         """``‖g‖²`` of every parameter (shared by the gradient tests)."""
         return [(g**2).sum() for g in self.grads]

@@ -746,14 +746,24 @@ def centred_sums_of_squares(data, quantity):
 
 def centred_squares(data):
     """``centred_sums_of_squares``' ``M2`` tensors (NaN for a parameter with a negative element)
-    and ``(name, number of negative elements, dtype)`` of each such parameter."""
+    and ``(name, number of negative elements, dtype)`` of each such parameter: a few fused
+    operations over all parameters (``torch._foreach_*``), one host sync for the sign check."""
     b = data.batch_size
-    centred, lost = [], []
-    for name, squares, sums in zip(data.names, data.per_sample(SumGradSquared.key), data.per_sample(SumGrad.key)):
-        m2 = squares - sums**2 / b
-        negative = m2 < 0
-        if bool(negative.any()):
-            lost.append((name, int(negative.sum()), m2.dtype))
-            m2 = torch.full_like(m2, float("nan"))
-        centred.append(m2)
+    sums = data.per_sample(SumGrad.key)
+    centred = list(torch._foreach_sub(data.per_sample(SumGradSquared.key), torch._foreach_div(torch._foreach_mul(sums, sums), b)))
+    negative = torch.stack(torch._foreach_norm(torch._foreach_clamp_max(centred, 0.0), 1)) > 0
+    lost = []
+    if bool(negative.any()):
+        for index in negative.nonzero().reshape(-1).tolist():
+            m2 = centred[index]
+            lost.append((data.names[index], int((m2 < 0).sum()), m2.dtype))
+            centred[index] = torch.full_like(m2, float("nan"))
     return centred, lost
+
+
+def ratio_sums(sums, centred, offset):
+    """Per parameter ``Σ_d s_d² / (M2_d + offset)`` (``s = SumGrad``, ``M2`` of
+    ``centred_sums_of_squares``), one tensor ``[P]`` in parameter order: the signal-to-noise
+    sums of ``MeanGSNR`` and ``EarlyStopping``, elementwise in fused operations."""
+    ratios = torch._foreach_div(torch._foreach_mul(sums, sums), torch._foreach_add(centred, offset))
+    return torch.stack([r.sum() for r in ratios])

@@ -39,6 +39,6 @@ class CABS(SingleStepQuantity):
             t, se = subsample.total(with_total(torch.stack(data.per_sample(BatchL2.key), 1)), b)
             g2 = with_total(torch.stack(data.per_sample(GradL2.key)))
             return subsample.output(scale * (t - b * g2), scale * se, data.samples, b)
-        centred, flags = centred_sums_of_squares(data, self.name)
-        parts = [lr * m2.sum() / (b * loss) for m2 in centred]
-        return Output(sum(parts), parts, flags=flags)
+        _, flags = centred_sums_of_squares(data, self.name)
+        parts = data.centred_totals * (lr / (b * loss))
+        return Output(parts.sum(), list(parts.unbind()), flags=flags)

@@ -1,8 +1,10 @@
 """``EarlyStopping``: the evidence-based early-stopping criterion (Mahsereci et al., 2017)."""
 
+import torch
+
 from cockpit_lite.optim import plain_sgd_learning_rate
 from cockpit_lite.quantities.base import Output, SingleStepQuantity
-from cockpit_lite.transforms import SumGrad, SumGradSquared, centred_sums_of_squares
+from cockpit_lite.transforms import SumGrad, SumGradSquared, centred_sums_of_squares, ratio_sums
 
 
 class EarlyStopping(SingleStepQuantity):
@@ -32,9 +34,7 @@ class EarlyStopping(SingleStepQuantity):
     def compute(self, step, data):
         b = data.batch_size
         centred, flags = centred_sums_of_squares(data, self.name)
-        snr = [
-            (s / b) ** 2 / (m2 / (b - 1) + self.epsilon)
-            for s, m2 in zip(data.per_sample(SumGrad.key), centred)
-        ]
-        mean = sum(s.sum() for s in snr) / sum(s.numel() for s in snr)
-        return Output(1 - b * mean, [1 - b * s.mean() for s in snr], flags=flags)
+        # (s/B)² / (M2/(B−1) + ε) = s² / (M2 + (B−1)ε) · (B−1)/B²
+        sums = ratio_sums(data.per_sample(SumGrad.key), centred, (b - 1) * self.epsilon) * ((b - 1) / b**2)
+        sizes = torch.tensor([p.numel() for p in data.params], dtype=sums.dtype, device=sums.device)
+        return Output(1 - b * sums.sum() / sizes.sum(), list((1 - b * sums / sizes).unbind()), flags=flags)

@@ -41,5 +41,5 @@ class GradVariance(SingleStepQuantity):
             meta = subsample.meta(data.samples, b, list((se[1:] / (b - 1)).unbind()))
             meta["total_se"] = se[0] / (b - 1)
             return Output(list(values.unbind()), meta=meta)
-        centred, flags = centred_sums_of_squares(data, self.name)
-        return Output([m2.sum() / (b - 1) for m2 in centred], flags=flags)
+        _, flags = centred_sums_of_squares(data, self.name)
+        return Output(list((data.centred_totals / (b - 1)).unbind()), flags=flags)

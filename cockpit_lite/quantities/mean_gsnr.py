@@ -1,7 +1,9 @@
 """``MeanGSNR``: mean gradient signal-to-noise ratio (Liu et al., 2020)."""
 
+import torch
+
 from cockpit_lite.quantities.base import Output, SingleStepQuantity
-from cockpit_lite.transforms import SumGrad, SumGradSquared, centred_sums_of_squares
+from cockpit_lite.transforms import SumGrad, SumGradSquared, centred_sums_of_squares, ratio_sums
 
 
 class MeanGSNR(SingleStepQuantity):
@@ -25,9 +27,7 @@ class MeanGSNR(SingleStepQuantity):
     def compute(self, step, data):
         b = data.batch_size
         centred, flags = centred_sums_of_squares(data, self.name)
-        gsnr = [
-            (s / b) ** 2 / (m2 / b + self.epsilon)
-            for s, m2 in zip(data.per_sample(SumGrad.key), centred)
-        ]
-        total = sum(x.sum() for x in gsnr) / sum(x.numel() for x in gsnr)
-        return Output(total, [x.mean() for x in gsnr], flags=flags)
+        # (s/B)² / (M2/B + ε) = s² / (M2 + Bε) / B
+        sums = ratio_sums(data.per_sample(SumGrad.key), centred, b * self.epsilon) / b
+        sizes = torch.tensor([p.numel() for p in data.params], dtype=sums.dtype, device=sums.device)
+        return Output(sums.sum() / sizes.sum(), list((sums / sizes).unbind()), flags=flags)

@@ -3,7 +3,7 @@
 import torch
 
 from cockpit_lite import subsample
-from cockpit_lite.quantities.base import Output, SingleStepQuantity, total_and_layers, with_total
+from cockpit_lite.quantities.base import Output, SingleStepQuantity, with_total
 from cockpit_lite.transforms import BatchL2
 
 
@@ -32,10 +32,7 @@ class NormTest(SingleStepQuantity):
             x, g2 = with_total(torch.stack(l2, 1)), with_total(torch.stack(data.grad_squared_norms))
             return subsample.sqrt_estimates(x, b, b * g2, (b - 1) * b * g2)
 
-        def statistic(sum_l2, grad_l2):
-            spread = (sum_l2 - b * grad_l2).clamp(min=0)
-            return (spread / ((b - 1) * b * grad_l2)).sqrt()
-
-        total, layers = total_and_layers(statistic, [x.sum() for x in l2], data.grad_squared_norms)
-        return Output(total, layers)
+        sum_l2, grad_l2 = with_total(torch.stack(l2).sum(1)), with_total(torch.stack(data.grad_squared_norms))
+        values = ((sum_l2 - b * grad_l2).clamp(min=0) / ((b - 1) * b * grad_l2)).sqrt()
+        return Output(values[0], list(values[1:].unbind()))
 
