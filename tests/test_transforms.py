@@ -154,7 +154,8 @@ def test_the_uses_of_a_parameter_sum_without_being_formed_first():
 def test_transforms_of_large_individual_gradients_run_on_chunks_of_samples(monkeypatch, form):
     """Beyond ``GRAD_BATCH_ELEMENTS`` a ``grad_batch`` that would have to be built is never built
     whole: the transforms see chunks of samples and combine them into the values of the explicit
-    individual gradients."""
+    individual gradients, though each chunk is built where the one before it was (``Scratch``)
+    and what a transform keeps (``keep``) outlives them."""
     if form == "factors":
         per_sample, _, flat = factored_and_explicit(7)
         explicit = flat.reshape(B, O, I)
@@ -164,10 +165,13 @@ def test_transforms_of_large_individual_gradients_run_on_chunks_of_samples(monke
     monkeypatch.setattr(transforms, "GRAD_BATCH_ELEMENTS", 2 * O * I)  # chunks of two samples
     chunks, whole = [], transforms.PerSample.sample_chunks
 
-    def spied(self):
-        for chunk in whole(self):
+    memory = set()
+
+    def spied(self, scratch=None):
+        for chunk in whole(self, scratch):
             chunks.append(chunk.num_samples)
             yield chunk
+            memory.add(chunk.grad_batch.data_ptr())
 
     monkeypatch.setattr(transforms.PerSample, "sample_chunks", spied)
     kept = {}
@@ -177,6 +181,7 @@ def test_transforms_of_large_individual_gradients_run_on_chunks_of_samples(monke
               transforms.SumGrad(), histogram, transforms.BatchDotDirection("d", lambda p: direction, keep=kept)]
     values = transforms.run(chosen, per_sample)
     assert chunks == [2, 2, 1] and "grad_batch" not in vars(per_sample)  # never all B samples at once
+    assert len(memory) == 1  # every chunk built in the same memory
     individual, g = B * flat, flat.sum(0)
     torch.testing.assert_close(values["batch_l2"], (individual**2).sum(1))
     torch.testing.assert_close(values["grad_l2"], (g**2).sum())
@@ -188,6 +193,20 @@ def test_transforms_of_large_individual_gradients_run_on_chunks_of_samples(monke
         torch.testing.assert_close(value, expected)
     torch.testing.assert_close(values["d"], torch.zeros(B, dtype=torch.float64))  # kept: projected later
     torch.testing.assert_close(transforms.dots_of_kept(kept[0], direction), individual @ direction)
+
+
+def test_parameters_sharing_a_scratch_each_get_their_own_values(monkeypatch):
+    """A step's parameters build their chunks in one ``Scratch``: each parameter's values are those
+    of its own explicit individual gradients, not of the chunk built there last."""
+    monkeypatch.setattr(transforms, "GRAD_BATCH_ELEMENTS", 2 * O * I)
+    scratch, chosen = transforms.Scratch(), [transforms.BatchL2(), transforms.SumGradSquared(), transforms.SumGrad()]
+    cases = [factored_and_explicit(7, seed)[::2] for seed in (1, 2)] + [_uses()]
+    values = [transforms.run(chosen, per_sample, scratch=scratch) for per_sample, _ in cases]
+    for (_, explicit), value in zip(cases, values):
+        flat = explicit.reshape(B, -1)
+        torch.testing.assert_close(value["batch_l2"], B**2 * (flat**2).sum(1))
+        torch.testing.assert_close(value["sum_grad_squared"].reshape(-1), B**2 * (flat**2).sum(0))
+        torch.testing.assert_close(value["sum_grad"].reshape(-1), B * flat.sum(0))
 
 
 def test_chunks_of_samples_give_the_gradient_their_sums_add_up_to(monkeypatch):
@@ -218,9 +237,9 @@ def _one_sample_chunks(monkeypatch):
     monkeypatch.setattr(transforms, "GRAD_BATCH_ELEMENTS", 1)
     forms, whole = [], transforms.PerSample.sample_chunks
 
-    def spied(self):
+    def spied(self, scratch=None):
         forms.append("parts" if self._parts is not None else "factors")
-        yield from whole(self)
+        yield from whole(self, scratch)
 
     monkeypatch.setattr(transforms.PerSample, "sample_chunks", spied)
     return forms

@@ -515,7 +515,8 @@ class Engine:
                 if state.grads_before[index] is not None:
                     grad = grad - state.grads_before[index]
                 part.grad = grad.reshape(-1)
-                results.update(_transforms.run([t for t in state.transforms if t.reads_grad], part, state.batch))
+                results.update(_transforms.run([t for t in state.transforms if t.reads_grad], part, state.batch,
+                                               state.scratch))
         except Exception as error:  # never a crash of the user's backward pass
             self._fail(state, index, f"{type(error).__name__}: {error}")
 
@@ -738,6 +739,7 @@ class _Step:
         self.low_precision = False
         self.repeated = False  # a served layer's output received a second gradient: backward ran again
         self.batch = _transforms.Batch()
+        self.scratch = _transforms.Scratch()  # the memory the chunks of built individual gradients are formed in
         self.from_autograd = set()  # subsampled: parameters whose transforms take ``g`` from autograd
         self.waiting = {}  # index -> (the subsample's PerSample, its results) until autograd's ``g`` is known
         self.checks = {}  # index -> ``PerSample.check``'s (value, project), checked in ``_check_gradients``
@@ -768,7 +770,7 @@ class _Step:
             if index not in self.checks:  # (one of several uses: their sketches, from ``Engine._accept``)
                 self.checks[index] = per_sample.check(self.generator)
             now = [t for t in self.transforms if not t.reads_grad]
-            self.results[index] = _transforms.run(now, per_sample, self.batch)
+            self.results[index] = _transforms.run(now, per_sample, self.batch, self.scratch)
             if len(now) < len(self.transforms):
                 self.waiting[index] = (per_sample, self.results[index])
             return
@@ -777,7 +779,7 @@ class _Step:
             if not self.distributed:  # each accumulated pass is checked on its own
                 self.served[index] = per_sample.grad
             return
-        self.results[index] = _transforms.run(self.transforms, per_sample, self.batch)
+        self.results[index] = _transforms.run(self.transforms, per_sample, self.batch, self.scratch)
         self.served[index] = per_sample.grad
 
 

@@ -77,7 +77,7 @@ class Window:
             total, scale = sum(sizes), sum(sizes) / group.world
         else:
             grads, scale = local, total
-        results, batch, out = {}, _transforms.Batch(), {}
+        results, batch, scratch, out = {}, _transforms.Batch(), _transforms.Scratch(), {}
         for index, grad in zip(indices, grads):
             param = params[index]
             before = self.grads_before[index] if self.grads_before is not None else None
@@ -90,9 +90,9 @@ class Window:
                 part.batch_size = scale
                 part.grad_before = before
             if len(parts) == 1:
-                results[index] = _transforms.run(transforms, parts[0], batch)
+                results[index] = _transforms.run(transforms, parts[0], batch, scratch)
             else:
-                values = [_transforms.run(transforms, part) for part in parts]
+                values = [_transforms.run(transforms, part, scratch=scratch) for part in parts]
                 results[index] = {t.key: t.combine([v[t.key] for v in values]) for t in transforms}
             out[index] = grad
         batch.flush()
