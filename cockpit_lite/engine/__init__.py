@@ -641,14 +641,16 @@ class Engine:
             checked.append((index, param, engine, true, true.reshape(-1) if project is None else project(true)))
         if not checked:
             return
-        norms = [float(true.norm()) for _, _, _, true, _ in checked]
+        # every parameter's norms in two fused operations (one host transfer each)
+        norms = torch._foreach_norm([true for _, _, _, true, _ in checked])
+        errors = torch._foreach_norm(torch._foreach_sub([e for _, _, e, _, _ in checked], [c for *_, c in checked]))
+        norms, errors = ([float(n) for n in values] for values in (norms, errors))
         size = sum(true.numel() for _, _, _, true, _ in checked)
         model = sum(n * n for n in norms if math.isfinite(n)) ** 0.5
-        for (index, param, engine, true, compared), norm in zip(checked, norms):
+        for (index, param, engine, true, compared), norm, error in zip(checked, norms, errors):
             low = param.dtype not in GRAD_CHECK_RTOL or engine.dtype not in GRAD_CHECK_RTOL or state.low_precision
             rtol = LOW_PRECISION_RTOL if low else GRAD_CHECK_RTOL[param.dtype]
             scale = max(norm, MODEL_SCALE_FRACTION * model * (true.numel() / size) ** 0.5)
-            error = float((engine - compared).norm())
             if error > rtol * scale + 1e-30 and torch.isfinite(true).all():
                 away = f"{error / max(norm, 1e-30):.2g} (relative) away from autograd's"
                 if state.repeated:  # not a use the engine missed, nor (only) another loss
