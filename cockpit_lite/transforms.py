@@ -69,8 +69,8 @@ class PerSample:
       factors ("ghost" norms); ``[K, O, I]`` is built only if a transform needs its
       elements (histograms);
     - ``rows = (values, samples, index, K)``: ``grad_batch[samples[u], index[u]] =
-      values[u]`` and zero elsewhere, each ``(sample, index)`` pair once (an Embedding
-      weight: only the looked-up rows are non-zero);
+      values[u]`` and zero elsewhere, each ``(sample, index)`` pair once, ``samples``
+      ascending (an Embedding weight: only the looked-up rows are non-zero);
     - ``parts``: ``PerSample`` objects of the same parameter in the other forms, whose
       individual gradients add up to this one's (a parameter used several times: a
       tied embedding and head); ``grad_batch`` is their sum, formed when needed.
@@ -383,6 +383,11 @@ class PerSample:
         if self._factors is not None and "grad_batch" not in vars(self):
             a, delta = self._factors
             forms = {"factors": (a[rows], delta[rows])}
+        elif self._sparse() and isinstance(rows, slice) and rows.step in (None, 1):  # a run of entries
+            values, samples, index, _ = self._rows
+            start = range(self.num_samples)[rows].start
+            first, end = torch.searchsorted(samples, samples.new_tensor([start, start + count])).tolist()
+            forms = {"rows": (values[first:end], samples[first:end] - start, index[first:end], count)}
         elif self._sparse():
             values, samples, index, k = self._rows
             position = samples.new_full((k,), -1)

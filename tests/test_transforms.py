@@ -150,6 +150,21 @@ def test_the_uses_of_a_parameter_sum_without_being_formed_first():
     torch.testing.assert_close(summed.compact().add_to(dense), explicit)
 
 
+def test_selected_samples_of_the_rows_form_are_those_of_the_explicit_individual_gradients():
+    """A run of samples (``sample_chunks``' slices) takes its entries as one range of the sorted
+    rows; indices pick theirs; a sample without rows selects zeros."""
+    param = torch.zeros(O, I, dtype=torch.float64)
+    samples, index = torch.tensor([0, 0, 2, 4]), torch.tensor([1, 2, 1, 0])
+    values = torch.randn(4, I, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    explicit = torch.zeros(B, O, I, dtype=torch.float64)
+    explicit[samples, index] = values
+    rows = transforms.PerSample(param, 0, rows=(values, samples, index, B))
+    for chosen in (slice(1, 2), slice(2, 5), slice(3, None), slice(-4, -1), slice(0, B), torch.tensor([1, 2, 4])):
+        part = rows.select(chosen)
+        assert part._rows is not None and part.num_samples == len(explicit[chosen])
+        torch.testing.assert_close(part.grad_batch, explicit[chosen], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("form", ["factors", "parts"])
 def test_transforms_of_large_individual_gradients_run_on_chunks_of_samples(monkeypatch, form):
     """Beyond ``GRAD_BATCH_ELEMENTS`` a ``grad_batch`` that would have to be built is never built

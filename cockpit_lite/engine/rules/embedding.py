@@ -34,7 +34,7 @@ class EmbeddingRule(Rule):
         if module.padding_idx is not None:
             keep = idx.reshape(-1) != module.padding_idx
             keys, d = keys[keep], d[keep]
-        unique, inverse = torch.unique(keys, return_inverse=True)
+        unique, inverse = torch.unique(keys, return_inverse=True)  # sorted: the samples ascending
         values = d.new_zeros((unique.numel(), d.shape[-1])).index_add_(0, inverse, d)
         (_, param, index), = tracked
         rows = (values, unique // vocabulary, unique % vocabulary, batch_size)
