@@ -593,6 +593,19 @@ class SumGradSquared(Transform):
         return values.reshape(per_sample.param.shape)
 
 
+class IndividualSquares(Transform):
+    """The individual gradients' elementwise squares ``g̃_{n,d}² = B² grad_batch[n,d]²``, shape
+    ``[K, *shape]``: for a per-sample sum over elements whose weights are known only after the
+    backward pass (``TICDiag``'s ``Σ_d g̃_{n,d}² / C_dd`` at a subsampled step, ``C`` from the same
+    backward pass). Held until the step's values are computed: ``K ×`` the parameter's size."""
+
+    per_sample_output = True
+    key = "individual_squares"
+
+    def __call__(self, per_sample):
+        return per_sample.grad_batch.square() * per_sample.batch_size**2
+
+
 class SumGrad(Transform):
     """Sum of the individual gradients, ``Σ_n g̃_n = B Σ_n grad_batch[n]``, shape of the parameter.
 

@@ -23,7 +23,9 @@ import torch
 
 import problems
 from cockpit_lite import Cockpit, configuration, subsample
-from cockpit_lite.quantities import CABS, GradHist1d, GradVariance, InnerTest, MeanGSNR, NormTest, OrthoTest
+from cockpit_lite.quantities import (
+    CABS, GradHist1d, GradVariance, InnerTest, MeanGSNR, NormTest, OrthoTest, TICDiag, TICTrace,
+)
 
 K = 3
 B = 7
@@ -189,6 +191,59 @@ def test_cabs_estimate_against_brute_force():
         scale = 0.05 / (B * float(problems.loss(problem, snapshot)))
         assert cp.get_output()[step]["CABS"] == pytest.approx(scale * (t - B * float(g @ g)), rel=1e-6)
         assert cp.get_output()[step]["meta"]["CABS"]["se"] == pytest.approx(scale * se, rel=1e-6)
+
+
+EPSILON = 1e-7
+
+
+def _tic_references(problem, snapshot, rows, curvature):
+    """Brute-force subsampled TICDiag and TICTrace with their standard errors, ``{name: [(value, se)]}``
+    (the whole network's, then each layer's): ``srswor`` of the drawn samples' terms over the exact
+    diagonal of the whole batch (the Hessian's by autograd, or the GGN's)."""
+    individual = torch.cat([g.reshape(B, -1) for g in problems.individual_gradients(problem, snapshot)], 1)
+    matrix = problems.hessian(problem, snapshot) if curvature == "diag_h" else problems.ggn(problem, snapshot)
+    diagonal = matrix.diagonal()
+    squares = individual[rows] ** 2
+    blocks = [slice(0, individual.shape[1])] + problems.layer_blocks(problem)
+
+    def estimate(terms, denominator):
+        t, se = srswor(terms.tolist(), B)
+        return t / (B * denominator), se / abs(B * denominator)
+
+    return {
+        "TICDiag": [estimate((squares[:, b] / (diagonal[b] + EPSILON)).sum(1), 1.0) for b in blocks],
+        "TICTrace": [estimate(squares[:, b].sum(1), float(diagonal[b].sum()) + EPSILON) for b in blocks],
+    }
+
+
+@pytest.mark.parametrize("curvature", ["diag_h", "diag_ggn_exact"])
+@pytest.mark.parametrize("case", [(n, B, r) for n in problems.NAMES for r in problems.REDUCTIONS], ids=problems.case_id)
+def test_tic_estimates_against_brute_force(case, curvature):
+    """The TICs divide by an exact diagonal of the whole batch: each value is a batch mean of
+    per-sample terms, estimated from the drawn samples' (TICDiag's terms weight the squares by
+    1/(C_dd + ε), whose C comes out of the same backward pass)."""
+    problem = problems.make(*case, steps=2)
+    cp, snapshots = problems.run(problem, [TICDiag(epsilon=EPSILON, curvature=curvature),
+                                           TICTrace(epsilon=EPSILON, curvature=curvature)], samples=K)
+    for step, snapshot in snapshots.items():
+        expected = _tic_references(problem, snapshot, subsample.draw(K, B, (0, step)).tolist(), curvature)
+        entry = cp.get_output()[step]
+        for name, want in expected.items():
+            meta = entry["meta"][name]
+            assert (meta["samples"], meta["of"], meta["curvature"]) == (K, B, curvature)
+            got = [(entry[name], meta["se"])] + list(zip(entry["layers"][name], meta["layers_se"]))
+            for (value, se), (want_value, want_se) in zip(got, want, strict=True):
+                assert value == pytest.approx(want_value, rel=1e-6, abs=1e-12), (name, step)
+                assert se == pytest.approx(want_se, rel=1e-6, abs=1e-12), (name, step)
+
+
+def test_tics_without_an_exact_diagonal_stay_nan_naming_why_at_a_subsampled_step():
+    """An estimated diagonal gives no TIC, subsampled or not: the flag names the exact diagonal, not the subsample."""
+    problem = problems.make("transformer", B, steps=1)
+    cp, _ = problems.run(problem, [TICTrace()], samples=K)
+    entry = cp.get_output()[0]
+    assert math.isnan(entry["TICTrace"]) and entry["meta"]["TICTrace"] == {"curvature": None}
+    assert any(f.startswith("TICTrace: not computed") and "exact Hessian diagonal" in f for f in entry["flags"])
 
 
 def _alpha_reference(problem, snapshots, step=0):
@@ -373,14 +428,14 @@ def test_bf16_autocast_alpha_against_brute_force():
 HONESTY_DRAWS = 100
 
 
-def draws(name, batch_size, k, reduction="mean"):
+def draws(name, batch_size, k, reduction="mean", quantities_=lambda: [NormTest(), InnerTest(), OrthoTest(), GradVariance()]):
     """The exact record of one step and the records of ``HONESTY_DRAWS`` subsamples of it (seeds)."""
     problem = problems.make(name, batch_size, reduction, steps=1)
     state = {k_: v.clone() for k_, v in problem.model.state_dict().items()}
 
     def one(**kwargs):
         problem.model.load_state_dict(state)
-        cp, _ = problems.run(problem, [NormTest(), InnerTest(), OrthoTest(), GradVariance()], **kwargs)
+        cp, _ = problems.run(problem, quantities_(), **kwargs)
         return cp.get_output()[0]
 
     return one(), [one(samples=k, seed=seed) for seed in range(HONESTY_DRAWS)]
@@ -410,14 +465,27 @@ def test_estimates_scatter_around_the_exact_value_by_their_standard_errors(name)
     individual-gradient norms are heavy-tailed; experiments/subsample_honesty.py measures it."""
     exact, estimates = draws(name, 32, 8)
     for quantity in ("NormTest", "InnerTest", "OrthoTest", "GradVariance"):
-        values, ses, truth = spread(exact, estimates, quantity)
-        keep = truth > 1e-12 * np.abs(truth).max()  # a zero value (a gradient that is 0 everywhere) has no spread
-        values, ses, truth = values[:, keep], ses[:, keep], truth[keep]
-        sd = values.std(0, ddof=1)
-        sem = sd / math.sqrt(len(values))
-        assert np.all(np.abs(values.mean(0) - truth) <= 4 * sem + 1e-12 * np.abs(truth)), quantity
-        assert 0.6 <= np.median(ses.mean(0) / sd) <= 1.6, (quantity, np.median(ses.mean(0) / sd))
-        assert np.mean(np.abs(values - truth) <= 3 * ses) >= 0.8, quantity
+        assert_honest(exact, estimates, quantity)
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_tic_estimates_scatter_around_the_exact_value_by_their_standard_errors(name):
+    """As above for the TICs (BackPACK's exact Hessian diagonal): unbiased, standard errors of the right size."""
+    exact, estimates = draws(name, 32, 8, quantities_=lambda: [TICDiag(epsilon=EPSILON), TICTrace(epsilon=EPSILON)])
+    for quantity in ("TICDiag", "TICTrace"):
+        assert_honest(exact, estimates, quantity)
+
+
+def assert_honest(exact, estimates, quantity):
+    """The checks of the two tests above, for one quantity's values (the whole network's and the layers')."""
+    values, ses, truth = spread(exact, estimates, quantity)
+    keep = np.abs(truth) > 1e-12 * np.abs(truth).max()  # a zero value (a gradient that is 0 everywhere) has no spread
+    values, ses, truth = values[:, keep], ses[:, keep], truth[keep]
+    sd = values.std(0, ddof=1)
+    sem = sd / math.sqrt(len(values))
+    assert np.all(np.abs(values.mean(0) - truth) <= 4 * sem + 1e-12 * np.abs(truth)), quantity
+    assert 0.6 <= np.median(ses.mean(0) / sd) <= 1.6, (quantity, np.median(ses.mean(0) / sd))
+    assert np.mean(np.abs(values - truth) <= 3 * ses) >= 0.8, quantity
 
 
 # -- behaviour -------------------------------------------------------------------------------

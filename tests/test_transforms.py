@@ -43,6 +43,7 @@ def test_transforms_scale_contributions_to_individual_gradients():
     torch.testing.assert_close(transforms.BatchL2()(per_sample), (individual**2).sum(1))
     torch.testing.assert_close(transforms.BatchDotGrad()(per_sample), individual @ g)
     torch.testing.assert_close(transforms.SumGradSquared()(per_sample).reshape(-1), (individual**2).sum(0))
+    torch.testing.assert_close(transforms.IndividualSquares()(per_sample).reshape(B, -1), individual**2)
     direction = torch.randn(O * I, dtype=torch.float64)
     dot = transforms.BatchDotDirection("d", lambda ps: direction)
     torch.testing.assert_close(dot(per_sample), individual @ direction)
@@ -193,7 +194,8 @@ def test_transforms_of_large_individual_gradients_run_on_chunks_of_samples(monke
     direction = torch.randn(O * I, dtype=torch.float64)
     histogram = transforms.GradHistogram1d(5, (-3.0, 3.0))
     chosen = [transforms.BatchL2(), transforms.GradL2(), transforms.BatchDotGrad(), transforms.SumGradSquared(),
-              transforms.SumGrad(), histogram, transforms.BatchDotDirection("d", lambda p: direction, keep=kept)]
+              transforms.SumGrad(), transforms.IndividualSquares(), histogram,
+              transforms.BatchDotDirection("d", lambda p: direction, keep=kept)]
     values = transforms.run(chosen, per_sample)
     assert chunks == [2, 2, 1] and "grad_batch" not in vars(per_sample)  # never all B samples at once
     assert len(memory) == 1  # every chunk built in the same memory
@@ -203,6 +205,7 @@ def test_transforms_of_large_individual_gradients_run_on_chunks_of_samples(monke
     torch.testing.assert_close(values["batch_dot_grad"], individual @ g)
     torch.testing.assert_close(values["sum_grad_squared"], (individual**2).sum(0).reshape(O, I))
     torch.testing.assert_close(values["sum_grad"], individual.sum(0).reshape(O, I))
+    torch.testing.assert_close(values["individual_squares"], (individual**2).reshape(B, O, I))  # not the scratch's
     of_explicit = histogram(transforms.PerSample(per_sample.param, 0, grad_batch=explicit))
     for value, expected in zip(values[histogram.key], of_explicit):
         torch.testing.assert_close(value, expected)

@@ -1,5 +1,6 @@
 """Base class of the Takeuchi information criterion quantities (Thomas et al., 2020)."""
 
+from cockpit_lite import subsample
 from cockpit_lite.quantities.curvature import AUTO, CurvatureQuantity
 from cockpit_lite.transforms import SumGradSquared
 
@@ -20,9 +21,15 @@ class TIC(CurvatureQuantity):
     could run (``"hutchinson"``, ``"diag_ggn_mc"``, or ``"auto"`` on a model BackPACK
     cannot serve) the value is NaN with a flag naming why and the fix; nothing is computed
     for it and no graph is kept.
+
+    Subsampled (``k`` of ``B`` samples, ``cockpit_lite.subsample``): the curvature is the
+    whole batch's, exact, so every value is a population mean ``(1/B) Σ_n x_n`` of per-sample
+    terms over an exact denominator; ``(1/k) Σ_{n∈S} x_n`` estimates it without bias, with the
+    standard error of ``subsample.total``. Subclasses give the terms (``sample_terms``).
     """
 
     EXACT_ONLY = True
+    SUBSAMPLE = True
     TRANSFORMS = (SumGradSquared,)
 
     def __init__(self, track_schedule=None, verbose=False, curvature=AUTO, epsilon=1e-7):
@@ -39,3 +46,19 @@ class TIC(CurvatureQuantity):
     def second_moments(data):
         """Per parameter ``(1/B) Σ_n g̃_n²`` elementwise."""
         return [sgs / data.batch_size for sgs in data.per_sample(SumGradSquared.key)]
+
+    def compute(self, step, data):
+        if data.subset is None or self._chosen[1] is None:
+            return super().compute(step, data)
+        terms, denominators = self.sample_terms(data, data.curvature(self._chosen[1]))
+        t, se = subsample.total(terms, data.batch_size)
+        scale = 1 / (data.batch_size * denominators)
+        out = subsample.output(t * scale, se * scale.abs(), data.samples, data.batch_size)
+        out.meta["curvature"] = self._chosen[1]
+        return out
+
+    def sample_terms(self, data, diagonal):
+        """``(x [k, 1 + L], D [1 + L])`` at a subsampled step: the drawn samples' terms, whose
+        mean over the batch divided by the exact ``D`` is the value (the whole network's
+        column first, then one per parameter)."""
+        raise NotImplementedError

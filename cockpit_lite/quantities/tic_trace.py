@@ -1,7 +1,10 @@
 """``TICTrace``: Takeuchi information criterion with the curvature's trace (Thomas et al., 2020)."""
 
-from cockpit_lite.quantities.base import total_and_layers
+import torch
+
+from cockpit_lite.quantities.base import total_and_layers, with_total
 from cockpit_lite.quantities.tic import TIC
+from cockpit_lite.transforms import BatchL2
 
 
 class TICTrace(TIC):
@@ -10,7 +13,12 @@ class TICTrace(TIC):
     Per layer: one parameter tensor's second moment over its own curvature trace.
     ``C`` is an exact diagonal (BackPACK's Hessian or GGN diagonal), else the value is
     NaN with a flag: see ``TIC``.
+
+    Subsampled: the per-sample terms ``x_n = ‖g̃_n‖²`` of the drawn samples (of the whole
+    network, and of each parameter tensor) over the exact ``tr C + ε``.
     """
+
+    SUBSAMPLE_TRANSFORMS = (BatchL2,)
 
     def parts(self, data, diagonal):
         return total_and_layers(
@@ -18,3 +26,8 @@ class TICTrace(TIC):
             [m.sum() for m in self.second_moments(data)],
             [c.sum() for c in diagonal],
         )
+
+    def sample_terms(self, data, diagonal):
+        terms = with_total(torch.stack(data.per_sample(BatchL2.key), 1))
+        traces = with_total(torch.stack([c.sum() for c in diagonal]).to(terms.dtype))
+        return terms, traces + self.epsilon

@@ -14,9 +14,9 @@ How to read it
   trend of the moving average (bold) rather than single values.
 - TICTrace is smoother and cheaper; the two should move together.
 The TICs are computed from exact curvature diagonals only; without one they are NaN
-(the record's flag says why), and the title says "nan". A record written before that
-rule may hold estimates: then the shaded bands are ± one standard error and the title
-says so.
+(the record's flag says why), and the title says "nan". Estimates (``Cockpit(samples=k)``:
+from the drawn samples over the exact diagonal; a record written before that rule:
+Hutchinson's) are shaded ± one standard error, and the title says so.
 """
 
 import numpy as np
@@ -40,7 +40,7 @@ def gauge(record, ax, *, layers=False, yscale="auto", **options):
     absent = missing(record)(*KEYS)
     if len(absent) == len(KEYS):
         return not_tracked(ax, TITLE, KEYS)
-    parts, shown = [], []
+    parts, shown, estimated = [], [], ""
     for key in KEYS:
         if key in absent:
             parts.append(f"{LABELS[key]} not tracked")
@@ -51,7 +51,8 @@ def gauge(record, ax, *, layers=False, yscale="auto", **options):
             continue
         raw_and_smooth(ax, xs, ys, COLORS[key], label=LABELS[key], raw="line")
         shown.append(ys)
-        parts.append(f"{LABELS[key]} {style.fmt(ys[-1])}" + estimate_band(ax, record, key, COLORS[key]).replace(" · ", " ", 1))
+        parts.append(f"{LABELS[key]} {style.fmt(ys[-1])}")
+        estimated = estimate_band(ax, record, key, COLORS[key]).replace(" · ", " ", 1) or estimated
     if not shown:
         return no_finite(ax, TITLE, KEYS, record)
     if layers:
@@ -62,4 +63,4 @@ def gauge(record, ax, *, layers=False, yscale="auto", **options):
     style.auto_yscale(ax, *shown, scale=yscale)
     finish_time_axes(ax, options, ylabel="TIC")
     style.legend(ax, loc="best", ncol=2)
-    style.set_title(ax, "TIC " + " · ".join(parts))
+    style.set_title(ax, f"TIC{estimated} " + " · ".join(parts))  # "est." first: a narrow panel cuts the end
