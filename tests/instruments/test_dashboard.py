@@ -155,6 +155,22 @@ def test_estimates_from_a_subsample_are_shaded_and_titled():
     assert len(bands) == 1
 
 
+def test_estimated_tics_say_so_once_before_their_values():
+    """Both TICs estimated from a subsample: one "est." ahead of the values (a narrow panel cuts a
+    title's end first, which once dropped the trace's value along with its own "est."), a band each."""
+    record = records.full_record()
+    for entry in record.values():
+        for name in ("TICDiag", "TICTrace"):
+            if name in entry:
+                entry.setdefault("meta", {})[name] = {"samples": 8, "of": 64, "se": 0.1 * abs(entry[name]),
+                                                      "curvature": "diag_h"}
+    dashboard = Dashboard(**FAST)
+    dashboard.draw(record)
+    title = dashboard.axes["tic"].get_title()
+    assert title.startswith("TIC est. 8/64 samples diag ") and title.count("est.") == 1, title
+    assert len([c for c in dashboard.axes["tic"].collections if c.get_label() == "±1 SE"]) == 2
+
+
 def test_step_axes_are_aligned(full_record):
     dashboard = Dashboard(**FAST)
     dashboard.draw(full_record)
