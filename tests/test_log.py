@@ -94,6 +94,24 @@ def test_a_second_writer_appends_a_run_segment_and_readers_pick_the_last(tmp_pat
         log.read(path, segment=2)
 
 
+def test_a_run_id_that_heads_two_segments_reads_as_the_last_of_them(tmp_path):
+    """Two logs joined by hand (``cat a.jsonl b.jsonl``): segments of runs X, Y, X. A header that
+    repeats an earlier id without ``"resumed"`` starts a new segment; ``segment="X"`` is the latest
+    of them, as ``-1`` is the latest segment."""
+    header = {"format": "cockpit-lite", "version": 1}
+    lines = [{**header, "run": "X", "quantities": ["first"]}, {"step": 0, "Loss": 1.0}, {"step": 1, "Loss": 1.5},
+             {**header, "run": "Y"}, {"step": 0, "Loss": 2.0},
+             {**header, "run": "X", "quantities": ["again"]}, {"step": 0, "Loss": 3.0}]
+    path = tmp_path / "joined.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert [(s["run"], s["steps"]) for s in log.segments(path)] == [("X", 2), ("Y", 1), ("X", 1)]
+    assert log.read(path, segment="X") == {0: {"Loss": 3.0}}
+    assert log.read_jsonl(path, segment="X")[0]["quantities"] == ["again"]
+    assert log.read_segment(path, "X")[1:] == ({0: {"Loss": 3.0}}, 3)
+    assert log.read(path, segment="Y") == {0: {"Loss": 2.0}}
+    assert log.read(path, segment=0) == {0: {"Loss": 1.0}, 1: {"Loss": 1.5}}  # the first X: by its index
+
+
 def test_a_resumed_run_continues_its_segment(tmp_path):
     path = tmp_path / "run.jsonl"
     first = log.JSONLinesWriter(path, {})

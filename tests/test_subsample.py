@@ -95,6 +95,9 @@ def test_estimates_are_the_documented_estimators_on_brute_force_individual_gradi
         for value, se, layer in zip(entry["GradVariance"], entry["meta"]["GradVariance"]["se"], layers):
             assert value == pytest.approx(max(layer["GradVariance"][0] - layer["_offset"], 0.0), rel=1e-6, abs=1e-10)
             assert se == pytest.approx(layer["GradVariance"][1], rel=1e-6, abs=1e-12)
+        # the whole network's: one estimate from the drawn samples' total ‖g̃_n‖², not the layers' combined
+        assert entry["meta"]["GradVariance"]["total_se"] == pytest.approx(whole["GradVariance"][1], rel=1e-6,
+                                                                          abs=1e-12), step
         chosen = torch.cat([g[rows].reshape(-1) for g in grads])
         counts, _ = np.histogram(np.clip(chosen.numpy(), -0.5, 0.5), bins=9, range=(-0.5, 0.5))
         hist = np.asarray(entry["GradHist1d"]["hist"]) * K / B  # the recorded estimate is scaled by B / k

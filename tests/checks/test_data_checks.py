@@ -1,5 +1,6 @@
 """The data checks: duplicates (exact and near-exact), imbalance, normalization, non-finite values."""
 
+import pytest
 import torch
 from check_cases import CASES
 
@@ -49,6 +50,25 @@ def test_normalization_names_the_fix():
     data = dict(case.options["data"], x_test=case.options["data"]["x_test"] * 3 + 2)  # test split not normalised
     result = _report(case, data)["data_normalization"]
     assert result.passed is False and "not scaled like x_train" in result.message
+
+
+@pytest.mark.parametrize("shift, factor, agrees", [
+    (0.3, 1.0, True), (-0.3, 1.0, True), (0.7, 1.0, False), (-0.7, 1.0, False),  # means within half a train std
+    (0.0, 1.5, True), (0.0, 0.6, True), (0.0, 2.5, False), (0.0, 0.4, False),    # stds within a factor of 2
+])
+def test_the_test_split_must_agree_with_the_training_split(shift, factor, agrees):
+    """The test split is the training split moved by ``shift`` training stds and scaled by ``factor``
+    about its mean: each split on its own is roughly standardised (|mean| about 0.7 at most, std 2.5 at most), so only
+    the agreement decides, on values away from its bounds (a mean shifted by 0.7 std, not within 0.5)."""
+    case = CASES["regression_mlp"]()
+    train = case.options["data"]["x_train"].double()
+    mean, std = train.mean(), train.std(unbiased=False)
+    moved = (mean + (train - mean) * factor + shift * std).float()
+    data = dict(case.options["data"], x_test=moved)
+    result = _report(case, data)["data_normalization"]
+    assert result.passed is agrees, result.message
+    assert ("not scaled like x_train" in result.message) is not agrees
+    assert result.value == pytest.approx(float(std), rel=1e-5)
 
 
 def test_token_inputs_are_not_normalised():

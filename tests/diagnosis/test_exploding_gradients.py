@@ -4,6 +4,7 @@ its layer choice is no near-tie of floats."""
 
 import logging
 
+import pytest
 import torch
 from torch import nn
 
@@ -35,6 +36,30 @@ def test_a_zero_initialised_class_token_does_not_fire_on_its_own():
     # the class token starts at 0 and grows slowly: ||g||/||w|| = 830 at ||w|| = 4e-4, the total norm flat
     found = kinds([entry(s, 4e-4 * (s + 1)) for s in range(12)])
     assert [f for f in found if f.kind in ("exploding_gradients", "vanishing_gradients")] == [], found
+
+
+def _relative_gradients(first, second):
+    """GradNorm giving the weight tensors (cls_token, patch, block, head: ‖θ‖ 0.5, 4, 3, 2, alike per entry)
+    relative gradients ``first``, ``second``, 0.4/3 and 0.15 (the output end: max 0.15)."""
+    return [first * 0.5, second * 4.0, 0.05, 0.4, 0.05, 0.3, 0.05]
+
+
+def test_one_odd_tensor_at_the_input_end_does_not_fire_on_its_own():
+    """r of the first weight tensor 200x the output end's, the second's ordinary (0.125 / 0.15): the
+    input end is the smaller of the two, 0.83x, far below 50x."""
+    found = kinds([entry(s, 0.5, _relative_gradients(30.0, 0.125)) for s in range(8)])
+    assert [f for f in found if f.kind == "exploding_gradients"] == [], found
+
+
+def test_both_tensors_at_the_input_end_fire():
+    """r 30 and 20 at the input end, 0.15 at the output end: min(30, 20) / 0.15 = 133x from the first
+    record on, found after SUSTAIN (3) records; the layer is the largest r's."""
+    found = kinds([entry(s, 0.5, _relative_gradients(30.0, 20.0)) for s in range(8)])
+    hits = [f for f in found if f.kind == "exploding_gradients"]
+    assert len(hits) == 1, found
+    assert hits[0].step == 0 and hits[0].layer == "cls_token"
+    assert hits[0].evidence["input_to_output"] == pytest.approx(20.0 / 0.15, rel=1e-3)  # 4 digits kept
+    assert hits[0].evidence["largest"] == pytest.approx(30.0, rel=1e-3)
 
 
 def test_growth_over_the_early_level_is_found_even_while_the_loss_spikes():

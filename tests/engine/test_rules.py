@@ -330,6 +330,28 @@ def test_embedding_rule_matches_a_sample_loop(padding_idx):
         assert not got[0][:, padding_idx].any()
 
 
+class ShiftedLookup(Lookup):
+    """The looked-up rows plus 1: every position, padding included, gets a nonzero output gradient."""
+
+    def forward(self, tokens):
+        return self.embedding(tokens) + 1.0
+
+
+@pytest.mark.parametrize("padding_idx", [0, 3], ids=str)
+def test_the_padding_row_gets_no_gradient_where_its_positions_get_an_output_gradient(padding_idx):
+    """Under ``Σ (W[idx] + 1)²`` the padding positions' output gradient is 2, not 0; autograd still
+    gives the padding row no gradient, and neither may the rule (per-sample autograd of the
+    individual losses of one forward pass)."""
+    torch.manual_seed(0)
+    model = ShiftedLookup(nn.Embedding(5, 3, padding_idx=padding_idx).double())
+    tokens = TOKENS.clone()
+    tokens[:, 0, 0] = padding_idx  # a padding position in every sample
+    got = engine_individual_gradients(model, tokens)
+    loop = individual_reference(model, tokens)[0]
+    assert not loop[:, padding_idx].any() and loop.abs().sum() > 0
+    torch.testing.assert_close(got[0], loop)
+
+
 def test_embedding_scaled_by_frequency_is_left_to_the_global_path(monkeypatch):
     """scale_grad_by_freq divides by the token counts of the whole batch: the samples' gradients
     are coupled, and only VJPs of the individual losses of the one forward pass give them."""
