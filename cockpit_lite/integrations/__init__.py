@@ -11,7 +11,8 @@
 
 
 def require(module, extra):
-    """Import ``module``; if it is missing, raise ImportError naming the extra to install."""
+    """Import ``module``; if it is missing, raise ImportError naming the extra to install
+    and the distribution: the top-level name (``lightning`` for ``lightning.pytorch``)."""
     import importlib
 
     try:
@@ -27,5 +28,5 @@ def require(module, extra):
     except ImportError as error:
         raise ImportError(
             f"{module} is not installed; this integration needs it: in a clone of cockpit-lite, "
-            f"pip install \".[{extra}]\" (or pip install {module})"
+            f"pip install \".[{extra}]\" (or pip install {module.partition('.')[0]})"
         ) from error

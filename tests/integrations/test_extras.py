@@ -1,6 +1,9 @@
 """Each integration without its package: an ImportError that names the extra to install."""
 
 import importlib
+import importlib.metadata
+import importlib.util
+import re
 import subprocess
 import sys
 
@@ -21,6 +24,13 @@ def test_missing_package_names_the_extra(module, package, extra):
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert f'pip install ".[{extra}]"' in out, out
+    # the distribution the message names is one pip can install and that provides the module
+    named = re.search(r"\(or pip install ([\w.-]+)\)", out).group(1)
+    top = package.partition(".")[0]
+    if importlib.util.find_spec(top) is not None:
+        assert named in importlib.metadata.packages_distributions().get(top, []), (named, out)
+    else:
+        assert named == top, out
 
 
 def test_a_torchvision_built_for_another_torch_names_the_fix(monkeypatch):
