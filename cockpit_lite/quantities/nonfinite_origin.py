@@ -11,7 +11,10 @@ autograd graph still holds its saved tensors):
 
 - ``module``: ``"input"`` if the model's first input is non-finite, else the first
   module (in that order) whose output is non-finite, else ``"loss_fn"`` (the model's
-  output is finite, the loss is not);
+  output is finite, the loss is not); ``None`` when no module's output was seen in the
+  step's forward pass (a Cockpit given parameters only finds the modules in its first
+  tracked forward pass, so step 0's ran unwatched): the place is unknown, the op is
+  still named from the loss's graph;
 - ``op``: the operation that made the first non-finite value. The autograd graph of
   that output (of the loss for ``"loss_fn"``) is walked towards the inputs; a node is
   a *creator* when its saved inputs are finite and its result (saved, or recomputed
@@ -114,7 +117,7 @@ class NonfiniteOrigin(Quantity):
     def _locate(self, loss, outputs, inputs):
         finite = [bool(f) for f in torch.stack([torch.isfinite(t.detach()).all() for _, _, t in outputs]).tolist()] \
             if outputs else []
-        module, node, params_bad = "loss_fn", loss.grad_fn, False
+        module, node, params_bad = "loss_fn" if outputs else None, loss.grad_fn, False
         if inputs is not None and not bool(torch.isfinite(inputs).all()):
             module, node = "input", None
         else:

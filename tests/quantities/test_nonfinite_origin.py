@@ -162,15 +162,30 @@ def test_creator_op_on_a_graph_without_a_creator():
     assert op_name(torch.exp(a).grad_fn) == "exp" and op_name(a.sin().grad_fn) == "sin"
 
 
-def test_a_cockpit_without_a_model_names_the_loss_fn():
-    """Built from parameters only, no module is watched: the loss function is named."""
-    model = body(torch.tanh)
+@pytest.mark.parametrize("inside", [True, False])
+def test_a_cockpit_without_a_model_names_no_place_before_it_found_the_modules(inside):
+    """Built from parameters only, step 0's forward pass ran unwatched: the module is
+    unknown (None), never the loss function when the model made the NaN; the op is named.
+    From step 1 on, the modules found in step 0 are watched: the place is named again."""
+    model = body((lambda h: torch.log(h - 10)) if inside else torch.tanh)
     cp = Cockpit(model.parameters(), [NonfiniteOrigin()], diagnose=False)
-    loss = torch.log(model(X) - 10).mean()
-    with cp(0, info={"loss": loss}):
-        loss.backward()
-    assert cp.output[0]["NonfiniteOrigin"] == {"module": "loss_fn", "op": "log", "params_nonfinite": False}
+    for step in range(2):
+        out = model(X)
+        loss = (out.mean() if inside else torch.log(out - 10).mean())
+        with cp(step, info={"loss": loss}):
+            loss.backward()
     cp.close()
+    assert cp.output[0]["NonfiniteOrigin"] == {"module": None, "op": "log", "params_nonfinite": False}
+    assert cp.output[1]["NonfiniteOrigin"]["module"] == ("1" if inside else "loss_fn")
+
+
+def test_nan_loss_says_when_the_place_is_unknown():
+    from cockpit_lite.diagnosis.rules.nan_loss import NanLoss
+
+    entry = {"Loss": float("nan"), "NonfiniteOrigin": {"module": None, "op": "log", "params_nonfinite": False}}
+    (finding,) = NanLoss().observe(0, entry, None)
+    assert "no hook watched" in finding.message and "loss function" not in finding.message
+    assert finding.layer is None and "log" in finding.suggestion
 
 
 def test_finite_parameters_whose_output_overflows():

@@ -43,7 +43,8 @@ class NanLoss(Rule):
         else:
             suggestion = FIXES.get(op, "find the operation named here and guard its argument")
         where = {"input": "in the model's input", "loss_fn": "in the loss function"}.get(
-            module, f"first in the output of {module!r}" if module is not None else "(origin not tracked)")
+            module, f"first in the output of {module!r}" if module is not None else
+            "in a forward pass no hook watched (its module is unknown)" if origin else "(origin not tracked)")
         return [Finding(
             self.KIND, layer, step, "error",
             f"the loss is {loss if loss is not None else 'non-finite'} at step {step}: the first non-finite value "
