@@ -712,26 +712,33 @@ class _StepContext:
         owner = self.owner or self
         params = self.cockpit.params
         self.grads_before = [None if p.grad is None else p.grad.detach().clone() for p in params]
-        if self.owner is None:
-            self._products()  # first: no hook of this step exists yet (the engine's step begins below), no BackPACK
-            if self.cockpit.accumulate and self.transforms:
-                self.window = Window(self.grads_before)
-        if self.transforms:
-            with backpack_untouched():
-                self.cockpit.engine.begin(
-                    self.transforms, self.info, self.info.batch_size, self.grads_before, self.needed_by, owner.window
-                )
-        if any(uses_random_numbers(e) for e in self.extensions if e.savefield in self.added_savefields):
-            key = (self.cockpit.seed, self.step) + ((len(owner.passes),) if owner.passes else ())
-            self._stack.enter_context(_private_random_state(self.cockpit.params, key))
+        # BackPACK's full backward hooks fire in the Cockpit's own passes (the products below, the
+        # user's backward inside the context) with "Full backward hook is firing ... no inputs
+        # require gradients": exactly that message is silenced, and only inside this context
         self._stack.enter_context(warnings.catch_warnings())
-        warnings.filterwarnings("ignore", message="Full backward hook is firing")
-        if self.extensions:
-            self._backpack = backpack(*self.extensions)
-            self._backpack.__enter__()
-        loss = self.info.get("loss")
-        if torch.is_tensor(loss) and loss.requires_grad:  # did the backward pass run through it?
-            self._loss_hook = loss.register_hook(self._reached)
+        warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
+        try:
+            if self.owner is None:
+                self._products()  # first: no hook of this step exists yet (the engine begins below), no BackPACK
+                if self.cockpit.accumulate and self.transforms:
+                    self.window = Window(self.grads_before)
+            if self.transforms:
+                with backpack_untouched():
+                    self.cockpit.engine.begin(
+                        self.transforms, self.info, self.info.batch_size, self.grads_before, self.needed_by, owner.window
+                    )
+            if any(uses_random_numbers(e) for e in self.extensions if e.savefield in self.added_savefields):
+                key = (self.cockpit.seed, self.step) + ((len(owner.passes),) if owner.passes else ())
+                self._stack.enter_context(_private_random_state(self.cockpit.params, key))
+            if self.extensions:
+                self._backpack = backpack(*self.extensions)
+                self._backpack.__enter__()
+            loss = self.info.get("loss")
+            if torch.is_tensor(loss) and loss.requires_grad:  # did the backward pass run through it?
+                self._loss_hook = loss.register_hook(self._reached)
+        except BaseException:  # a refusal leaves no filter or private random state behind
+            self._stack.close()
+            raise
         self.cockpit._open_step = self.step  # open only once entered (a refusal above leaves nothing open)
         return self
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import problems
+from foreign_warnings import raised_as_errors
 from cockpit_lite import log, quantities, schedules
 from cockpit_lite.quantities import Output, SingleStepQuantity
 
@@ -345,7 +346,7 @@ def test_readme_snippet_runs(index, tmp_path, monkeypatch):
             pytest.importorskip(package, reason=f"the {extra} extra is not installed")
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": "__readme__"}
-    with redirect_stdout(io.StringIO()):
+    with redirect_stdout(io.StringIO()), raised_as_errors():
         exec(compile(code, f"docs snippet {index}", "exec"), namespace)
     if "OpposingFraction" in namespace:
         _check_opposing_fraction(namespace["OpposingFraction"], tmp_path)
