@@ -16,6 +16,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from cockpit_lite import demo
+from cockpit_lite.demo import evaluate, minibatches  # noqa: F401 (the experiments' loops use them from here)
+
 #: Scalings of the digit images (raw pixel values are integers 0..16).
 SCALINGS = ("unit", "standard", "raw255")
 
@@ -40,27 +43,20 @@ def load_digits_tensors(seed=0, test_fraction=0.2, scaling="unit"):
     Args:
         seed: seed of the train/test split.
         test_fraction: fraction of the 1,797 images held out.
-        scaling: ``"unit"`` (pixel / 16, in [0, 1], as ``experiments.demo``),
+        scaling: ``"unit"`` (pixel / 16, in [0, 1], as ``cockpit_lite.demo``),
             ``"standard"`` (zero mean, unit variance over all training pixels) or
             ``"raw255"`` (pixel / 16 * 255, the 0..255 range of an image file that
             was never normalised).
     """
-    from sklearn.datasets import load_digits
-
     if scaling not in SCALINGS:
         raise ValueError(f"unknown scaling {scaling!r}; choose one of {SCALINGS}")
-    digits = load_digits()
-    images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    labels = torch.tensor(digits.target, dtype=torch.long)
-    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
-    cut = int(len(labels) * (1 - test_fraction))
-    train, test = order[:cut], order[cut:]
+    (train, train_labels), (test, test_labels) = demo.load_digits_tensors(seed, test_fraction)
     if scaling == "standard":
-        mean, std = images[train].mean(), images[train].std()
-        images = (images - mean) / std
+        mean, std = train.mean(), train.std()
+        train, test = (train - mean) / std, (test - mean) / std
     elif scaling == "raw255":
-        images = images * 255.0
-    return (images[train], labels[train]), (images[test], labels[test])
+        train, test = train * 255.0, test * 255.0
+    return (train, train_labels), (test, test_labels)
 
 
 def mlp(widths, activation=nn.ReLU, n_in=64, n_out=10):
@@ -71,26 +67,6 @@ def mlp(widths, activation=nn.ReLU, n_in=64, n_out=10):
         d = w
     layers.append(nn.Linear(d, n_out))
     return nn.Sequential(*layers)
-
-
-def minibatches(n, batch_size, generator):
-    """Index tensors of one epoch's shuffled minibatches (the last partial batch is dropped)."""
-    order = torch.randperm(n, generator=generator)
-    for start in range(0, n - batch_size + 1, batch_size):
-        yield order[start : start + batch_size]
-
-
-@torch.no_grad()
-def evaluate(model, data):
-    """``(mean cross-entropy, accuracy)`` of ``model`` on ``data`` without BackPACK bookkeeping."""
-    from backpack import disable
-
-    images, labels = data
-    with disable():
-        outputs = model(images)
-        loss = nn.functional.cross_entropy(outputs, labels).item()
-    accuracy = (outputs.argmax(1) == labels).float().mean().item()
-    return loss, accuracy
 
 
 def finite(values):

@@ -143,7 +143,8 @@ def main(argv=None):
     parser.add_argument("--tables", action="store_true", help="only re-render the tables from docs/numbers.json")
     args = parser.parse_args(argv)
     if not args.tables:
-        from experiments import broken_networks, common, demo, lr_comparison
+        from cockpit_lite import demo
+        from experiments import broken_networks, common, lr_comparison
 
         work = os.path.join("runs", "docs")
         cp, paths = demo.train(out=os.path.join(work, "demo"), progress=False)

@@ -3,7 +3,7 @@
     python -m experiments.preflight [--out runs/preflight] [--seed 0]
 
 Runs ``cockpit_lite.checks.run`` on the demo's CNN with the demo's data
-(``experiments.demo``: digits scaled to [0, 1]) and on the same set-up with three
+(``cockpit_lite.demo``: digits scaled to [0, 1]) and on the same set-up with three
 one-line bugs planted (a softmax after the last layer, in front of
 ``CrossEntropyLoss``; pixels on 0..255; 20 training images copied into the test
 split), and prints both reports. Then, for the healthy model, an LR range test
@@ -19,7 +19,7 @@ from torch import nn
 
 from cockpit_lite import checks
 from experiments import common
-from experiments.demo import build_model
+from cockpit_lite.demo import build_model
 
 BATCH = 64
 
@@ -63,7 +63,7 @@ def main(argv=None):
         model, loss_fn, batch, options = setup(args.seed, broken)
         reports[name] = checks.run(model, loss_fn, batch, **options, seed=args.seed)
         print(f"== {name}" + (": softmax before CrossEntropyLoss, pixels on 0..255, 20 test images from train"
-                              if broken else ": the experiments.demo model and data"))
+                              if broken else ": the cockpit_lite.demo model and data"))
         print(reports[name], end="\n\n")
     model, loss_fn, _, options = setup(args.seed)
     result, clip, csv_path, png_path = lr_range(model, loss_fn, options["data"], args.out, args.seed,

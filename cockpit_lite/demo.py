@@ -1,6 +1,9 @@
 """Demo: watch a small network learn handwritten digits through cockpit-lite.
 
-    python -m experiments.demo [--epochs 5] [--lr 0.2] [--level full] [--model cnn] [--out runs/demo] [--seed 0]
+    python -m cockpit_lite.demo [--epochs 5] [--lr 0.2] [--level full] [--model cnn] [--out runs/demo] [--seed 0]
+
+It ships with the package (``pip install ".[demo]"`` adds scikit-learn and tqdm) and
+takes about a minute on a 2-core CPU with the defaults.
 
 Trains a small CNN (or MLP) on scikit-learn's ``load_digits`` (1,797 real 8×8
 handwritten digits that ship inside the scikit-learn wheel: nothing is
@@ -24,7 +27,6 @@ from torch import nn
 
 from cockpit_lite import Cockpit, configuration, extend, log, schedules
 from cockpit_lite.quantities import CABS, EarlyStopping
-from experiments import common
 
 try:
     from tqdm import tqdm
@@ -32,7 +34,51 @@ except ImportError:  # pragma: no cover - tqdm is a demo dependency
     tqdm = None
 
 
+def load_digits_tensors(seed=0, test_fraction=0.2):
+    """scikit-learn's digits as ``([N, 1, 8, 8] float32 in [0, 1], labels)`` train and test splits.
+
+    Args:
+        seed: seed of the train/test split.
+        test_fraction: fraction of the 1,797 images held out.
+    """
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as error:
+        raise ImportError(
+            "the demo's data are scikit-learn's digits. Fix: pip install scikit-learn "
+            '(in a clone of cockpit-lite: pip install ".[demo]")'
+        ) from error
+    digits = load_digits()
+    images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0  # pixels are 0..16
+    labels = torch.tensor(digits.target, dtype=torch.long)
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
+    cut = int(len(labels) * (1 - test_fraction))
+    train, test = order[:cut], order[cut:]
+    return (images[train], labels[train]), (images[test], labels[test])
+
+
+def minibatches(n, batch_size, generator):
+    """Index tensors of one epoch's shuffled minibatches (the last partial batch is dropped)."""
+    order = torch.randperm(n, generator=generator)
+    for start in range(0, n - batch_size + 1, batch_size):
+        yield order[start : start + batch_size]
+
+
+@torch.no_grad()
+def evaluate(model, data):
+    """``(mean cross-entropy, accuracy)`` of ``model`` on ``data`` without BackPACK bookkeeping."""
+    from backpack import disable
+
+    images, labels = data
+    with disable():
+        outputs = model(images)
+        loss = nn.functional.cross_entropy(outputs, labels).item()
+    accuracy = (outputs.argmax(1) == labels).float().mean().item()
+    return loss, accuracy
+
+
 def build_model(name):
+    """The demo's small CNN (``"cnn"``) or a one-hidden-layer MLP (``"mlp"``) for 8×8 digits."""
     if name == "cnn":
         return nn.Sequential(
             nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(),
@@ -40,7 +86,7 @@ def build_model(name):
             nn.Flatten(), nn.Linear(16 * 4 * 4, 10),
         )
     if name == "mlp":
-        return common.mlp([32])
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
     raise ValueError(f"unknown model {name!r}; choose cnn or mlp")
 
 
@@ -48,7 +94,7 @@ def train(epochs=5, lr=0.2, level="full", model_name="cnn", out="runs/demo", see
           batch_size=32, track_every=1, plots=True, progress=True):
     """Train with a Cockpit; return ``(cockpit, paths)``."""
     torch.manual_seed(seed)
-    train_data, test_data = common.load_digits_tensors(seed)
+    train_data, test_data = load_digits_tensors(seed)
     model, lossfunc = extend(build_model(model_name)), extend(nn.CrossEntropyLoss())
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     os.makedirs(out, exist_ok=True)
@@ -70,7 +116,7 @@ def train(epochs=5, lr=0.2, level="full", model_name="cnn", out="runs/demo", see
     bar = tqdm(total=epochs * steps_per_epoch, unit="step", mininterval=0.5, disable=not progress) if tqdm else None
     step = 0
     for epoch in range(epochs):
-        for index in common.minibatches(len(labels), batch_size, shuffle):
+        for index in minibatches(len(labels), batch_size, shuffle):
             optimizer.zero_grad()
             loss = lossfunc(model(images[index]), labels[index])
             with cp(step, info={"loss": loss, "optimizer": optimizer}):
@@ -80,8 +126,8 @@ def train(epochs=5, lr=0.2, level="full", model_name="cnn", out="runs/demo", see
                 bar.update()
                 bar.set_postfix(epoch=epoch, loss=f"{loss.item():.3f}")
             step += 1
-        train_loss, train_acc = common.evaluate(model, train_data)
-        test_loss, test_acc = common.evaluate(model, test_data)
+        train_loss, train_acc = evaluate(model, train_data)
+        test_loss, test_acc = evaluate(model, test_data)
         cp.log(step - 1, epoch, train_loss, None, test_loss, train_acc, None, test_acc, lr)
         if plotter is not None:
             plotter.plot(cp, savename_append=f"__epoch_{epoch:03d}")
@@ -132,12 +178,14 @@ def main(argv=None):
     parser.add_argument("--track-every", type=int, default=1, help="track every N-th step")
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
+    if (args.epochs, args.level, args.model, args.batch_size, args.track_every) == (5, "full", "cnn", 32, 1):
+        print("training 5 epochs at the full level: about a minute on a 2-core CPU")
     start = time.time()
     cp, paths = train(
         args.epochs, args.lr, args.level, args.model, args.out, args.seed,
         args.batch_size, args.track_every, plots=not args.no_plots,
     )
-    print(f"\ntrained {args.epochs} epochs in {time.time() - start:.0f} s")
+    print(f"\ntrained {args.epochs} epoch{'' if args.epochs == 1 else 's'} in {time.time() - start:.0f} s")
     print(f"log:        {paths['log']}\nrecord:     {paths['json']}")
     for path in paths.get("dashboards", []):
         print(f"dashboard:  {path}")
