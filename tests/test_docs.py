@@ -21,7 +21,9 @@ from contextlib import redirect_stdout
 
 import pytest
 
+from cockpit_lite import diagnosis as _diagnosis
 from experiments import make_docs
+from foreign_warnings import raised_as_errors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SKIP = re.compile(r"<!-- docs-test: skip \((.+?)\) -->\s*$")
@@ -94,7 +96,7 @@ def test_block_runs_as_pasted(name, line, code, skip, tmp_path, monkeypatch):
             pytest.importorskip(package, reason=f"the {extra} extra is not installed")
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": "__docs__"}
-    with redirect_stdout(io.StringIO()):
+    with redirect_stdout(io.StringIO()), raised_as_errors():
         exec(compile(code, f"{name}:{line}", "exec"), namespace)
     if name == "README.md" and "cp.report()" in code:
         _check_the_report_shown(namespace["cp"])
@@ -109,6 +111,21 @@ def _check_the_report_shown(cp):
     found = [(f.severity, f.kind, f.layer or "", str(f.step)) for f in cp.findings]
     assert heads == found, "the README's sample report no longer matches what its first example finds"
     assert f"diagnosis: {len(found)} finding(s)" in shown
+    steps = sorted(cp.get_output())
+    assert f'"steps {steps[0]}–19 ({len(steps)} logged)"' in text  # the dashboard's title, explained
+    shown = shown[len("```text\n"):].rstrip()
+    printed = _diagnosis.format_report(cp.findings, cp.output, cp.names)
+    _assert_same_report(printed[:len(shown)], shown)
+
+
+_NUMBER = r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
+
+
+def _assert_same_report(printed, shown):
+    """The same words, and the same numbers within the rounding a thread count can move."""
+    assert re.sub(_NUMBER, "#", printed) == re.sub(_NUMBER, "#", shown), (printed, shown)
+    assert [float(n) for n in re.findall(_NUMBER, printed)] == pytest.approx(
+        [float(n) for n in re.findall(_NUMBER, shown)], rel=2e-2, abs=1e-6)
 
 
 # ----------------------------------------------------------------------------- numbers
@@ -140,8 +157,8 @@ def _get(numbers, key):
 O = "measured/overhead/rows"
 #: (file, quoted text, key in numbers.json: "/"-separated, list indices as numbers).
 QUOTES = [
-    ("README.md", "economy costs 88.1× the plain step on an MLP", f"{O}/2/2"),
-    ("README.md", "(cockpit-lite: 21.8×)", f"{O}/2/1"),
+    ("README.md", "economy costs 65.5× the plain step on an MLP", "measured/recipe/rows/0/3"),
+    ("README.md", "given the same parameters: 20.5×)", "measured/recipe/rows/0/2"),
     ("docs/performance.md", "Plain steps: MLP 0.40 ms", "measured/overhead/plain_step_ms/MLP"),
     ("docs/performance.md", "CNN 12.3 ms", "measured/overhead/plain_step_ms/CNN"),
     ("docs/performance.md", "transformer 15.6 ms", "measured/overhead/plain_step_ms/transformer"),
@@ -281,6 +298,8 @@ CONSTANTS = [
     ("docs/diagnosis.md", "≥ 25 % above its minimum", f"{T}:OVERFIT_RISE", 100),
     ("docs/diagnosis.md", "fell ≥ 20 % since", f"{T}:OVERFIT_FALL", 100),
     ("docs/diagnosis.md", "each of the first 10 steps", "cockpit_lite.diagnosis:DENSE_STEPS", 1),
+    ("README.md", "of the first 10 steps and then", "cockpit_lite.diagnosis:DENSE_STEPS", 1),
+    ("README.md", "and then at every 10th", "cockpit_lite.diagnosis:EVERY", 1),
     ("docs/diagnosis.md", "at every 10th step", "cockpit_lite.diagnosis:EVERY", 1),
 ]
 
@@ -294,3 +313,21 @@ def test_quoted_setting_is_the_code_s(name, quoted, where, factor):
     value = getattr(importlib.import_module(module), constant) * factor
     numbers = [float(n) for n in re.findall(r"\d+(?:\.\d+)?(?:e-?\d+)?", quoted)]
     assert any(math.isclose(n, value, rel_tol=1e-9) for n in numbers), (quoted, value)
+
+
+def test_the_diagnosis_page_shows_what_its_command_prints(tmp_path):
+    """docs/diagnosis.md's sample report is what ``python -m instruments diagnose`` prints
+    for ``python -m experiments.broken_networks --only lr_too_high_adam_cnn``."""
+    from experiments import broken_networks
+    from instruments import cli
+
+    text = _read("docs/diagnosis.md")
+    command = "$ python -m instruments diagnose runs/broken_networks/lr_too_high_adam_cnn.jsonl\n"
+    shown = text[text.index(command) + len(command):]
+    shown = shown[:shown.index("```")].rstrip("\n")
+    with redirect_stdout(io.StringIO()):
+        broken_networks.main(["--only", "lr_too_high_adam_cnn", "--out", str(tmp_path), "--no-dashboards"])
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        cli.main(["diagnose", str(tmp_path / "lr_too_high_adam_cnn.jsonl")])
+    _assert_same_report(printed.getvalue().rstrip("\n"), shown)

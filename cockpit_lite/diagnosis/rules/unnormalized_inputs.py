@@ -43,7 +43,7 @@ class UnnormalizedInputs(Rule):
         evidence = {"mean": plain(mean), "std": plain(std), "min": plain(low), "max": plain(high),
                     "input_layer": self.first}
         seen = (f"the model's inputs have mean {fmt(mean)} and std {fmt(std)} (range {fmt(low)} .. {fmt(high)}) "
-                f"at step {step}")
+                f"since step {self.streak.start}")  # the finding's step: one step number in the report
         kind = str((self.first or {}).get("type", ""))
         if kind.startswith(NORMALISING):
             return [Finding(
