@@ -34,6 +34,7 @@ from backpack.extensions.backprop_extension import BackpropExtension
 
 from cockpit_lite import budget as _budget
 from cockpit_lite import diagnosis as _diagnosis
+from cockpit_lite.diagnosis import precedence as _precedence
 from cockpit_lite import distributed as _distributed
 from cockpit_lite import log as _log
 from cockpit_lite import state as _state
@@ -501,13 +502,14 @@ class Cockpit:
 
     @property
     def findings(self):
-        """The diagnosis findings so far (``list[Finding]``; empty with ``diagnose=False``)."""
+        """The diagnosis findings so far (``list[Finding]``; empty with ``diagnose=False``), causes
+        first: each root followed by the findings it probably caused (``diagnosis.precedence``)."""
         if self._diagnosis is None:
             return []
         self._diagnose()
         probe = copy.deepcopy(self._diagnosis)  # the newest step may still get values: look, don't settle
         probe.feed_record({s: self.output[s] for s in self._undiagnosed if s in self.output})
-        return probe.findings
+        return [f for f, _ in _precedence.ordered(probe.findings)]
 
     def report(self):
         """Print (and return) the diagnosis report: findings, then per-layer statistics."""

@@ -306,11 +306,12 @@ def _evaluate(model, loss_fn, x, y):
     return loss, accuracy
 
 
-def train(name, seed=0, log=None, quantities=None, steps=None, diagnose=True):
+def train(name, seed=0, log=None, quantities=None, steps=None, diagnose=True, scenario=None):
     """Train scenario ``name`` with a Cockpit; returns the Cockpit (closed).
 
     Args:
         name: a key of ``SCENARIOS``.
+        scenario: a ``Scenario`` to train instead of ``SCENARIOS[name]``.
         seed: initialisation, split and batch order.
         log: JSON-lines log path (optional).
         quantities: override the scenario's quantities (a list).
@@ -320,7 +321,7 @@ def train(name, seed=0, log=None, quantities=None, steps=None, diagnose=True):
     import cockpit_lite
     from cockpit_lite import configuration
 
-    scenario = SCENARIOS[name]
+    scenario = scenario or SCENARIOS[name]
     torch.manual_seed(seed)
     model, ((x, y), (xv, yv)), make_optimizer = scenario.build(seed)
     optimizer = make_optimizer(model.parameters())

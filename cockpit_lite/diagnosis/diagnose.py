@@ -18,6 +18,7 @@ import os
 from cockpit_lite import log as _log
 from cockpit_lite.diagnosis.finding import Finding
 from cockpit_lite.diagnosis.history import History, Streak
+from cockpit_lite.diagnosis.precedence import ordered
 from cockpit_lite.diagnosis.rules import RULES
 
 LOGGER = logging.getLogger("cockpit_lite.diagnosis")
@@ -184,7 +185,8 @@ def diagnose(source, names=None, segment=-1, limits=None):
         limits: reader bounds (``cockpit_lite.log.LIMITS``) for a file source.
 
     Returns:
-        ``list[Finding]``, in the order they were first seen.
+        ``list[Finding]``, causes first: each root (in the order first seen) followed by
+        the findings it probably caused (``cockpit_lite.diagnosis.precedence``).
 
     Raises:
         ValueError: for a file that is not a record (naming the file, the line and
@@ -193,12 +195,13 @@ def diagnose(source, names=None, segment=-1, limits=None):
     record, found_names, shapes = _source(source, segment, limits)
     diagnosis = Diagnosis(names or found_names, shapes if not names else None)
     diagnosis.feed_record(record)
-    return diagnosis.findings
+    return [f for f, _ in ordered(diagnosis.findings)]
 
 
 def recorded(record):
-    """The findings a live Cockpit wrote into ``record`` (its ``"findings"`` keys), in step order."""
+    """The findings a live Cockpit wrote into ``record`` (its ``"findings"`` keys), causes first
+    (as ``diagnose``; the log keeps them in the order they were found)."""
     out = []
     for step in sorted(record):
         out += [Finding.from_dict(f) for f in record[step].get(FINDINGS, [])]
-    return out
+    return [f for f, _ in ordered(out)]

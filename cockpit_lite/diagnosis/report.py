@@ -4,6 +4,8 @@ import math
 
 import numpy as np
 
+from cockpit_lite.diagnosis.precedence import ordered
+
 
 def _last(record, key):
     for step in sorted(record, reverse=True):
@@ -21,15 +23,21 @@ def _num(value, width=9):
     return f"{value:.3g}".rjust(width)
 
 
+def _where(finding):
+    return f" in {finding.layer!r}" if finding.layer is not None else ""
+
+
 def format_report(findings, record, names=None):
-    """The report as a string (see the module docstring)."""
+    """The report as a string (see the module docstring): causes first, each consequence
+    after its root with a line naming it (``cockpit_lite.diagnosis.precedence``)."""
     lines = [f"cockpit-lite diagnosis: {len(findings)} finding(s)"]
     if not findings:
         lines.append("  no problem found")
-    for f in findings:
-        where = f" in {f.layer!r}" if f.layer is not None else ""
-        lines.append(f"- [{f.severity}] {f.kind}{where}, step {f.step}")
+    for f, root in ordered(findings):
+        lines.append(f"- [{f.severity}] {f.kind}{_where(f)}, step {f.step}")
         lines.append(f"    {f.message}")
+        if root is not None:
+            lines.append(f"    probably caused by {root.kind}{_where(root)} (step {root.step}): fix that first")
         lines.append(f"    fix: {f.suggestion}")
 
     step, stats = _last(record, "ActivationStats")

@@ -18,8 +18,12 @@ def test_edge_of_stability_quotes_the_sharpness_of_the_step_it_names():
 
 
 def test_unnormalized_inputs_names_the_step_of_its_numbers():
+    """Its numbers are those of the step the finding names (the streak's first record), and
+    that is the only step the message names (it used to say step 0 above "at step 1")."""
     diagnosis = Diagnosis()
     for step, mean in enumerate([100.0, 120.0]):
         diagnosis.feed(step, {"InputStats": {"mean": mean, "std": 80.0, "min": 0.0, "max": 255.0}})
-    message = diagnosis.findings[0].message
-    assert "mean 120" in message and "at step 1" in message, message
+    (finding,) = diagnosis.findings
+    assert finding.step == 0 and finding.evidence["mean"] == 100.0
+    assert "mean 100" in finding.message and "at step 0" in finding.message, finding.message
+    assert "step 1" not in finding.message

@@ -37,13 +37,15 @@ class UnnormalizedInputs(Rule):
         if not isinstance(stats, dict) or not all(finite(stats.get(k)) for k in ("mean", "std")):
             return []
         mean, std = float(stats["mean"]), float(stats["std"])
-        if not self.streak.see(step, max(abs(mean), std) >= T.INPUT_SCALE):
+        if not self.streak.see(step, max(abs(mean), std) >= T.INPUT_SCALE, stats):
             return []
-        low, high = stats.get("min"), stats.get("max")
+        # the numbers of the streak's first record: the step the finding names, its only step number
+        start, stats = self.streak.start, self.streak.first
+        mean, std, low, high = float(stats["mean"]), float(stats["std"]), stats.get("min"), stats.get("max")
         evidence = {"mean": plain(mean), "std": plain(std), "min": plain(low), "max": plain(high),
                     "input_layer": self.first}
         seen = (f"the model's inputs have mean {fmt(mean)} and std {fmt(std)} (range {fmt(low)} .. {fmt(high)}) "
-                f"since step {self.streak.start}")  # the finding's step: one step number in the report
+                f"at step {start}")
         kind = str((self.first or {}).get("type", ""))
         if kind.startswith(NORMALISING):
             return [Finding(
