@@ -13,7 +13,9 @@ can be computed afterwards, at the same point, by brute force:
   ``torch.linalg.eigvalsh``.
 """
 
+import contextlib
 import copy
+import os
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +27,10 @@ from cockpit_lite import Cockpit, extend
 NAMES = ("mlp", "cnn", "mse")
 REDUCTIONS = ("mean", "sum")
 BATCH_SIZES = (2, 5)
+DEVICE = torch.device(os.environ.get("COCKPIT_LITE_TEST_DEVICE", "cpu"))
+"""Where the problems' models, batches and brute-force references live: the CPU unless the
+environment variable ``COCKPIT_LITE_TEST_DEVICE`` names another device (``cuda``), so that the
+tests built on these problems run there unchanged (``experiments/gpu_check.py`` does this)."""
 
 
 def _mlp():
@@ -71,7 +77,7 @@ class Problem:
 
     def fresh_model(self, params, state=None):
         """A non-extended copy of the model holding copies of ``params`` (and buffers ``state``)."""
-        model = BUILDERS[self.name][0]().double().train(self.model.training)
+        model = BUILDERS[self.name][0]().double().to(DEVICE).train(self.model.training)
         if state is not None:
             model.load_state_dict(state)
         with torch.no_grad():
@@ -93,11 +99,11 @@ def make(name, batch_size, reduction="mean", steps=3, seed=0):
     """Build a float64 problem with ``steps`` batches (plain problems BackPACK-extended, for curvature)."""
     build, loss_cls, inputs, target = BUILDERS[name]
     torch.manual_seed(seed)
-    model, lossfunc = build().double(), loss_cls(reduction=reduction)
+    model, lossfunc = build().double().to(DEVICE), loss_cls(reduction=reduction)
     if name in NAMES:
         model, lossfunc = extend(model), extend(lossfunc)
     g = torch.Generator().manual_seed(seed + 1)
-    batches = [(inputs(g, batch_size), target(g, batch_size)) for _ in range(steps)]
+    batches = [(inputs(g, batch_size).to(DEVICE), target(g, batch_size).to(DEVICE)) for _ in range(steps)]
     return Problem(name, reduction, batch_size, model, lossfunc, batches)
 
 
@@ -127,7 +133,7 @@ def run(problem, quantities, lr=0.1, optimizer=None, steps=None, first_step=0, p
     for offset, (x, y) in enumerate(batches):
         step = first_step + offset
         state = copy.deepcopy(problem.model.state_dict())
-        snapshots[step] = Snapshot([p.detach().clone() for p in params], x, y, state, torch.get_rng_state())
+        snapshots[step] = Snapshot([p.detach().clone() for p in params], x, y, state, rng_state())
         opt.zero_grad()
         loss = problem.lossfunc(problem.model(x), y)
         with cp(step, info={"loss": loss, "optimizer": opt}):
@@ -136,6 +142,27 @@ def run(problem, quantities, lr=0.1, optimizer=None, steps=None, first_step=0, p
             before_step(params)
         opt.step()
     return cp, snapshots
+
+
+def rng_state():
+    """The random state a step starts with: the CPU's, and ``DEVICE``'s as well when that is a GPU."""
+    if DEVICE.type == "cuda":
+        return torch.get_rng_state(), torch.cuda.get_rng_state(DEVICE)
+    return torch.get_rng_state()
+
+
+@contextlib.contextmanager
+def replayed_rng(snapshot):
+    """Run under the random state the snapshot's step started with (its dropout masks), leaving the
+    caller's state as it was. ``snapshot.rng``: ``rng_state()``, a CPU state alone, or ``None``."""
+    with torch.random.fork_rng(devices=[DEVICE] if DEVICE.type == "cuda" else []):
+        state = snapshot.rng
+        if isinstance(state, tuple):
+            torch.set_rng_state(state[0])
+            torch.cuda.set_rng_state(state[1], DEVICE)
+        elif state is not None:
+            torch.set_rng_state(state)
+        yield
 
 
 def _replayed_model(problem, snapshot):
@@ -152,9 +179,7 @@ def individual_gradients(problem, snapshot):
     model = _replayed_model(problem, snapshot)
     params = list(model.parameters())
     b = snapshot.x.shape[0]
-    with torch.random.fork_rng(devices=[]):
-        if snapshot.rng is not None:
-            torch.set_rng_state(snapshot.rng)
+    with replayed_rng(snapshot):
         contributions = problem.contributions(model, snapshot.x, snapshot.y)
     per_sample = []
     for n in range(b):
@@ -166,9 +191,7 @@ def individual_gradients(problem, snapshot):
 def individual_losses(problem, snapshot):
     """Brute force ``ℓ_n = B c_n`` with ``mean_n ℓ_n = L``."""
     model = _replayed_model(problem, snapshot)
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
-        if snapshot.rng is not None:
-            torch.set_rng_state(snapshot.rng)
+    with torch.no_grad(), replayed_rng(snapshot):
         return problem.contributions(model, snapshot.x, snapshot.y) * snapshot.x.shape[0]
 
 
@@ -179,9 +202,7 @@ def gradient(problem, snapshot):
 
 def loss(problem, snapshot):
     model = _replayed_model(problem, snapshot)  # built first: building draws random numbers
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
-        if snapshot.rng is not None:
-            torch.set_rng_state(snapshot.rng)
+    with torch.no_grad(), replayed_rng(snapshot):
         return problem.loss_of(model, snapshot.x, snapshot.y)
 
 
@@ -195,9 +216,7 @@ def hessian(problem, snapshot):
     model = _replayed_model(problem, snapshot)
 
     def loss_of(forward):
-        with torch.random.fork_rng(devices=[]):
-            if snapshot.rng is not None:
-                torch.set_rng_state(snapshot.rng)
+        with replayed_rng(snapshot):
             return problem.loss_of(forward, snapshot.x, snapshot.y)
 
     return hessian_of(model, loss_of)
@@ -365,7 +384,7 @@ def run_autocast(quantity, steps=2, batch_size=32, offset=50.0, autocast=True, t
     before each step and after the last, and ``"losses"``, each step's individual losses;
     ``with_losses``: those go to the Cockpit too, as ``info["individual_losses"]``."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(DEVICE)
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=lr)
     cp = Cockpit(model, quantity if isinstance(quantity, list) else [quantity], strict=True, diagnose=False,
@@ -373,9 +392,9 @@ def run_autocast(quantity, steps=2, batch_size=32, offset=50.0, autocast=True, t
     g = torch.Generator().manual_seed(1)
     individual = []
     for step in range(steps):
-        x = torch.randn(batch_size, 8, generator=g)
-        y = offset + 0.1 * torch.randn(batch_size, 4, generator=g)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        x = torch.randn(batch_size, 8, generator=g).to(DEVICE)
+        y = offset + 0.1 * torch.randn(batch_size, 4, generator=g).to(DEVICE)
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16, enabled=autocast):
             out = model(x)
         losses = torch.nn.functional.mse_loss(out.float(), y, reduction="none").mean(1)
         grads = [torch.autograd.grad(losses[n], params, retain_graph=True) for n in range(batch_size)]
