@@ -9,7 +9,8 @@
 
 Every check returns a ``CheckResult(name, passed, value, threshold, message, fix)``;
 ``passed`` is None when the check does not apply (skipped, with the reason), never
-True. ``run`` works on deep copies: the user's parameters, buffers (BatchNorm
+True, and when the data given cannot decide it (``inconclusive``, with what to pass in
+``fix``), never False. ``run`` works on deep copies: the user's parameters, buffers (BatchNorm
 running statistics), gradients, optimizer and the global random state are the
 same afterwards, bit for bit. Karpathy's "A Recipe for Training Neural Networks"
 (2019) is the source of most checks.
@@ -27,7 +28,8 @@ causal_forward                  relative leak <= 1e-5                   as above
 causal_backward                 relative leak <= 1e-5                   as above
 nonzero_gradients               no parameter without a gradient         None, all-zero or non-finite, or frozen
 overfit_one_batch               loss <= 5% of ln C (regr.: of L0)       p(right class) ~ 0.89; 16 samples, <= 300 steps
-input_independent_baseline      loss(real) <= 0.9 loss(zeros)           a model ignoring its input gives exactly 1
+input_independent_baseline      loss(real) <= 0.9 loss(zeros)           a model ignoring its input gives exactly 1;
+                                held-out gain >= 0.1 x headroom         inconclusive with too few held-out samples
 gradient_check                  error <= 1e-4 (float64, eps 1e-6)       rounding and truncation ~1e-10; bugs O(1)
 data_duplicates                 0 test rows in train (4 decimals/std)   any leak inflates the test score
 data_imbalance                  max / min class count <= 10             beyond 10:1 accuracy hides the rare classes

@@ -1,16 +1,19 @@
 """Results of the pre-flight checks: ``CheckResult`` (one check) and ``Report`` (all of them).
 
-A check has three outcomes, never two: passed (``passed is True``), failed
-(``passed is False``) and skipped (``passed is None``: it does not apply to this
-set-up, ``message`` says why). ``raise_if_failed`` raises with an explicit
-``raise AssertionError`` so that ``python -O`` cannot strip it.
+A check has four outcomes, never two: passed (``passed is True``), failed
+(``passed is False``), skipped (``passed is None``: it does not apply to this
+set-up, ``message`` says why) and inconclusive (``passed is None`` and
+``inconclusive``: it applies, but the data it was given cannot decide it; ``message``
+says why and ``fix`` what to pass so that it can). Only a failure fails a run:
+``raise_if_failed`` raises with an explicit ``raise AssertionError`` so that
+``python -O`` cannot strip it.
 """
 
 import math
 from dataclasses import dataclass, field
 
-PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
-_LABEL = {PASSED: "PASS", FAILED: "FAIL", SKIPPED: "SKIP"}
+PASSED, FAILED, SKIPPED, INCONCLUSIVE = "passed", "failed", "skipped", "inconclusive"
+_LABEL = {PASSED: "PASS", FAILED: "FAIL", SKIPPED: "SKIP", INCONCLUSIVE: "????"}
 
 
 @dataclass
@@ -19,12 +22,14 @@ class CheckResult:
 
     Attributes:
         name: the check's name (e.g. ``"init_loss"``).
-        passed: True, False, or None when the check was skipped.
+        passed: True, False, or None when the check was skipped or is inconclusive.
         value: the measured number the threshold applies to (None if skipped).
         threshold: the limit, as text with its direction (e.g. ``"<= 1.5"``).
         message: what was measured (or why the check was skipped), in words.
-        fix: how to fix a failure (empty when there is nothing to fix).
+        fix: how to fix a failure, or (inconclusive) what to pass to decide (empty when
+            there is nothing to do).
         seconds: time the check took.
+        inconclusive: with ``passed`` None: the data given cannot decide the check.
     """
 
     name: str
@@ -34,6 +39,7 @@ class CheckResult:
     message: str = ""
     fix: str = ""
     seconds: float = field(default=0.0, compare=False)
+    inconclusive: bool = False
 
     @classmethod
     def skip(cls, name, reason):
@@ -42,14 +48,16 @@ class CheckResult:
 
     @property
     def status(self):
-        """``"passed"``, ``"failed"`` or ``"skipped"``."""
-        return SKIPPED if self.passed is None else PASSED if self.passed else FAILED
+        """``"passed"``, ``"failed"``, ``"skipped"`` or ``"inconclusive"``."""
+        if self.passed is None:
+            return INCONCLUSIVE if self.inconclusive else SKIPPED
+        return PASSED if self.passed else FAILED
 
     def __str__(self):
         value = "" if self.value is None else _number(self.value)
         line = f"{_LABEL[self.status]}  {self.name:<27} {value:>9} {self.threshold:<9} {self.message}"
-        if self.status == FAILED and self.fix:
-            line += f"\n      {'':<27} fix: {self.fix}"
+        if self.status in (FAILED, INCONCLUSIVE) and self.fix:
+            line += f"\n      {'':<27} {'fix' if self.status == FAILED else 'to decide'}: {self.fix}"
         return line.rstrip()
 
 
@@ -92,6 +100,11 @@ class Report:
         return self._names(SKIPPED)
 
     @property
+    def inconclusive(self):
+        """Names of the checks the data given could not decide (each says what to pass)."""
+        return self._names(INCONCLUSIVE)
+
+    @property
     def ok(self):
         """True when no check failed."""
         return not self.failed
@@ -113,11 +126,13 @@ class Report:
 
     def __str__(self):
         head = (f"pre-flight checks: {len(self.passed)} passed, {len(self.failed)} failed, "
-                f"{len(self.skipped)} skipped ({self.seconds:.1f} s)")
+                + (f"{len(self.inconclusive)} inconclusive, " if self.inconclusive else "")
+                + f"{len(self.skipped)} skipped ({self.seconds:.1f} s)")
         return "\n".join([head] + [str(r) for r in self])
 
     def __repr__(self):
-        return f"Report(failed={self.failed}, passed={len(self.passed)}, skipped={len(self.skipped)})"
+        return (f"Report(failed={self.failed}, passed={len(self.passed)}, inconclusive={self.inconclusive}, "
+                f"skipped={len(self.skipped)})")
 
     def raise_if_failed(self):
         """Raise one ``AssertionError`` listing every failed check (an explicit raise: ``-O`` keeps it)."""
