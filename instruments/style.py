@@ -46,6 +46,7 @@ LABEL_SIZE = 8
 TICK_SIZE = 7
 LEGEND_SIZE = 6.5
 NOTE_SIZE = 8
+COLORBAR_SIZE = 6.5  # a colour bar's label and all its tick labels
 
 LOG_SPAN = 30.0  # use a log axis when positive values span more than this factor
 

@@ -3,6 +3,7 @@
 import textwrap
 
 import numpy as np
+from matplotlib import patheffects, transforms
 
 from cockpit_lite import log
 
@@ -81,6 +82,49 @@ def raw_and_smooth(ax, xs, ys, color, label=None, smooth=True, marker_size=2.5, 
         (line,) = ax.plot(xs, data.smooth(ys), color=color, linewidth=linewidth, label=label, linestyle=linestyle)
         return line
     return None
+
+
+#: Marker size of a series of one point (e.g. the epoch values after one epoch).
+LONE_MARKER = 7
+
+
+def marker_style(n, size):
+    """Marker keywords for a series of ``n`` points: one point (one epoch so far) gets a large
+    marker, drawn whole even on the panel's edge, so that it reads as a value, not a stray dot."""
+    if n == 1:
+        return dict(markersize=LONE_MARKER, markeredgecolor="white", markeredgewidth=0.8, clip_on=False, zorder=5)
+    return dict(markersize=size)
+
+
+def label_points(ax, points):
+    """Write the value of each series of one point beside its marker.
+
+    Args:
+        ax: the panel (its twin axes share its box).
+        points: ``[(axes, x, y, text, colour)]``, each point in the data of its ``axes``
+            (``ax`` or a twin), whose limits are final.
+
+    The texts go left of a point in the right half of the panel, right of it otherwise,
+    and are moved apart vertically so that no two overlap.
+    """
+    height = ax.get_window_extent().height * 72 / ax.figure.dpi  # points
+    size = style.LEGEND_SIZE + 0.5
+    gap = 1.3 * size / max(height, 1.0)  # one line, as a fraction of the panel
+    placed = []
+    for axes, x, y, text, color in points:
+        axes.get_xlim(), axes.get_ylim()  # settle the autoscaled limits
+        fx, fy = (axes.transScale + axes.transLimits).transform((x, y))  # data -> fraction of the panel
+        placed.append([fx, fy, text, color])
+    placed.sort(key=lambda p: p[1])
+    for below, above in zip(placed, placed[1:]):
+        above[1] = max(above[1], below[1] + gap)
+    shift = max(0.0, placed[-1][1] - (1 - gap / 2)) if placed else 0.0  # the top one inside the panel
+    halo = [patheffects.withStroke(linewidth=2.5, foreground="white")]
+    for fx, fy, text, color in placed:
+        right = fx > 0.5
+        offset = transforms.ScaledTranslation((-1 if right else 1) * LONE_MARKER / 72, 0, ax.figure.dpi_scale_trans)
+        ax.text(fx, fy - shift, text, transform=ax.transAxes + offset, ha="right" if right else "left",
+                va="center", color=color, fontsize=size, fontweight="bold", zorder=6, path_effects=halo)
 
 
 #: More layers than this: only the ``TOP_K`` largest get a line (the heat maps show them all).

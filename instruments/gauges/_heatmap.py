@@ -48,13 +48,17 @@ def binned(xs, matrix, log=False, columns=MAX_COLUMNS):
 
 
 def draw(ax, xs, matrix, labels, *, log=False, vmin=None, vmax=None, cmap="viridis", label="",
-         threshold=None, threshold_label=None, options=None):
+         threshold=None, threshold_label=None, zero_label="0", options=None):
     """Draw ``matrix`` (``[rows, steps]``) as a heat map with a colour bar; returns the mesh.
+
+    The colour bar's label says what the colours outside the scale mean, where the map has
+    them: black (a value ≤ 0 on a log scale: ``zero_label``) and grey (no value).
 
     Args:
         log: logarithmic colour scale; values ≤ 0 are drawn in the "under" colour (black).
         vmin, vmax: colour limits (default: the 1st and 99th percentile of the finite values).
         threshold: a value marked on the colour bar (e.g. a diagnosis threshold).
+        zero_label: what a black cell means (e.g. "no gradient").
     """
     options = options or {}
     matrix = np.asarray(matrix, dtype=float)
@@ -92,13 +96,16 @@ def draw(ax, xs, matrix, labels, *, log=False, vmin=None, vmax=None, cmap="virid
         style.log_ticks(bar.ax.yaxis)
     else:
         style.compact_yaxis(bar.ax)
-    bar.ax.tick_params(labelsize=style.TICK_SIZE - 0.5, length=2, pad=1)
+    bar.ax.tick_params(which="both", labelsize=style.COLORBAR_SIZE, length=2, pad=1)  # minor labels too
     marked = threshold is not None and norm.vmin < threshold < norm.vmax
     if marked:
         bar.ax.axhline(threshold, color=style.FLAG, linewidth=1.5)
-    text = label + (f" (red: {threshold_label})" if marked and threshold_label else "")
+    keys = [f"red: {threshold_label}"] if marked and threshold_label else []
+    keys += [f"black: {zero_label}"] if log and (finite <= 0).any() else []
+    keys += ["grey: no value"] if np.isnan(cells).any() else []
+    text = "\n".join(part for part in (label, " · ".join(keys)) if part)
     if text:
-        bar.set_label(text, fontsize=style.LEGEND_SIZE, labelpad=1)
+        bar.set_label(text, fontsize=style.COLORBAR_SIZE, labelpad=1)
     return mesh
 
 

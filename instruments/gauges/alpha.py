@@ -4,9 +4,10 @@ Shows the distribution of the ``Alpha`` quantity: at every tracked step a 1-d
 quadratic is fitted (with noise) to the loss along the update direction, and α is
 the position the step reached, normalised so that the start is at α = −1, the
 parabola's minimum (the valley floor) at α = 0 and the mirror point on the far
-side at α = 1. The orange unit parabola sketches this; the gray histogram holds all
-tracked steps, the blue one the last 10 % (``last_fraction``); the title gives the
-median of the recent ones.
+side at α = 1. One y axis, the fraction of steps: the gray histogram holds all
+tracked steps, the blue one the last 10 % (``last_fraction``); the orange unit
+parabola sketches the loss along the step (drawn to the height of the bars, it has
+no scale of its own); the title gives the median of the recent ones.
 
 How to read it
 - α ≈ 0: each step lands near the minimum of the local quadratic.
@@ -18,14 +19,14 @@ How to read it
   Exactly −1 is recorded when the fit is concave (no valley along the step); a
   histogram piled up at −1 means concave fits (or undershooting), the title counts
   them.
-Values outside ±``clip`` (default 2.5) are counted in the outermost bins and their
-number is written at the edges (◀ n / n ▶), so a few outliers cannot squash the
-histogram.
+Values outside ±``clip`` (default 2.5) are counted in the outermost bins (so a few
+outliers cannot squash the histogram), and the legend says how many there are.
 """
 
 import math
 
 import numpy as np
+from matplotlib.lines import Line2D
 
 from .. import data, style
 from ._common import missing, no_finite, not_tracked
@@ -55,49 +56,37 @@ def gauge(record, ax, *, last_fraction=0.1, clip=2.5, bins=None, **options):
     if bins is None:
         bins = np.linspace(-clip, clip, int(round(2 * clip / 0.1)) + 1)
 
-    # the unit parabola: standardised loss 1 at the start (α = -1), 0 at the minimum
-    grid = np.linspace(-clip, clip, 200)
-    ax.plot(grid, grid**2, color=style.SECONDARY, linewidth=1.5, zorder=1)
-    for x in (-1, 0, 1):
-        ax.axvline(x, color="#bbbbbb", linewidth=0.8, zorder=0)
-    ax.set_ylim(0, 1.75)
-    ax.set_xlim(-clip, clip)
-    style.style_axes(ax, xlabel="α   (−1 start · 0 valley floor · 1 mirror point)", ylabel="std. loss", grid=False)
-    ax.set_yticks([0, 1])
-    ax.spines["right"].set_visible(True)
-
-    hist_ax = ax.twinx()
+    pct = int(round(100 * last_fraction))
+    clipped, clipped_recent = np.clip(values, -clip, clip), np.clip(recent, -clip, clip)
     weights_all = np.full(len(values), 1.0 / len(values))
     weights_recent = np.full(len(recent), 1.0 / len(recent))
-    pct = int(round(100 * last_fraction))
-    hist_ax.hist(np.clip(values, -clip, clip), bins=bins, weights=weights_all, color=style.ALL_COLOR,
-                 alpha=0.45, label=f"all (n={len(values)})")
-    hist_ax.hist(np.clip(recent, -clip, clip), bins=bins, weights=weights_recent, color=style.PRIMARY,
-                 alpha=0.6, label=f"last {pct}% (n={len(recent)})")
-    top = max(np.histogram(np.clip(values, -clip, clip), bins, weights=weights_all)[0].max(),
-              np.histogram(np.clip(recent, -clip, clip), bins, weights=weights_recent)[0].max())
-    hist_ax.set_ylim(0, top * 1.25)
-    hist_ax.tick_params(labelsize=style.TICK_SIZE, length=2.5, pad=1.5)
-    hist_ax.set_ylabel("fraction", fontsize=style.LABEL_SIZE, labelpad=1)
-    style.compact_yaxis(hist_ax)
-    for side in ("top", "left"):
-        hist_ax.spines[side].set_visible(False)
-    # keep the parabola above the bars
-    ax.set_zorder(hist_ax.get_zorder() + 1)
-    ax.patch.set_visible(False)
+    ax.hist(clipped, bins=bins, weights=weights_all, color=style.ALL_COLOR, alpha=0.45,
+            label=f"all (n={len(values)})")
+    ax.hist(clipped_recent, bins=bins, weights=weights_recent, color=style.PRIMARY, alpha=0.6,
+            label=f"last {pct}% (n={len(recent)})")
+    top = 1.5 * max(np.histogram(clipped, bins, weights=weights_all)[0].max(),
+                     np.histogram(clipped_recent, bins, weights=weights_recent)[0].max())
+    # one y axis, the fraction of steps; the unit parabola (the loss along the step, 1 at the start
+    # α = -1, 0 at the minimum) is a sketch drawn to the height of the bars, not a second scale
+    grid = np.linspace(-clip, clip, 200)
+    ax.plot(grid, top / 1.75 * grid**2, color=style.SECONDARY, linewidth=1.5, zorder=3,
+            label="loss along the step (sketch)")
+    for x in (-1, 0, 1):
+        ax.axvline(x, color="#bbbbbb", linewidth=0.8, zorder=0)
+    ax.set_ylim(0, top)
+    ax.set_xlim(-clip, clip)
+    style.style_axes(ax, xlabel="α   (−1 start · 0 valley floor · 1 mirror point)", ylabel="fraction of steps",
+                     grid=False)
 
+    handles, labels = ax.get_legend_handles_labels()
     below, above = int((values < -clip).sum()), int((values > clip).sum())
-    if below:
-        ax.text(0.01, 0.55, f"◀ {below}", transform=ax.transAxes, fontsize=style.LEGEND_SIZE + 0.5,
-                color=style.FLAG, ha="left", va="center")
-    if above:
-        ax.text(0.99, 0.55, f"{above} ▶", transform=ax.transAxes, fontsize=style.LEGEND_SIZE + 0.5,
-                color=style.FLAG, ha="right", va="center")
-
-    handles, labels = hist_ax.get_legend_handles_labels()
-    # on the upper axes, so that the legend covers the parabola, not the other way round
-    ax.legend(handles, labels, loc="upper left", fontsize=style.LEGEND_SIZE, framealpha=0.9,
-              borderpad=0.3, handlelength=1.2, labelspacing=0.2)
+    outside = ([f"{below} < −{clip:g}"] if below else []) + ([f"{above} > {clip:g}"] if above else [])
+    if outside:  # counted in the edge bins: the legend says how many
+        handles.append(Line2D([], [], linestyle="none"))
+        labels.append(", ".join(outside) + ", in the edge bins")
+    legend = ax.legend(handles, labels, loc="upper left", ncol=2, fontsize=style.LEGEND_SIZE, framealpha=0.9,
+                       borderpad=0.3, handlelength=1.2, labelspacing=0.2, columnspacing=0.8)
+    legend.set_in_layout(False)  # inside the panel: a narrow one must not give up the layout for it
 
     title = f"α, last {pct}%: median {float(np.median(recent)):.2f}"
     concave = float(np.mean(values == -1.0))

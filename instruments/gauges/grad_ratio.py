@@ -32,6 +32,7 @@ def gauge(record, ax, **options):
     if not has_data(record):
         return not_tracked(ax, TITLE, KEYS)
     xs, matrix, names = ratios.matrix(record, "GradNorm", options)
-    _heatmap.draw(ax, xs, matrix, names, log=True, cmap="viridis", label="‖g‖/‖θ‖", options=options)
+    _heatmap.draw(ax, xs, matrix, names, log=True, cmap="viridis", label="‖g‖/‖θ‖",
+                  zero_label="no gradient", options=options)
     name, value = _heatmap.worst(matrix, names, largest=False)
     style.set_title(ax, "‖g‖/‖θ‖" + (f" · smallest {style.fmt(value)} in {name}" if name else ""))

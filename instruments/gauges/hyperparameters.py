@@ -12,7 +12,7 @@ How to read it
 import numpy as np
 
 from .. import data, style
-from ._common import finish_time_axes, missing, no_finite, not_tracked
+from ._common import finish_time_axes, label_points, marker_style, missing, no_finite, not_tracked
 
 TITLE = "Hyperparameters"
 KEYS = ("learning_rate",)
@@ -28,9 +28,11 @@ def gauge(record, ax, *, yscale="auto", **options):
     last_step = max(data.step_range(record)[1], xs[-1])
     ax.step(np.append(xs, last_step), np.append(ys, ys[-1]), where="post", color=style.SECONDARY,
             linewidth=1.8, label="learning rate")
-    ax.plot(xs, ys, linestyle="none", marker="o", markersize=3, color=style.SECONDARY)
+    ax.plot(xs, ys, linestyle="none", marker="o", color=style.SECONDARY, **marker_style(len(xs), 3))
     scale = style.auto_yscale(ax, ys, scale=yscale)
     if scale == "linear":
         ax.set_ylim(0, ys.max() * 1.2 if ys.max() > 0 else 1)
     finish_time_axes(ax, options, ylabel="learning rate")
+    if len(xs) == 1:  # one value logged so far: say it where it is drawn
+        label_points(ax, [(ax, xs[0], ys[0], style.fmt(ys[0]), style.SECONDARY)])
     style.set_title(ax, f"learning rate {style.fmt(ys[-1])}")

@@ -17,7 +17,7 @@ The loss axis switches to a log scale when the values span more than a factor of
 """
 
 from .. import data, style
-from ._common import finish_time_axes, missing, not_tracked, raw_and_smooth
+from ._common import finish_time_axes, label_points, marker_style, missing, not_tracked, raw_and_smooth
 
 TITLE = "Performance"
 LOSS_KEYS = ("Loss", "train_loss", "valid_loss", "test_loss")
@@ -49,13 +49,15 @@ def gauge(record, ax, *, yscale="auto", accuracy=True, compact=False, smooth=Tru
     absent = missing(record)(*KEYS)
     if len(absent) == len(KEYS):
         return not_tracked(ax, TITLE, ("Loss",) + LOSS_KEYS[1:2])
-    parts, shown, last = [], [], {}
+    parts, shown, last, lone = [], [], {}, []
     if "Loss" not in absent:
         xs, ys = data.finite(*data.series(record, "Loss"))
         if len(xs):
             if len(xs) <= FEW:  # a short run: every value on one line (smoothing would hide a spike)
-                ax.plot(xs, ys, color=color or MINIBATCH_COLOR, linewidth=1.5, marker="o", markersize=2.5,
-                        label="mini-batch loss")
+                ax.plot(xs, ys, color=color or MINIBATCH_COLOR, linewidth=1.5, marker="o", label="mini-batch loss",
+                        **marker_style(len(xs), 2.5))
+                if len(xs) == 1:
+                    lone.append((ax, xs[0], ys[0], style.fmt(ys[0]), color or MINIBATCH_COLOR))
             else:
                 raw_and_smooth(ax, xs, ys, color or MINIBATCH_COLOR, label="mini-batch loss", smooth=smooth)
             shown.append(ys)
@@ -66,8 +68,10 @@ def gauge(record, ax, *, yscale="auto", accuracy=True, compact=False, smooth=Tru
             continue
         xs, ys = data.finite(*data.series(record, key))
         if len(xs):
-            ax.plot(xs, ys, color=SPLIT_COLORS[split], linewidth=1.4, marker="s", markersize=3,
-                    label=f"{split} loss {style.fmt(ys[-1])}")
+            ax.plot(xs, ys, color=SPLIT_COLORS[split], linewidth=1.4, marker="s",
+                    label=f"{split} loss {style.fmt(ys[-1])}", **marker_style(len(xs), 3))
+            if len(xs) == 1:
+                lone.append((ax, xs[0], ys[0], style.fmt(ys[0]), SPLIT_COLORS[split]))
             shown.append(ys)
             last[key] = ys[-1]
     if shown:
@@ -88,13 +92,17 @@ def gauge(record, ax, *, yscale="auto", accuracy=True, compact=False, smooth=Tru
             xs, ys = data.finite(*data.series(record, key))
             if len(xs):
                 ax2.plot(xs, 100 * ys, color=SPLIT_COLORS[split], linewidth=1.2, linestyle="--", marker="^",
-                         markersize=3, label=f"{split} acc. {100 * ys[-1]:.1f}%")
+                         label=f"{split} acc. {100 * ys[-1]:.1f}%", **marker_style(len(xs), 3))
+                if len(xs) == 1:
+                    lone.append((ax2, xs[0], 100 * ys[0], f"{100 * ys[0]:.1f}%", SPLIT_COLORS[split]))
                 last[key] = ys[-1]
         ax2.set_ylim(0, 100)
         ax2.set_ylabel("accuracy [%]", fontsize=style.LABEL_SIZE, labelpad=1)
         ax2.tick_params(labelsize=style.TICK_SIZE, length=2.5, pad=1.5)
         ax2.spines["top"].set_visible(False)
         handles = handles + ax2.get_legend_handles_labels()[0]
+    if lone:  # series of one point (one epoch so far): their values beside their markers
+        label_points(ax, lone)
     # the title carries the held-out numbers: valid if logged, else test, else train
     for split in ("valid", "test", "train"):
         if f"{split}_loss" in last or f"{split}_accuracy" in last:

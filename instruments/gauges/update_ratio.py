@@ -34,6 +34,6 @@ def gauge(record, ax, **options):
         return not_tracked(ax, TITLE, KEYS)
     xs, matrix, names = ratios.matrix(record, "UpdateSize", options)
     _heatmap.draw(ax, xs, matrix, names, log=True, cmap="viridis", label="‖Δθ‖/‖θ‖", threshold=HEALTHY,
-                  threshold_label="1e-3, healthy", options=options)
+                  threshold_label="1e-3, healthy", zero_label="did not move", options=options)
     name, value = _heatmap.worst(matrix, names)
     style.set_title(ax, "‖Δθ‖/‖θ‖" + (f" · largest {style.fmt(value)} in {name}" if name else ""))

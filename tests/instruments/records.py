@@ -135,6 +135,47 @@ def full_record(n_steps=60, seed=0):
 
 
 
+def one_epoch_record(n_steps=44):
+    """``full_record`` after one epoch: the epoch values (losses, accuracies, learning rate) are
+    logged once, at the last step, as a one-epoch run of the demo logs them."""
+    record = full_record(n_steps)
+    epoch_keys = ("epoch_count", "train_loss", "valid_loss", "test_loss", "train_accuracy", "valid_accuracy",
+                  "test_accuracy", "learning_rate")
+    last = max(record)
+    for step, entry in record.items():
+        for key in epoch_keys:
+            entry.pop(key, None)
+    record[last].update({"epoch_count": 0, "train_loss": 1.16, "test_loss": 1.12, "train_accuracy": 0.734,
+                         "test_accuracy": 0.753, "learning_rate": 0.2})
+    return record
+
+
+#: Findings as the diagnosis writes them for the README's first example (inputs on a 0..255 scale)
+#: and for a run at the edge of stability: sentence-long messages and fixes.
+LONG_FINDINGS = [
+    {"kind": "unnormalized_inputs", "layer": None, "step": 0, "severity": "warning",
+     "message": "the model's inputs have mean 122 and std 66.8 (range 1.13 .. 254) at step 1, far from unit scale",
+     "suggestion": "standardise the inputs (subtract the training mean, divide by the std; images: divide by 255 "
+                   "first)", "evidence": {}},
+    {"kind": "lr_too_high", "layer": None, "step": 1, "severity": "error",
+     "message": "the loss spiked to 3.65e+03 at step 1, 89x its first value 41",
+     "suggestion": "lower the learning rate (by 3-10x), add warm-up, or clip the gradient norm", "evidence": {}},
+    {"kind": "edge_of_stability", "layer": None, "step": 39, "severity": "warning",
+     "message": "lr * lambda_max = 0.2 * 11.7 = 2.34 >= 2 (the stability limit 2(1+momentum)) at step 39, and "
+                "4.41 at step 40: the step size is at the edge of stability",
+     "suggestion": "lower the learning rate below 0.17 if the loss oscillates; or accept it (training at the edge "
+                   "of stability is common) and watch the loss", "evidence": {}},
+]
+
+
+def with_findings(record, found=LONG_FINDINGS):
+    """A copy of ``record`` with ``found`` written at their steps."""
+    record = {step: dict(entry) for step, entry in record.items()}
+    for finding in found:
+        record[finding["step"]]["findings"] = record[finding["step"]].get("findings", []) + [finding]
+    return record
+
+
 def full_record_without_tic(n_steps=60):
     """``full_record`` of a model without an exact curvature diagonal: both TICs NaN at every step,
     each step flagged with the sentence-long reason (as the Cockpit records it)."""

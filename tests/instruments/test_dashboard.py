@@ -126,6 +126,8 @@ KINDS = {
     "economy estimated from a subsample (samples=8)": records.subsampled_economy_record,
     "full": records.full_record,
     "full, TICs NaN with a long flag at every step": records.full_record_without_tic,
+    "full, with sentence-long findings": lambda: records.with_findings(records.full_record()),
+    "one epoch (each epoch value a single point)": records.one_epoch_record,
     "only a loss": lambda: {0: {"Loss": 1.0}, 1: {"Loss": 0.5}},
 }
 
@@ -216,7 +218,9 @@ def test_instruments_never_imports_torch():
         "import sys, instruments, instruments.cli, instruments.epoch, instruments._worker;"
         "instruments.Dashboard().draw({0: {'Loss': 1.0}, 1: {'Loss': 0.5}});"
         "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')];"
-        "bad += [m for m in sys.modules if m.startswith('cockpit_lite.') and m != 'cockpit_lite.log'];"
+        # the record format, and the diagnosis's pure ordering of the findings (no torch, no model)
+        "bad += [m for m in sys.modules if m.startswith('cockpit_lite.') and m != 'cockpit_lite.log'"
+        " and not m.startswith('cockpit_lite.diagnosis')];"
         "bad += [m for m in sys.modules if m == 'matplotlib.pyplot'];"  # no global pyplot state
         "assert not bad, bad"
     )

@@ -5,8 +5,10 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from conftest import FAST, _ROOT
-from figure_text import not_tracked, texts
+from figure_text import drawn_texts, not_tracked, overlapping_texts, texts
+from matplotlib.text import Text
 
 import records
 from instruments import Dashboard, draw_gauge
@@ -22,25 +24,77 @@ FOUND = [
 ]
 
 
-def _with_findings(record, found=FOUND):
-    record = copy.deepcopy(record)
-    for finding in found:
-        record[finding["step"]].setdefault("findings", []).append(finding)
-    return record
-
-
 def test_panel_numbers_each_finding_with_kind_layer_and_step(full_record, ax):
-    draw_gauge("findings", _with_findings(full_record), ax)
+    draw_gauge("findings", records.with_findings(full_record, FOUND), ax)
     shown = texts(ax)
     assert ax.get_title() == "Diagnosis: 2 finding(s), 1 error(s)"
-    assert "1. step 12 · lr_too_high" in shown and "2. step 20 · dead_relu [encoder.3]" in shown
+    assert "1. step 12 · lr_too_high" in shown and "2. step 20 · dead_relu [encoder.3] ← 1." in shown
     assert any("30x its first value" in t for t in shown)
+
+
+def test_panel_lists_the_cause_first_and_marks_its_consequences(full_record, ax):
+    """As every report does (cockpit_lite.diagnosis.precedence): unnormalized_inputs, found at a later
+    record than the loss spike it caused, is listed first; the spike and the dead units point to it."""
+    found = [dict(FOUND[0], step=1), dict(FOUND[1], step=1),
+             {"kind": "unnormalized_inputs", "layer": None, "step": 0, "severity": "warning",
+              "message": "the model's inputs have mean 122", "suggestion": "standardise the inputs", "evidence": {}}]
+    record = records.with_findings(full_record, found)
+    draw_gauge("findings", record, ax)
+    shown = texts(ax)
+    assert "1. step 0 · unnormalized_inputs" in shown
+    assert "2. step 1 · lr_too_high ← 1." in shown and "3. step 1 · dead_relu [encoder.3] ← 1." in shown
 
 
 def test_many_findings_are_counted_not_overflowing(full_record, ax):
     many = [dict(FOUND[0], step=s) for s in range(1, 10)]
-    draw_gauge("findings", _with_findings(full_record, many), ax)
+    draw_gauge("findings", records.with_findings(full_record, many), ax)
     assert any(t.startswith("+3 more") for t in texts(ax))  # 6 shown
+
+
+def _panel_text(ax):
+    """The findings panel's text, as one line of words (wrapped lines joined)."""
+    return " ".join(" ".join(texts(ax)).split())
+
+
+@pytest.mark.parametrize("where", ["a panel of its own", "the dashboard's bottom row"])
+def test_every_finding_is_shown_whole_message_and_fix(where, full_record, ax):
+    """Sentence-long messages and fixes wrap onto as many lines as they need (the font gets
+    smaller where the panel is small); none is cut with "…"."""
+    record = records.with_findings(full_record)
+    if where == "a panel of its own":
+        draw_gauge("findings", record, ax)
+    else:
+        dashboard = Dashboard(**FAST)
+        dashboard.draw(record)
+        ax = dashboard.axes["findings"]
+    shown = _panel_text(ax)
+    assert "…" not in shown
+    for finding in records.LONG_FINDINGS:
+        assert finding["message"] in shown and "→ " + finding["suggestion"] in shown
+
+
+def test_the_findings_stay_inside_their_panel():
+    """At the font the panel chose, its lines neither overlap each other nor leave the panel."""
+    dashboard = Dashboard(dpi=50)
+    fig = dashboard.draw(records.with_findings(records.full_record()))
+    panel = dashboard.axes["findings"]
+    boxes = [(text, box, artist) for text, box, artist in drawn_texts(fig) if artist.get_figure() is panel.figure]
+    lines = [box for text, box, _ in boxes if text != panel.get_title()]
+    assert len(lines) >= 3 * len(records.LONG_FINDINGS)  # head, message and fix of each
+    assert not overlapping_texts(fig, boxes=boxes)
+    edge = panel.figure.bbox
+    assert all(edge.x0 - 1 <= box.x0 and box.x1 <= edge.x1 + 1 and edge.y0 - 1 <= box.y0 for box in lines)
+
+
+def test_a_large_panel_gets_a_larger_font(full_record):
+    from matplotlib.figure import Figure
+
+    sizes = []
+    for inches in ((4, 3), (10, 8)):
+        ax = Figure(figsize=inches, dpi=40, layout="constrained").add_subplot()
+        draw_gauge("findings", records.with_findings(full_record), ax)
+        sizes.append(max(text.get_fontsize() for text in ax.artists[0].findobj(Text)))
+    assert sizes[0] < sizes[1]
 
 
 def test_panel_without_findings(full_record, economy_record, ax):
@@ -55,7 +109,7 @@ def test_panel_without_findings(full_record, economy_record, ax):
 
 def test_dashboard_marks_the_steps_on_the_concerned_gauges(full_record):
     dashboard = Dashboard(**FAST)
-    record = _with_findings(full_record)
+    record = records.with_findings(full_record, FOUND)
     dashboard.draw(record)
     assert "findings" in dashboard.axes
 
@@ -72,7 +126,7 @@ def test_dashboard_marks_the_steps_on_the_concerned_gauges(full_record):
 
 def test_marks_skip_untracked_gauges(economy_record):
     dashboard = Dashboard(**FAST)
-    record = _with_findings(economy_record, [dict(FOUND[0], kind="edge_of_stability")])
+    record = records.with_findings(economy_record, [dict(FOUND[0], kind="edge_of_stability")])
     dashboard.draw(record)
     assert "max_ev" not in dashboard.axes  # an untracked gauge has no panel to mark
 

@@ -4,11 +4,11 @@ import math
 
 import numpy as np
 import pytest
-from figure_text import not_tracked, texts
+from figure_text import drawn_texts, not_tracked, overlapping_texts, texts
 from matplotlib.figure import Figure
 
 import records
-from instruments import GAUGES, draw_gauge
+from instruments import GAUGES, Dashboard, draw_gauge
 from instruments import data, style
 
 ECONOMY_MISSING = ("max_ev", "hess_trace", "tic", "histogram_2d", "cabs", "early_stopping", "hyperparameters")
@@ -72,7 +72,19 @@ def test_alpha_title_and_outliers(full_record, ax):
     xs, alpha = data.finite(*data.series(full_record, "Alpha"))
     recent = alpha[-math.ceil(len(alpha) * 0.1):]
     assert ax.get_title() == f"α, last 10%: median {np.median(recent):.2f}"
-    assert "1 ▶" in texts(ax)  # the 4.2 outlier beyond the clip range
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "1 > 2.5, in the edge bins" in legend  # the 4.2 outlier beyond the clip range
+
+
+def test_alpha_has_one_y_axis_and_no_stray_marks(full_record, ax):
+    """The parabola is a sketch on the histogram's axis (once a second y axis of its own), and the
+    count of outliers is in the legend (once a red "1 ▶" alone at the panel's edge)."""
+    draw_gauge("alpha", full_record, ax)
+    assert ax.figure.get_axes() == [ax]
+    assert ax.get_ylabel() == "fraction of steps"
+    assert not ax.texts
+    assert [t.get_text() for t in ax.get_legend().get_texts()][:3] == [
+        "all (n=59)", "last 10% (n=6)", "loss along the step (sketch)"]
 
 
 def test_alpha_counts_concave_fits(ax):
@@ -197,3 +209,75 @@ def test_layer_health_gauges_read_the_diagnosis_signals(ax):
         assert not GAUGES[name].has_data(records.economy_record()), name
     draw_gauge("dead_units", record, ax)
     assert ax.get_title().startswith("Dead units · worst 100.0% in features.5")
+
+
+def _colour_bar(ax):
+    """The colour bar drawn next to the heat map ``ax``."""
+    (bar,) = [other for other in ax.figure.get_axes() if other.get_label() == "<colorbar>"]
+    return bar
+
+
+@pytest.mark.parametrize("name, zero", [("grad_ratio", "black: no gradient"), ("update_ratio", "black: did not move")])
+def test_the_colour_bar_says_what_black_and_grey_cells_mean(name, zero, ax):
+    """Black (a ratio of exactly 0) and grey (no value) are outside the colour scale: the colour
+    bar's label names them where the map has them, and only there."""
+    healthy = records.diagnosis_record(40, broken=False)
+    draw_gauge(name, healthy, ax)
+    assert "black" not in _colour_bar(ax).get_ylabel() and "grey" not in _colour_bar(ax).get_ylabel()
+
+    broken = records.diagnosis_record(60)  # half of the tensors get no gradient after the blown-up step
+    first = min(s for s in broken if "ParamNorm" in broken[s])
+    broken[first]["ParamNorm"] = [0.0] + broken[first]["ParamNorm"][1:]  # no ratio: a grey cell
+    ax.figure.clear()
+    ax = ax.figure.add_subplot()
+    draw_gauge(name, broken, ax)
+    label = _colour_bar(ax).get_ylabel()
+    assert zero in label and "grey: no value" in label
+
+
+def test_dead_unit_maps_name_their_threshold_not_black():
+    ax = Figure(figsize=(4, 3), dpi=40, layout="constrained").add_subplot()
+    draw_gauge("dead_units", records.diagnosis_record(), ax)
+    assert _colour_bar(ax).get_ylabel() == "dead fraction\nred: rule, 50%"
+
+
+def test_colour_bar_labels_and_ticks_have_one_size():
+    """Major and minor tick labels (a log bar over less than ~2 decades labels its minor ticks)
+    and the bar's label: one size in every heat map of the dashboard."""
+    record = records.diagnosis_record(60, broken=False)
+    for step, entry in record.items():  # ratios over less than 2 decades
+        entry["GradNorm"] = [norm * (0.05 + 0.01 * (i + step % 7)) for i, norm in enumerate(entry["ParamNorm"])]
+        entry["UpdateSize"] = [0.1 * grad for grad in entry["GradNorm"]]
+    dashboard = Dashboard(dpi=40)
+    fig = dashboard.draw(record)
+    fig.canvas.draw()
+    bars = [ax for ax in fig.get_axes() if ax.get_label() == "<colorbar>"]
+    assert len(bars) == 4  # dead units, saturation, ‖g‖/‖θ‖, ‖Δθ‖/‖θ‖
+    sizes = set()
+    for bar in bars:
+        labels = [t for t in bar.get_yticklabels(which="both") if t.get_text()]
+        assert labels
+        sizes |= {t.get_fontsize() for t in labels} | {bar.yaxis.label.get_fontsize()}
+    assert any(len([t for t in bar.get_yticklabels(minor=True) if t.get_text()]) for bar in bars)
+    assert len(sizes) == 1, sizes
+
+
+def test_a_series_of_one_point_reads_as_a_value():
+    """After one epoch each epoch value (losses, accuracies, the learning rate) is one point at the
+    last step: a large marker with its value written beside it, not a lost dot on the panel's edge."""
+    record = records.one_epoch_record()
+    fig = Figure(figsize=(10, 3), dpi=40, layout="constrained")
+    performance, lr = fig.subplots(1, 2, width_ratios=[3, 1])
+    draw_gauge("performance", record, performance)
+    draw_gauge("hyperparameters", record, lr)
+
+    def lone_markers(ax):
+        twins = [a for a in ax.figure.get_axes() if a.bbox.bounds == ax.bbox.bounds]  # ax and its twin
+        return [line for a in twins for line in a.lines
+                if len(line.get_xdata()) == 1 and line.get_marker() not in (None, "None", "none")
+                and line.get_markersize() >= 6]  # twice a series' markers
+
+    assert len(lone_markers(performance)) == 4 and len(lone_markers(lr)) == 1
+    assert {"1.16", "1.12", "73.4%", "75.3%"} <= {t.get_text() for t in performance.texts}
+    assert "0.2" in [t.get_text() for t in lr.texts]
+    assert not overlapping_texts(fig, boxes=drawn_texts(fig))
