@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from cockpit_lite.linalg import lanczos_max_eig
+from test_linalg import recording
 
 
 def symmetric(d, seed, spectrum):
@@ -26,16 +27,6 @@ def planted(d, seed):
     g = torch.Generator().manual_seed(seed)
     top = torch.tensor([1.0, 0.99, 0.985, -3.0], dtype=torch.float64)
     return symmetric(d, seed, torch.cat([top, 0.9 * torch.rand(d - 4, generator=g, dtype=torch.float64)]))
-
-
-def recording(a):
-    seen = []
-
-    def matvec(v):
-        seen.append(v.clone())
-        return a @ v
-
-    return matvec, seen
 
 
 def dense_ritz(a, basis, m):
