@@ -658,9 +658,10 @@ class _StepContext:
         }
         self.grads_before = None
         self.grads_after = None
-        self._loss_hook, self.backward_seen = None, False
+        self._loss_hook, self.backward_seen, self.seed = None, False, None
         self.results, self.batch_size, self.engine_flags = {}, None, []
         self.passes = []  # the infos of the step's backward passes (several under accumulation)
+        self.seeds = []  # each pass's σ (``_reached``), None where the loss hook did not fire
         self.missed = []  # the passes whose backward did not run through their info['loss']
         self.window = None  # the engine's Window (accumulate=True)
         self.closing = False  # the optimizer is stepping with a closure: complete after its backward
@@ -692,7 +693,7 @@ class _StepContext:
             self.info.require(key, "gradient accumulation")
         for name in ("due", "idle", "transforms", "needed_by", "extensions", "added_savefields", "user_savefields"):
             setattr(self, name, getattr(owner, name))
-        self._loss_hook, self.backward_seen = None, False
+        self._loss_hook, self.backward_seen, self.seed = None, False, None
         self._stack = ExitStack()
         self._backpack = None
 
@@ -771,6 +772,7 @@ class _StepContext:
 
     def _reached(self, grad):
         self.backward_seen = True
+        self.seed = grad.detach()  # σ = ∂(loss backpropagated)/∂info["loss"]: 1 unless the loss was scaled
 
     def __exit__(self, exc_type, exc, traceback):
         cockpit = self.cockpit
@@ -837,6 +839,7 @@ class _StepContext:
                 served = {i for i, parts in owner.window.parts.items() if number in parts} | owner.window.failed
             self._check_backward(self.cockpit.params, served)
         owner.passes.append(self.info)
+        owner.seeds.append(self.seed)
         if self.cockpit.accumulate:
             owner.grads_after = [None if p.grad is None else p.grad.detach().clone() for p in self.cockpit.params]
 
@@ -903,6 +906,18 @@ class _StepContext:
                 "total that contains it)"
             )
             warnings.warn(f"cockpit-lite: step {self.step}: {reason}", stacklevel=4)
+            flags.append(reason)
+        scaled = _scaled_backward(self.seeds, cockpit.accumulate)
+        if scaled is not None:
+            reason = (
+                f"the backward pass at step {self.step} was scaled by {scaled:.4g} relative to info['loss'] "
+                "(a GradScaler's scaler.scale(loss).backward(), or a scaled loss): GradNorm, GradVariance, "
+                "the gradient histograms, MeanGSNR, the TICs, CABS and the diagnosis's gradient signals describe "
+                "the scaled gradient, not the one the optimizer steps with (the gradient tests and Alpha do "
+                "not depend on the scale). Fix: divide GradNorm by the scale (scaler.get_scale()) and "
+                "GradVariance by its square, or backpropagate info['loss'] itself on tracked steps"
+            )
+            cockpit._note("scaled", reason)
             flags.append(reason)
         if cockpit.group is not None:
             self._combine_ranks()
@@ -1075,6 +1090,21 @@ class _StepContext:
                 value = getattr(param, field, None)
                 if torch.is_tensor(value) and value.grad_fn is not None:
                     setattr(param, field, value.detach())
+
+
+def _scaled_backward(seeds, accumulate, rtol=1e-6):
+    """The scale ``σ`` of a step's backward passes relative to ``info["loss"]``, or ``None`` when
+    there is none to report: σ = 1 (the loss itself backpropagated), and under accumulation
+    σ ≤ 1 as well (``(loss / k).backward()`` with ``info["loss"] = loss`` is how the statistics
+    of the effective batch are defined); a larger σ is a loss scale (a ``GradScaler``) that
+    the optimizer's gradient does not have."""
+    for seed in seeds:
+        if seed is None or seed.numel() != 1:
+            continue
+        value = float(seed)
+        if value > 1 + rtol or (not accumulate and value < 1 - rtol):
+            return value
+    return None
 
 
 def _held_gradients(grads):

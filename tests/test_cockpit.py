@@ -732,3 +732,53 @@ def test_state_dict_between_micro_batches_is_refused_with_the_fix():
         cp.state_dict()
     opt.step()
     assert cp.state_dict()["last_step"] == 0
+
+
+def test_a_scaled_backward_pass_is_flagged_and_the_named_fix_recovers_the_values():
+    """``scaler.scale(loss).backward()`` with ``info["loss"] = loss``: the gradient the Cockpit sees
+    is S times the one the optimizer steps with. The step is flagged with the scale (it used to be
+    recorded silently, GradNorm 1024x), and dividing by the scale, as the flag says, gives the
+    values of the unscaled run; the gradient tests are the same without it."""
+    records = []
+    for scale in (None, 2.0**10):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()  # no BatchNorm: no zero variance
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu", init_scale=scale or 1.0, enabled=scale is not None)
+        cp = Cockpit(model, [quantities.GradNorm(), quantities.GradVariance(), quantities.NormTest()], diagnose=False)
+        data = torch.Generator().manual_seed(1)
+        x, y = torch.randn(8, 4, generator=data, dtype=torch.float64), torch.randint(0, 3, (8,), generator=data)
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with cp(0, info={"loss": loss, "optimizer": opt}):
+                scaler.scale(loss).backward()
+        scaler.step(opt)
+        cp.close()
+        records.append((cp.get_output()[0], [str(w.message) for w in caught], scaler.get_scale()))
+    (plain, plain_warned, _), (scaled, warned, s) = records
+    assert "flags" not in plain and not any("scaled by" in w for w in plain_warned)
+    assert any("was scaled by 1024" in f and "scaler.get_scale()" in f for f in scaled["flags"])
+    assert any("was scaled by 1024" in w for w in warned)
+    problems.assert_close(np.asarray(scaled["GradNorm"]) / s, plain["GradNorm"], rtol=1e-12, what="GradNorm")
+    problems.assert_close(np.asarray(scaled["GradVariance"]) / s**2, plain["GradVariance"], rtol=1e-12,
+                          what="GradVariance")
+    problems.assert_close(scaled["NormTest"], plain["NormTest"], rtol=1e-12, what="NormTest")
+
+
+def test_a_divided_loss_under_accumulation_is_no_scale():
+    """``(loss / 2).backward()`` per micro-batch with ``info["loss"] = loss`` defines the effective
+    batch's statistics (accumulate=True): σ = 1/2 is no loss scale, nothing is flagged."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cp = Cockpit(model, [quantities.NormTest()], diagnose=False, accumulate=True)
+    data = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        loss = nn.functional.cross_entropy(model(torch.randn(4, 4, generator=data, dtype=torch.float64)),
+                                           torch.randint(0, 3, (4,), generator=data))
+        with cp(0, info={"loss": loss, "optimizer": opt}):
+            (loss / 2).backward()
+    opt.step()
+    cp.close()
+    assert not any("scaled by" in f for f in cp.get_output()[0].get("flags", []))
