@@ -13,9 +13,11 @@ of untracked steps.
 micro-batch ``cp(step)`` is around: the norm of the gradients the parameters held when
 the *first* backward pass after the latest optimizer step reached them (0: they were
 zeroed or ``None``, as after ``zero_grad``; ``None``: no optimizer step seen yet). After
-each ``optimizer.step()`` a tensor hook is put on up to ``ARMED`` parameters that hold
-a gradient (it runs before autograd adds the new gradient in); the first one to fire
-reads the gradients those parameters still hold and all are removed. Deliberate
+each ``optimizer.step()`` whose next ``cp(step)`` is due (every one once the step numbers
+skipped, since the next one is not known then) a tensor hook is put on up to ``ARMED``
+parameters that hold a gradient (it runs before autograd adds the new gradient in); the
+first one to fire reads the gradients those parameters still hold and all are removed.
+Between due steps nothing is armed: a sparse schedule costs its untracked steps no hook. Deliberate
 gradient accumulation (``zero_grad`` once per optimizer step, ``cp(step)`` around the
 last micro-batch's backward) has ``before > 0`` and ``stepped = 1`` (the previous
 window's update) but ``first_backward = 0``; a loop without ``zero_grad`` has
@@ -54,6 +56,8 @@ class GradPresence(Quantity):
         self._windows = 0  # optimizer steps ever seen: names the window a hook was armed in
         self._params = []  # the Cockpit's tracked parameters
         self._continued = None  # a resumed run: the saved count, for the first optimizer seen
+        self._last = None  # the step of the latest cp(step)
+        self._skipped = False  # whether the step numbers ever skipped one (then the next step is unknown)
 
     def bind(self, cockpit):
         """Remember the tracked parameters (a resumed window is watched on them)."""
@@ -89,8 +93,9 @@ class GradPresence(Quantity):
         self._windows += 1
         self._disarm()
         self._first = None  # a new window: unknown until its first backward pass
-        self._arm([p for group in optimizer.param_groups for p in group["params"]
-                   if p.requires_grad and p.grad is not None])
+        if self._last is None or self._skipped or self.is_due(self._last + 1):
+            self._arm([p for group in optimizer.param_groups for p in group["params"]
+                       if p.requires_grad and p.grad is not None])
 
     def _arm(self, watched):
         if not watched:
@@ -114,6 +119,8 @@ class GradPresence(Quantity):
         return hook
 
     def needs(self, step, info):
+        self._skipped = self._skipped or (self._last is not None and step > self._last + 1)
+        self._last = step
         optimizer = info.get("optimizer")
         stepped = None
         if isinstance(optimizer, torch.optim.Optimizer):  # counted at every step, due or not

@@ -183,3 +183,30 @@ def test_first_backward_reads_what_the_first_pass_after_an_update_finds():
                 assert value["first_backward"] == 0
             else:
                 assert value["first_backward"] == pytest.approx(stale[step], rel=1e-5)
+
+
+@pytest.mark.parametrize("numbered", ["consecutive", "skipping"])
+def test_tensor_hooks_exist_only_before_a_due_step_and_a_missing_zero_grad_is_still_seen(numbered):
+    """Due at steps 0 and 4 only: after the updates of steps 0-2 no parameter holds a hook (the
+    next step is not due), after step 3's the watched ones do, and step 4's ``first_backward``
+    finds step 3's stale gradient (no zero_grad). With step numbers that skip, the next step is
+    not known: every update arms the hooks."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cp = Cockpit(model, [GradPresence(track_schedule=lambda s: s in (0, 4, 12))], diagnose=False)
+    steps = [0, 1, 2, 3, 4] if numbered == "consecutive" else [0, 2, 3, 4]
+    hooked, stale = [], {}
+    for step in steps:  # no zero_grad: the gradients of earlier batches stay
+        loss = model(torch.randn(4, 3)).square().mean()
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+        stale[step] = flat_norm([p.grad for p in model.parameters()])
+        opt.step()
+        hooked.append(any(p._backward_hooks for p in model.parameters()))
+    cp.close()
+    # after the update of each step: armed only before step 4 (consecutive); once step 2 followed
+    # step 0, after every update (the skip is seen at step 2's context, after step 0's update)
+    expected = [False, False, False, True, False] if numbered == "consecutive" else [False, True, True, True]
+    assert hooked == expected
+    assert cp.output[4]["GradPresence"]["first_backward"] == pytest.approx(stale[3], rel=1e-5)
