@@ -18,6 +18,7 @@ then prints where they are and a short reading of the last epoch.
 """
 
 import argparse
+import contextlib
 import os
 import statistics
 import time
@@ -25,7 +26,7 @@ import time
 import torch
 from torch import nn
 
-from cockpit_lite import Cockpit, configuration, extend, log, schedules
+from cockpit_lite import Cockpit, configuration, diagnosis, extend, log, schedules
 from cockpit_lite.quantities import CABS, EarlyStopping
 
 try:
@@ -115,22 +116,27 @@ def train(epochs=5, lr=0.2, level="full", model_name="cnn", out="runs/demo", see
     shuffle = torch.Generator().manual_seed(seed)
     bar = tqdm(total=epochs * steps_per_epoch, unit="step", mininterval=0.5, disable=not progress) if tqdm else None
     step = 0
-    for epoch in range(epochs):
-        for index in minibatches(len(labels), batch_size, shuffle):
-            optimizer.zero_grad()
-            loss = lossfunc(model(images[index]), labels[index])
-            with cp(step, info={"loss": loss, "optimizer": optimizer}):
-                loss.backward()
-            optimizer.step()
-            if bar is not None:
-                bar.update()
-                bar.set_postfix(epoch=epoch, loss=f"{loss.item():.3f}")
-            step += 1
-        train_loss, train_acc = evaluate(model, train_data)
-        test_loss, test_acc = evaluate(model, test_data)
-        cp.log(step - 1, epoch, train_loss, None, test_loss, train_acc, None, test_acc, lr)
-        if plotter is not None:
-            plotter.plot(cp, savename_append=f"__epoch_{epoch:03d}")
+    with contextlib.ExitStack() as stack:
+        if bar is not None:  # the findings the diagnosis logs are printed above the bar, not through it
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
+            stack.enter_context(logging_redirect_tqdm([diagnosis.LOGGER]))
+        for epoch in range(epochs):
+            for index in minibatches(len(labels), batch_size, shuffle):
+                optimizer.zero_grad()
+                loss = lossfunc(model(images[index]), labels[index])
+                with cp(step, info={"loss": loss, "optimizer": optimizer}):
+                    loss.backward()
+                optimizer.step()
+                if bar is not None:
+                    bar.update()
+                    bar.set_postfix(epoch=epoch, loss=f"{loss.item():.3f}")
+                step += 1
+            train_loss, train_acc = evaluate(model, train_data)
+            test_loss, test_acc = evaluate(model, test_data)
+            cp.log(step - 1, epoch, train_loss, None, test_loss, train_acc, None, test_acc, lr)
+            if plotter is not None:
+                plotter.plot(cp, savename_append=f"__epoch_{epoch:03d}")
     if bar is not None:
         bar.close()
     if plotter is not None:
