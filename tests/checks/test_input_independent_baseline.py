@@ -108,3 +108,18 @@ def test_without_data_a_failed_held_out_half_is_inconclusive_and_says_what_to_pa
     decided = checks.run(case.model, case.loss_fn, (x, permuted), **case.options,
                          checks=["input_independent_baseline"])["input_independent_baseline"]
     assert decided.status == "failed", decided
+
+
+def test_a_large_batch_without_data_is_still_only_the_batch():
+    """Without data=, even a batch large enough to resolve the gain (256 held-out samples) is no
+    held-out split: a failure there (labels shuffled within the batch) is inconclusive, and says so."""
+    import torch
+
+    case = CASES["digits_mlp"]()
+    data = case.options["data"]
+    options = {k: v for k, v in case.options.items() if k != "data"}
+    x, y = data["x_train"][:512], data["y_train"][:512]
+    permuted = y[torch.randperm(len(y), generator=torch.Generator().manual_seed(0))]
+    result = checks.run(case.model, case.loss_fn, (x, permuted), **options,
+                        checks=["input_independent_baseline"])["input_independent_baseline"]
+    assert result.status == "inconclusive" and "split from the batch" in result.message, result
