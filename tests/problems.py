@@ -18,6 +18,7 @@ import copy
 import os
 from dataclasses import dataclass
 
+import pytest
 import torch
 from torch import nn
 
@@ -149,6 +150,18 @@ def rng_state():
     if DEVICE.type == "cuda":
         return torch.get_rng_state(), torch.cuda.get_rng_state(DEVICE)
     return torch.get_rng_state()
+
+
+CPU_AND_CUDA = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
+]
+"""Devices for ``pytest.mark.parametrize``: the CPU always, CUDA where there is one (skipped otherwise)."""
+
+
+def random_states(device):
+    """The global random state of the CPU, and of the current GPU when ``device`` is ``"cuda"``."""
+    return [torch.get_rng_state(), *([torch.cuda.get_rng_state()] if device == "cuda" else [])]
 
 
 @contextlib.contextmanager

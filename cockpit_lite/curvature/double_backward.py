@@ -11,12 +11,18 @@ layers:
 1. the forward operator ``OP``: its autograd node in the loss's graph is
    ``CamelCase(OP)Backward0`` (``HardsigmoidBackward0``), whose saved input tensors
    give the shapes the operator saw at this step;
-2. every leaf module of the model is run as a copy (no hooks, the model untouched) on
-   a random input of each such shape, from a generator of its own (the user's random
-   state is untouched), and differentiated twice; a module whose double backward
-   fails on the same operator is the layer.
+2. every leaf module of the model is run as a copy (no hooks, parameters detached,
+   buffers cloned) in the module's own mode on a random input of each such shape, and
+   differentiated twice; a module whose double backward fails on the same operator is
+   the layer.
+
+The search runs under a forked random state (CPU, and every GPU the model or the
+graph's tensors are on), seeded with 0: its inputs, and what leaves draw (Dropout in
+training mode), come from there, so the user's random streams, the model's
+parameters, buffers and modes are as they were, and the search is reproducible.
 """
 
+import contextlib
 import copy
 import re
 from collections import OrderedDict
@@ -108,23 +114,35 @@ def _input_shapes(loss, forward):
 def _layers(model, shapes, backward):
     """``"name (Class)"`` of the leaf modules whose double backward fails on ``backward``."""
     marker = f"aten::{backward} "
-    generator = {}
     found = []
-    for name, module in model.named_modules():
-        if next(module.children(), None) is not None:
-            continue
-        for shape, dtype, device in shapes:
-            if device not in generator:
-                generator[device] = torch.Generator(device=device).manual_seed(0)
-            if marker in _double_backward_error(module, shape, dtype, device, generator[device]):
-                found.append(f"{name or 'the model'} ({type(module).__name__})")
-                break
+    with _forked_random_state(model, shapes):
+        for name, module in model.named_modules():
+            if next(module.children(), None) is not None:
+                continue
+            for shape, dtype, device in shapes:
+                if marker in _double_backward_error(module, shape, dtype, device):
+                    found.append(f"{name or 'the model'} ({type(module).__name__})")
+                    break
     return found
 
 
-def _double_backward_error(module, shape, dtype, device, generator):
+@contextlib.contextmanager
+def _forked_random_state(model, shapes):
+    """The global random state of the CPU and of the GPUs of ``model`` and ``shapes``, seeded with
+    0 inside, restored on exit."""
+    devices = {device for _, _, device in shapes}
+    devices.update(t.device for t in (*model.parameters(), *model.buffers()))
+    gpus = sorted({d.index for d in devices if d.type == "cuda"})
+    with torch.random.fork_rng(devices=gpus):
+        torch.default_generator.manual_seed(0)
+        for index in gpus:
+            torch.cuda.default_generators[index].manual_seed(0)
+        yield
+
+
+def _double_backward_error(module, shape, dtype, device):
     """The error text of differentiating a copy of ``module`` twice on a random input ('' if none)."""
-    x = torch.randn(shape, generator=generator, dtype=dtype, device=device, requires_grad=True)
+    x = torch.randn(shape, dtype=dtype, device=device, requires_grad=True)
     probe = _copy(module)
     inputs = [x, *(p for p in probe.parameters() if p.requires_grad)]
     try:

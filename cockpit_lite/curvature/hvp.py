@@ -18,6 +18,11 @@ detached results. ``H`` is the Hessian of the loss as the forward pass computed 
 (BatchNorm in training mode: through the batch statistics; tied weights: w.r.t. the
 shared tensor). Cost: one backward pass with graph per step at which a quantity asks,
 plus one double backward per product.
+
+The gradient with graph and each product run under a forked random state (the CPU's
+and that of the parameters' GPUs), restored after them: a backward pass that recomputes
+a forward segment drawing random numbers (``torch.utils.checkpoint`` with
+``preserve_rng_state=False`` around a dropout) leaves the user's random streams as they were.
 """
 
 import torch
@@ -50,7 +55,7 @@ class HessianVectorProducts:
                     "computed with gradients enabled"
                 )
             trainable = [i for i, p in enumerate(self.params) if p.requires_grad]
-            with torch.enable_grad():
+            with self._forked_random_state(), torch.enable_grad():
                 grads = torch.autograd.grad(
                     loss, [self.params[i] for i in trainable], create_graph=True, retain_graph=True, allow_unused=True
                 )
@@ -74,7 +79,7 @@ class HessianVectorProducts:
         if not grads:
             return products
         inputs = [i for i, p in enumerate(self.params) if p.requires_grad]
-        with torch.enable_grad():
+        with self._forked_random_state(), torch.enable_grad():
             hv = torch.autograd.grad(
                 list(grads.values()), [self.params[i] for i in inputs], [vectors[i] for i in grads],
                 retain_graph=True, allow_unused=True,
@@ -83,6 +88,10 @@ class HessianVectorProducts:
             if h is not None:
                 products[i] = h.detach()
         return products
+
+    def _forked_random_state(self):
+        """``torch.random.fork_rng`` of the CPU and the parameters' GPUs."""
+        return torch.random.fork_rng(devices=sorted({p.device.index for p in self.params if p.device.type == "cuda"}))
 
     def release(self):
         """Drop the gradient and its graph (after the last product of the step)."""

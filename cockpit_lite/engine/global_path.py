@@ -17,8 +17,14 @@ Vectorising is not always faster: ``vmap`` over the backward pass of convolution
 BatchNorm runs 2.5x slower than a loop of ordinary backward passes on the CPU
 (measured on a small ResNet, batch 64), while it wins on small dense layers. The
 first call times both on the first few samples and keeps the faster (``Mode``).
+
+Each backward pass runs under a forked random state (the CPU's and that of the GPUs of
+the parameters), restored after it (``forked_random_state``): a backward pass that
+recomputes a forward segment drawing random numbers (``torch.utils.checkpoint`` with
+``preserve_rng_state=False`` around a dropout) leaves the user's random streams as they were.
 """
 
+import contextlib
 import time
 import warnings
 
@@ -69,9 +75,17 @@ def individual_gradients(contributions, params, mode=None):
         yield samples, _complete(grads, params, samples)
 
 
+@contextlib.contextmanager
+def forked_random_state(tensors):
+    """Run with the global random state of the CPU and of the GPUs of ``tensors`` forked: what
+    runs inside draws from the state as it was, and it is restored on exit."""
+    with torch.random.fork_rng(devices=sorted({t.device.index for t in tensors if t.device.type == "cuda"})):
+        yield
+
+
 def _vmap(contributions, params, grad_outputs):
     """The batched VJPs, or ``None`` for an operation vmap cannot batch."""
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), forked_random_state(params):
         warnings.filterwarnings("ignore", message=".*batching rule.*")
         try:
             return torch.autograd.grad(
@@ -90,10 +104,11 @@ def _complete(grads, params, samples):
 
 
 def _loop(contributions, params, samples):
-    parts = [
-        torch.autograd.grad(contributions[n], params, retain_graph=True, allow_unused=True)
-        for n in range(samples.start, samples.stop)
-    ]
+    with forked_random_state(params):
+        parts = [
+            torch.autograd.grad(contributions[n], params, retain_graph=True, allow_unused=True)
+            for n in range(samples.start, samples.stop)
+        ]
     return [
         None if all(part[i] is None for part in parts)
         else torch.stack([torch.zeros_like(p) if part[i] is None else part[i] for part in parts])

@@ -1,5 +1,8 @@
 """A layer without a second derivative (nn.Hardsigmoid in torch 2.13): HessMaxEV and
-Hutchinson's estimator name it and the fix; the fix gives the eigvalsh of the autograd Hessian."""
+Hutchinson's estimator name it and the fix; the fix gives the eigvalsh of the autograd Hessian;
+the search for the layer leaves training bit-identical (random state, modes, buffers)."""
+
+import warnings
 
 import pytest
 import torch
@@ -10,6 +13,7 @@ import problems
 from cockpit_lite import Cockpit
 from cockpit_lite.curvature import double_backward
 from cockpit_lite.quantities import HessMaxEV, HessTrace
+from cockpit_lite.utils.configuration import configuration
 
 
 class _Gate(nn.Module):
@@ -101,16 +105,84 @@ def test_other_errors_are_not_explained():
     assert "aten::foo" in text and "Fix: replace it by layers whose backward PyTorch can differentiate" in text
 
 
-def test_probing_leaves_the_model_and_the_random_state_alone():
-    """The probes run every leaf, a BatchNorm in training mode included, on copies."""
+def _probed_model(device):
+    """A BatchNorm and a Dropout in training mode beside the gate: leaves that update buffers
+    and draw random numbers when the search runs them."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), _Gate(nn.Hardsigmoid()), nn.Linear(4, 2)).double()
-    x, y = _batch()
+    return nn.Sequential(
+        nn.Linear(3, 4), nn.BatchNorm1d(4), _Gate(nn.Hardsigmoid()), nn.Dropout(0.3), nn.Linear(4, 2)
+    ).double().to(device)
+
+
+@pytest.mark.parametrize("device", problems.CPU_AND_CUDA)
+def test_probing_leaves_the_model_and_the_random_state_alone(device):
+    """The probes run every leaf in its own mode (the BatchNorm and the Dropout in training
+    mode), on copies, under a forked random state (CPU and the model's GPU)."""
+    model = _probed_model(device)
+    x, y = (t.to(device) for t in _batch())
     loss = nn.functional.cross_entropy(model(x), y)
     before = [t.detach().clone() for t in [*model.parameters(), *model.buffers()]]
-    state = torch.get_rng_state()
-    text = double_backward.explain(RuntimeError("derivative for aten::hardsigmoid_backward is not implemented"), model, loss)
+    states = problems.random_states(device)
+    error = RuntimeError("derivative for aten::hardsigmoid_backward is not implemented")
+    text = double_backward.explain(error, model, loss)
     assert "the layer 2.gate (Hardsigmoid)" in text
-    assert torch.equal(state, torch.get_rng_state())
+    assert all(torch.equal(a, b) for a, b in zip(states, problems.random_states(device)))
     assert all(torch.equal(a, b) for a, b in zip(before, [*model.parameters(), *model.buffers()]))
     assert all(p.grad is None for p in model.parameters())
+    assert all(m.training for m in model.modules())
+    assert double_backward.explain(error, model, loss) == text  # the probes' draws are seeded
+
+
+def _mobile_block():
+    """Conv, Hardswish, squeeze-excitation with a Hardsigmoid gate, Dropout, read-out (MobileNetV3-like)."""
+
+    class SqueezeExcite(nn.Module):
+        def __init__(self, channels):
+            super().__init__()
+            self.reduce, self.expand = nn.Conv2d(channels, 2, 1), nn.Conv2d(2, channels, 1)
+            self.act, self.gate = nn.ReLU(), nn.Hardsigmoid()
+
+        def forward(self, x):
+            scale = x.mean((2, 3), keepdim=True)
+            return x * self.gate(self.expand(self.act(self.reduce(scale))))
+
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.Hardswish(), SqueezeExcite(4), nn.Flatten(),
+        nn.Dropout(0.3), nn.Linear(4 * 5 * 5, 3),
+    )
+
+
+def _train(optimizer, level, steps=3):
+    """Parameters after ``steps`` steps, and the losses, with a Cockpit at ``level`` (None: none)."""
+    torch.manual_seed(0)
+    model = _mobile_block()
+    cp = Cockpit(model, quantities=configuration(level), diagnose=False) if level else None
+    opt = optimizer(model.parameters(), lr=0.01)
+    data = torch.Generator().manual_seed(1)
+    losses = []
+    for step in range(steps):
+        x, y = torch.randn(8, 1, 5, 5, generator=data), torch.randint(0, 3, (8,), generator=data)
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        losses.append(loss.item())
+        if cp is None:
+            loss.backward()
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # HessTrace fails on the Hardsigmoid: flagged
+                with cp(step, info={"loss": loss, "optimizer": opt}):
+                    loss.backward(create_graph=cp.create_graph(step))
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()], losses, cp
+
+
+@pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.Adam], ids=["SGD", "Adam"])
+def test_training_through_the_search_is_bit_identical(optimizer):
+    """Business (HessTrace by Hutchinson's estimator) fails at every step on the Hardsigmoid and
+    searches the layer, running the Dropout in training mode: parameters and losses are bit for
+    bit those of training without the Cockpit."""
+    plain, plain_losses, _ = _train(optimizer, None)
+    observed, losses, cp = _train(optimizer, "business")
+    assert all("2.gate (Hardsigmoid)" in " ".join(cp.get_output()[step]["flags"]) for step in range(3))
+    assert losses == plain_losses
+    assert all(torch.equal(a, b) for a, b in zip(plain, observed))

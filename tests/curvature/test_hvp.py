@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+import problems
+
 from cockpit_lite.curvature.hvp import HessianVectorProducts
 
 
@@ -62,3 +64,20 @@ def test_a_loss_without_graph_names_the_fix():
     products = HessianVectorProducts(loss.detach(), params, step=3)
     with pytest.raises(ValueError, match=r"step 3: info\['loss'\] has no autograd graph.*Fix: pass the loss tensor"):
         products.hvp([torch.zeros_like(p) for p in params])
+
+
+@pytest.mark.parametrize("device", problems.CPU_AND_CUDA)
+def test_a_backward_pass_that_recomputes_a_dropout_leaves_the_random_state_alone(device):
+    """A dropout recomputed in the backward pass from the random state of that moment
+    (``torch.utils.checkpoint`` without ``preserve_rng_state``) draws from a forked one, in the
+    gradient with graph and in the products (CPU and the parameters' GPU)."""
+    torch.manual_seed(0)
+    inner = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Dropout(0.5)).double().to(device)
+    x = torch.randn(6, 4, dtype=torch.float64, device=device)
+    out = torch.utils.checkpoint.checkpoint(inner, x, use_reentrant=False, preserve_rng_state=False)
+    params = list(inner.parameters())
+    states = problems.random_states(device)
+    products = HessianVectorProducts((out**2).sum(), params, step=0)
+    for _ in range(2):
+        products.hvp([torch.ones_like(p) for p in params])
+    assert all(torch.equal(a, b) for a, b in zip(states, problems.random_states(device)))

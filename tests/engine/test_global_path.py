@@ -7,6 +7,8 @@ import pytest
 import torch
 from torch import nn
 
+import problems
+
 from cockpit_lite import transforms
 from cockpit_lite.engine import Engine, global_path
 from cockpit_lite.info import StepInfo
@@ -167,3 +169,32 @@ def test_an_unused_parameter_of_the_model_itself_gets_zeros():
     for values, expected in zip(got, individual_reference(model, x)):
         torch.testing.assert_close(values, expected)
     assert torch.equal(got[0], torch.zeros(B, 3, dtype=torch.float64))
+
+
+class CheckpointedDropout(nn.Module):
+    """A dropout recomputed in every backward pass from the random state of that moment
+    (``torch.utils.checkpoint`` without ``preserve_rng_state``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Dropout(0.5))
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.inner, x, use_reentrant=False, preserve_rng_state=False)
+
+
+@pytest.mark.parametrize("device", problems.CPU_AND_CUDA)
+@pytest.mark.parametrize("choice", [None, "vmap", "loop"], ids=["no_mode", "vmap", "loop"])
+def test_backward_passes_that_recompute_a_dropout_leave_the_random_state_alone(choice, device):
+    """The recomputation draws from a forked random state (CPU and the parameters' GPU)."""
+    torch.manual_seed(0)
+    model = CheckpointedDropout().double().to(device)
+    individual = (model(torch.randn(B, 3, dtype=torch.float64, device=device)) ** 2).sum(1)
+    mode = None
+    if choice is not None:
+        mode = global_path.Mode()
+        mode.choice = choice
+    states = problems.random_states(device)
+    chunks = list(global_path.individual_gradients(individual, list(model.parameters()), mode))
+    assert chunks[-1][0].stop == B
+    assert all(torch.equal(a, b) for a, b in zip(states, problems.random_states(device)))

@@ -1,8 +1,12 @@
 """Individual-gradient rules against a per-sample autograd loop."""
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
+
+import problems
 
 from cockpit_lite.engine import Engine
 from cockpit_lite.engine.rules import attention
@@ -619,6 +623,80 @@ def _reference_over_output_samples(model, x):
     out = model(x)
     individual = (out**2).reshape(out.shape[0], -1).sum(1)
     return [torch.stack([_grad(individual[n], p) for n in range(out.shape[0])]) for p in model.parameters() if p.requires_grad]
+
+
+class Averaging(nn.Module):
+    """A custom layer keeping a running mean of its inputs in a buffer (updated in its forward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+        self.register_buffer("running", torch.zeros(4))
+
+    def forward(self, x):
+        if self.training:
+            self.running.mul_(0.9).add_(0.1 * x.detach().mean(0))
+        return torch.tanh(x * self.w)
+
+
+class GuardedDropout(Guarded):
+    """Dropout by a function call (no ``dropout`` attribute) after a NaN guard: ``vmap`` fails on the
+    guard first, so the samples are re-run one at a time."""
+
+    def forward(self, x):
+        return nn.functional.dropout(super().forward(x), 0.3, self.training)
+
+
+def _step_state(layer, device, observed):
+    """Parameters, buffers and the random state after two SGD steps of a model around ``layer``
+    (in training mode), with the engine's individual gradients (``observed``) or without."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), layer(), nn.Linear(4, 2)).double().to(device)
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=0.1)
+    engine = Engine(model, params, [str(i) for i in range(len(params))]) if observed else None
+    for step in range(2):
+        x = torch.randn(5, 3, dtype=torch.float64, device=device)
+        out = model(x)
+        individual = (out**2).sum(1)
+        loss = individual.sum()
+        opt.zero_grad()
+        if observed:
+            info = StepInfo({"loss": loss, "individual_losses": individual}, step, batch_size=5, model=model)
+            engine.begin([Keep()], info, info.batch_size, [None] * len(params), ["Test"])
+            loss.backward()
+            engine.finish()
+        else:
+            loss.backward()
+        opt.step()
+    return [t.detach().clone() for t in (*model.parameters(), *model.buffers())], problems.random_states(device)
+
+
+@pytest.mark.parametrize("device", problems.CPU_AND_CUDA)
+@pytest.mark.parametrize(
+    "layer", [Averaging, GuardedDropout], ids=["buffer_updated_in_forward", "dropout_after_a_guard"]
+)
+def test_the_generic_re_run_leaves_buffers_and_the_random_state_alone(layer, device):
+    """The re-run updates clones of the module's buffers and draws from a forked random state
+    (CPU and the module's GPU): parameters, buffers and the random state after training are bit
+    for bit those without the engine."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the dropout layer is flagged, then sent to the global path
+        observed, observed_states = _step_state(layer, device, True)
+    plain, plain_states = _step_state(layer, device, False)
+    assert all(torch.equal(a, b) for a, b in zip(plain, observed))
+    assert all(torch.equal(a, b) for a, b in zip(plain_states, observed_states))
+
+
+def test_a_re_run_that_draws_random_numbers_is_left_to_the_global_path(monkeypatch):
+    """Detected at the first sample of the loop (the random state moved), flagged, and served by
+    the exact global path from the next step on."""
+    used = _global_path_uses(monkeypatch)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _step_state(GuardedDropout, "cpu", True)
+    assert any("draws random numbers" in str(w.message) for w in caught)
+    assert used == [[2, 3]]
 
 
 class SharedBlock(nn.Module):

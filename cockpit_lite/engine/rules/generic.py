@@ -11,6 +11,12 @@ cannot run a module (an operation without a batching rule) the samples are run i
 loop instead. A module that draws random numbers (dropout inside it) cannot be re-run
 faithfully: ``UnsupportedCall``, and the engine uses the exact global path.
 
+The re-run leaves the model and the user's random streams as they were: it runs on
+clones of the module's buffers (a running statistic its forward updates is updated
+there), in the module's own mode, under a forked random state (the CPU's and that of
+every GPU of the call's tensors), whose change at the first sample of the loop is how a
+module drawing random numbers is detected (``vmap`` refuses random operations itself).
+
 The re-run uses the math kernel of scaled-dot-product attention (vmap has batching rules
 for its operations, not for the fused CPU kernel); the user's own forward pass is untouched.
 
@@ -53,6 +59,7 @@ class GenericRule(Rule):
         out_axes = _output_axes(module, call, batch_size)
         dtype = compute_dtype(*[t for t in flat if torch.is_tensor(t)], *[p for _, p, _ in tracked])
         params = {name: param.detach().to(dtype) for name, param, _ in tracked}
+        buffers = {name: buffer.detach().clone() for name, buffer in module.named_buffers()}
         inputs = [
             _cast(flat[i].detach(), dtype).unsqueeze(axis + 1) for i, axis in in_axes.items()
         ]
@@ -65,11 +72,15 @@ class GenericRule(Rule):
             for i, value in zip(in_axes, batched):
                 leaves[i] = value
             args, kwargs = rebuild(leaves)
-            outputs = pytree.tree_leaves(functional_call(module, theta, args, kwargs))
+            outputs = pytree.tree_leaves(functional_call(module, {**buffers, **theta}, args, kwargs))
             return sum((g * outputs[p]).sum() for p, g in zip(positions, grads))
 
         device = inputs[0].device.type if inputs else "cpu"
-        with torch.enable_grad(), torch.autocast(device, enabled=False), sdpa_kernel(SDPBackend.MATH), rerun():
+        gpus = sorted({t.device.index for t in (*inputs, *deltas, *params.values()) if t.device.type == "cuda"})
+        with (
+            torch.random.fork_rng(devices=gpus), torch.enable_grad(), torch.autocast(device, enabled=False),
+            sdpa_kernel(SDPBackend.MATH), rerun(),
+        ):
             grads = None
             if type(module) not in self._loop:
                 try:
@@ -79,28 +90,35 @@ class GenericRule(Rule):
                         raise UnsupportedCall(f"{type(module).__name__} draws random numbers (dropout)") from None
                     self._loop.add(type(module))
             if grads is None:
-                grads = _loop(objective, params, inputs, list(in_axes.values()), deltas, out_axes, batch_size, module)
+                grads = _loop(
+                    objective, params, inputs, list(in_axes.values()), deltas, out_axes, batch_size, module, gpus
+                )
         return {
             name: PerSample(param, index, grad_batch=grads[name].reshape(batch_size, *param.shape))
             for name, param, index in tracked
         }
 
 
-def _loop(objective, params, inputs, in_dims, deltas, out_dims, batch_size, module):
-    """The samples one at a time (for modules ``vmap`` cannot run)."""
+def _loop(objective, params, inputs, in_dims, deltas, out_dims, batch_size, module, gpus):
+    """The samples one at a time (for modules ``vmap`` cannot run), under the caller's forked
+    random state; ``UnsupportedCall`` if the first sample moves the CPU's or a GPU's (``gpus``)."""
     theta = {name: p.clone().requires_grad_(True) for name, p in params.items()}
     results = {name: [] for name in params}
-    with torch.random.fork_rng(devices=[]):
-        state = torch.random.get_rng_state()
-        for n in range(batch_size):
-            batched = [x.select(axis, n) for x, axis in zip(inputs, in_dims)]
-            grads = [d.select(axis, n) for d, axis in zip(deltas, out_dims)]
-            values = torch.autograd.grad(objective(theta, batched, grads), list(theta.values()), allow_unused=True)
-            if n == 0 and not torch.equal(state, torch.random.get_rng_state()):
-                raise UnsupportedCall(f"{type(module).__name__} draws random numbers (dropout)")
-            for (name, p), value in zip(theta.items(), values):
-                results[name].append(torch.zeros_like(p) if value is None else value)
+    states = _random_states(gpus)
+    for n in range(batch_size):
+        batched = [x.select(axis, n) for x, axis in zip(inputs, in_dims)]
+        grads = [d.select(axis, n) for d, axis in zip(deltas, out_dims)]
+        values = torch.autograd.grad(objective(theta, batched, grads), list(theta.values()), allow_unused=True)
+        if n == 0 and not all(torch.equal(a, b) for a, b in zip(states, _random_states(gpus))):
+            raise UnsupportedCall(f"{type(module).__name__} draws random numbers (dropout)")
+        for (name, p), value in zip(theta.items(), values):
+            results[name].append(torch.zeros_like(p) if value is None else value)
     return {name: torch.stack(values) for name, values in results.items()}
+
+
+def _random_states(gpus):
+    """The global random state of the CPU and of the GPUs ``gpus`` (indices)."""
+    return [torch.random.get_rng_state(), *(torch.cuda.get_rng_state(index) for index in gpus)]
 
 
 def _cast(tensor, dtype):
