@@ -4,11 +4,13 @@ Nothing outside ``cockpit_lite.cockpit`` and ``cockpit_lite.quantities`` imports
 package; ``instruments`` never does.
 """
 
+import re
 from contextlib import contextmanager
 
 import backpack
 import torch
 from backpack.context import CTX
+from backpack.custom_module.graph_utils import convert_module_to_backpack
 from backpack.extensions import DiagGGNExact, DiagGGNMC, DiagHessian
 from backpack.utils.module_classification import is_no_op
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -128,8 +130,9 @@ def curvature_support(model, loss, name):
     return None
 
 
-_UNCALLED_CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict)
-"""Containers without a forward of their own (BackPACK never sees them called)."""
+_UNCALLED_CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict, torch.nn.Module)
+"""Containers without a forward of their own (BackPACK never sees them called); a bare
+``nn.Module`` is how BackPACK's converter keeps the hierarchy of a traced custom module."""
 
 
 def backpack_extended(model, loss):
@@ -174,19 +177,22 @@ def extend(module, use_converter=False):
     """Make ``module`` (a model or a loss module) ready for cockpit-lite, as ``backpack.extend``.
 
     Checks first for in-place activations (``inplace=True``), which BackPACK's hooks
-    cannot handle, and names them.
+    cannot handle, and for modules whose own attributes BackPACK's forward hook would
+    overwrite, and names them.
 
     Args:
         module: the model or loss function.
-        use_converter: passed to ``backpack.extend``; needed for second-order
+        use_converter: convert the model with BackPACK's converter first (as
+            ``backpack.extend(module, use_converter=True)``); needed for second-order
             quantities on models with residual connections.
 
     Returns:
         The extended module.
 
     Raises:
-        ValueError: if a sub-module computes in place, or if BackPACK's converter
-            cannot trace the model.
+        ValueError: if a sub-module computes in place, if a sub-module has a child,
+            parameter, buffer or attribute named like BackPACK's stored input and
+            output, or if BackPACK's converter cannot trace the model.
     """
     in_place = [
         f"{name or type(module).__name__} ({sub})"
@@ -200,17 +206,70 @@ def extend(module, use_converter=False):
             + ". Fix: construct them with inplace=False (e.g. torch.nn.ReLU()); this "
             "affects every cockpit-lite quantity that uses BackPACK."
         )
-    if not use_converter:
-        return backpack.extend(module)
-    try:
-        return backpack.extend(module, use_converter=True)
-    except Exception as error:  # torch.fx tracing fails on data-dependent Python code
+    if use_converter:
+        try:
+            module = convert_module_to_backpack(module, False)
+        except Exception as error:  # torch.fx tracing fails on data-dependent Python code
+            fix = (
+                "give the Cockpit the model without extending it, Cockpit(model) (BackPACK cannot "
+                f"extend it without the converter either: {_listed(collisions)}); the curvature "
+                "quantities then estimate from Hessian-vector products, and TICDiag and TICTrace "
+                "are NaN with a flag"
+            ) if (collisions := _io_collisions(module)) else (
+                "cockpit_lite.extend(model) without the converter; the curvature quantities then "
+                "estimate from Hessian-vector products (curvature='auto' or 'hutchinson'), which "
+                "need no conversion"
+            )
+            raise ValueError(
+                f"BackPACK's converter cannot trace {type(module).__name__} ({type(error).__name__}: "
+                f"{error}). Fix: {fix}."
+            ) from error
+    collisions = _io_collisions(module)
+    if collisions:
         raise ValueError(
-            f"BackPACK's converter cannot trace {type(module).__name__} ({type(error).__name__}: "
-            f"{error}). Fix: cockpit_lite.extend(model) without the converter; the curvature "
-            "quantities then estimate from Hessian-vector products (curvature='auto' or "
-            "'hutchinson'), which need no conversion."
-        ) from error
+            f"BackPACK cannot extend {type(module).__name__}: it stores every extended module's "
+            "input and output as the attributes 'input0', 'input1', ... and 'output', which these "
+            "modules use for a child module, parameter, buffer or attribute of their own: "
+            f"{_listed(collisions)}. Fix: give the Cockpit the model without extending it, "
+            "Cockpit(model): the first-order quantities are exact, the curvature quantities take "
+            "Hessian-vector products instead (HessTrace and the Hessian diagonal: Hutchinson's "
+            "estimator), and TICDiag and TICTrace, which need an exact Hessian diagonal, are NaN "
+            "with a flag."
+        )
+    return backpack.extend(module)
+
+
+_STORED_IO = re.compile(r"output|input\d+")
+"""The attributes BackPACK's forward hook sets on every extended module (``module.output``,
+``module.input0``, ...) and its backward hook deletes."""
+
+
+def _io_collisions(model):
+    """The modules of ``model`` whose own children, parameters, buffers or attributes BackPACK's
+    stored input and output would overwrite (or, at its clean-up, delete), one phrase each.
+
+    BackPACK stores each extended module's input and output as the attributes ``input0``,
+    ``input1``, ... and ``output``; on a module with a child of that name (Hugging Face's
+    ``BertAttention`` and ``BertLayer`` have a child ``output``) the assignment raises a
+    ``TypeError`` inside the forward pass, on a buffer or plain attribute it replaces it.
+    Containers BackPACK does not hook, or that are never called, are left out.
+    """
+    collisions = []
+    for name, module in model.named_modules():
+        if is_no_op(module) or type(module) in _UNCALLED_CONTAINERS:
+            continue
+        names = set(module._modules) | set(module._parameters) | set(module._buffers) | set(dir(type(module)))
+        if not getattr(module, "_backpack_extend", False):  # (once extended, BackPACK's own are there)
+            names |= set(vars(module))
+        found = sorted(n for n in names if _STORED_IO.fullmatch(n))
+        if found:
+            where = repr(name) if name else "the model"
+            collisions.append(f"{where} ({type(module).__name__}) has {' and '.join(map(repr, found))}")
+    return collisions
+
+
+def _listed(collisions):
+    return "; ".join(collisions[:3]) + (f"; and {len(collisions) - 3} more" if len(collisions) > 3 else "")
 
 
 _ADVICE = (
