@@ -179,6 +179,9 @@ def _loss_of(loss):
         )
     node, factor = _unscaled(loss.grad_fn)
     function, derive, reduction = _loss_function(node)
+    penalty = penalty_term(loss) if derive is None else None
+    if penalty is not None:
+        raise ValueError(f"cannot derive 'individual_losses': {penalty}")
     if derive is None or reduction not in (_MEAN, _SUM):
         raise ValueError(
             "cannot derive 'individual_losses': info['loss'] must come from a "
@@ -189,6 +192,74 @@ def _loss_of(loss):
             "lossfunc_with_reduction_none(output, target), ...}"
         )
     return function, derive, reduction, factor
+
+
+PENALTY_FIX = (
+    "backpropagate the data loss inside the context and add the penalty's gradient outside it "
+    "(`with cp(step, info={'loss': data_loss, ...}): data_loss.backward()`, then "
+    "`penalty.backward()` before `optimizer.step()`; the statistics then describe the data loss), "
+    "or leave the penalty out of the loss and use the optimizer's weight_decay (weight_decay=2*lam "
+    "for lam * sum(p.square().sum() for p in params), with SGD or Adam)"
+)
+"""The fix for a loss with a penalty on the parameters (``penalty_term``)."""
+
+
+def penalty_term(loss, parameters_only=False):
+    """Why ``loss`` has no per-sample terms to derive, if it is a supported loss function plus other
+    terms (``ce + lam * l2``): the cause, naming the added term's autograd node, and the fix; else
+    ``None`` (also for a term of the model's outputs, with ``parameters_only``).
+
+    The sum's addends are read through additions, subtractions and constant factors. An added
+    term whose graph shares no node with the loss function's, parameters aside, reads no sample of
+    the batch: a penalty on the parameters (an explicit L2 term), which has no per-sample share;
+    one that shares nodes is a term of the model's outputs (an activation penalty), which may have
+    one, but not one the graph shows.
+    """
+    root = getattr(loss, "grad_fn", None)
+    if root is None:
+        return None
+    functions, others, queue = [], [], [root]  # breadth first: the outermost terms first
+    while queue and len(functions) + len(others) < 10_000:  # (a penalty summed over every parameter)
+        try:
+            node, _ = _unscaled(queue.pop(0))
+            function = _loss_function(node)[1]
+        except RuntimeError:  # its saved tensors are gone (the graph was backpropagated): nothing to tell
+            return None
+        if function is not None:
+            functions.append(node)
+        elif type(node).__name__ in ("AddBackward0", "SubBackward0"):
+            queue.extend(child for child, _ in node.next_functions if child is not None)
+        else:
+            others.append(node)
+    if not functions or not others:
+        return None
+    start = f"info['loss'] is a loss function ({type(functions[0]).__name__}) plus "
+    if not _below(functions) & _below(others):
+        return (
+            f"{start}a term that reads no sample of the batch (its autograd node is "
+            f"{type(others[0]).__name__}): a penalty on the parameters, such as an explicit L2 term, "
+            f"is no sum of per-sample terms. Fix: {PENALTY_FIX}"
+        )
+    return None if parameters_only else (
+        f"{start}another term of the model's outputs (its autograd node is {type(others[0]).__name__}, "
+        "e.g. an activation penalty), whose share per sample the graph does not show. Fix: pass "
+        "info['individual_losses'] = each sample's share of the whole loss (e.g. "
+        "ce_none + penalty_per_sample), whose mean is info['loss']"
+    )
+
+
+def _below(nodes):
+    """The autograd nodes ``nodes`` depend on, the accumulators of parameters (``nn.Parameter``) left out."""
+    seen, stack = set(), list(nodes)
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        if isinstance(getattr(node, "variable", None), torch.nn.Parameter):
+            continue
+        seen.add(node)
+        stack.extend(child for child, _ in node.next_functions)
+    return seen
 
 
 def batch_size_from_graph(loss):
@@ -301,18 +372,21 @@ def normalise_individual_losses(losses, loss, batch_size=None, keep_graph=False)
     entries = losses.reshape(losses.shape[0], -1)
     if loss is None or not torch.isfinite(loss).all():
         return entries.mean(1)
-    loss = loss.detach().to(entries.dtype)
+    value = loss.detach().to(entries.dtype)
     tol = dict(rtol=1e-4, atol=1e-6)
-    if torch.allclose(entries.detach().mean(), loss, **tol):
+    if torch.allclose(entries.detach().mean(), value, **tol):
         return entries.mean(1)
-    if torch.allclose(entries.detach().sum(), loss, **tol):
+    if torch.allclose(entries.detach().sum(), value, **tol):
         return entries.sum(1) * entries.shape[0]
-    raise ValueError(
+    message = (
         "info['individual_losses'] reduce to neither the loss (mean) nor to it by "
         f"summing: mean {entries.mean().item():.6g}, sum {entries.sum().item():.6g}, "
-        f"loss {loss.item():.6g}. Pass lossfunc(output, target) with reduction='none' "
-        "for the same batch."
+        f"loss {value.item():.6g}"
     )
+    penalty = penalty_term(loss)
+    if penalty is not None:
+        raise ValueError(f"{message}: {penalty}")
+    raise ValueError(f"{message}. Pass lossfunc(output, target) with reduction='none' for the same batch.")
 
 
 class StepInfo:

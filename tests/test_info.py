@@ -2,10 +2,12 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from cockpit_lite import extend
-from cockpit_lite.info import StepInfo, batch_size_from_graph, individual_losses_from_graph, normalise_individual_losses
+from cockpit_lite.info import (StepInfo, batch_size_from_graph, individual_losses_from_graph,
+                               normalise_individual_losses, penalty_term)
 
 B = 6
 g = torch.Generator().manual_seed(0)
@@ -104,16 +106,47 @@ def test_a_sum_that_only_looks_like_label_smoothing_is_refused():
     nll = nn.CrossEntropyLoss()(LOGITS, CLASSES)
     smoothing = -LOGITS.log_softmax(1).sum(1).masked_fill(CLASSES == -100, 0.0).sum() / B
     for loss in (0.9 * nll + 0.05 * smoothing, 0.9 * nll + 0.025 * LOGITS.square().sum()):
-        with pytest.raises(ValueError, match="AddBackward0"):
+        with pytest.raises(ValueError, match=r"loss function \(NllLossBackward0\) plus another term of the model's outputs"):
             individual_losses_from_graph(loss)
 
 
 def test_underivable_loss_explains_the_fix():
-    loss = nn.CrossEntropyLoss()(LOGITS, CLASSES) + LOGITS.square().mean()  # a regulariser added
-    with pytest.raises(ValueError, match=r"AddBackward0.*individual_losses"):
+    loss = nn.CrossEntropyLoss()(LOGITS, CLASSES) + LOGITS.square().mean()  # a regulariser of the outputs added
+    with pytest.raises(ValueError, match=(
+        r"plus another term of the model's outputs \(its autograd node is MeanBackward0, e\.g\. an "
+        r"activation penalty\).*Fix: pass info\['individual_losses'\] = each sample's share"
+    )):
         individual_losses_from_graph(loss)
     with pytest.raises(ValueError, match=r"Alpha needs info\['individual_losses'\] at step 3"):
         StepInfo({"loss": loss}, 3).require("individual_losses", "Alpha")
+    shares = nn.CrossEntropyLoss(reduction="none")(LOGITS, CLASSES) + LOGITS.square().mean(1)  # the fix
+    torch.testing.assert_close(StepInfo({"loss": loss, "individual_losses": shares}, 3).require(
+        "individual_losses", "Alpha"), shares.detach())
+
+
+PENALTY = (r"a loss function \(NllLossBackward0\) plus a term that reads no sample of the batch.*a penalty on "
+           r"the parameters, such as an explicit L2 term, is no sum of per-sample terms\. Fix: backpropagate the "
+           r"data loss inside the context and add the penalty's gradient outside it.*weight_decay=2\*lam")
+
+
+def test_a_penalty_on_the_parameters_is_named_with_its_fix():
+    """``ce + lam * sum ||p||^2``: no per-sample share of the penalty can be derived, nor would one the user
+    passes make the per-sample losses of the data loss; both refusals name the cause and the fix."""
+    layer = nn.Linear(4, 4).double()
+    x = torch.randn(B, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    outputs = layer(x)
+    penalty = 1e-3 * sum(p.square().sum() for p in layer.parameters())
+    loss = F.cross_entropy(outputs, CLASSES) + penalty
+    with pytest.raises(ValueError, match=PENALTY):
+        individual_losses_from_graph(loss)
+    with pytest.raises(ValueError, match=r"Alpha needs info\['individual_losses'\] at step 0: cannot derive.*" + PENALTY):
+        StepInfo({"loss": loss}, 0).require("individual_losses", "Alpha")
+    data_only = F.cross_entropy(outputs, CLASSES, reduction="none")
+    with pytest.raises(ValueError, match=r"reduce to neither the loss.*" + PENALTY):
+        StepInfo({"loss": loss, "individual_losses": data_only}, 0).require("individual_losses", "Alpha")
+    assert penalty_term(F.cross_entropy(outputs, CLASSES)) is None  # the fix: the data loss alone
+    torch.testing.assert_close(StepInfo({"loss": F.cross_entropy(outputs, CLASSES)}, 0).require(
+        "individual_losses", "Alpha"), data_only.detach())
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])

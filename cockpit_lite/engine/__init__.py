@@ -69,6 +69,7 @@ from cockpit_lite.engine.capture import Call, ForwardCapture
 from cockpit_lite.engine.rules import GENERIC, UnsupportedCall, attention, mixes_samples, rule_for
 from cockpit_lite.engine.rules.base import first_tensor
 from cockpit_lite.engine.window import Window
+from cockpit_lite.info import PENALTY_FIX, penalty_term
 
 GRAD_CHECK_RTOL = {torch.float64: 1e-6, torch.float32: 1e-3}
 """Largest relative difference between the rules' gradient and autograd's before a
@@ -247,6 +248,7 @@ class Engine:
         """
         state = _Step(transforms, batch_size, grads_before, needed_by, window, self.group is not None,
                       getattr(info, "subset", None))
+        state.penalty = penalty_term(info.get("loss"), parameters_only=True)
         graph = self._graph if self._graph is not None else _Graph(info.get("loss"))
         calls = self.capture.calls if self.model is not None else []
         if calls and graph.ready():  # only the forward passes this loss came from
@@ -662,16 +664,23 @@ class Engine:
                         "`with cp(step)` around each backward)"
                     ), demote=False)
                     continue
-                self._fail(state, index, (
-                    f"the gradient of info['loss'] is {away} in this backward pass: backward ran on "
-                    "another loss (e.g. an explicit L2 term added to it). Fix: pass as info['loss'] "
-                    "the loss you call backward on, with info['individual_losses'] = each sample's "
-                    "share of it (e.g. ce_none + l2), or use the optimizer's weight_decay"
-                ) if index in state.global_path else (
-                    f"the individual gradients sum to a gradient {away}: the parameter is used "
-                    "somewhere the engine did not see (e.g. read by a parent module's own code as "
-                    "well), or backward ran on another loss than info['loss']"
-                ))
+                if state.penalty is not None and index not in state.global_path:
+                    reason = f"the individual gradients sum to a gradient {away}: {state.penalty}"
+                elif index in state.global_path:
+                    reason = (
+                        f"the gradient of info['loss'] is {away} in this backward pass: backward ran on "
+                        "another loss (e.g. info['loss'] plus a penalty on the parameters, such as an "
+                        "explicit L2 term). Fix: call backward on info['loss'] inside the context; for "
+                        f"a penalty, {PENALTY_FIX}"
+                    )
+                else:
+                    reason = (
+                        f"the individual gradients sum to a gradient {away}: the parameter is used "
+                        "somewhere the engine did not see (e.g. read by a parent module's own code as "
+                        "well), or backward ran on another loss than info['loss'] (e.g. info['loss'] "
+                        f"plus a penalty on the parameters, such as an explicit L2 term: {PENALTY_FIX})"
+                    )
+                self._fail(state, index, reason)
 
     def _fail(self, state, index, reason, demote=True):
         """Mark a parameter's values of this step NaN; it takes the global path from now on

@@ -2,6 +2,7 @@
 observer effect, and every refusal's advice applied."""
 
 import math
+import re
 import warnings
 
 import pytest
@@ -598,8 +599,8 @@ def test_an_exactly_zero_gradient_is_zero_not_a_failure(dtype):
 def test_backward_of_another_loss_than_info_loss_is_flagged_at_every_step_and_the_fix_works():
     """``(ce + λ·l2).backward()`` with ``info["loss"] = ce``: the individual gradients (of ce) are
     not the backward pass's (of ce + λ·l2), on the rules and on the global path alike: NaN and a
-    flag at every step, never finite values that match nothing. The fix it names (the loss
-    backpropagated, and each sample's share of it) is exact against the brute force."""
+    flag at every step, never finite values that match nothing. On the global path, the loss
+    backpropagated passed with each sample's share of it is exact against the brute force."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
     x, y = torch.randn(8, 4, dtype=torch.float64), torch.randint(0, 3, (8,))
@@ -631,6 +632,85 @@ def test_backward_of_another_loss_than_info_loss_is_flagged_at_every_step_and_th
         mean = rows.mean(0)
         expected = torch.sqrt(((rows - mean) ** 2).sum() / (7 * 8 * (mean**2).sum()))
         problems.assert_close(cp.get_output()[step]["NormTest"], expected, what="NormTest, an explicit L2 term")
+
+
+PENALTY_CAUSE = r"plus a term that reads no sample of the batch.*a penalty on the parameters, such as an explicit L2 term"
+PENALTY_FIX = r"Fix: backpropagate the data loss inside the context and add the penalty's gradient outside it.*weight_decay"
+
+
+def test_a_penalty_on_the_parameters_in_the_loss_is_named_and_the_fixes_it_names_are_exact():
+    """``loss = ce + lam * sum ||p||^2`` backpropagated inside ``cp(step, info={"loss": loss})``: refused
+    before backward (no per-sample losses to derive), or, with per-sample shares passed, NaN and a flag
+    naming the penalty (the layer rules do not see its gradient). Both fixes it names, the data loss
+    backpropagated inside the context and the penalty's gradient added outside it, or the optimizer's
+    weight_decay, train as the penalised loss does and give the float64 brute force of the data loss."""
+    lam, steps = 1e-2, 3
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(8, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (8,), generator=g)
+
+    def mlp():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+
+    def penalty(model):
+        return lam * sum(p.square().sum() for p in model.parameters())
+
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cp = Cockpit(model, configuration("economy"), diagnose=False)
+    loss = F.cross_entropy(model(x), y) + penalty(model)
+    with pytest.raises(ValueError, match=rf"Alpha needs info\['individual_losses'\].*{PENALTY_CAUSE}.*{PENALTY_FIX}"):
+        cp(0, info={"loss": loss, "optimizer": opt})
+    outputs = model(x)
+    loss = F.cross_entropy(outputs, y) + penalty(model)
+    shares = F.cross_entropy(outputs, y, reduction="none") + penalty(model)  # mean_n = the loss
+    with pytest.warns(UserWarning, match=rf"could not be formed by a layer rule.*{PENALTY_CAUSE}.*{PENALTY_FIX}"):
+        with cp(1, info={"loss": loss, "individual_losses": shares, "optimizer": opt}):
+            loss.backward()
+    entry = cp.get_output()[1]
+    assert math.isnan(entry["NormTest"])
+    assert any(re.search(PENALTY_CAUSE + ".*" + PENALTY_FIX, f) for f in entry["flags"])
+
+    reference = mlp()  # the run the fixes must reproduce: the penalised loss, no Cockpit
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for _ in range(steps):
+        ref_opt.zero_grad()
+        (F.cross_entropy(reference(x), y) + penalty(reference)).backward()
+        ref_opt.step()
+    for route in ("outside", "by weight_decay"):
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=2 * lam if route == "by weight_decay" else 0.0)
+        cp = Cockpit(model, configuration("economy"), diagnose=False)
+        params = list(model.parameters())
+        for step in range(steps):
+            opt.zero_grad()
+            data_loss = F.cross_entropy(model(x), y)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                with cp(step, info={"loss": data_loss, "optimizer": opt}):
+                    data_loss.backward()
+            if route == "outside":
+                penalty(model).backward()
+            per_sample = F.cross_entropy(model(x), y, reduction="none")
+            rows = [[gr.reshape(-1) for gr in torch.autograd.grad(per_sample[n], params, retain_graph=True)]
+                    for n in range(8)]  # [sample][layer]: g_n = B grad(c_n) = grad(ce_n)
+            blocks = [torch.stack([rows[n][i] for n in range(8)]) for i in range(len(params))]
+            opt.step()
+            entry = cp.get_output()[step]
+            assert "flags" not in entry, (route, step, entry.get("flags"))
+            expected_norms = [block.mean(0).norm() for block in blocks]
+            problems.assert_close(entry["GradNorm"], expected_norms, what=f"GradNorm, a penalty added {route}")
+            full = torch.cat(blocks, 1)
+            mean = full.mean(0)
+            expected = torch.sqrt(((full - mean) ** 2).sum() / (7 * 8 * (mean**2).sum()))
+            problems.assert_close(entry["NormTest"], expected, what=f"NormTest, a penalty added {route}")
+            projections = full @ mean
+            expected = torch.sqrt(projections.var(unbiased=True) / (8 * (mean @ mean) ** 2))
+            problems.assert_close(entry["InnerTest"], expected, what=f"InnerTest, a penalty added {route}")
+            problems.assert_close(entry["Loss"], data_loss.detach(), what=f"Loss, a penalty added {route}")
+        cp.close()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("samples", [None, 3])
