@@ -564,7 +564,7 @@ class Engine:
                 f"{state.batch_size}; pass info['batch_size']"
             )
         params = [self.params[i] for i in indices]
-        with torch.enable_grad():
+        with global_path.forked_random_state(params), torch.enable_grad():  # a recomputed segment's draws
             totals = torch.autograd.grad(contributions.sum(), params, retain_graph=True, allow_unused=True)
         totals = [torch.zeros_like(p) if g is None else g.detach() for g, p in zip(totals, params)]
         parts = {i: [] for i in indices}
