@@ -88,6 +88,66 @@ class StepData:
         """``‖g‖²`` of every parameter (shared by the gradient tests)."""
         return [(g**2).sum() for g in self.grads]
 
+    def rounding_level(self, terms, total=True):
+        """The rounding level ``2 (u + √(D + B) u_acc) · terms`` of a difference of two terms of
+        size ``terms`` (``[1 + P]``: the whole network's, then each parameter's; ``[P]`` without
+        ``total``), below which the difference is not a measurement (``resolved``).
+
+        Each term is a sum over the ``B`` samples of reductions over a tensor's ``D`` elements,
+        stored in the dtype of ``terms`` (unit roundoff ``u``) and accumulated in it or, for
+        narrower dtypes, in float32 (``u_acc``, as torch's reductions do): with independent
+        rounding errors its relative error is about ``u + √(D + B) u_acc`` (the probabilistic
+        bound of a chain of ``D + B`` additions, Higham & Mary 2019; tree and blocked reductions
+        do better), and the difference carries both terms' errors.
+        """
+        sizes = [p.numel() for p in self.params]
+        sizes = torch.tensor([sum(sizes)] * total + sizes, dtype=torch.float64)
+        u = torch.finfo(terms.dtype).eps / 2
+        u_acc = torch.finfo(torch.promote_types(terms.dtype, torch.float32)).eps / 2
+        return (2 * (u + (sizes + self.batch_size).sqrt() * u_acc)).to(terms.device, terms.dtype) * terms
+
+    def resolved(self, quantity, what, values, difference, terms, total=True):
+        """``values`` with NaN where ``difference`` is lost in the rounding of the ``terms`` it
+        cancels, and a flag for each: the rule of the quantities formed by such a cancellation
+        (``NormTest``, ``InnerTest``, ``OrthoTest``, ``GradVariance``).
+
+        Each statistic is a spread formed by cancellation: a difference of two terms of size
+        ``terms`` that agree in their leading digits when the individual gradients are nearly the
+        same (or nearly collinear), e.g. ``Σ_n ‖g̃_n‖² − B ‖g‖²``. Below its rounding level
+
+            level = 2 (u + √(D + B) u_acc) · terms      (``rounding_level``)
+
+        the difference is not a measurement (it comes out 0, negative, or rounding noise of the
+        size of ``level``): ``difference < level`` is NaN with a flag naming the quantity, the
+        parameter (or the whole network) and the numbers. Strictly below: a tensor with no
+        gradient (``terms = 0``) keeps its value. The elementwise variances of
+        ``centred_squares`` are NaN on a negative element; the sign alone misses a spread that
+        comes out 0 or positive noise (``OrthoTest`` 5.7e-5 against 3.2e-7; ``GradVariance``
+        of a 4-element bias 0 against 0.056), which the level catches.
+
+        Args:
+            quantity: the quantity's name, for the flags.
+            what: the cancelled difference, for the flags (its formula and what makes it vanish).
+            values, difference, terms: tensors ``[1 + P]``: the whole network's, then each
+                parameter's in order (``with_total``'s layout); ``[P]`` without ``total``.
+            total: whether the first entry is the whole network's.
+
+        Returns:
+            ``(values, flags)``. One host sync, for the comparison.
+        """
+        level = self.rounding_level(terms, total)
+        lost = difference < level
+        if not bool(lost.any()):
+            return values, []
+        names = ["the whole network"] * total + list(self.names)
+        indices = lost.nonzero().reshape(-1).tolist()
+        flags = [
+            f"{quantity}: {what} of {names[index]} is lost "
+            f"in the rounding in {difference.dtype}: {d:.3g} against a rounding level of {l:.3g}: NaN"
+            for index, d, l in zip(indices, difference[lost].tolist(), level[lost].tolist())
+        ]
+        return torch.where(lost, torch.full_like(values, float("nan")), values), flags
+
     def per_sample(self, key):
         """Per-parameter values of the transform with ``key`` (see ``cockpit_lite.transforms``).
 

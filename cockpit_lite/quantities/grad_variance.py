@@ -15,8 +15,9 @@ class GradVariance(SingleStepQuantity):
     gradient covariance; the whole-network value is the sum of the list. The
     variance of the mini-batch gradient is this divided by ``B``. ``g_d`` is summed
     from the same individual gradients as ``Σ_n g̃_{n,d}²`` (see
-    ``centred_sums_of_squares``); a tensor whose difference is below its rounding
-    error is NaN with a flag.
+    ``centred_sums_of_squares``); a tensor with an element whose difference is below its
+    rounding (negative), or whose sum ``Σ_d M2_d`` is below the rounding level of
+    ``Σ_n ‖g̃_n‖²`` (``StepData.resolved``, as the gradient tests), is NaN with a flag.
 
     Subsampled (``k`` of ``B`` samples, ``cockpit_lite.subsample``): ``Σ_d σ̂_d² =
     (Σ_n ‖g̃_n‖² − B ‖g‖²) / (B − 1)`` with ``Σ_n ‖g̃_n‖²`` estimated by ``(B/k) Σ_{n∈S} ‖g̃_n‖²``
@@ -42,4 +43,8 @@ class GradVariance(SingleStepQuantity):
             meta["total_se"] = se[0] / (b - 1)
             return Output(list(values.unbind()), meta=meta)
         _, flags = centred_sums_of_squares(data, self.name)
-        return Output(list((data.centred_totals / (b - 1)).unbind()), flags=flags)
+        totals = data.centred_totals
+        terms = torch.stack([s.sum() for s in data.per_sample(SumGradSquared.key)])
+        values, lost = data.resolved(self.name, "the variance Σ_n ‖g̃_n − g‖² = Σ_n ‖g̃_n‖² − B ‖g‖² (a gradient "
+                                     "nearly the same in every sample)", totals / (b - 1), totals, terms, total=False)
+        return Output(list(values.unbind()), flags=flags + lost)

@@ -12,7 +12,10 @@ class InnerTest(SingleStepQuantity):
 
     ``sqrt( Var̂_n(g̃_nᵀ g) / (B ‖g‖⁴) )`` with the unbiased sample variance over the
     batch. Per layer: the same statistic on one parameter tensor (``g̃_n`` and ``g``
-    restricted to it).
+    restricted to it). The variance is formed from the projections themselves, so it is
+    lost only when their spread ``‖p − p̄‖ = √((B − 1) Var̂)`` is below their own rounding,
+    relative to ``‖p‖`` (``StepData.resolved``: NaN with a flag), not already when
+    ``Var̂`` is below the rounding of ``Σ_n p_n²``.
 
     Subsampled (``k`` of ``B`` samples, ``cockpit_lite.subsample``): the batch mean of
     ``g̃_nᵀg`` is ``‖g‖²`` (autograd's, exact), so ``(B − 1) Var̂_n = Σ_n (g̃_nᵀg − ‖g‖²)²``
@@ -34,9 +37,10 @@ class InnerTest(SingleStepQuantity):
             d, g2 = with_total(torch.stack(dots, 1)), with_total(torch.stack(grad_l2))
             return subsample.sqrt_estimates((d - g2) ** 2, b, torch.zeros_like(g2), (b - 1) * b * g2**2)
 
-        def statistic(projections, g2):
-            return (projections.var() / (b * g2**2)).sqrt()
-
-        layers = [statistic(d, g2) for d, g2 in zip(dots, grad_l2)]
-        total = statistic(torch.stack(dots).sum(0), sum(grad_l2))
-        return Output(total, layers)
+        projections, g2 = with_total(torch.stack(dots, 1)), with_total(torch.stack(grad_l2))
+        variance = projections.var(0)
+        values = (variance / (b * g2**2)).sqrt()
+        values, flags = data.resolved(self.name, "the spread ‖p − p̄‖ of the projections p_n = g̃_nᵀg (nearly "
+                                      "the same in every sample)", values, ((b - 1) * variance).sqrt(),
+                                      projections.norm(dim=0))
+        return Output(values[0], list(values[1:].unbind()), flags=flags)

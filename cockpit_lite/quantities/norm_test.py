@@ -12,7 +12,8 @@ class NormTest(SingleStepQuantity):
 
     ``sqrt( Σ_n ‖g̃_n − g‖² / ((B − 1) B ‖g‖²) )`` with ``Σ_n ‖g̃_n − g‖² = Σ_n ‖g̃_n‖² − B ‖g‖²``.
     A value above 1 means the gradient noise exceeds the gradient: a larger batch
-    would help. Per layer: the same statistic on one parameter tensor's gradient.
+    would help. Per layer: the same statistic on one parameter tensor's gradient. A spread
+    below the rounding of ``Σ_n ‖g̃_n‖²`` (``StepData.resolved``) is NaN with a flag.
 
     Subsampled (``k`` of ``B`` samples, ``cockpit_lite.subsample``): ``Σ_n ‖g̃_n‖²`` is
     estimated by ``(B/k) Σ_{n∈S} ‖g̃_n‖²`` (unbiased), ``‖g‖²`` is autograd's (exact); the
@@ -33,6 +34,9 @@ class NormTest(SingleStepQuantity):
             return subsample.sqrt_estimates(x, b, b * g2, (b - 1) * b * g2)
 
         sum_l2, grad_l2 = with_total(torch.stack(l2).sum(1)), with_total(torch.stack(data.grad_squared_norms))
-        values = ((sum_l2 - b * grad_l2).clamp(min=0) / ((b - 1) * b * grad_l2)).sqrt()
-        return Output(values[0], list(values[1:].unbind()))
+        spread = sum_l2 - b * grad_l2
+        values = (spread.clamp(min=0) / ((b - 1) * b * grad_l2)).sqrt()
+        values, flags = data.resolved(self.name, "the spread Σ_n ‖g̃_n‖² − B ‖g‖² (individual gradients nearly "
+                                      "the same)", values, spread, sum_l2)
+        return Output(values[0], list(values[1:].unbind()), flags=flags)
 

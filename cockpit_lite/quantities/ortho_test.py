@@ -12,7 +12,8 @@ class OrthoTest(SingleStepQuantity):
 
     ``sqrt( Σ_n ‖g̃_n − (g̃_nᵀg / ‖g‖²) g‖² / ((B − 1) B ‖g‖²) )``, using
     ``Σ_n ‖g̃_n − c_n g‖² = Σ_n ‖g̃_n‖² − Σ_n (g̃_nᵀg)² / ‖g‖²``. Per layer: the same on
-    one parameter tensor.
+    one parameter tensor. A spread below the rounding of ``Σ_n ‖g̃_n‖²``
+    (``StepData.resolved``) is NaN with a flag.
 
     Subsampled (``k`` of ``B`` samples, ``cockpit_lite.subsample``): the spread is the total
     of ``‖g̃_n‖² − (g̃_nᵀg)² / ‖g‖²`` (``g`` autograd's, exact), estimated by ``B/k`` times
@@ -29,16 +30,15 @@ class OrthoTest(SingleStepQuantity):
         b = data.batch_size
         l2 = data.per_sample(BatchL2.key)
         dots = data.per_sample(BatchDotGrad.key)
-        grad_l2 = data.grad_squared_norms
+        g2 = with_total(torch.stack(data.grad_squared_norms))
         if data.subset is not None:
             l, d = with_total(torch.stack(l2, 1)), with_total(torch.stack(dots, 1))
-            g2 = with_total(torch.stack(grad_l2))
             return subsample.sqrt_estimates(l - d**2 / g2, b, torch.zeros_like(g2), (b - 1) * b * g2)
 
-        def statistic(sum_l2, projections, g2):
-            spread = (sum_l2 - (projections**2).sum() / g2).clamp(min=0)
-            return (spread / ((b - 1) * b * g2)).sqrt()
-
-        layers = [statistic(l.sum(), d, g2) for l, d, g2 in zip(l2, dots, grad_l2)]
-        total = statistic(sum(l.sum() for l in l2), torch.stack(dots).sum(0), sum(grad_l2))
-        return Output(total, layers)
+        sum_l2 = with_total(torch.stack([l.sum() for l in l2]))
+        projections = with_total(torch.stack(dots, 1))
+        spread = sum_l2 - (projections**2).sum(0) / g2
+        values = (spread.clamp(min=0) / ((b - 1) * b * g2)).sqrt()
+        values, flags = data.resolved(self.name, "the spread Σ_n ‖g̃_n‖² − Σ_n (g̃_nᵀg)² / ‖g‖² (individual "
+                                      "gradients nearly collinear)", values, spread, sum_l2)
+        return Output(values[0], list(values[1:].unbind()), flags=flags)
