@@ -908,14 +908,15 @@ class _StepContext:
             warnings.warn(f"cockpit-lite: step {self.step}: {reason}", stacklevel=4)
             flags.append(reason)
         scaled = _scaled_backward(self.seeds, cockpit.accumulate)
-        if scaled is not None:
+        reading = [q.name for q, _ in self.due if q.SCALED_BACKWARD]
+        if scaled is not None and reading:
             reason = (
                 f"the backward pass at step {self.step} was scaled by {scaled:.4g} relative to info['loss'] "
-                "(a GradScaler's scaler.scale(loss).backward(), or a scaled loss): GradNorm, GradVariance, "
-                "the gradient histograms, MeanGSNR, the TICs, CABS and the diagnosis's gradient signals describe "
-                "the scaled gradient, not the one the optimizer steps with (the gradient tests and Alpha do "
-                "not depend on the scale). Fix: divide GradNorm by the scale (scaler.get_scale()) and "
-                "GradVariance by its square, or backpropagate info['loss'] itself on tracked steps"
+                f"(a GradScaler's scaler.scale(loss).backward(), or a scaled loss): {', '.join(reading)} "
+                "describe the scaled gradient, not the one the optimizer steps with (the gradient tests and "
+                "Alpha do not depend on the scale). Fix: divide GradNorm by the scale (scaler.get_scale()) "
+                "and GradVariance by its square; no rescaling recovers the histograms, the curvature and "
+                "the ratios with an epsilon: for those, backpropagate info['loss'] itself on tracked steps"
             )
             cockpit._note("scaled", reason)
             flags.append(reason)

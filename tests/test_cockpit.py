@@ -737,8 +737,10 @@ def test_state_dict_between_micro_batches_is_refused_with_the_fix():
 def test_a_scaled_backward_pass_is_flagged_and_the_named_fix_recovers_the_values():
     """``scaler.scale(loss).backward()`` with ``info["loss"] = loss``: the gradient the Cockpit sees
     is S times the one the optimizer steps with. The step is flagged with the scale (it used to be
-    recorded silently, GradNorm 1024x), and dividing by the scale, as the flag says, gives the
-    values of the unscaled run; the gradient tests are the same without it."""
+    recorded silently, GradNorm 1024x), naming the due quantities that read the scale, and dividing
+    by the scale, as the flag says, gives the values of the unscaled run; the gradient tests are the
+    same without it. A step of scale-free quantities only (Alpha, under strict=True in
+    tests/quantities/test_alpha.py) is not flagged."""
     records = []
     for scale in (None, 2.0**10):
         torch.manual_seed(0)
@@ -759,7 +761,8 @@ def test_a_scaled_backward_pass_is_flagged_and_the_named_fix_recovers_the_values
         records.append((cp.get_output()[0], [str(w.message) for w in caught], scaler.get_scale()))
     (plain, plain_warned, _), (scaled, warned, s) = records
     assert "flags" not in plain and not any("scaled by" in w for w in plain_warned)
-    assert any("was scaled by 1024" in f and "scaler.get_scale()" in f for f in scaled["flags"])
+    (flag,) = [f for f in scaled["flags"] if "was scaled by 1024" in f]
+    assert "GradNorm, GradVariance describe the scaled gradient" in flag and "scaler.get_scale()" in flag
     assert any("was scaled by 1024" in w for w in warned)
     problems.assert_close(np.asarray(scaled["GradNorm"]) / s, plain["GradNorm"], rtol=1e-12, what="GradNorm")
     problems.assert_close(np.asarray(scaled["GradVariance"]) / s**2, plain["GradVariance"], rtol=1e-12,

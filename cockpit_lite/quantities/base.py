@@ -104,6 +104,12 @@ class Quantity:
     statistics, curvature). A step whose context saw no backward pass of ``info["loss"]``
     records such a quantity as NaN with a flag instead of a value of stale gradients."""
 
+    SCALED_BACKWARD = False
+    """Whether the values change when the backward pass is scaled relative to ``info["loss"]``
+    (a ``GradScaler``'s ``scaler.scale(loss).backward()``): they read the gradients of that pass
+    at their scale, not ratios of them. A step whose backward pass was scaled flags such a
+    quantity (``Cockpit``: the scale, and what to divide by it)."""
+
     MIN_BATCH_SIZE = 1
     """The fewest samples the statistic is defined for (2 for a variance across samples); a
     smaller batch records NaN with a flag."""

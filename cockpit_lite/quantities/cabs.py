@@ -21,6 +21,8 @@ class CABS(SingleStepQuantity):
     ``‖g‖²`` from the engine's sum of all ``B`` individual gradients, ``GradL2``): the value is linear in it, its standard error in the ``meta``.
     """
 
+    SCALED_BACKWARD = True
+
     INFO = ("optimizer", "loss")
     SUBSAMPLE = True
     TRANSFORMS = (SumGradSquared, SumGrad)

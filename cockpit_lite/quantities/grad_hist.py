@@ -22,6 +22,8 @@ class GradHistogram(SingleStepQuantity):
     error per bin.
     """
 
+    SCALED_BACKWARD = True
+
     SUBSAMPLE = True
     TRANSFORM = None
     STATE = ("range",)

@@ -9,5 +9,7 @@ class GradNorm(SingleStepQuantity):
     The whole-network norm is the root of the sum of squares of the list.
     """
 
+    SCALED_BACKWARD = True
+
     def compute(self, step, data):
         return Output(list(data.grad_norms))

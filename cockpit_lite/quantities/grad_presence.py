@@ -45,6 +45,8 @@ ARMED = 8
 class GradPresence(Quantity):
     """``{"before", "after", "stepped", "first_backward", "optimizer", "lr", "momentum"}`` per step."""
 
+    SCALED_BACKWARD = True
+
     def __init__(self, track_schedule=None, verbose=False):
         super().__init__(track_schedule, verbose)
         self._optimizer = None

@@ -28,6 +28,8 @@ class GradVariance(SingleStepQuantity):
     sum of their squares).
     """
 
+    SCALED_BACKWARD = True
+
     MIN_BATCH_SIZE = 2  # a variance across samples
     SUBSAMPLE = True
 

@@ -12,6 +12,8 @@ class HessTrace(CurvatureQuantity):
     ``tr H_pp``) and the record's ``meta`` holds its standard error.
     """
 
+    SCALED_BACKWARD = True
+
     def parts(self, data, diagonal):
         layers = [c.sum() for c in diagonal]
         return sum(layers), layers

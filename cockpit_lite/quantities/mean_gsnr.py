@@ -16,6 +16,8 @@ class MeanGSNR(SingleStepQuantity):
     the difference is below its rounding error the value is NaN with a flag.
     """
 
+    SCALED_BACKWARD = True
+
     MIN_BATCH_SIZE = 2  # a variance across samples
 
     TRANSFORMS = (SumGradSquared, SumGrad)

@@ -28,6 +28,8 @@ class TIC(CurvatureQuantity):
     standard error of ``subsample.total``. Subclasses give the terms (``sample_terms``).
     """
 
+    SCALED_BACKWARD = True
+
     EXACT_ONLY = True
     SUBSAMPLE = True
     TRANSFORMS = (SumGradSquared,)
