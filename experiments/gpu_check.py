@@ -502,7 +502,8 @@ def autocast_check(ctx, precision, scaler):
     """A float32 CNN + MLP head under autocast (with a GradScaler for fp16): NormTest, GradVariance
     and GradNorm of two steps against a brute-force loop over the same forward pass, of the loss
     that is backpropagated (with a GradScaler, the scaled loss: its gradients are what the
-    Cockpit sees before ``scaler.step`` unscales them)."""
+    Cockpit sees before ``scaler.step`` unscales them, and every step must carry the flag that
+    says so and no other; without one, ``strict=True`` stops at any flag)."""
     from cockpit_lite import Cockpit, quantities
 
     torch.manual_seed(0)
@@ -511,10 +512,10 @@ def autocast_check(ctx, precision, scaler):
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=1e-2)
     grad_scaler = torch.amp.GradScaler(ctx.device.type, init_scale=2.0**10) if scaler else None
-    cp = Cockpit(model, [quantities.NormTest(), quantities.GradVariance(), quantities.GradNorm()], strict=True,
-                 diagnose=False)
+    cp = Cockpit(model, [quantities.NormTest(), quantities.GradVariance(), quantities.GradNorm()],
+                 strict=not scaler, diagnose=False)
     g = torch.Generator().manual_seed(2)
-    worst = 0.0
+    worst, flagged = 0.0, True
     for step in range(2):
         x, y = torch.randn(16, 3, 8, 8, generator=g).to(ctx.device), torch.randint(0, 5, (16,), generator=g).to(ctx.device)
         with torch.autocast(ctx.device.type, dtype=AUTOCAST[precision]):
@@ -539,7 +540,10 @@ def autocast_check(ctx, precision, scaler):
         entry = cp.get_output()[step]
         got = [entry["NormTest"], sum(entry["GradVariance"]), math.sqrt(sum(v * v for v in entry["GradNorm"]))]
         worst = max(worst, relative_difference(got, expected))
-    return {"relative_difference": worst, "tolerance": TOLERANCE[precision], "passed": worst <= TOLERANCE[precision]}
+        flags = entry.get("flags", [])
+        flagged = flagged and (not scaler or (len(flags) == 1 and "was scaled by" in flags[0]))
+    return {"relative_difference": worst, "tolerance": TOLERANCE[precision], "scale_flagged": flagged,
+            "passed": worst <= TOLERANCE[precision] and flagged}
 
 
 def dashboard_check(ctx):
