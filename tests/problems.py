@@ -14,6 +14,7 @@ can be computed afterwards, at the same point, by brute force:
 """
 
 import contextlib
+import math
 import copy
 import os
 from dataclasses import dataclass
@@ -424,3 +425,20 @@ def run_autocast(quantity, steps=2, batch_size=32, offset=50.0, autocast=True, t
     if trace is not None:
         trace["params"].append([p.detach().double().clone() for p in params])
     return cp.get_output(), individual
+
+
+def assert_lost_spread_flagged(quantity, reference, offset):
+    """``quantity`` on ``run_autocast``'s float32 MLP with targets ``offset`` away, where the last
+    bias's individual gradients are nearly the same in every sample: its float64 brute force
+    (``reference`` of the ``[B, D]`` individual gradients) is tiny but not 0, the recorded value of
+    that bias is NaN with one flag naming it, and the other layers and the total keep theirs."""
+    name = type(quantity).__name__
+    record, individual = run_autocast(quantity, steps=1, offset=offset, autocast=False)
+    entry, flat = record[0], individual[0]
+    assert 0 < reference(flat[3]) < 1e-6
+    layers = entry["layers"][name]
+    assert math.isnan(layers[3])
+    assert len(entry["flags"]) == 1
+    assert entry["flags"][0].startswith(f"{name}: ") and "of 2.bias is lost in the rounding" in entry["flags"][0]
+    assert_close(layers[:3], [reference(f) for f in flat[:3]], rtol=1e-4)
+    assert_close(entry[name], reference(torch.cat(flat, 1)), rtol=1e-4)

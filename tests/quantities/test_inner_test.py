@@ -1,7 +1,5 @@
 """InnerTest against a brute-force float64 reference."""
 
-import math
-
 import pytest
 import torch
 
@@ -35,12 +33,4 @@ def test_a_spread_lost_in_rounding_is_nan_and_flagged():
     unflagged; 10⁵ away they still resolve it, 1.684e-7 against 1.687e-7); the float64 brute force
     of the same float32 gradients is tiny but not 0 (2.3e-9). The last bias is NaN with one flag
     naming it; the other layers and the total keep their values."""
-    record, individual = problems.run_autocast(InnerTest(), steps=1, offset=1e7, autocast=False)
-    entry, flat = record[0], individual[0]
-    assert 0 < inner_test(flat[3]) < 1e-6
-    layers = entry["layers"]["InnerTest"]
-    assert math.isnan(layers[3])
-    assert len(entry["flags"]) == 1
-    assert entry["flags"][0].startswith("InnerTest: ") and "of 2.bias is lost in the rounding" in entry["flags"][0]
-    problems.assert_close(layers[:3], [inner_test(f) for f in flat[:3]], rtol=1e-4)
-    problems.assert_close(entry["InnerTest"], inner_test(torch.cat(flat, 1)), rtol=1e-4)
+    problems.assert_lost_spread_flagged(InnerTest(), inner_test, offset=1e7)

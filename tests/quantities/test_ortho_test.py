@@ -1,7 +1,5 @@
 """OrthoTest against a brute-force float64 reference."""
 
-import math
-
 import pytest
 import torch
 
@@ -34,12 +32,4 @@ def test_a_spread_lost_in_rounding_is_nan_and_flagged():
     Σ_n ‖g̃_n‖² − Σ_n (g̃_nᵀg)² / ‖g‖² cannot resolve their spread in float32 (it came out 5.7e-5,
     unflagged); the float64 brute force of the same float32 gradients is tiny but not 0 (3.2e-7).
     The last bias is NaN with one flag naming it; the other layers and the total keep their values."""
-    record, individual = problems.run_autocast(OrthoTest(), steps=1, offset=1e5, autocast=False)
-    entry, flat = record[0], individual[0]
-    assert 0 < ortho_test(flat[3]) < 1e-6
-    layers = entry["layers"]["OrthoTest"]
-    assert math.isnan(layers[3])
-    assert len(entry["flags"]) == 1
-    assert entry["flags"][0].startswith("OrthoTest: ") and "of 2.bias is lost in the rounding" in entry["flags"][0]
-    problems.assert_close(layers[:3], [ortho_test(f) for f in flat[:3]], rtol=1e-4)
-    problems.assert_close(entry["OrthoTest"], ortho_test(torch.cat(flat, 1)), rtol=1e-4)
+    problems.assert_lost_spread_flagged(OrthoTest(), ortho_test, offset=1e5)
