@@ -3,7 +3,7 @@
 Forward hooks on every module of the model keep a reference to each module's output
 (tensors autograd keeps alive for the backward pass anyway) in the order the calls
 *end*, so a module ends before the module that contains it. Before the backward pass
-(``needs``), the loss is checked once (one 0-d ``isfinite``; on a GPU the step's
+(``needs``), the loss is checked once (``math.isfinite(loss.item())``; on a GPU the step's
 only host synchronisation the diagnosis adds, needed because the op can only be named
 while the graph still holds its saved tensors); when it is finite the references are
 dropped, nothing is recorded and the step is not due for this signal. When it is not, still before the backward pass (the
@@ -29,6 +29,7 @@ Nothing is re-run. The graph walk happens at the first ``MAX_ANALYSED`` non-fini
 steps only; later ones record ``module`` alone.
 """
 
+import math
 import re
 
 import torch
@@ -109,7 +110,7 @@ class NonfiniteOrigin(Quantity):
         if not self.is_due(step):
             return None
         loss = info.get("loss")
-        if not torch.is_tensor(loss) or bool(torch.isfinite(loss.detach()).all()):
+        if not torch.is_tensor(loss) or _finite(loss):
             return None  # a finite loss records nothing: the step stays untracked for this signal
         self._value = self._locate(loss, outputs, inputs)
         return Needs()
@@ -135,6 +136,15 @@ class NonfiniteOrigin(Quantity):
     def compute(self, step, data):
         value, self._value = self._value, None
         return None if value is None else Output(value)
+
+
+def _finite(loss):
+    """Whether every entry of ``loss`` is finite; a one-element loss through ``item()`` (on the CPU
+    0.6 µs against 18 µs for ``bool(torch.isfinite(loss).all())``, every step; the same one
+    host synchronisation on a GPU)."""
+    if loss.numel() == 1:
+        return math.isfinite(loss.item())
+    return bool(torch.isfinite(loss.detach()).all())
 
 
 def creator_op(root):
