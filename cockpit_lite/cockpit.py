@@ -907,19 +907,6 @@ class _StepContext:
             )
             warnings.warn(f"cockpit-lite: step {self.step}: {reason}", stacklevel=4)
             flags.append(reason)
-        scaled = _scaled_backward(self.seeds, cockpit.accumulate)
-        reading = [q.name for q, _ in self.due if q.SCALED_BACKWARD]
-        if scaled is not None and reading:
-            reason = (
-                f"the backward pass at step {self.step} was scaled by {scaled:.4g} relative to info['loss'] "
-                f"(a GradScaler's scaler.scale(loss).backward(), or a scaled loss): {', '.join(reading)} "
-                "describe the scaled gradient, not the one the optimizer steps with (the gradient tests and "
-                "Alpha do not depend on the scale). Fix: divide GradNorm by the scale (scaler.get_scale()) "
-                "and GradVariance by its square; no rescaling recovers the histograms, the curvature and "
-                "the ratios with an epsilon: for those, backpropagate info['loss'] itself on tracked steps"
-            )
-            cockpit._note("scaled", reason)
-            flags.append(reason)
         if cockpit.group is not None:
             self._combine_ranks()
         batch_size = self.batch_size if self.batch_size is not None else self.info.batch_size
@@ -971,7 +958,21 @@ class _StepContext:
         checks = [torch.stack(data.grad_norms).amax()]  # NaN/Inf propagate
         if torch.is_tensor(loss):
             checks.append(loss.detach().sum())
-        host_outputs, checks = _to_host(([(o.value, o.layers, o.meta) for _, o in outputs], checks))
+        seeds = [seed.reshape(()) for seed in self.seeds if seed is not None and seed.numel() == 1]
+        host_outputs, checks, seeds = _to_host(([(o.value, o.layers, o.meta) for _, o in outputs], checks, seeds))
+        scaled = _scaled_backward(seeds, cockpit.accumulate)
+        reading = [q.name for q, _ in self.due if q.SCALED_BACKWARD]
+        if scaled is not None and reading:
+            reason = (
+                f"the backward pass at step {self.step} was scaled by {scaled:.4g} relative to info['loss'] "
+                f"(a GradScaler's scaler.scale(loss).backward(), or a scaled loss): {', '.join(reading)} "
+                "describe the scaled gradient, not the one the optimizer steps with (the gradient tests and "
+                "Alpha do not depend on the scale). Fix: divide GradNorm by the scale (scaler.get_scale()) "
+                "and GradVariance by its square; no rescaling recovers the histograms, the curvature and "
+                "the ratios with an epsilon: for those, backpropagate info['loss'] itself on tracked steps"
+            )
+            cockpit._note("scaled", reason)
+            flags.append(reason)
 
         if too_few:
             flags.append(
@@ -1098,14 +1099,8 @@ def _scaled_backward(seeds, accumulate, rtol=1e-6):
     there is none to report: σ = 1 (the loss itself backpropagated), and under accumulation
     σ ≤ 1 as well (``(loss / k).backward()`` with ``info["loss"] = loss`` is how the statistics
     of the effective batch are defined); a larger σ is a loss scale (a ``GradScaler``) that
-    the optimizer's gradient does not have."""
-    for seed in seeds:
-        if seed is None or seed.numel() != 1:
-            continue
-        value = float(seed)
-        if value > 1 + rtol or (not accumulate and value < 1 - rtol):
-            return value
-    return None
+    the optimizer's gradient does not have. ``seeds``: each pass's σ, on the host."""
+    return next((value for value in seeds if value > 1 + rtol or (not accumulate and value < 1 - rtol)), None)
 
 
 def _held_gradients(grads):
