@@ -660,6 +660,7 @@ class _StepContext:
         self.grads_after = None
         self._loss_hook, self.backward_seen, self.seed = None, False, None
         self.results, self.batch_size, self.engine_flags = {}, None, []
+        self.diagonals = {}  # ``Needs.diagonals``' request -> its diagonal (or the error it raised)
         self.passes = []  # the infos of the step's backward passes (several under accumulation)
         self.seeds = []  # each pass's σ (``_reached``), None where the loss hook did not fire
         self.missed = []  # the passes whose backward did not run through their info['loss']
@@ -723,6 +724,7 @@ class _StepContext:
         try:
             if self.owner is None:
                 self._products()  # first: no hook of this step exists yet (the engine begins below), no BackPACK
+                self._diagonals()  # the engine's pseudo-loss passes, before its pass of the user's backward
                 if self.cockpit.accumulate and self.transforms:
                     self.window = Window(self.grads_before)
             if self.transforms:
@@ -769,6 +771,20 @@ class _StepContext:
                         self.product_errors[quantity] = error
         finally:
             products.release()
+
+    def _diagonals(self):
+        """The curvature diagonals the engine computes for the due quantities (``Needs.diagonals``),
+        each once: its pseudo-loss passes run through the step's graph before the user's backward
+        pass (``cockpit_lite.curvature.ggn``), past BackPACK's hooks. An error is kept and raised
+        again when a quantity reads the diagonal. Under accumulation, the first backward pass's."""
+        requests = list(dict.fromkeys(r for _, n in self.due for r in n.diagonals))
+        needed_by = ", ".join(q.name for q, n in self.due if n.diagonals)
+        for request in requests:
+            try:
+                with backpack_untouched():
+                    self.diagonals[request] = request.compute(self.cockpit.engine, self.info, needed_by)
+            except Exception as error:
+                self.diagonals[request] = error
 
     def _reached(self, grad):
         self.backward_seen = True
@@ -919,6 +935,7 @@ class _StepContext:
         data = StepData(
             self.step, params, cockpit.names, self.info, self.results, batch_size,
             self.transforms, self.grads_before, cockpit.group, cockpit.engine.pass_grads, self.grads_after,
+            self.diagonals,
         )
         if not cockpit.accumulate and self.transforms and _held_gradients(self.grads_before):
             cockpit._note("accumulated", (
@@ -945,7 +962,7 @@ class _StepContext:
                     "Cockpit(samples=None) for its exact value"
                 ])))
                 continue
-            if several and (needs.extensions or needs.hvp):
+            if several and (needs.extensions or needs.hvp or needs.diagonals):
                 outputs.append((quantity, Output(float("nan"), flags=[
                     f"{quantity.name}: the curvature of an accumulated step ({len(self.passes)} backward "
                     "passes) is not computed: it is NaN at such steps. Fix: track it on steps of one "

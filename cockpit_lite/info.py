@@ -152,7 +152,7 @@ def contributions_from_graph(loss, batch_size=None, keep_graph=False):
         ValueError: if the graph does not end in a supported loss function, or its rows
             are not a multiple of ``batch_size``.
     """
-    function, derive, reduction, factor = _loss_of(loss)
+    function, derive, reduction, factor = loss_function_of(loss)
     with torch.set_grad_enabled(keep_graph):
         elements, denominator = derive(function)
         per_row = elements.reshape(elements.shape[0], -1).sum(1)
@@ -165,7 +165,7 @@ def contributions_from_graph(loss, batch_size=None, keep_graph=False):
         return per_sequence(per_row, batch_size)
 
 
-def _loss_of(loss):
+def loss_function_of(loss):
     """``(loss function's node, derive, reduction, factor)`` of ``loss = factor · loss function``.
 
     Raises:
@@ -269,7 +269,7 @@ def batch_size_from_graph(loss):
     is ``T``, so the graph does not tell), or the loss is no loss function of
     ``contributions_from_graph``'s."""
     try:
-        function, derive, _, _ = _loss_of(loss)
+        function, derive, _, _ = loss_function_of(loss)
         with torch.no_grad():
             rows = derive(function)[0].shape[0]
     except (RuntimeError, ValueError):  # no such loss, or its saved tensors are gone (after backward)
@@ -407,6 +407,7 @@ class StepInfo:
         self.model = model
         self._given = dict(info or {})
         self._cache = {}
+        self._derived = {}
         given = self._given.get("batch_size")
         self.batch_size = int(given) if given is not None else batch_size
         self.subset = None
@@ -445,6 +446,19 @@ class StepInfo:
 
     def __contains__(self, key):
         return key in self._given
+
+    def derived(self, key, make):
+        """A value of this step that the library derives once and shares (``make()`` on the first
+        call, kept for the step; an exception ``make`` raises is kept and raised again)."""
+        if key not in self._derived:
+            try:
+                self._derived[key] = (make(), None)
+            except Exception as error:
+                self._derived[key] = (None, error)
+        value, error = self._derived[key]
+        if error is not None:
+            raise error
+        return value
 
     def get(self, key, default=None):
         """The value the user passed for ``key`` (not derived), or ``default``."""

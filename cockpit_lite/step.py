@@ -27,7 +27,7 @@ class StepData:
     """
 
     def __init__(self, step, params, names, info, per_sample, batch_size, transforms, grads_before=None,
-                 group=None, pass_grads=None, grads_after=None):
+                 group=None, pass_grads=None, grads_after=None, diagonals=None):
         self.step = step
         self.params = params
         self.names = names
@@ -46,6 +46,7 @@ class StepData:
             # were not averaged; this pass's global gradient is the engine's all-reduced one
             self.grads = [pass_grads[i].reshape(p.shape) if i in pass_grads else g for i, (p, g) in enumerate(zip(params, self.grads))]
         self._per_sample = per_sample
+        self._diagonals = diagonals or {}
         self._transforms = {t.key: t for t in transforms}
         self.subset = getattr(info, "subset", None)
 
@@ -165,14 +166,27 @@ class StepData:
         return values
 
     def curvature(self, name):
-        """Per-parameter diagonal curvature stored by BackPACK under ``name`` (detached).
+        """Per-parameter diagonal curvature: stored by BackPACK under ``name`` (detached), or the
+        engine's ``ggn.Diagonal`` of the request ``name`` (``Needs.diagonals``; its error, if it
+        failed, is raised here).
 
         A parameter that took no part in the forward pass has zero curvature.
         """
-        values = []
-        for param in self.params:
-            value = getattr(param, name, None)
-            values.append(torch.zeros_like(param) if value is None else value.detach())
+        if not isinstance(name, str):
+            values = self.diagonal(name).diagonal
+        else:
+            values = []
+            for param in self.params:
+                value = getattr(param, name, None)
+                values.append(torch.zeros_like(param) if value is None else value.detach())
         if self.group is not None:  # the curvature of DDP's loss, the mean of the ranks' losses
             values = [v / self.group.world for v in self.group.sum(values)]
         return values
+
+    def diagonal(self, request):
+        """The engine's ``ggn.Diagonal`` of ``request`` (its flags, passes and estimate), or the
+        error it failed with (raised)."""
+        found = self._diagonals[request]
+        if isinstance(found, Exception):
+            raise found
+        return found

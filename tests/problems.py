@@ -321,8 +321,19 @@ def check(quantity, reference, case, steps=3, rtol=1e-6, layers=True, schedule_s
 
 
 def ggn(problem, snapshot):
-    """The generalised Gauss-Newton matrix ``Jᵀ (∇²_f L) J`` of the mini-batch loss (flattened)."""
-    model = problem.fresh_model(snapshot.params)
+    """The generalised Gauss-Newton matrix ``Jᵀ (∇²_f L) J`` of the mini-batch loss (flattened), ``f``
+    the model's outputs (the loss module's input), with the model as it was at the snapshot
+    (parameters, buffers, dropout masks replayed)."""
+    model = _replayed_model(problem, snapshot)
+    lossfunc = BUILDERS[problem.name][1](reduction=problem.reduction)
+    return ggn_of(model, snapshot.x, lambda f: lossfunc(f, snapshot.y), replay=lambda: replayed_rng(snapshot))
+
+
+def ggn_of(model, x, loss_of_outputs, replay=contextlib.nullcontext):
+    """Brute force ``Jᵀ (∇²_f L) J`` (flattened, parameters in order): ``J`` the Jacobian of the
+    model's outputs ``f = model(x)`` by ``torch.autograd.functional.jacobian``, ``∇²_f L`` the
+    Hessian of ``loss_of_outputs(f)`` by ``torch.autograd.functional.hessian``; each forward pass
+    runs under ``replay()`` (a dropout mask replayed)."""
     names = [n for n, _ in model.named_parameters()]
     shapes = [p.shape for p in model.parameters()]
     sizes = [p.numel() for p in model.parameters()]
@@ -330,13 +341,13 @@ def ggn(problem, snapshot):
 
     def outputs_of_flat(vector):
         tensors = {n: v.reshape(s) for n, v, s in zip(names, vector.split(sizes), shapes)}
-        return torch.func.functional_call(model, tensors, (snapshot.x,))
+        with replay():
+            return torch.func.functional_call(model, tensors, (x,))
 
     outputs = outputs_of_flat(flat).detach()
     jacobian = torch.autograd.functional.jacobian(outputs_of_flat, flat).reshape(outputs.numel(), -1)
-    lossfunc = BUILDERS[problem.name][1](reduction=problem.reduction)
     output_hessian = torch.autograd.functional.hessian(
-        lambda f: lossfunc(f.reshape(outputs.shape), snapshot.y), outputs.reshape(-1)
+        lambda f: loss_of_outputs(f.reshape(outputs.shape)), outputs.reshape(-1)
     )
     return jacobian.T @ output_hessian @ jacobian
 

@@ -149,10 +149,11 @@ def unsupported_message(quantity, name, reason):
     return (
         f"{quantity} cannot use curvature={name!r} on this model: {reason}. Fix: "
         f"{quantity}(curvature='hutchinson') (or configuration(level, curvature='auto'), "
-        "the default) estimates it from Hessian-vector products on any model; for exact "
-        "BackPACK diagonals wrap the model and the loss module in cockpit_lite.extend(...) "
-        "and use only layers BackPACK supports (residual networks: "
-        "cockpit_lite.extend(model, use_converter=True) with curvature='diag_ggn_exact')."
+        "the default) estimates the Hessian's diagonal from Hessian-vector products on any "
+        "model, and curvature='diag_ggn_exact' gives the exact GGN diagonal on any model "
+        "with a cross-entropy, MSE, BCE-with-logits, Huber or smooth-L1 loss; for BackPACK's "
+        "exact Hessian diagonal wrap the model and the loss module in cockpit_lite.extend(...) "
+        "and use only layers BackPACK supports."
     )
 
 
@@ -212,9 +213,9 @@ def extend(module, use_converter=False):
         except Exception as error:  # torch.fx tracing fails on data-dependent Python code
             fix = (
                 "give the Cockpit the model without extending it, Cockpit(model) (BackPACK cannot "
-                f"extend it without the converter either: {_listed(collisions)}); the curvature "
-                "quantities then estimate from Hessian-vector products, and TICDiag and TICTrace "
-                "are NaN with a flag"
+                f"extend it without the converter either: {_listed(collisions)}); HessTrace then "
+                "estimates from Hessian-vector products, and TICDiag and TICTrace take the engine's "
+                "exact GGN diagonal"
             ) if (collisions := _io_collisions(module)) else (
                 "cockpit_lite.extend(model) without the converter; the curvature quantities then "
                 "estimate from Hessian-vector products (curvature='auto' or 'hutchinson'), which "
@@ -231,10 +232,10 @@ def extend(module, use_converter=False):
             "input and output as the attributes 'input0', 'input1', ... and 'output', which these "
             "modules use for a child module, parameter, buffer or attribute of their own: "
             f"{_listed(collisions)}. Fix: give the Cockpit the model without extending it, "
-            "Cockpit(model): the first-order quantities are exact, the curvature quantities take "
-            "Hessian-vector products instead (HessTrace and the Hessian diagonal: Hutchinson's "
-            "estimator), and TICDiag and TICTrace, which need an exact Hessian diagonal, are NaN "
-            "with a flag."
+            "Cockpit(model): the first-order quantities are exact, HessTrace takes Hutchinson's "
+            "estimator (Hessian-vector products) instead of BackPACK's Hessian diagonal, and "
+            "TICDiag and TICTrace the engine's exact GGN diagonal (curvature='diag_ggn_exact' "
+            "gives HessTrace that one as well)."
         )
     return backpack.extend(module)
 

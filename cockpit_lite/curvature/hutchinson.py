@@ -9,10 +9,8 @@ through the graph of the gradient the Cockpit takes before the user's backward p
 twice-differentiable model (BatchNorm in training mode: the Hessian of the batch loss as
 computed; tied weights: the Hessian w.r.t. the shared tensor).
 
-Standard errors come from a delete-a-group jackknife over ``G = min(K, 16)`` groups of
-probes: ``SE² = (G−1)/G Σ_j (θ_(−j) − θ̄)²`` with ``θ_(−j)`` the statistic of the probes
-outside group ``j``. For a linear statistic (a trace) and ``G = K`` it equals the usual
-``std_k / √K``; for a nonlinear statistic it is the jackknife's first-order error.
+Standard errors: the delete-a-group jackknife of ``cockpit_lite.curvature.jackknife`` over
+the probes (``G = min(K, 16)`` groups, ``G − 1`` degrees of freedom).
 
 Probes come from a ``torch.Generator`` seeded by ``(seed, step)``: reproducible, and the
 user's random streams are never touched.
@@ -23,23 +21,14 @@ import weakref
 import torch
 
 from cockpit_lite.curvature import double_backward
-
-MAX_GROUPS = 16
-"""Probe groups kept for the jackknife (memory: ``MAX_GROUPS`` × the parameters)."""
+from cockpit_lite.curvature.jackknife import GroupedEstimate
 
 _CACHE = weakref.WeakKeyDictionary()
 """HessianVectorProducts → {(probes, seed): DiagonalEstimate}: one estimate per step, shared by quantities."""
 
 
-class DiagonalEstimate:
-    """Hutchinson's diagonal estimate of one step, with per-group sums for the jackknife.
-
-    Attributes:
-        probes: the number of probe vectors ``K``.
-        diagonal: per parameter, ``mean_k z_k ⊙ H z_k``.
-        group_sums: per parameter, ``[G, *shape]`` sums of ``z ⊙ Hz`` over each group.
-        group_sizes: ``[G]`` probe counts of the groups.
-    """
+class DiagonalEstimate(GroupedEstimate):
+    """Hutchinson's diagonal estimate of one step: draws ``z_k ⊙ H z_k`` (``GroupedEstimate``)."""
 
     method = "hutchinson"
 
@@ -51,10 +40,7 @@ class DiagonalEstimate:
             generator: the ``torch.Generator`` the probes are drawn from.
         """
         params = products.params
-        groups = min(probes, MAX_GROUPS)
-        self.probes = probes
-        self.group_sizes = torch.tensor([len(range(j, probes, groups)) for j in range(groups)])
-        sums = [torch.zeros((groups, *p.shape), dtype=p.dtype, device=p.device) for p in params]
+        super().__init__(params, probes)
         chunk = 64  # probes drawn at a time
         for start in range(0, probes, chunk):
             count = min(chunk, probes - start)
@@ -67,35 +53,8 @@ class DiagonalEstimate:
             # and choosing by timing made the estimate depend on the machine's load (they round differently)
             rows = [products.hvp([z[k] for z in zs]) for k in range(count)]
             hz = [torch.stack(parts) for parts in zip(*rows)]
-            group = torch.arange(start, start + count, device=params[0].device) % groups
-            for total, z, h in zip(sums, zs, hz):
-                total.index_add_(0, group, z * h)
-        self.group_sums = sums
-        self.diagonal = [s.sum(0) / probes for s in sums]
-
-    def leave_group_out(self):
-        """Per parameter, ``[G, *shape]`` diagonal estimates without each group's probes."""
-        rest = (self.probes - self.group_sizes).clamp(min=1)
-        return [
-            (s.sum(0, keepdim=True) - s) / rest.to(s).reshape(-1, *([1] * (s.dim() - 1)))
-            for s in self.group_sums
-        ]
-
-    def standard_error(self, statistic):
-        """Jackknife standard error of ``statistic(diagonal) -> tensor`` (any shape).
-
-        Args:
-            statistic: maps a per-parameter list of diagonals to a tensor.
-
-        Returns:
-            A tensor shaped like ``statistic``'s value (NaN with a single probe).
-        """
-        groups = self.group_sizes.numel()
-        if groups < 2:
-            return torch.full_like(statistic(self.diagonal), float("nan"))
-        loo = self.leave_group_out()
-        values = torch.stack([statistic([d[j] for d in loo]) for j in range(groups)])
-        return ((groups - 1) / groups * ((values - values.mean(0)) ** 2).sum(0)).sqrt()
+            self.add(start, [z * h for z, h in zip(zs, hz)])
+        self.finish()
 
 
 def estimate(products, probes, seed):

@@ -231,7 +231,7 @@ class Engine:
 
     # -- one step -----------------------------------------------------------------------
 
-    def begin(self, transforms, info, batch_size, grads_before, needed_by, window=None):
+    def begin(self, transforms, info, batch_size, grads_before, needed_by, window=None, pseudo=None):
         """Plan the step and run the global path (before the user's backward pass).
 
         Args:
@@ -245,9 +245,13 @@ class Engine:
                 pass's individual gradients join it, and ``complete`` runs the transforms
                 once the step's last pass is done. ``None``: the transforms run in this
                 pass (under DDP once the global gradient is known, after it).
+            pseudo: the samples' terms ``[B]`` (with graph) of a pseudo-loss whose backward pass
+                comes next instead of the user's (``pseudo_pass``): the global path takes their
+                vector-Jacobian products, all samples count, and the calls keep their inputs.
         """
-        state = _Step(transforms, batch_size, grads_before, needed_by, window, self.group is not None,
-                      getattr(info, "subset", None))
+        state = _Step(transforms, batch_size, grads_before, needed_by, window,
+                      self.group is not None and pseudo is None, None if pseudo is not None else getattr(info, "subset", None))
+        state.pseudo = pseudo
         state.penalty = penalty_term(info.get("loss"), parameters_only=True)
         graph = self._graph if self._graph is not None else _Graph(info.get("loss"))
         calls = self.capture.calls if self.model is not None else []
@@ -301,7 +305,7 @@ class Engine:
                         state.paths.append(broadcast.Path(*path, self._broadcast_result(state, call)))
         served = set(state.calls) | set(state.broadcast) | set(state.attention)
         for call in calls:  # the others' inputs and outputs are not read again: autograd may free them
-            if call not in served:
+            if call not in served and state.pseudo is None:
                 _release(call)
         for call, tracked in state.attention.items():
             indices = {name: index for name, _, index in tracked}
@@ -357,8 +361,44 @@ class Engine:
             # parameter's served gradient, the dense sums) alive until Python's cycle collector runs
             state.paths, state.served, state.dense, state.pending, state.dense_grads = [], {}, {}, {}, {}
             state.checks, state.waiting = {}, {}
-            self.forget()
+            if state.pseudo is None:
+                self.forget()
+            else:  # the calls serve the next pass (the user's): only this pass's output gradients go
+                for call in self.capture.calls:
+                    call.grads = {}
         return state.results, state.batch_size, state.flags
+
+    def pseudo_pass(self, transforms, info, batch_size, outputs, grad_outputs, contributions, needed_by):
+        """The due ``transforms`` of the individual gradients of a pseudo-loss, before the user's backward.
+
+        The pseudo-loss is ``⟨grad_outputs, outputs⟩`` for a tensor ``outputs`` of the step's graph
+        (the loss function's input, ``cockpit_lite.curvature.ggn``); ``contributions`` are its
+        samples' terms ``[B]``, with graph. Its backward pass (graph retained) runs through the
+        same layer rules, broadcast and global paths as the user's, and the rules' gradients are
+        checked against autograd's of the pseudo-loss. Nothing of the user's step changes: the
+        calls keep their inputs, their output gradients of this pass are dropped, ``.grad`` is
+        untouched, and the pass runs under a forked random state.
+
+        Returns:
+            ``(results, batch_size, flags)`` as ``finish``.
+        """
+        self.begin(transforms, info, batch_size, [None] * len(self.params), needed_by, pseudo=contributions)
+        state = self._step
+        params = [p for p in self.params if p.requires_grad]
+        try:
+            with global_path.forked_random_state(self.params), torch.enable_grad():
+                grads = torch.autograd.grad(outputs, params, grad_outputs, retain_graph=True, allow_unused=True)
+        except BaseException:
+            for path in state.paths:
+                path.remove()
+            self._step = None
+            for call in self.capture.calls:
+                call.grads = {}
+            raise
+        state.true_grads = {
+            self.index[id(p)]: torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, grads)
+        }
+        return self.finish()
 
     # -- internals ----------------------------------------------------------------------
 
@@ -479,7 +519,8 @@ class Engine:
             return
         finally:
             self.capture.paused = False
-            _release(call)  # read: the factors hold what they need of it
+            if state.pseudo is None:  # read: the factors hold what they need of it
+                _release(call)
         for name, param, index in tracked:
             part = per_sample.pop(name)  # dropped as soon as its transforms ran
             self._accept(state, index, part)
@@ -555,7 +596,7 @@ class Engine:
             state.ready(index, part)
 
     def _run_global(self, state, info, indices):
-        contributions = info.contributions(", ".join(state.needed_by))
+        contributions = state.pseudo if state.pseudo is not None else info.contributions(", ".join(state.needed_by))
         if state.batch_size is None:
             state.batch_size = contributions.shape[0]
         elif contributions.shape[0] != state.batch_size:
@@ -634,11 +675,16 @@ class Engine:
             if engine is None or index in state.failed:
                 continue
             param = self.params[index]
-            if param.grad is None:
+            if state.true_grads is not None:  # a pseudo-loss's pass (``pseudo_pass``): autograd's of it
+                true = state.true_grads.get(index)
+            elif param.grad is None:
                 continue
-            true = param.grad.detach()
-            if state.grads_before[index] is not None:
-                true = true - state.grads_before[index]
+            else:
+                true = param.grad.detach()
+                if state.grads_before[index] is not None:
+                    true = true - state.grads_before[index]
+            if true is None:
+                continue
             true = true.to(engine.dtype)
             checked.append((index, param, engine, true, true.reshape(-1) if project is None else project(true)))
         if not checked:
@@ -756,6 +802,8 @@ class _Step:
         self.checks = {}  # index -> ``PerSample.check``'s (value, project), checked in ``_check_gradients``
         self.generator = None
         self.seeds = {}  # subsampled: per parameter of several uses, the seed of their common sketch
+        self.pseudo = None  # a pseudo-loss's samples' terms (``Engine.pseudo_pass``), or None: the user's pass
+        self.true_grads = None  # a pseudo-loss pass: autograd's gradient of it per parameter index
 
     def takes_autograd_grad(self, index):
         """Whether parameter ``index``'s transforms take ``g`` from autograd at this step (a low-precision

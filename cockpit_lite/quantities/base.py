@@ -36,11 +36,15 @@ class Needs:
         hvp: Hessian-vector products ``Hv = ∇_θ(gᵀv)`` of the step's loss, before the
             backward pass: ``Quantity.before_backward`` is called with them. The user's
             ``loss.backward()`` stays plain (``create_graph`` is never needed).
+        diagonals: curvature diagonals the engine computes before the backward pass
+            (``cockpit_lite.curvature.ggn.Request``; each once per step, whoever asks), read
+            with ``StepData.curvature(request)``.
     """
 
     transforms: tuple = ()
     extensions: tuple = ()
     hvp: bool = False
+    diagonals: tuple = ()
 
 
 @dataclass

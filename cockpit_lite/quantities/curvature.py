@@ -3,35 +3,42 @@
 Where the curvature comes from (``curvature=``, recorded at every step under
 ``record[step]["meta"][name]["curvature"]``):
 
-- ``"diag_h"``: the exact Hessian diagonal, BackPACK ``DiagHessian``;
-- ``"diag_ggn_exact"``: the exact generalised Gauss-Newton diagonal, BackPACK
-  ``DiagGGNExact`` (also for residual networks converted with
-  ``cockpit_lite.extend(model, use_converter=True)``);
-- ``"diag_ggn_mc"``: its Monte-Carlo estimate, BackPACK ``DiagGGNMC``;
+- ``"diag_h"``: the exact Hessian diagonal, BackPACK ``DiagHessian`` (models BackPACK serves);
+- ``"diag_ggn_exact"``: the exact generalised Gauss-Newton diagonal: BackPACK
+  ``DiagGGNExact`` where BackPACK serves the model and the loss (also for residual networks
+  converted with ``cockpit_lite.extend(model, use_converter=True)``), else the per-sample
+  engine's (``cockpit_lite.curvature.ggn``: one backward pass per output row position and
+  class, on any model the engine serves; the record's ``meta`` also holds ``"passes"``);
+- ``"diag_ggn_mc"``: its Monte-Carlo estimate, BackPACK ``DiagGGNMC`` where BackPACK serves the
+  model (one sample), else the engine's from ``probes`` sampled labels, with jackknife standard
+  errors (``"se"``, ``"layers_se"``, ``"df"``);
 - ``"hutchinson"``: Hutchinson's estimate of the Hessian diagonal from ``probes``
   Hessian-vector products (``cockpit_lite.curvature.hutchinson``), on any
   twice-differentiable model, computed before the user's backward pass (which stays
-  plain; ``info["loss"]`` is read); the record also gets ``"probes"`` and the standard
-  errors ``"se"`` (total) and ``"layers_se"``;
-- ``"auto"`` (default): ``"diag_h"`` where BackPACK supports the step's model and loss
-  (``cockpit_lite.backend.curvature_support``, decided before the backward pass), else
-  ``"hutchinson"``. Both are the Hessian: "auto" never switches to the GGN, a different
-  matrix. Given parameters only (``Cockpit(model.parameters())``, Cockpit's recipe), the
-  model is the module the engine found owning them in the forward pass, so an extended
-  model and loss get BackPACK's exact diagonal as with ``Cockpit(model)``. Where "auto"
-  estimates although the model or the loss is BackPACK-extended (the user meant the exact
-  diagonal), or no owning module was found, it warns once before the backward pass,
-  naming the layer BackPACK cannot serve.
+  plain; ``info["loss"]`` is read); the record also gets ``"probes"``, the standard
+  errors ``"se"`` (total) and ``"layers_se"``, and their degrees of freedom ``"df"``;
+- ``"auto"`` (default): for a quantity of the Hessian (``HessTrace``), ``"diag_h"`` where
+  BackPACK supports the step's model and loss (``cockpit_lite.backend.curvature_support``,
+  decided before the backward pass), else ``"hutchinson"``: "auto" never switches it to the
+  GGN, a different matrix. For an ``EXACT_ONLY`` quantity (the TICs): BackPACK's ``"diag_h"``
+  where BackPACK supports the model, else the engine's exact GGN diagonal where it takes at
+  most ``max_passes`` backward passes, else nothing (below). Given parameters only
+  (``Cockpit(model.parameters())``, Cockpit's recipe), the model is the module the engine
+  found owning them in the forward pass, so an extended model and loss get BackPACK's exact
+  diagonal as with ``Cockpit(model)``. Where "auto" estimates although the model or the loss
+  is BackPACK-extended (the user meant the exact diagonal), or no owning module was found, it
+  warns once before the backward pass, naming the layer BackPACK cannot serve.
 
-An explicitly chosen BackPACK curvature that the model does not support raises a
-``ValueError`` naming the layer and the fix before the backward pass runs.
+An explicitly chosen curvature that cannot run on the step (``"diag_h"`` beyond BackPACK's
+layers, a GGN the engine has no factor of the loss for) raises a ``ValueError`` naming the
+reason and the fix before the backward pass runs.
 
 A quantity with ``EXACT_ONLY`` (the TICs, ratios with the curvature in the denominator)
 takes only an exact diagonal, ``"diag_h"`` or ``"diag_ggn_exact"``: the ratio of an
 estimate is not an estimate of the ratio (a noisy ``C_dd`` near zero dominates it, and
 no standard error of the denominator's noise describes that). Where only an estimate
-would run (``"hutchinson"``, ``"diag_ggn_mc"``, or ``"auto"`` on a model BackPACK cannot
-serve) it records NaN with a flag naming why and the fix and computes nothing
+would run (``"hutchinson"``, ``"diag_ggn_mc"``, or ``"auto"`` with neither exact diagonal) it
+records NaN with a flag naming why and the fix and computes nothing
 (``record[step]["meta"][name] == {"curvature": None}``).
 """
 
@@ -39,7 +46,7 @@ import warnings
 
 import torch
 
-from cockpit_lite.curvature import hutchinson, sdpa
+from cockpit_lite.curvature import ggn, hutchinson, sdpa
 from cockpit_lite.backend import (
     CURVATURES, backpack_extended, curvature_extension, curvature_support, unsupported_message,
 )
@@ -51,11 +58,12 @@ CHOICES = (AUTO, *CURVATURES, HUTCHINSON)
 EXACT = ("diag_h", "diag_ggn_exact")
 """The curvatures that are exact diagonals (of the Hessian, of the GGN)."""
 EXACT_FIX = (
-    "Fix: wrap the model and the loss module in cockpit_lite.extend(...) and use only layers "
-    "BackPACK supports (curvature='auto' or 'diag_h', the Hessian), or pass "
-    "curvature='diag_ggn_exact' (the GGN; residual networks: cockpit_lite.extend(model, "
-    "use_converter=True))"
+    "Fix: pass curvature='diag_ggn_exact' (the exact GGN diagonal, from the engine on any model it "
+    "serves, at the cost of the passes), or raise max_passes; for the Hessian's diagonal, wrap the "
+    "model and the loss module in cockpit_lite.extend(...) and use only layers BackPACK supports"
 )
+MAX_PASSES = 32
+"""The most backward passes per step ``curvature="auto"`` spends on the engine's exact GGN diagonal."""
 
 
 class CurvatureQuantity(SingleStepQuantity):
@@ -68,26 +76,33 @@ class CurvatureQuantity(SingleStepQuantity):
     EXACT_ONLY = False
     """Whether only an exact diagonal (``EXACT``) may enter (see the module docstring)."""
 
-    def __init__(self, track_schedule=None, verbose=False, curvature=AUTO, probes=16, seed=0):
+    def __init__(self, track_schedule=None, verbose=False, curvature=AUTO, probes=16, seed=0, max_passes=MAX_PASSES):
         """
         Args:
             curvature: one of ``CHOICES``.
-            probes: Rademacher probes of Hutchinson's estimator (``K`` products per step).
-            seed: seed of the probes (combined with the step; the user's RNG is untouched).
+            probes: random vectors per step of an estimate: Rademacher probes of Hutchinson's
+                estimator (``K`` products), sampled labels of the engine's Monte-Carlo GGN
+                (``K`` backward passes).
+            seed: seed of the random vectors (combined with the step; the user's RNG is untouched).
+            max_passes: the most backward passes of the engine's exact GGN diagonal that
+                ``curvature="auto"`` takes per step (``EXACT_ONLY`` quantities).
         """
         super().__init__(track_schedule, verbose)
         if curvature not in CHOICES:
             raise ValueError(f"{self.name}: unknown curvature {curvature!r}; choose one of {list(CHOICES)}")
         if int(probes) != probes or probes < 1:
             raise ValueError(f"{self.name}: probes must be a positive integer, got {probes!r}")
-        self.curvature, self.probes, self.seed = curvature, int(probes), seed
+        if int(max_passes) != max_passes or max_passes < 0:
+            raise ValueError(f"{self.name}: max_passes must be a non-negative integer, got {max_passes!r}")
+        self.curvature, self.probes, self.seed, self.max_passes = curvature, int(probes), seed, int(max_passes)
         self._chosen = None  # (step, method) decided before the step's backward pass
         self._unavailable = None  # why no exact diagonal runs at the chosen step (EXACT_ONLY)
         self._estimate = None  # Hutchinson's estimate of the step, from before_backward to compute
         self._warned = False
 
     def method(self, info):
-        """The curvature that will run at this step (``info``: the step's ``StepInfo``).
+        """The curvature that will run at this step (``info``: the step's ``StepInfo``): a BackPACK
+        curvature's name, ``HUTCHINSON``, or the engine's ``ggn.Request``.
 
         ``None`` for an ``EXACT_ONLY`` quantity that would get an estimate; the reason is
         then in ``self._unavailable``.
@@ -96,11 +111,9 @@ class CurvatureQuantity(SingleStepQuantity):
             return self._exact_method(info)
         if self.curvature == HUTCHINSON:
             return HUTCHINSON
-        reason = curvature_support(info.model, info.get("loss"), "diag_h" if self.curvature == AUTO else self.curvature)
         if self.curvature != AUTO:
-            if reason is not None:
-                raise ValueError(unsupported_message(self.name, self.curvature, reason))
-            return self.curvature
+            return self._chosen_method(info, self.curvature)
+        reason = curvature_support(info.model, info.get("loss"), "diag_h")
         if reason is None:
             return "diag_h"
         if not self._warned and (info.model is None or backpack_extended(info.model, info.get("loss"))):
@@ -114,6 +127,17 @@ class CurvatureQuantity(SingleStepQuantity):
             )
         return HUTCHINSON
 
+    def _chosen_method(self, info, name):
+        """An explicitly chosen curvature ``name``: BackPACK's where it serves the step, else the
+        engine's GGN diagonal; a ``ValueError`` naming both reasons where neither runs."""
+        reason = curvature_support(info.model, info.get("loss"), name)
+        if reason is None:
+            return name
+        problem = "the engine computes only GGN diagonals" if name == "diag_h" else ggn.support(info)
+        if problem is not None:
+            raise ValueError(unsupported_message(self.name, name, f"{reason}; and {problem}"))
+        return ggn.Request(name, self.probes if name == ggn.MONTE_CARLO else 1, self.seed)
+
     def _exact_method(self, info):
         self._unavailable = None
         if self.curvature not in (AUTO, *EXACT):
@@ -123,15 +147,17 @@ class CurvatureQuantity(SingleStepQuantity):
                 "(a noisy C_dd near zero dominates it)"
             )
             return None
-        name = "diag_h" if self.curvature == AUTO else self.curvature
-        reason = curvature_support(info.model, info.get("loss"), name)
-        if reason is None:
-            return name
         if self.curvature != AUTO:
-            raise ValueError(unsupported_message(self.name, self.curvature, reason))
+            return self._chosen_method(info, self.curvature)
+        reason = curvature_support(info.model, info.get("loss"), "diag_h")
+        if reason is None:
+            return "diag_h"
+        problem = ggn.support(info, self.max_passes)
+        if problem is None:
+            return ggn.Request(ggn.EXACT)
         self._unavailable = (
-            f"{reason}, so curvature='auto' has no exact Hessian diagonal, and {self.name} "
-            "from an estimated one (Hutchinson's) would not be an estimate of the ratio"
+            f"{reason} (no exact Hessian diagonal from BackPACK), and {problem}, so curvature='auto' has "
+            f"no exact diagonal, and {self.name} from an estimated one would not be an estimate of the ratio"
         )
         return None
 
@@ -145,6 +171,8 @@ class CurvatureQuantity(SingleStepQuantity):
             info.require("loss", self.name)
             sdpa.enable_double_backward()
             return Needs(transforms=base.transforms, hvp=True)
+        if isinstance(method, ggn.Request):
+            return Needs(transforms=base.transforms, diagonals=(method,))
         return Needs(transforms=base.transforms, extensions=(curvature_extension(method, self.name),))
 
     def before_backward(self, step, products):
@@ -153,9 +181,12 @@ class CurvatureQuantity(SingleStepQuantity):
         self._estimate = hutchinson.estimate(products, self.probes, self.seed)
 
     def observes(self, step):
-        """As the base class, except never for an ``EXACT_ONLY`` quantity given an estimate."""
+        """As the base class, except never for an ``EXACT_ONLY`` quantity given an estimate, and
+        always when due with a GGN curvature (the engine's passes read the forward pass)."""
         if self.EXACT_ONLY and self.curvature not in (AUTO, *EXACT):
             return False
+        if self.curvature in (ggn.EXACT, ggn.MONTE_CARLO):
+            return self.is_due(step)
         return super().observes(step)
 
     def compute(self, step, data):
@@ -164,21 +195,29 @@ class CurvatureQuantity(SingleStepQuantity):
             nan = float("nan")
             flag = f"{self.name}: not computed: {self._unavailable}. {EXACT_FIX}"
             return Output(nan, [nan] * len(data.params), flags=[flag], meta={"curvature": None})
+        flags = []
         if method == HUTCHINSON:
             estimate, self._estimate = self._estimate, None
-            diagonal = estimate.diagonal
+            meta = {"curvature": method}
+        elif isinstance(method, ggn.Request):
+            found = data.diagonal(method)
+            estimate, flags = found.estimate, found.flags
+            meta = {"curvature": method.method, "passes": found.passes}
+        else:
+            estimate, meta = None, {"curvature": method}
+        diagonal = data.curvature(method) if estimate is None else estimate.diagonal
+        if estimate is not None:
 
             def stacked(candidate):
                 total, layers = self.parts(data, candidate)
                 return torch.stack([total, *layers])
 
             se = estimate.standard_error(stacked)
-            meta = {"curvature": method, "probes": self.probes, "se": se[0], "layers_se": list(se[1:])}
-        else:
-            diagonal = data.curvature(method)
-            meta = {"curvature": method}
+            meta.update(probes=estimate.probes, se=se[0], layers_se=list(se[1:]), df=estimate.degrees_of_freedom)
         total, layers = self.parts(data, diagonal)
-        return self.package(total, layers, meta)
+        out = self.package(total, layers, meta)
+        out.flags.extend(flags)
+        return out
 
     def parts(self, data, diagonal):
         """``(total, [per layer])`` of the statistic for the per-parameter ``diagonal``."""

@@ -17,22 +17,37 @@ from cockpit_lite.quantities import TICDiag, TICTrace
 DEFAULT_EPSILON = 1e-7
 
 
-def parts(problem, snapshot):
+def parts(problem, snapshot, matrix=problems.hessian):
+    """The second moment ``(1/B) Σ_n g̃_n²``, the diagonal of ``matrix`` (the Hessian, or the GGN), the layers' slices."""
     grads = problems.individual_gradients(problem, snapshot)
     moment = torch.cat([(g.reshape(g.shape[0], -1) ** 2).mean(0) for g in grads])
-    return moment, problems.hessian(problem, snapshot).diagonal(), problems.layer_blocks(problem)
+    return moment, matrix(problem, snapshot).diagonal(), problems.layer_blocks(problem)
 
 
-def tic_diag(problem, snapshots, step):
-    moment, diagonal, blocks = parts(problem, snapshots[step])
-    layers = [(moment[b] / (diagonal[b] + DEFAULT_EPSILON)).sum() for b in blocks]
-    return sum(layers), layers
+def tic_diag_of(matrix):
+    """The brute-force TICDiag reference with the diagonal of ``matrix`` (``problems.hessian``, ``problems.ggn``)."""
+
+    def reference(problem, snapshots, step):
+        moment, diagonal, blocks = parts(problem, snapshots[step], matrix)
+        layers = [(moment[b] / (diagonal[b] + DEFAULT_EPSILON)).sum() for b in blocks]
+        return sum(layers), layers
+
+    return reference
 
 
-def tic_trace(problem, snapshots, step):
-    moment, diagonal, blocks = parts(problem, snapshots[step])
-    layers = [moment[b].sum() / (diagonal[b].sum() + DEFAULT_EPSILON) for b in blocks]
-    return moment.sum() / (diagonal.sum() + DEFAULT_EPSILON), layers
+def tic_trace_of(matrix):
+    """The brute-force TICTrace reference with the diagonal of ``matrix``."""
+
+    def reference(problem, snapshots, step):
+        moment, diagonal, blocks = parts(problem, snapshots[step], matrix)
+        layers = [moment[b].sum() / (diagonal[b].sum() + DEFAULT_EPSILON) for b in blocks]
+        return moment.sum() / (diagonal.sum() + DEFAULT_EPSILON), layers
+
+    return reference
+
+
+tic_diag, tic_trace = tic_diag_of(problems.hessian), tic_trace_of(problems.hessian)
+ggn_tic_diag, ggn_tic_trace = tic_diag_of(problems.ggn), tic_trace_of(problems.ggn)
 
 
 @pytest.mark.parametrize("case", [("mlp", 5, "mean"), ("cnn", 2, "sum"), ("mse", 5, "mean")], ids=problems.case_id)
@@ -75,17 +90,33 @@ def test_an_estimated_diagonal_gives_nan_with_the_reason_and_the_fix(quantity, c
     assert "cockpit_lite.extend(...)" in flag and "curvature='diag_ggn_exact'" in flag
 
 
-@pytest.mark.parametrize("quantity", [TICDiag, TICTrace], ids=["diag", "trace"])
-def test_auto_without_an_exact_diagonal_gives_nan_naming_the_layer(quantity, monkeypatch):
-    """A ResNet with BatchNorm in training mode, not extended: BackPACK has no exact diagonal,
-    and "auto" does not fall back to Hutchinson's for a TIC; nothing is computed for it (no
-    products)."""
-    problem = problems.make("resnet_bn_train", 3, steps=1)
-    tic = quantity()
+@pytest.mark.parametrize("case", [("resnet_bn_train", 3, "mean"), ("lstm", 4, "sum")], ids=problems.case_id)
+@pytest.mark.parametrize("quantity,reference", [(TICDiag, ggn_tic_diag), (TICTrace, ggn_tic_trace)],
+                         ids=["diag", "trace"])
+def test_auto_beyond_backpack_takes_the_engines_exact_ggn_diagonal(case, quantity, reference, monkeypatch):
+    """Models BackPACK cannot serve (BatchNorm in training mode, an LSTM; not extended): "auto"
+    takes the engine's exact GGN diagonal (one backward pass per class), never an estimate (no
+    Hessian-vector products), and says so in the record."""
     made = problems.products_made(monkeypatch)
-    cp, _ = problems.run(problem, [tic])
+    record = problems.check(quantity(), reference, case, steps=2, rtol=1e-9)
+    assert made == []
+    assert all(record[s]["meta"][quantity.__name__] == {"curvature": "diag_ggn_exact", "passes": 3} for s in record)
+
+
+@pytest.mark.parametrize("quantity", [TICDiag, TICTrace], ids=["diag", "trace"])
+def test_auto_over_max_passes_gives_nan_naming_the_passes_and_the_fix_works(quantity, monkeypatch):
+    """The GPT's exact GGN diagonal takes one pass per position and token (5 × 11): over
+    ``max_passes`` "auto" computes nothing and says why; the fix the flag names
+    (curvature='diag_ggn_exact') gives the exact value."""
+    problem = problems.make("gpt", 3, steps=1)
+    made = problems.products_made(monkeypatch)
+    cp, _ = problems.run(problem, [quantity(max_passes=54)])
     entry = cp.get_output()[0]
     assert math.isnan(entry[quantity.__name__]) and made == []
+    assert entry["meta"][quantity.__name__] == {"curvature": None}
     (flag,) = entry["flags"]
-    assert "the model (ResNet) is not BackPACK-extended" in flag and "not be an estimate of the ratio" in flag
-    assert "Fix: wrap the model and the loss module in cockpit_lite.extend(...)" in flag
+    assert "not BackPACK-extended" in flag and "takes 55 backward passes per step" in flag
+    assert "max_passes=54" in flag and "Fix: pass curvature='diag_ggn_exact'" in flag
+    reference = ggn_tic_diag if quantity is TICDiag else ggn_tic_trace
+    problems.check(quantity(curvature="diag_ggn_exact"), reference, ("gpt", 3, "mean"), steps=1, rtol=1e-9)
+    problems.check(quantity(max_passes=55), reference, ("gpt", 3, "mean"), steps=1, rtol=1e-9)

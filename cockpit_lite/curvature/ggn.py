@@ -1,0 +1,253 @@
+"""The diagonal of the generalised Gauss-Newton matrix from the per-sample engine, on any model.
+
+With ``f_n`` sample n's outputs (the loss function's input), ``J_n = ∂f_n/∂θ`` through the
+whole graph (BatchNorm in training mode: through the batch statistics; tied weights: every use)
+and a symmetric factor of the loss's Hessian in the outputs, ``∇²_{f_n} L = Σ_c s_nc s_ncᵀ``,
+
+    G = Σ_n J_nᵀ (∇²_{f_n} L) J_n,        diag G = Σ_c Σ_n (J_nᵀ s_nc)²          (exact)
+
+(Schraudolph, 2002; Martens, 2014). ``J_nᵀ s_nc`` is sample n's gradient of the pseudo-loss
+``Σ_n ⟨s_nc, f_n⟩``, so each column ``c`` is one backward pass of the engine
+(``Engine.pseudo_pass``: the same layer rules and global path as the first-order statistics)
+whose ``Σ_n (·)²`` is the ``SumGradSquared`` transform. The factor, per row of the loss input
+(a sample, or one position of a sequence or an image), for the loss functions the engine
+derives individual losses of (``cockpit_lite.info``):
+
+- cross-entropy (NLL of a log-softmax over the classes, with class weights, ``ignore_index`` and
+  label smoothing): a row's loss is ``Σ_c q_c (−log p_c)`` with ``q`` independent of the logits
+  ``z``, so its Hessian in ``z`` is ``κ (diag p − p pᵀ)`` with ``κ = Σ_c q_c`` (read from the graph
+  as the loss's gradient in the log-probabilities), and ``s_c = √(κ p_c) (e_c − p)``. These sum
+  to zero, so the backward pass starts at the log-probabilities with ``s_c`` itself (the
+  log-softmax's backward maps a zero-sum vector to itself). The outputs are the logits, also
+  for a model ending in a log-softmax layer with an NLL loss (in the log-probabilities the loss
+  is linear and its GGN zero);
+- MSE, BCE-with-logits (weights, ``pos_weight``), Huber and smooth L1: elementwise, the Hessian
+  is diagonal, ``h = ∂²L/∂f²`` elementwise (read from the graph by a double backward pass), and
+  ``s_k = √h_k e_k``.
+
+The exact diagonal takes one pass per row position and class (``R · C`` for ``R`` rows a sample,
+``C`` classes) or per output element. The Monte-Carlo diagonal (``"diag_ggn_mc"``) takes one
+pass per draw: a sampled label ``ŷ ~ p`` per row (``s = √κ (p − e_ŷ)``) or a Rademacher sign per
+element (``s = √h ⊙ ε``); ``E[s sᵀ]`` is the row's Hessian, draws of different rows are
+independent with mean zero, so every pass is unbiased for diag G and ``K`` passes give the mean
+with a jackknife standard error (``cockpit_lite.curvature.jackknife``). Draws come from a
+generator seeded by ``(seed, step)``; the user's random state is never touched.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from cockpit_lite.curvature.jackknife import GroupedEstimate
+from cockpit_lite.info import contributions_from_graph, loss_function_of
+from cockpit_lite.transforms import SumGradSquared
+
+EXACT, MONTE_CARLO = "diag_ggn_exact", "diag_ggn_mc"
+SOFTMAX_NODES = ("NllLossBackward0", "NllLoss2DBackward0")
+ELEMENTWISE_NODES = (
+    "MseLossBackward0", "BinaryCrossEntropyWithLogitsBackward0", "HuberLossBackward0", "SmoothL1LossBackward0",
+)
+
+
+@dataclass(frozen=True)
+class Request:
+    """A diagonal the engine computes before the user's backward pass (``Needs.diagonals``).
+
+    Attributes:
+        method: ``"diag_ggn_exact"`` or ``"diag_ggn_mc"``.
+        samples: Monte-Carlo draws per step (``"diag_ggn_mc"``).
+        seed: seed of the draws' generator, combined with the step.
+    """
+
+    method: str
+    samples: int = 1
+    seed: int = 0
+
+    def compute(self, engine, info, needed_by):
+        """The ``Diagonal`` of this step (``diagonal``)."""
+        return diagonal(engine, info, self, needed_by)
+
+
+class Unsupported(ValueError):
+    """The loss has no curvature factor the engine knows (the message says why)."""
+
+
+class OutputCurvature:
+    """The loss's Hessian in the model's outputs, as the factor's columns (see the module docstring).
+
+    Attributes:
+        outputs: the tensor of the graph the passes start from (the loss function's input).
+        batch_size: ``B``.
+        passes: the number of exact passes (``R · C``, or the output elements per sample).
+    """
+
+    def __init__(self, loss, batch_size=None):
+        """
+        Raises:
+            Unsupported: naming the reason, for a loss without a factor the engine knows.
+        """
+        try:
+            function, _, _, _ = loss_function_of(loss)
+        except ValueError as error:
+            raise Unsupported(str(error)) from None
+        name = type(function).__name__
+        if name not in SOFTMAX_NODES + ELEMENTWISE_NODES:
+            raise Unsupported(f"the engine has no curvature factor of {name}")
+        outputs = function._saved_self
+        self.softmax = name in SOFTMAX_NODES
+        if self.softmax:
+            node = outputs.grad_fn
+            if type(node).__name__ != "LogSoftmaxBackward0" or node._saved_dim not in (1, 1 - outputs.dim()):
+                raise Unsupported(
+                    "the NLL loss's input is not a log-softmax over the classes (its autograd node is "
+                    f"{type(node).__name__}): the loss is linear in it, and its curvature in the model's "
+                    "outputs is unknown. Fix: compute the loss as cross_entropy(logits, target)"
+                )
+        contributions = contributions_from_graph(loss, batch_size, keep_graph=True)
+        self.batch_size = contributions.shape[0]
+        self.outputs = outputs
+        with torch.enable_grad():
+            first = torch.autograd.grad(contributions.sum(), outputs, retain_graph=True, create_graph=not self.softmax)[0]
+            if self.softmax:  # q = -∂L/∂(log p): the row's weight κ = Σ_c q_c, and p
+                classes = outputs.shape[1]
+                self._p = _rows(outputs.detach().exp(), self.batch_size, classes)
+                self._kappa = _rows(-first.detach(), self.batch_size, classes).sum(-1).clamp(min=0)
+                self.passes = self._p.shape[1] * classes
+            else:  # h = ∂²L/∂f², elementwise
+                second = torch.autograd.grad(first.sum(), outputs, retain_graph=True)[0]
+                self._h = second.detach().reshape(self.batch_size, -1).clamp(min=0)
+                self.passes = self._h.shape[1]
+
+    def columns(self):
+        """Yield the exact factor's columns, each shaped like ``outputs`` (all samples' at once)."""
+        if self.softmax:
+            rows, classes = self._p.shape[1], self._p.shape[2]
+            eye = torch.eye(classes, dtype=self._p.dtype, device=self._p.device)
+            for row in range(rows):
+                p, kappa = self._p[:, row], self._kappa[:, row]
+                for c in range(classes):
+                    column = torch.zeros_like(self._p)
+                    column[:, row] = (kappa * p[:, c]).sqrt()[:, None] * (eye[c] - p)
+                    yield self._unrows(column)
+        else:
+            for element in range(self._h.shape[1]):
+                column = torch.zeros_like(self._h)
+                column[:, element] = self._h[:, element].sqrt()
+                yield column.reshape(self.outputs.shape)
+
+    def draw(self, generator):
+        """One Monte-Carlo column, shaped like ``outputs``: ``E[s sᵀ]`` is each row's Hessian."""
+        if self.softmax:
+            p = self._p
+            labels = torch.multinomial(p.reshape(-1, p.shape[-1]), 1, generator=generator).reshape(p.shape[:-1])
+            hot = torch.nn.functional.one_hot(labels, p.shape[-1]).to(p.dtype)
+            return self._unrows(self._kappa.sqrt()[..., None] * (p - hot))
+        signs = torch.randint(0, 2, self._h.shape, generator=generator, device=self._h.device).to(self._h.dtype) * 2 - 1
+        return (self._h.sqrt() * signs).reshape(self.outputs.shape)
+
+    def contributions(self, column):
+        """The samples' terms ``⟨s_n, f_n⟩`` of the pseudo-loss of ``column``, ``[B]``, with graph."""
+        with torch.enable_grad():
+            return (column.to(self.outputs.dtype) * self.outputs).reshape(self.batch_size, -1).sum(1)
+
+    def _unrows(self, values):
+        """``[B, R, C]`` rows back to the layout of ``outputs`` (``[N, C, *positions]``)."""
+        moved_shape = (self.outputs.shape[0], *self.outputs.shape[2:], self.outputs.shape[1])
+        return values.reshape(moved_shape).movedim(-1, 1).to(self.outputs.dtype)
+
+
+def _rows(values, batch_size, classes):
+    """``[N, C, *positions]`` as ``[B, R, C]``: each sample's rows (positions, sequence steps)."""
+    return values.movedim(1, -1).reshape(batch_size, -1, classes)
+
+
+def output_curvature(info):
+    """The step's ``OutputCurvature`` (derived once per step and shared).
+
+    Raises:
+        Unsupported: naming the reason.
+    """
+    return info.derived("output_curvature", lambda: OutputCurvature(info.require("loss", "the GGN diagonal"),
+                                                                     info.batch_size))
+
+
+def support(info, max_passes=None):
+    """Why the engine cannot give the GGN diagonal of this step (within ``max_passes`` exact
+    passes), or ``None`` when it can."""
+    try:
+        curvature = output_curvature(info)
+    except (Unsupported, ValueError) as error:
+        return f"the engine has no exact GGN diagonal for this loss ({error})"
+    if max_passes is not None and curvature.passes > max_passes:
+        return (
+            f"the engine's exact GGN diagonal takes {curvature.passes} backward passes per step "
+            f"(one per output row position and class), more than max_passes={max_passes}"
+        )
+    return None
+
+
+class Diagonal:
+    """The engine's diagonal of one step.
+
+    Attributes:
+        method: the request's method.
+        diagonal: per parameter (``None`` until computed).
+        passes: the backward passes it took.
+        flags: what went wrong for some parameters (their entries are NaN).
+        estimate: the ``GroupedEstimate`` of a Monte-Carlo diagonal (``standard_error``), else ``None``.
+    """
+
+    def __init__(self, method, passes, diagonal, flags, estimate=None):
+        self.method, self.passes, self.diagonal, self.flags, self.estimate = method, passes, diagonal, flags, estimate
+
+
+def diagonal(engine, info, request, needed_by):
+    """The diagonal ``request`` asks for, from the engine's passes (before the user's backward pass).
+
+    Args:
+        engine: the Cockpit's ``Engine`` (its capture watched the step's forward pass).
+        info: the step's ``StepInfo``.
+        request: a ``Request``.
+        needed_by: the names of the quantities that need it (for messages).
+
+    Returns:
+        A ``Diagonal``.
+    """
+    curvature = output_curvature(info)
+    batch_size = curvature.batch_size
+    transform = SumGradSquared()
+    params = engine.params
+    flags = []
+
+    def one_pass(column):
+        results, _, pass_flags = engine.pseudo_pass(
+            (transform,), info, batch_size, curvature.outputs, column, curvature.contributions(column), needed_by,
+        )
+        flags.extend(f"the GGN diagonal's backward pass: {flag}" for flag in pass_flags)
+        return [
+            results[i][transform.key] / batch_size**2 if i in results else torch.zeros_like(p, dtype=_wide(p))
+            for i, p in enumerate(params)
+        ]
+
+    if request.method == EXACT:
+        total = [torch.zeros_like(p, dtype=_wide(p)) for p in params]
+        for column in curvature.columns():
+            for t, part in zip(total, one_pass(column)):
+                t.add_(part.to(t.dtype))
+        return Diagonal(EXACT, curvature.passes, total, _unique(flags))
+    generator = torch.Generator(device=curvature.outputs.device)
+    generator.manual_seed(hash((request.seed, info.step, "ggn")) % 2**63)
+    estimate = GroupedEstimate([torch.empty_like(p, dtype=_wide(p)) for p in params], request.samples)
+    for k in range(request.samples):
+        estimate.add(k, [part[None] for part in one_pass(curvature.draw(generator))])
+    estimate.finish()
+    return Diagonal(MONTE_CARLO, request.samples, estimate.diagonal, _unique(flags), estimate)
+
+
+def _wide(param):
+    return torch.promote_types(param.dtype, torch.float32)
+
+
+def _unique(flags):
+    return list(dict.fromkeys(flags))
+
