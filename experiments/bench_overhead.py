@@ -281,6 +281,10 @@ def configurations(problem, with_quantities, with_peer, leave_one_out=False):
         configs[f"lite {level}"] = lambda level=level: Runner(
             problem, lambda m: Cockpit(m, configuration(level), diagnose=False), backpack=level != "economy"
         )
+    configs["lite business (GGN)"] = lambda: Runner(  # every curvature the engine's exact GGN diagonal, shared
+        problem, lambda m: Cockpit(m, configuration("business", curvature="diag_ggn_exact"), diagnose=False),
+        backpack=False,
+    )
     configs[f"lite economy (samples={SAMPLES})"] = lambda: Runner(
         problem, lambda m: Cockpit(m, configuration("economy"), diagnose=False, samples=SAMPLES), backpack=False
     )

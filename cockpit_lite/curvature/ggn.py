@@ -9,7 +9,9 @@ and a symmetric factor of the loss's Hessian in the outputs, ``∇²_{f_n} L = �
 (Schraudolph, 2002; Martens, 2014). ``J_nᵀ s_nc`` is sample n's gradient of the pseudo-loss
 ``Σ_n ⟨s_nc, f_n⟩``, so each column ``c`` is one backward pass of the engine
 (``Engine.pseudo_pass``: the same layer rules and global path as the first-order statistics)
-whose ``Σ_n (·)²`` is the ``SumGradSquared`` transform. The factor, per row of the loss input
+whose ``Σ_n (·)²`` is the ``SumGradSquared`` transform. The first pass of a step is checked
+against autograd's gradient of its pseudo-loss; the others skip the weight gradients of the
+layers the rules serve (autograd is asked for their output gradients only). The factor, per row of the loss input
 (a sample, or one position of a sequence or an image), for the loss functions the engine
 derives individual losses of (``cockpit_lite.info``):
 
@@ -219,9 +221,10 @@ def diagonal(engine, info, request, needed_by):
     params = engine.params
     flags = []
 
-    def one_pass(column):
+    def one_pass(column, check):
         results, _, pass_flags = engine.pseudo_pass(
             (transform,), info, batch_size, curvature.outputs, column, curvature.contributions(column), needed_by,
+            check,
         )
         flags.extend(f"the GGN diagonal's backward pass: {flag}" for flag in pass_flags)
         return [
@@ -231,15 +234,15 @@ def diagonal(engine, info, request, needed_by):
 
     if request.method == EXACT:
         total = [torch.zeros_like(p, dtype=_wide(p)) for p in params]
-        for column in curvature.columns():
-            for t, part in zip(total, one_pass(column)):
+        for number, column in enumerate(curvature.columns()):
+            for t, part in zip(total, one_pass(column, check=number == 0)):
                 t.add_(part.to(t.dtype))
         return Diagonal(EXACT, curvature.passes, total, _unique(flags))
     generator = torch.Generator(device=curvature.outputs.device)
     generator.manual_seed(hash((request.seed, info.step, "ggn")) % 2**63)
     estimate = GroupedEstimate([torch.empty_like(p, dtype=_wide(p)) for p in params], request.samples)
     for k in range(request.samples):
-        estimate.add(k, [part[None] for part in one_pass(curvature.draw(generator))])
+        estimate.add(k, [part[None] for part in one_pass(curvature.draw(generator), check=k == 0)])
     estimate.finish()
     return Diagonal(MONTE_CARLO, request.samples, estimate.diagonal, _unique(flags), estimate)
 

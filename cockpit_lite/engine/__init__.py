@@ -293,6 +293,8 @@ class Engine:
                 continue
             state.uses[index] = len(uses)
             for call, name, path in uses:
+                if path is not None:  # hooked on a node below the layer (``_pass_inputs``)
+                    state.hooked.add(index)
                 if path is None:
                     state.calls.setdefault(call, []).append((name, self.params[index], index))
                 elif path == "attention":  # projections caught in the graph (rules/attention.py)
@@ -368,16 +370,19 @@ class Engine:
                     call.grads = {}
         return state.results, state.batch_size, state.flags
 
-    def pseudo_pass(self, transforms, info, batch_size, outputs, grad_outputs, contributions, needed_by):
+    def pseudo_pass(self, transforms, info, batch_size, outputs, grad_outputs, contributions, needed_by, check=True):
         """The due ``transforms`` of the individual gradients of a pseudo-loss, before the user's backward.
 
         The pseudo-loss is ``⟨grad_outputs, outputs⟩`` for a tensor ``outputs`` of the step's graph
         (the loss function's input, ``cockpit_lite.curvature.ggn``); ``contributions`` are its
         samples' terms ``[B]``, with graph. Its backward pass (graph retained) runs through the
-        same layer rules, broadcast and global paths as the user's, and the rules' gradients are
-        checked against autograd's of the pseudo-loss. Nothing of the user's step changes: the
-        calls keep their inputs, their output gradients of this pass are dropped, ``.grad`` is
-        untouched, and the pass runs under a forked random state.
+        same layer rules, broadcast and global paths as the user's. With ``check`` it computes
+        autograd's gradient of the pseudo-loss as well and checks the rules' against it; without,
+        it asks autograd only for the gradients of the outputs of the layers the rules serve (and
+        of the parameters the other paths hook into), which skips their weight gradients: a
+        further pass of the same step, whose rules the first pass checked. Nothing of the user's
+        step changes: the calls keep their inputs, their output gradients of this pass are
+        dropped, ``.grad`` is untouched, and the pass runs under a forked random state.
 
         Returns:
             ``(results, batch_size, flags)`` as ``finish``.
@@ -385,9 +390,11 @@ class Engine:
         self.begin(transforms, info, batch_size, [None] * len(self.params), needed_by, pseudo=contributions)
         state = self._step
         params = [p for p in self.params if p.requires_grad]
+        inputs = params if check else _pass_inputs(state, self.params)
         try:
-            with global_path.forked_random_state(self.params), torch.enable_grad():
-                grads = torch.autograd.grad(outputs, params, grad_outputs, retain_graph=True, allow_unused=True)
+            if inputs:
+                with global_path.forked_random_state(self.params), torch.enable_grad():
+                    grads = torch.autograd.grad(outputs, inputs, grad_outputs, retain_graph=True, allow_unused=True)
         except BaseException:
             for path in state.paths:
                 path.remove()
@@ -397,7 +404,7 @@ class Engine:
             raise
         state.true_grads = {
             self.index[id(p)]: torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, grads)
-        }
+        } if check else {}
         return self.finish()
 
     # -- internals ----------------------------------------------------------------------
@@ -802,6 +809,7 @@ class _Step:
         self.checks = {}  # index -> ``PerSample.check``'s (value, project), checked in ``_check_gradients``
         self.generator = None
         self.seeds = {}  # subsampled: per parameter of several uses, the seed of their common sketch
+        self.hooked = set()  # indices of parameters served by hooks on graph nodes (attention, shared tensors)
         self.pseudo = None  # a pseudo-loss's samples' terms (``Engine.pseudo_pass``), or None: the user's pass
         self.true_grads = None  # a pseudo-loss pass: autograd's gradient of it per parameter index
 
@@ -877,6 +885,17 @@ class _Graph:
             return None
         found = broadcast.plan(self._users, (tensor.grad_fn, tensor.output_nr), tensor.shape, batch_size)
         return None if found is None else (found, tensor.shape, batch_size)
+
+
+def _pass_inputs(state, params):
+    """What a backward pass must reach for the hooks of ``state`` to fire: the output tensors (as
+    gradient edges) of the calls whose rules read their output gradients, and the parameters of the
+    other hooked paths (attention projections, shared tensors), whose hooks sit on nodes below."""
+    from torch.autograd.graph import GradientEdge
+
+    edges = [GradientEdge(leaf.grad_fn, leaf.output_nr) for call in state.calls for leaf in call.leaves
+             if leaf.grad_fn is not None]
+    return edges + [params[index] for index in sorted(state.hooked)]
 
 
 def _no_batch_axis(tensor, batch_size):

@@ -136,7 +136,7 @@ class CurvatureQuantity(SingleStepQuantity):
         problem = "the engine computes only GGN diagonals" if name == "diag_h" else ggn.support(info)
         if problem is not None:
             raise ValueError(unsupported_message(self.name, name, f"{reason}; and {problem}"))
-        return ggn.Request(name, self.probes if name == ggn.MONTE_CARLO else 1, self.seed)
+        return ggn.Request(name, self.probes, self.seed) if name == ggn.MONTE_CARLO else ggn.Request(name)
 
     def _exact_method(self, info):
         self._unavailable = None
