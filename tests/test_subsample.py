@@ -312,8 +312,8 @@ def _first_held(monkeypatch, case):
 
     held, keeps = [], alpha._keeps
 
-    def spied(info):
-        decide = keeps(info)
+    def spied(info, probe=None):
+        decide = keeps(info, probe)
 
         def keeps_and_notes(per_sample):
             if per_sample.param.dim() > 1 and not held:
@@ -335,10 +335,12 @@ def test_alpha_estimate_against_brute_force(monkeypatch, case, route):
     projected onto the real update in the optimizer's step post-hook (a small model's, within
     ``KEEP_ELEMENTS``: no update predicted), projected in backward onto the predicted update
     (``KEEP_ELEMENTS`` 0: every parameter of more than one dimension), or some of each (the global
-    path in chunks of one sample, whose first chunk decides for its parameter)."""
+    path in chunks of one sample, whose first chunk decides for its parameter). As after the first
+    ``PROBE_STEPS`` start steps of a run (which also predict the kept parameters' updates, to check them)."""
     from cockpit_lite.engine import global_path
     from cockpit_lite.quantities import Alpha, alpha
 
+    monkeypatch.setattr(alpha, "PROBE_STEPS", 0)
     name, batch_size, reduction = case
     if route == "predicted":
         monkeypatch.setattr(alpha, "KEEP_ELEMENTS", 0)

@@ -26,6 +26,12 @@ FINGERPRINT_GATHER = 1 << 16
 """``fingerprint``: parameters of at most this many elements are concatenated (a model's many
 biases and norms, one sum for them all); larger ones are summed in place."""
 
+PROBE_STEPS = 3
+"""The first start steps of a run keep their individual gradients (within ``KEEP_ELEMENTS``) and
+check the prediction against the real update: a recipe that changes the gradient before the step
+from its first steps on (clipping under momentum or Adam, bf16 autocast, unscaling under Adam) keeps
+them from then on, with no step lost; otherwise later start steps predict."""
+
 PREDICTION_RTOL = {torch.float64: 1e-10}
 """Largest relative distance of an update from the predicted update's line (float64; 1e-4 for
 float32 and narrower dtypes): the engine's gradient and autograd's differ by rounding only."""
@@ -69,14 +75,18 @@ class Alpha(Quantity):
     prediction matches); for the others it checks the prediction: one that
     is only rescaled (a new learning rate, ``clip_grad_norm_`` under plain SGD) leaves
     the slopes exact. One that turned (clipping under Adam/AdamW or momentum,
-    ``clip_grad_value_``, a ``GradScaler``'s unscaling under Adam, an edited gradient, an
-    optimizer that is not element-wise) makes that step NaN with a flag, and from then on
-    α keeps the individual gradients of its start steps from the backward pass to the
-    post-hook (Linear and Embedding layers as their factors, the size of the layer's
-    activations; other parameters ``B ×`` their size) and projects them onto the real
-    update there: exact for every change of the gradient, at that memory (not under
-    torch.distributed: the ranks' slopes are gathered before the step, so such steps stay
-    NaN). At a subsampled start step (below) α keeps, besides the 1-D ones, the drawn samples'
+    ``clip_grad_value_``, a ``GradScaler``'s unscaling under Adam, bf16 autocast, an edited
+    gradient, an optimizer that is not element-wise) needs the individual gradients of the
+    start step kept from the backward pass to the post-hook (Linear and Embedding layers as
+    their factors, the size of the layer's activations; other parameters ``B ×`` their
+    size) and projected onto the real update there: exact for every change of the
+    gradient, at that memory. The first ``PROBE_STEPS`` start steps of a run keep them
+    (within ``KEEP_ELEMENTS``) and predict their update as well, to check the prediction
+    against the real update: a recipe that turns the update from its start keeps them from then on, with no
+    step lost; one whose predictions held predicts from then on, and a turn that appears
+    later makes that step NaN with a flag and α keeps them from the next start step on (not
+    under torch.distributed: the ranks' slopes are gathered before the step, so such steps
+    stay NaN). At a subsampled start step (below) α keeps, besides the 1-D ones, the drawn samples'
     individual gradients of every parameter while they hold at most ``KEEP_ELEMENTS`` elements
     in all (a small model's: all of them) and predicts only the others' updates. At step t+1
     the update ``θ_{t+1} − θ_t`` must be the one the optimizer made (parameters changed after
@@ -99,14 +109,15 @@ class Alpha(Quantity):
 
     SUBSAMPLE = True
 
-    STATE = ("_start", "_keep")  # the pending step's half of the fit (resumed runs finish it); whether to keep
+    STATE = ("_start", "_keep", "_probed")  # the pending step's half of the fit (resumed runs finish it); whether to keep
 
     def __init__(self, track_schedule=None, verbose=False):
         super().__init__(track_schedule, verbose)
         self._start = None
         self._pending = None
         self._seed = None
-        self._keep = False  # keep the start steps' individual gradients until optimizer.step()
+        self._keep = None  # keep the start steps' individual gradients until optimizer.step(); None: undecided
+        self._probed = 0  # start steps probed so far (``PROBE_STEPS``)
         self._distributed = False
         self._hook = None
 
@@ -154,8 +165,10 @@ class Alpha(Quantity):
                                                    else predict(param, per_sample.optimizer_grad))
                 return predicted[per_sample.index]
 
-            transforms.append(BatchDotDirection(("Alpha", "start"), predicted_update, keep=kept,
-                                                keep_if=None if self._keep else _keeps(info)))
+            probing = self._keep is None and kept is not None and self._probed < PROBE_STEPS
+            self._pending["probing"] = probing
+            keep_if = None if self._keep else _keeps(info, predicted_update if probing else None)
+            transforms.append(BatchDotDirection(("Alpha", "start"), predicted_update, keep=kept, keep_if=keep_if))
         return Needs(transforms=tuple(transforms))
 
     def observes(self, step):
@@ -194,6 +207,7 @@ class Alpha(Quantity):
                 "edited": False,
                 "failure": None,
                 "no_learning_rate": all(_is_zero(group.get("lr")) for group in pending["optimizer"].param_groups),
+                "probing": pending["probing"],
             }
             self._hook = pending["optimizer"].register_step_post_hook(self._after_step)
         return output
@@ -218,6 +232,13 @@ class Alpha(Quantity):
         kept, start["kept"] = start["kept"], {}
         kept = kept if kept is not None else {}
         dots = start["backward_dots"]
+        if start["probing"]:  # the kept parameters' predictions: would they have matched the update?
+            self._probed += 1
+            checked = [i for i in sorted(kept) if not kept_always(start["params"][i])]
+            if not _predicted_on_line(checked, predicted, update):
+                self._keep = not self._distributed
+            elif self._probed >= PROBE_STEPS:
+                self._keep = False
         rest = [i for i in range(len(update)) if i not in kept]  # projected onto the prediction in backward
         if any(predicted[i] is None for i in rest):
             start["edited"] = True
@@ -422,12 +443,14 @@ def _bit_weights(rows, size, device):
     return torch.stack([torch.cat([ones.new_zeros(rows), ones]), positions])
 
 
-def _keeps(info):
+def _keeps(info, probe=None):
     """``keep_if`` of a start step that does not keep everything: the 1-D parameters
-    (``kept_always``) and, at a subsampled step, the others in the order the backward pass forms
-    them while the drawn samples' individual gradients kept so far, in the form they came in,
-    hold at most ``KEEP_ELEMENTS`` elements (decided on a parameter's first chunk of samples,
-    for all ``k`` from that chunk's share)."""
+    (``kept_always``) and, at a subsampled step or a probe step (``probe``, a function predicting a
+    parameter's update: the kept parameters' predictions are checked against the real update), the
+    others in the order the backward pass forms them while the individual gradients kept so far
+    (the drawn samples' at a subsampled step), in the form they came in, hold at most
+    ``KEEP_ELEMENTS`` elements (decided on a parameter's first chunk of samples, for all its
+    samples from that chunk's share)."""
     subset = getattr(info, "subset", None)
     room = [KEEP_ELEMENTS]
     decided = {}
@@ -436,10 +459,13 @@ def _keeps(info):
         index = per_sample.index
         if index not in decided:
             decided[index] = kept_always(per_sample.param)
-            if not decided[index] and subset is not None:
-                held = per_sample.held_elements() * len(subset) // per_sample.num_samples
+            if not decided[index] and (subset is not None or probe is not None):
+                samples = len(subset) if subset is not None else per_sample.batch_size
+                held = per_sample.held_elements() * samples // per_sample.num_samples
                 decided[index] = held <= room[0]
                 room[0] -= held if decided[index] else 0
+                if decided[index] and probe is not None:
+                    probe(per_sample)
         return decided[index]
 
     return keeps
@@ -453,6 +479,18 @@ def kept_always(param):
     gradient and autograd's, and Adam's first update there is about ± the learning rate: no
     prediction can match it, their projection onto the real update can."""
     return param.dim() <= 1
+
+
+def _predicted_on_line(checked, predicted, update):
+    """Whether the update of the parameters ``checked`` (indices) lies on the line of their predicted
+    update (a probe step: whether start steps may predict instead of keeping)."""
+    if any(predicted[i] is None for i in checked):
+        return False
+    if not checked:
+        return True
+    sums = gram((update[i], predicted[i]) for i in checked)
+    return _on_line([predicted[i] for i in checked], [update[i] for i in checked],
+                    (sums[1][1], sums[0][1], sums[0][0])) is not None
 
 
 def _on_line(predicted, real, sums):

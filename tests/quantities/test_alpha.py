@@ -169,32 +169,39 @@ def test_a_layer_frozen_mid_run_under_adam(case):
                               what=f"Alpha, step {step}")
 
 
+@pytest.mark.parametrize("probe", [True, False], ids=["probed", "predicted"])
 @pytest.mark.parametrize("case", [("mlp", 4, "mean"), ("cnn", 5, "sum")], ids=problems.case_id)
 @pytest.mark.parametrize("between", BETWEEN, ids=str)
-def test_changes_between_backward_and_step(case, between):
-    """The update is predicted in the optimizer's step pre-hook from the gradient it uses. A change
-    between backward and step that only rescales the update (norm clipping of plain SGD's gradient, a
-    new learning rate) leaves the projections made in backward exact. One that turns it (clipping
-    under Adam/AdamW or momentum, element-wise clipping, an edited gradient) makes that step NaN with
-    a flag; from then on the individual gradients are kept until the step and projected there, so
-    every later step equals the brute force along the real update."""
+def test_changes_between_backward_and_step(case, between, probe, monkeypatch):
+    """The first ``PROBE_STEPS`` start steps keep the individual gradients until the step and check the
+    update predicted in backward against the real one: a change between backward and step that turns
+    it from the start (clipping under Adam/AdamW or momentum, element-wise clipping, an edited
+    gradient) is exact at every step ("probed"). Without the probe ("predicted", as after it): a
+    change that only rescales the update (norm clipping of plain SGD's gradient, a new learning rate)
+    leaves the projections made in backward exact; one that turns it makes that step NaN with a flag,
+    and from then on the individual gradients are kept until the step and projected there, so every
+    later step equals the brute force along the real update."""
+    from cockpit_lite.quantities import alpha
+
     change, optimizer, nan_steps = BETWEEN[between]
+    if not probe:
+        monkeypatch.setattr(alpha, "PROBE_STEPS", 0)
     problem, record, snapshots = run_changed(case, optimizer, change)
-    assert_exact_but(problem, record, snapshots, nan_steps)
+    assert_exact_but(problem, record, snapshots, nan_steps if not probe else [])
 
 
 @pytest.mark.parametrize("case", [("gpt", 4, "mean"), ("resnet_bn_train", 6, "sum"), ("lstm", 4, "mean")], ids=problems.case_id)
 def test_kept_individual_gradients_of_every_form(case, monkeypatch):
     """AdamW with norm clipping on models whose individual gradients come as factors with sequence
     axes, embedding rows, a tied weight, a bare parameter (GPT), chunks of the global path (BatchNorm
-    in training mode: 4 samples, then one at a time) and a re-run rule (LSTM): kept until the step,
-    they give the brute force."""
+    in training mode: 4 samples, then one at a time) and a re-run rule (LSTM): kept until the step
+    (from the first, probed, step on), they give the brute force."""
     from cockpit_lite.engine import global_path
 
     monkeypatch.setattr(global_path, "CHUNK_ELEMENTS", 1)
     adamw = lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1)  # noqa: E731
     problem, record, snapshots = run_changed(case, adamw, clip_norm)
-    assert_exact_but(problem, record, snapshots, [0])
+    assert_exact_but(problem, record, snapshots, [])
 
 
 @pytest.mark.parametrize("case", [("gpt", 4, "mean"), ("cnn", 5, "sum")], ids=problems.case_id)
@@ -209,7 +216,7 @@ def test_a_large_model_s_update_formed_a_parameter_at_a_time(case, monkeypatch):
     problems.check(Alpha(), reference, case, steps=4, layers=False, schedule_steps=[0, 1, 2])
     adamw = lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1)  # noqa: E731
     problem, record, snapshots = run_changed(case, adamw, clip_norm)
-    assert_exact_but(problem, record, snapshots, [0])
+    assert_exact_but(problem, record, snapshots, [])
 
 
 @pytest.mark.parametrize(
@@ -221,11 +228,18 @@ def test_a_large_model_s_update_formed_a_parameter_at_a_time(case, monkeypatch):
     ],
     ids=["adamw-clip_norm", "momentum-clip_norm", "sgd"],
 )
-def test_grad_scaler(optimizer, change, nan_steps):
+@pytest.mark.parametrize("probe", [True, False], ids=["probed", "predicted"])
+def test_grad_scaler(optimizer, change, nan_steps, probe, monkeypatch):
     """torch.amp.GradScaler("cpu"): backward on the scaled loss (scale 2¹⁰, doubled every step), the
     gradient unscaled (and norm-clipped) before the scaler steps. The individual gradients are those of
     the scaled loss; divided by the scale (the gradient reaching info['loss']) they are the loss's,
-    and α equals the brute force but at the step where the update first turned."""
+    and α equals the brute force at every step (probed), or, without the probe, but at the step where
+    the update first turned."""
+    from cockpit_lite.quantities import alpha
+
+    if not probe:
+        monkeypatch.setattr(alpha, "PROBE_STEPS", 0)
+    nan_steps = nan_steps if not probe else []
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=1)
     problem, record, snapshots = run_changed(("mlp", 4, "mean"), optimizer, change, steps=5, scaler=scaler)
     assert scaler.get_scale() == 2.0**15  # no step was skipped
@@ -246,9 +260,44 @@ def test_adamw_first_step_on_exact_zero_gradients(reduction):
     assert_exact_but(problem, record, snapshots, nan_steps=(), rtol=1e-3)
 
 
-def test_kept_individual_gradients_are_released_at_the_step():
+def test_the_probe_steps_keep_then_predict_once_predictions_held():
+    """Plain SGD (predictions hold): the first ``PROBE_STEPS`` start steps keep every parameter's
+    individual gradients until the step, the later ones only the 1-D parameters' (their updates
+    predicted in backward); a recipe that clips under Adam keeps them all at every start step."""
+    from cockpit_lite.quantities import alpha as alpha_module
+
+    for optimizer, change, kept_later in (
+        (lambda ps: torch.optim.SGD(ps, lr=0.1), lambda opt, params: None, "1-D"),
+        (lambda ps: torch.optim.Adam(ps, lr=1e-2), clip_norm, "all"),
+    ):
+        problem = problems.make("mlp", 4, steps=6)
+        params = list(problem.model.parameters())
+        opt = optimizer(params)
+        alpha = Alpha()
+        cp = problems.Cockpit(problem.model, [alpha], strict=True, diagnose=False)
+        kept = []
+        for step, (x, y) in enumerate(problem.batches):
+            opt.zero_grad()
+            loss = problem.lossfunc(problem.model(x), y)
+            with cp(step, info={"loss": loss, "optimizer": opt}):
+                loss.backward()
+            change(opt, params)
+            kept.append(set(alpha._start["kept"]))
+            opt.step()
+        everything = set(range(len(params)))
+        later = everything if kept_later == "all" else {i for i, p in enumerate(params) if p.dim() == 1}
+        assert kept == [everything] * alpha_module.PROBE_STEPS + [later] * (6 - alpha_module.PROBE_STEPS)
+        record = cp.get_output()
+        assert all("flags" not in record[step] and np.isfinite(record[step]["Alpha"]) for step in range(5))
+
+
+def test_kept_individual_gradients_are_released_at_the_step(monkeypatch):
     """Kept individual gradients live from backward to optimizer.step(), not longer; the step
-    post-hook is registered for the tracked step only (removed by the next step's context)."""
+    post-hook is registered for the tracked step only (removed by the next step's context).
+    Without the probe, only the 1-D parameters' are kept until an edit was seen."""
+    from cockpit_lite.quantities import alpha as alpha_module
+
+    monkeypatch.setattr(alpha_module, "PROBE_STEPS", 0)
     problem = problems.make("mlp", 4, steps=3)
     params = list(problem.model.parameters())
     opt = torch.optim.Adam(params, lr=1e-2)
@@ -273,7 +322,8 @@ def test_kept_individual_gradients_are_released_at_the_step():
 
 def test_an_optimizer_step_with_a_closure():
     """optimizer.step(closure) with the tracked backward pass inside the closure (Lightning's automatic
-    optimization), clipping under AdamW: the post-hook sees the update the step made."""
+    optimization), clipping under AdamW: the post-hook sees the update the step made (kept from the
+    first, probed, step on)."""
     problem = problems.make("mlp", 4, steps=4)
     params = list(problem.model.parameters())
     opt = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
@@ -291,7 +341,7 @@ def test_an_optimizer_step_with_a_closure():
             return loss
 
         opt.step(closure)
-    assert_exact_but(problem, cp.get_output(), snapshots, [0])
+    assert_exact_but(problem, cp.get_output(), snapshots, [])
 
 
 def _after_step_run(after_backward, after_step, steps=2):
@@ -342,8 +392,8 @@ def test_a_failing_projection_never_breaks_the_optimizer_step(monkeypatch):
 
     monkeypatch.setattr(alpha_module, "dots_of_kept", broken)
     record = _after_step_run(lambda opt, params: clip_value(opt, params) or True, lambda params: None, steps=3)
-    assert any(CHANGED in f for f in record[0]["flags"])  # the edit seen at step 0: kept from step 1 on
-    assert np.isnan(record[1]["Alpha"]) and any("RuntimeError('broken')" in f for f in record[1]["flags"])
+    for step in (0, 1):  # kept from the first, probed, step on
+        assert np.isnan(record[step]["Alpha"]) and any("RuntimeError('broken')" in f for f in record[step]["flags"])
 
 
 def test_no_update_is_nan_and_flagged():
@@ -465,9 +515,10 @@ def test_verbose_prints_each_value(capsys):
 
 def test_a_bf16_model_under_adamw_with_clipping():
     """bf16 parameters: the check of the update against the optimizer's runs in float32 (in bf16 its own
-    rounding, 2⁻⁸, failed the 1e-4 test at every step). From the step after the first clipped one α
-    matches the fit to float64 observations of the same bf16 model (individual gradients by autograd,
-    rounded to bf16 there, hence 5e-2)."""
+    rounding, 2⁻⁸, failed the 1e-4 test at every step). The clipping turns the update from the first
+    step on, which the probe sees: the individual gradients are kept until the step, and α matches
+    the fit to float64 observations of the same bf16 model (individual gradients by autograd,
+    rounded to bf16 there, hence 5e-2) at every step."""
     torch.manual_seed(0)
     build = lambda: torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.LayerNorm(8), torch.nn.ReLU(), torch.nn.Linear(8, 3)).bfloat16()  # noqa: E731
     model = build()
@@ -504,7 +555,7 @@ def test_a_bf16_model_under_adamw_with_clipping():
     sigma = np.sqrt([v0, v1, w0, w1])
     mu = np.linalg.lstsq(design / sigma[:, None], np.array([f0, f1, s0, s1]) / sigma, rcond=None)[0]
     record = cp.get_output()
-    assert any(CHANGED in f for f in record[0]["flags"]) and "flags" not in record[1]
+    assert "flags" not in record[0] and "flags" not in record[1] and np.isfinite(record[0]["Alpha"])
     problems.assert_close(record[1]["Alpha"], 2 * t / (-mu[1] / mu[2]) - 1, rtol=5e-2, what="Alpha bf16")
 
 
