@@ -42,6 +42,7 @@ from cockpit_lite import subsample as _subsample
 from cockpit_lite.backend import add_advice, backpack_untouched, uses_random_numbers
 from cockpit_lite.curvature.hvp import HessianVectorProducts
 from cockpit_lite.engine import Engine
+from cockpit_lite.engine.global_path import kept_buffers
 from cockpit_lite.engine.window import Window
 from cockpit_lite.info import StepInfo
 from cockpit_lite.quantities import REGISTRY
@@ -722,16 +723,18 @@ class _StepContext:
         self._stack.enter_context(warnings.catch_warnings())
         warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
         try:
-            if self.owner is None:
-                self._products()  # first: no hook of this step exists yet (the engine begins below), no BackPACK
-                self._diagonals()  # the engine's pseudo-loss passes, before its pass of the user's backward
-                if self.cockpit.accumulate and self.transforms:
-                    self.window = Window(self.grads_before)
-            if self.transforms:
-                with backpack_untouched():
-                    self.cockpit.engine.begin(
-                        self.transforms, self.info, self.info.batch_size, self.grads_before, self.needed_by, owner.window
-                    )
+            with kept_buffers(self.cockpit.engine.model):  # (a checkpointed BatchNorm recomputed in these passes)
+                if self.owner is None:
+                    self._products()  # first: no hook of this step exists yet (the engine begins below), no BackPACK
+                    self._diagonals()  # the engine's pseudo-loss passes, before its pass of the user's backward
+                    if self.cockpit.accumulate and self.transforms:
+                        self.window = Window(self.grads_before)
+                if self.transforms:
+                    with backpack_untouched():
+                        self.cockpit.engine.begin(
+                            self.transforms, self.info, self.info.batch_size, self.grads_before, self.needed_by,
+                            owner.window,
+                        )
             if any(uses_random_numbers(e) for e in self.extensions if e.savefield in self.added_savefields):
                 key = (self.cockpit.seed, self.step) + ((len(owner.passes),) if owner.passes else ())
                 self._stack.enter_context(_private_random_state(self.cockpit.params, key))

@@ -614,6 +614,14 @@ class Engine:
         params = [self.params[i] for i in indices]
         with global_path.forked_random_state(params), torch.enable_grad():  # a recomputed segment's draws
             totals = torch.autograd.grad(contributions.sum(), params, retain_graph=True, allow_unused=True)
+        if any(g is None for g in totals) and global_path.reentrant_checkpoint(contributions):
+            hidden = [self.names[i] for i, g in zip(indices, totals) if g is None]
+            raise ValueError(
+                f"the loss runs through torch.utils.checkpoint(..., use_reentrant=True), whose segment hides the "
+                f"parameters inside it ({', '.join(hidden[:5])}{', ...' if len(hidden) > 5 else ''}) from every "
+                "backward pass but the user's own, so their individual gradients cannot be formed. Fix: "
+                "checkpoint with use_reentrant=False (PyTorch's recommended mode; same memory savings)"
+            )
         totals = [torch.zeros_like(p) if g is None else g.detach() for g, p in zip(totals, params)]
         parts = {i: [] for i in indices}
         if state.subset is not None:  # the subsample's vector-Jacobian products only

@@ -83,6 +83,55 @@ def forked_random_state(tensors):
         yield
 
 
+def reentrant_checkpoint(tensor):
+    """Whether ``tensor``'s graph runs through a reentrant ``torch.utils.checkpoint`` segment (whose
+    parameters no ``torch.autograd.grad`` of the graph reaches)."""
+    seen, stack = set(), [tensor.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        if type(node).__name__ == "CheckpointFunctionBackward":
+            return True
+        seen.add(node)
+        stack.extend(child for child, _ in node.next_functions)
+    return False
+
+
+KEPT_BUFFER_ELEMENTS = 1 << 16
+"""Buffers of at most this many elements are copied before the Cockpit's own passes (``kept_buffers``)."""
+
+
+@contextlib.contextmanager
+def kept_buffers(model):
+    """Run with ``model``'s buffers put back afterwards where what ran inside changed them.
+
+    A backward pass recomputes a checkpointed segment's forward (``torch.utils.checkpoint``), and a
+    BatchNorm in training mode there updates its running statistics again: the Cockpit's own passes
+    before the user's backward (Hessian-vector products, the GGN's passes, the global path) would
+    change the model's state. Buffers of at most ``KEPT_BUFFER_ELEMENTS`` elements (running
+    statistics, counters) are copied and put back (a recomputed BatchNorm's in-place update of its
+    running statistics does not always advance their version counter, so they are not compared);
+    a larger one whose version changed (none of torch's layers updates one) is named in a warning.
+    """
+    if model is None:
+        yield
+        return
+    saved = [(name, b, b._version, b.clone() if b.numel() <= KEPT_BUFFER_ELEMENTS else None)
+             for name, b in model.named_buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, buffer, version, copy in saved:
+                if copy is not None:
+                    buffer.copy_(copy)
+                elif buffer._version != version:
+                    warnings.warn(f"cockpit-lite: its own backward passes changed the buffer {name} of the model "
+                                  "(a module recomputed in backward updating its state), which is too large to "
+                                  "put back: the model's state differs from a run without the Cockpit", stacklevel=4)
+
+
 def _vmap(contributions, params, grad_outputs):
     """The batched VJPs, or ``None`` for an operation vmap cannot batch."""
     with warnings.catch_warnings(), forked_random_state(params):

@@ -198,3 +198,65 @@ def test_backward_passes_that_recompute_a_dropout_leave_the_random_state_alone(c
     chunks = list(global_path.individual_gradients(individual, list(model.parameters()), mode))
     assert chunks[-1][0].stop == B
     assert all(torch.equal(a, b) for a, b in zip(states, problems.random_states(device)))
+
+
+class _Checkpointed(nn.Module):
+    """Linear → BatchNorm (training) → ReLU inside ``torch.utils.checkpoint``, then a head: the layers
+    before the BatchNorm take the global path, and every backward pass recomputes the segment."""
+
+    def __init__(self, reentrant):
+        super().__init__()
+        self.lin, self.bn, self.head, self.reentrant = nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 3), reentrant
+
+    def forward(self, x):
+        segment = lambda t: torch.relu(self.bn(self.lin(t)))  # noqa: E731
+        return self.head(torch.utils.checkpoint.checkpoint(segment, x, use_reentrant=self.reentrant))
+
+
+def _train_checkpointed(reentrant, quantities, steps=3):
+    """``(state dict, record)`` after SGD steps of ``_Checkpointed`` (float64) with a Cockpit of
+    ``quantities`` (``None``: none)."""
+    from cockpit_lite import Cockpit
+
+    torch.manual_seed(0)
+    model = _Checkpointed(reentrant).double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cp = Cockpit(model, quantities, diagnose=False, strict=True) if quantities is not None else None
+    g = torch.Generator().manual_seed(1)
+    for step in range(steps):
+        x = torch.randn(5, 4, generator=g, dtype=torch.float64, requires_grad=reentrant)
+        y = torch.randint(0, 3, (5,), generator=g)
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        if cp is None:
+            loss.backward()
+        else:
+            with cp(step, info={"loss": loss}):
+                loss.backward()
+        opt.step()
+    return model.state_dict(), None if cp is None else cp.get_output()
+
+
+def test_a_checkpointed_batch_norm_keeps_its_running_statistics():
+    """The Cockpit's passes before the user's backward (the global path, the GGN's passes) recompute
+    the checkpointed segment, whose BatchNorm updates its running statistics each time: they are put
+    back, so the state after three steps is the plain run's, bit for bit (it drifted: 11 more updates
+    of ``num_batches_tracked`` after 3 steps)."""
+    from cockpit_lite.quantities import NormTest, TICDiag
+
+    plain, _ = _train_checkpointed(False, None)
+    watched, record = _train_checkpointed(False, [NormTest(), TICDiag()])
+    assert all(torch.equal(plain[k], watched[k]) for k in plain)
+    assert all(np.isfinite(record[s]["NormTest"]) and np.isfinite(record[s]["TICDiag"]) for s in range(3))
+
+
+def test_a_reentrant_checkpoint_is_refused_naming_the_fix():
+    """A reentrant checkpoint hides its parameters from every backward pass but the user's: the step
+    is refused before the backward pass, naming ``use_reentrant=False``, which works (previously the
+    values were NaN with a flag about a penalty term)."""
+    from cockpit_lite.quantities import NormTest
+
+    with pytest.raises(ValueError, match=r"use_reentrant=True.*lin\.weight.*Fix: checkpoint with use_reentrant=False"):
+        _train_checkpointed(True, [NormTest()])
+    _, record = _train_checkpointed(False, [NormTest()])
+    assert all(np.isfinite(record[s]["NormTest"]) for s in range(3))
