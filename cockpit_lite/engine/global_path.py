@@ -110,9 +110,11 @@ def kept_buffers(model):
     BatchNorm in training mode there updates its running statistics again: the Cockpit's own passes
     before the user's backward (Hessian-vector products, the GGN's passes, the global path) would
     change the model's state. Buffers of at most ``KEPT_BUFFER_ELEMENTS`` elements (running
-    statistics, counters) are copied and put back (a recomputed BatchNorm's in-place update of its
-    running statistics does not always advance their version counter, so they are not compared);
-    a larger one whose version changed (none of torch's layers updates one) is named in a warning.
+    statistics, counters) are copied and put back where their values changed (compared: a recomputed
+    BatchNorm's in-place update of its running statistics does not always advance their version
+    counter), through ``.data``, which leaves the version counter as the forward pass saved it (the
+    BatchNorm's backward checks it); a larger one whose version changed (none of torch's layers
+    updates one) is named in a warning.
     """
     if model is None:
         yield
@@ -125,7 +127,8 @@ def kept_buffers(model):
         with torch.no_grad():
             for name, buffer, version, copy in saved:
                 if copy is not None:
-                    buffer.copy_(copy)
+                    if not torch.equal(buffer, copy):
+                        buffer.data.copy_(copy)
                 elif buffer._version != version:
                     warnings.warn(f"cockpit-lite: its own backward passes changed the buffer {name} of the model "
                                   "(a module recomputed in backward updating its state), which is too large to "
