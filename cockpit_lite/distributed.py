@@ -127,13 +127,16 @@ def reduce_results(group, results, transforms, sizes, extra_sums=(), extra_per_s
     for index in sorted(results):
         for key, value in results[index].items():
             parts = value if isinstance(value, tuple) else (value,)
+            if by_key[key].of_the_batch:  # the global batch's already (the same on every rank)
+                continue
             kind = "gather" if by_key[key].per_sample_output else "sum"
             target = gathers if kind == "gather" else sums
             places.append((index, key, kind, len(target), len(parts), isinstance(value, tuple)))
             target.extend(parts)
     summed = group.sum(sums)
     gathered = group.gather(gathers, sizes)
-    combined = {index: {} for index in results}
+    combined = {index: {key: value for key, value in values.items() if by_key[key].of_the_batch}
+                for index, values in results.items()}
     for index, key, kind, start, count, is_tuple in places:
         source = gathered if kind == "gather" else summed
         parts = source[start:start + count]

@@ -533,6 +533,9 @@ class Transform:
     reads_grad = False
     """Whether the value depends on ``PerSample.grad`` (at a subsampled step the engine runs such
     transforms once autograd has accumulated the parameter's gradient, the others at once)."""
+    of_the_batch = False
+    """Whether the value is one of the whole batch (of ``PerSample.grad`` alone), the same for every
+    chunk of its samples and, under torch.distributed, every rank: kept once, never summed."""
 
     def __call__(self, per_sample):
         raise NotImplementedError
@@ -541,6 +544,8 @@ class Transform:
         """The value of a whole batch from the values of consecutive chunks of its samples."""
         if self.per_sample_output:
             return torch.cat(values)
+        if self.of_the_batch:
+            return values[0]
         return values[0] if len(values) == 1 else sum(values[1:], values[0])
 
 
@@ -563,6 +568,7 @@ class GradL2(Transform):
 
     key = "grad_l2"
     reads_grad = True
+    of_the_batch = True
 
     def __call__(self, per_sample):
         return (per_sample.grad**2).sum()

@@ -453,3 +453,18 @@ def assert_lost_spread_flagged(quantity, reference, offset):
     assert entry["flags"][0].startswith(f"{name}: ") and "of 2.bias is lost in the rounding" in entry["flags"][0]
     assert_close(layers[:3], [reference(f) for f in flat[:3]], rtol=1e-4)
     assert_close(entry[name], reference(torch.cat(flat, 1)), rtol=1e-4)
+
+
+def assert_matches_the_same_autocast_forward(quantity_class, reference, offsets=(5.0, 50.0), rtol=2e-2):
+    """A ``quantity_class()`` on ``run_autocast``'s float32 MLP under bf16 autocast, targets ``offsets`` away
+    (the last bias's individual gradients nearly the same in every sample), against ``reference``
+    of the ``[B, D]`` float64 individual gradients of the same autocast forward: every layer and the
+    total, without a flag (``rtol``: bf16's rounding of the forward pass, 2⁻⁸, as in
+    tests/quantities/test_mean_gsnr.py)."""
+    name = quantity_class.__name__
+    for offset in offsets:
+        record, individual = run_autocast(quantity_class(), steps=2, offset=offset)
+        for step, flat in enumerate(individual):
+            assert "flags" not in record[step], record[step]["flags"]
+            assert_close(record[step]["layers"][name], [reference(f) for f in flat], rtol=rtol, what=f"{name} bf16")
+            assert_close(record[step][name], reference(torch.cat(flat, 1)), rtol=rtol, what=f"{name} bf16")

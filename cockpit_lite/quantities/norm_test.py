@@ -4,7 +4,7 @@ import torch
 
 from cockpit_lite import subsample
 from cockpit_lite.quantities.base import Output, SingleStepQuantity, with_total
-from cockpit_lite.transforms import BatchL2
+from cockpit_lite.transforms import BatchL2, GradL2
 
 
 class NormTest(SingleStepQuantity):
@@ -12,7 +12,9 @@ class NormTest(SingleStepQuantity):
 
     ``sqrt( Σ_n ‖g̃_n − g‖² / ((B − 1) B ‖g‖²) )`` with ``Σ_n ‖g̃_n − g‖² = Σ_n ‖g̃_n‖² − B ‖g‖²``.
     A value above 1 means the gradient noise exceeds the gradient: a larger batch
-    would help. Per layer: the same statistic on one parameter tensor's gradient. A spread
+    would help. Per layer: the same statistic on one parameter tensor's gradient. ``g`` is the
+    sum of the same individual gradients (``GradL2``): under bf16 autocast autograd's gradient is
+    rounded to 2⁻⁸, and the difference with it was 8× the spread of a high-SNR bias. A spread
     below the rounding of ``Σ_n ‖g̃_n‖²`` (``StepData.resolved``) is NaN with a flag.
 
     Subsampled (``k`` of ``B`` samples, ``cockpit_lite.subsample``): ``Σ_n ‖g̃_n‖²`` is
@@ -24,7 +26,8 @@ class NormTest(SingleStepQuantity):
     MIN_BATCH_SIZE = 2  # a variance across samples
     SUBSAMPLE = True
 
-    TRANSFORMS = (BatchL2,)
+    TRANSFORMS = (BatchL2, GradL2)
+    SUBSAMPLE_TRANSFORMS = (BatchL2,)
 
     def compute(self, step, data):
         b = data.batch_size
@@ -33,7 +36,7 @@ class NormTest(SingleStepQuantity):
             x, g2 = with_total(torch.stack(l2, 1)), with_total(torch.stack(data.grad_squared_norms))
             return subsample.sqrt_estimates(x, b, b * g2, (b - 1) * b * g2)
 
-        sum_l2, grad_l2 = with_total(torch.stack(l2).sum(1)), with_total(torch.stack(data.grad_squared_norms))
+        sum_l2, grad_l2 = with_total(torch.stack(l2).sum(1)), with_total(torch.stack(data.per_sample(GradL2.key)))
         spread = sum_l2 - b * grad_l2
         values = (spread.clamp(min=0) / ((b - 1) * b * grad_l2)).sqrt()
         values, flags = data.resolved(self.name, "the spread Σ_n ‖g̃_n‖² − B ‖g‖² (individual gradients nearly "

@@ -4,7 +4,7 @@ import torch
 
 from cockpit_lite import subsample
 from cockpit_lite.quantities.base import Output, SingleStepQuantity, with_total
-from cockpit_lite.transforms import BatchDotGrad, BatchL2
+from cockpit_lite.transforms import BatchDotGrad, BatchL2, GradL2
 
 
 class OrthoTest(SingleStepQuantity):
@@ -12,7 +12,9 @@ class OrthoTest(SingleStepQuantity):
 
     ``sqrt( Σ_n ‖g̃_n − (g̃_nᵀg / ‖g‖²) g‖² / ((B − 1) B ‖g‖²) )``, using
     ``Σ_n ‖g̃_n − c_n g‖² = Σ_n ‖g̃_n‖² − Σ_n (g̃_nᵀg)² / ‖g‖²``. Per layer: the same on
-    one parameter tensor. A spread below the rounding of ``Σ_n ‖g̃_n‖²``
+    one parameter tensor. ``g`` is the sum of the same individual gradients (``GradL2``, and
+    in ``BatchDotGrad``): under bf16 autocast autograd's gradient, rounded to 2⁻⁸, made the
+    spread of a high-SNR bias negative. A spread below the rounding of ``Σ_n ‖g̃_n‖²``
     (``StepData.resolved``) is NaN with a flag.
 
     Subsampled (``k`` of ``B`` samples, ``cockpit_lite.subsample``): the spread is the total
@@ -24,17 +26,19 @@ class OrthoTest(SingleStepQuantity):
     MIN_BATCH_SIZE = 2  # a variance across samples
     SUBSAMPLE = True
 
-    TRANSFORMS = (BatchL2, BatchDotGrad)
+    TRANSFORMS = (BatchL2, BatchDotGrad, GradL2)
+    SUBSAMPLE_TRANSFORMS = (BatchL2, BatchDotGrad)
 
     def compute(self, step, data):
         b = data.batch_size
         l2 = data.per_sample(BatchL2.key)
         dots = data.per_sample(BatchDotGrad.key)
-        g2 = with_total(torch.stack(data.grad_squared_norms))
         if data.subset is not None:
+            g2 = with_total(torch.stack(data.grad_squared_norms))
             l, d = with_total(torch.stack(l2, 1)), with_total(torch.stack(dots, 1))
             return subsample.sqrt_estimates(l - d**2 / g2, b, torch.zeros_like(g2), (b - 1) * b * g2)
 
+        g2 = with_total(torch.stack(data.per_sample(GradL2.key)))
         sum_l2 = with_total(torch.stack([l.sum() for l in l2]))
         projections = with_total(torch.stack(dots, 1))
         spread = sum_l2 - (projections**2).sum(0) / g2

@@ -33,3 +33,9 @@ def test_a_spread_lost_in_rounding_is_nan_and_flagged():
     unflagged); the float64 brute force of the same float32 gradients is tiny but not 0 (3.2e-7).
     The last bias is NaN with one flag naming it; the other layers and the total keep their values."""
     problems.assert_lost_spread_flagged(OrthoTest(), ortho_test, offset=1e5)
+
+
+def test_bf16_autocast_matches_brute_force_of_the_same_forward():
+    """Under bf16 autocast the spread Σ_n ‖g̃_n‖² − Σ_n (g̃_nᵀg)² / ‖g‖² takes ``‖g‖²`` summed from the individual
+    gradients: with autograd's bf16-rounded gradient the last bias's spread came out negative (NaN, flagged)."""
+    problems.assert_matches_the_same_autocast_forward(OrthoTest, ortho_test)
