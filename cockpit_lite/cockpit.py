@@ -37,6 +37,7 @@ from cockpit_lite import diagnosis as _diagnosis
 from cockpit_lite.diagnosis import precedence as _precedence
 from cockpit_lite import distributed as _distributed
 from cockpit_lite import log as _log
+from cockpit_lite import sharded as _sharded
 from cockpit_lite import state as _state
 from cockpit_lite import subsample as _subsample
 from cockpit_lite.backend import add_advice, backpack_untouched, uses_random_numbers
@@ -47,6 +48,7 @@ from cockpit_lite.info import StepInfo
 from cockpit_lite.quantities import REGISTRY
 from cockpit_lite.quantities.base import Needs, Output, Quantity
 from cockpit_lite.step import StepData
+from cockpit_lite.utils.shards import local, whole
 
 NONFINITE_LOSS = "nonfinite_loss"
 NONFINITE_GRAD = "nonfinite_grad"
@@ -130,7 +132,9 @@ class Cockpit:
                 "module, Cockpit(model, ...), and use it uncompiled on the tracked steps "
                 "(compiled = torch.compile(model) shares its parameters, for the other steps)."
             )
-        self.group = _distributed.group_for(self.model)
+        if self.model is None:
+            params = list(params)
+        self.group = _distributed.group_for(self.model, params)
         self.samples = _checked_samples(samples, accumulate, self.group)
         if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
             self.model = params = self.model.module  # hooks and names on the module DDP runs
@@ -142,8 +146,10 @@ class Cockpit:
         for quantity in quantities or []:
             self.add(quantity)
         self._diagnosis, self._undiagnosed = None, set()
-        if diagnose and (self.group is None or self.group.main):
-            self._diagnosis = _diagnosis.Diagnosis(self.names, [tuple(p.shape) for p in self.params])
+        main = self.group is None or self.group.main
+        if diagnose and (main or self.group.sharded):  # (sharded: every rank computes the signals, rank 0 diagnoses)
+            if main:
+                self._diagnosis = _diagnosis.Diagnosis(self.names, [tuple(p.shape) for p in self.params])
             tracked = {q.name for q in self.quantities}
             for name in _diagnosis.SIGNALS:
                 if name not in tracked:
@@ -422,8 +428,9 @@ class Cockpit:
             )
         main = self.group is None or self.group.main
         tracked, kept = {q.name for q in self.quantities}, set(state["quantities"])
-        if not main:  # another rank tracks no diagnosis signals and keeps no record: rank 0's state serves it
-            kept -= set(_diagnosis.SIGNALS) - tracked
+        if not main:  # another rank keeps no record (nor, under DDP, the diagnosis signals): rank 0's state serves it
+            if not self.group.sharded:
+                kept -= set(_diagnosis.SIGNALS) - tracked
             state = {**state, "diagnosis": None, "record": {}, "undiagnosed": []}
         if tracked != kept:
             raise ValueError(
@@ -467,7 +474,8 @@ class Cockpit:
         said once.
         """
         if self.model is not None:
-            current = dict(self.model.named_parameters())
+            unsharded = (self.group.unsharded(self.model) if self.group is not None else None) or {}
+            current = {n: unsharded.get(id(p), p) for n, p in self.model.named_parameters()}  # (FSDP2: the sharded ones)
             for index, name in enumerate(self.names):
                 param = current.get(name)
                 if param is not None and param is not self.params[index]:
@@ -632,6 +640,10 @@ class _StepContext:
         if self.info.subset is not None:
             self.unsampled = {q for q, n in self.due if n.transforms and not q.SUBSAMPLE}
             self.due = [(q, Needs() if q in self.unsampled else n) for q, n in self.due]
+        self.refused = set()  # FSDP2: the curvature quantities, NaN (``cockpit_lite.sharded``)
+        if cockpit.group is not None and cockpit.group.sharded:
+            self.refused = {q for q, n in self.due if n.hvp or n.extensions}
+            self.due = [(q, Needs() if q in self.refused else n) for q, n in self.due]
         if self.due:
             cockpit._reread_parameters(step)
         if cockpit.budget is not None and step != last:
@@ -938,6 +950,9 @@ class _StepContext:
                 too_few.append(quantity.name)
                 outputs.append((quantity, Output(float("nan"))))
                 continue
+            if quantity in self.refused:
+                outputs.append((quantity, Output(float("nan"), flags=[f"{quantity.name}: {_sharded.UNSUPPORTED_CURVATURE}"])))
+                continue
             if quantity in self.unsampled:
                 outputs.append((quantity, Output(float("nan"), flags=[
                     f"{quantity.name}: no estimate from a subsample ({data.samples} of {batch_size} samples, "
@@ -1105,7 +1120,7 @@ def _scaled_backward(seeds, accumulate, rtol=1e-6):
 
 def _held_gradients(grads):
     """Whether any of ``grads`` (``None`` or tensors) is non-zero (one host sync)."""
-    present = [g.ne(0).any() for g in grads or () if g is not None]
+    present = [local(g).ne(0).any() for g in grads or () if g is not None]
     return bool(torch.stack(present).any()) if present else False
 
 
@@ -1163,7 +1178,7 @@ def _to_host(tree):
 
     def collect(node):
         if torch.is_tensor(node):
-            found.append(node)
+            found.append(whole(node))  # (sharded over the ranks: gathered)
         elif isinstance(node, (list, tuple)):
             for item in node:
                 collect(item)
@@ -1225,7 +1240,7 @@ def _checked_samples(samples, accumulate, group):
             f"variance across the subsample), got {samples!r}. Fix: e.g. Cockpit(model, samples=8), or "
             "samples=None for exact values"
         )
-    if accumulate or group is not None:
+    if accumulate or (group is not None and not group.sharded):
         raise ValueError(
             f"samples={samples} is not combined with "
             + ("accumulate=True (gradient accumulation; the Lightning callback and the Hugging Face trainer set it "

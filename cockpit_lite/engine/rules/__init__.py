@@ -52,8 +52,11 @@ GENERIC = GenericRule()
 
 
 def rule_for(module):
-    """The rule for ``module``'s own parameters."""
+    """The rule for ``module``'s own parameters (a module ``fully_shard``-ed by FSDP2, of a class
+    ``FSDP<Class>`` made for it, by its original class)."""
     kind = type(module)
+    if kind.__name__.startswith("FSDP") and hasattr(kind, "_orig_cls_mro_index"):
+        kind = kind.__mro__[kind._orig_cls_mro_index]
     rule = RULES.get(kind)
     if rule is None:
         rule = RULES_BY_NAME.get((kind.__module__, kind.__name__), GENERIC)

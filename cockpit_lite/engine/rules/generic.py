@@ -35,6 +35,7 @@ from torch.utils import _pytree as pytree
 
 from cockpit_lite.engine.rules.base import Rule, UnsupportedCall, batch_axis, compute_dtype, output_grad, rerun
 from cockpit_lite.transforms import PerSample
+from cockpit_lite.utils.shards import whole
 
 
 class GenericRule(Rule):
@@ -58,7 +59,7 @@ class GenericRule(Rule):
         in_axes = _input_axes(module, flat, names, batch_size)
         out_axes = _output_axes(module, call, batch_size)
         dtype = compute_dtype(*[t for t in flat if torch.is_tensor(t)], *[p for _, p, _ in tracked])
-        params = {name: param.detach().to(dtype) for name, param, _ in tracked}
+        params = {name: whole(param).detach().to(dtype) for name, param, _ in tracked}  # (FSDP2: gathered)
         buffers = {name: buffer.detach().clone() for name, buffer in module.named_buffers()}
         inputs = [
             _cast(flat[i].detach(), dtype).unsqueeze(axis + 1) for i, axis in in_axes.items()
