@@ -642,7 +642,7 @@ class _StepContext:
             self.due = [(q, Needs() if q in self.unsampled else n) for q, n in self.due]
         self.refused = set()  # FSDP2: the curvature quantities, NaN (``cockpit_lite.sharded``)
         if cockpit.group is not None and cockpit.group.sharded:
-            self.refused = {q for q, n in self.due if n.hvp or n.extensions}
+            self.refused = {q for q, n in self.due if q.CURVATURE or n.hvp or n.extensions}
             self.due = [(q, Needs() if q in self.refused else n) for q, n in self.due]
         if self.due:
             cockpit._reread_parameters(step)
@@ -688,8 +688,12 @@ class _StepContext:
             )
 
     def _subsample(self, k):
-        """Draw the step's subsample (``info.subset``) when its batch holds more than ``k`` samples."""
+        """Draw the step's subsample (``info.subset``) when its batch holds more than ``k`` samples (FSDP2:
+        of the global batch; each rank takes the drawn samples it holds, ``ShardedGroup.subset_of``)."""
         size = self.info.batch_size
+        group = self.cockpit.group
+        if size is not None and group is not None and group.sharded:
+            size = sum(group.batch_sizes(size))
         if size is None:
             self.cockpit._note("samples", (
                 f"Cockpit(samples={k}) cannot draw a subsample at step {self.step}: the batch size is "
@@ -1048,7 +1052,7 @@ class _StepContext:
             summed = group.sum(sums)
         else:
             self.results, summed, gathered = _distributed.reduce_results(
-                group, self.results, self.transforms, sizes, sums, per_sample
+                group, self.results, self.transforms, sizes, sums, per_sample, group.held
             )
             if per_sample:
                 self.info._cache["individual_losses"] = gathered[0]

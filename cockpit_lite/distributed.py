@@ -36,6 +36,7 @@ class Group:
     sharded = False
     """Whether the parameters are sharded over the ranks (FSDP2: ``cockpit_lite.sharded.ShardedGroup``)."""
     process_group = None  # the default one
+    held = None  # every rank's number of samples of a subsample (FSDP2, ``Cockpit(samples=k)``), or None
 
     def __init__(self):
         self.world = dist.get_world_size()
@@ -149,7 +150,7 @@ def group_for(model, params=()):
     return Group() if dist.get_world_size() > 1 else None
 
 
-def reduce_results(group, results, transforms, sizes, extra_sums=(), extra_per_sample=()):
+def reduce_results(group, results, transforms, sizes, extra_sums=(), extra_per_sample=(), held=None):
     """Combine every rank's transform results into those of the global batch (collectives 2 and 3).
 
     Args:
@@ -158,6 +159,8 @@ def reduce_results(group, results, transforms, sizes, extra_sums=(), extra_per_s
             value of ``from_grad_only`` or sharded over the ranks, FSDP2's, is global already).
         sizes: every rank's number of samples.
         extra_sums, extra_per_sample: more tensors to sum / gather in the same collectives.
+        held: every rank's number of samples of the transforms' per-sample results, if not ``sizes``
+            (a subsample's: then they are gathered apart from ``extra_per_sample``).
 
     Returns:
         ``(results, summed extras, gathered extras)``.
@@ -176,9 +179,13 @@ def reduce_results(group, results, transforms, sizes, extra_sums=(), extra_per_s
             places.append((index, key, kind, len(target), len(parts), isinstance(value, tuple)))
             target.extend(parts)
     summed = group.sum(sums)
-    gathered = group.gather(gathers, sizes)
+    extras = len(extra_per_sample)
+    if held is None or list(held) == list(sizes):
+        gathered = group.gather(gathers, sizes)
+    else:
+        gathered = group.gather(gathers[:extras], sizes) + group.gather(gathers[extras:], held)
     for index, key, kind, start, count, is_tuple in places:
         source = gathered if kind == "gather" else summed
         parts = source[start:start + count]
         combined[index][key] = tuple(parts) if is_tuple else parts[0]
-    return combined, summed[: len(extra_sums)], gathered[: len(extra_per_sample)]
+    return combined, summed[: len(extra_sums)], gathered[:extras]

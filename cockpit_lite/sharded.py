@@ -155,6 +155,7 @@ class ShardedGroup(_distributed.Group):
         sizes = torch.zeros(self.world, dtype=torch.float64)
         sizes[self.rank] = local_size
         self.sizes = [int(s) for s in self.sum([sizes])[0]]
+        self.held = None
         return self.sizes
 
     @property
@@ -163,11 +164,12 @@ class ShardedGroup(_distributed.Group):
         return sum(self.sizes) / self.world
 
     def subset_of(self, subset):
-        """This rank's part of a subsample ``subset`` (sorted indices into the global batch),
-        as indices into its own samples."""
-        start = sum(self.sizes[: self.rank])
-        mine = subset[(subset >= start) & (subset < start + self.sizes[self.rank])]
-        return mine - start
+        """This rank's part of a subsample ``subset`` (sorted indices into the global batch), as
+        indices into its own samples; every rank's number of them in ``held``."""
+        starts = [sum(self.sizes[:r]) for r in range(self.world + 1)]
+        self.held = [int(((subset >= starts[r]) & (subset < starts[r + 1])).sum()) for r in range(self.world)]
+        mine = subset[(subset >= starts[self.rank]) & (subset < starts[self.rank + 1])]
+        return mine - starts[self.rank]
 
     # -- the graph: FSDP's unsharded parameters stand for the tracked ones ------------------
 
@@ -175,10 +177,13 @@ class ShardedGroup(_distributed.Group):
         """``{id(unsharded parameter): tracked parameter}`` of the FSDP2-managed parameters: the
         autograd graph of a forward pass holds FSDP's unsharded parameters, not the sharded ones,
         and a module whose parameters stay unsharded after its forward pass (the root's) holds them."""
-        return {
-            id(record._unsharded_param): record.sharded_param
-            for record in fsdp_params(model) if hasattr(record, "_unsharded_param")
-        }
+        return {id(unsharded): param for unsharded, param in self.stand_ins(model)}
+
+    def stand_ins(self, model):
+        """``(unsharded parameter, tracked parameter)`` pairs of the FSDP2-managed parameters (once
+        FSDP2 has gathered them: after the first forward pass)."""
+        return [(record._unsharded_param, record.sharded_param)
+                for record in fsdp_params(model) if hasattr(record, "_unsharded_param")]
 
     # -- one parameter, in its layer's backward pass ---------------------------------------
 

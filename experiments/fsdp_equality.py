@@ -18,6 +18,7 @@ every case (starting them costs more than the training).
 """
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -122,10 +123,16 @@ OPTIMIZERS = {
 
 def layers(model):
     """The modules ``fully_shard``-ed one by one ("per layer"): a model's ``layers()``, else its
-    children that hold parameters."""
+    children that hold parameters and share none with another child (FSDP2 keeps a tied pair in one
+    group: the root's)."""
     if hasattr(model, "layers"):
         return model.layers()
-    return [child for child in model.children() if any(True for _ in child.parameters())]
+    children = [child for child in model.children() if any(True for _ in child.parameters())]
+    owners = {}
+    for child in children:
+        for param in child.parameters():
+            owners.setdefault(id(param), set()).add(child)
+    return [c for c in children if all(len(owners[id(p)]) == 1 for p in c.parameters())]
 
 
 def shard(model, how):
@@ -154,11 +161,15 @@ class Case:
     shards: tuple = ()  # samples per rank (default: BATCH split evenly)
     steps: int = 5
     options: dict = field(default_factory=dict)  # more Cockpit(...) arguments
-    builders: dict = None  # {name: MODELS-like entry} when the model is not in MODELS
+    source: str = None  # "module:name" of a dict like MODELS that holds the model (default: MODELS)
+    more: tuple = ()  # names of more quantities to track (``cockpit_lite.quantities``)
 
 
 def _entry(case):
-    return (case.builders or MODELS)[case.model]
+    if case.source is None:
+        return MODELS[case.model]
+    module, name = case.source.split(":")
+    return getattr(importlib.import_module(module), name)[case.model]
 
 
 def batches(case, total):
@@ -178,7 +189,8 @@ def train(case, rank=None, world=1):
     if rank is not None:
         shard(model, case.sharding)
     opt = OPTIMIZERS[case.optimizer](model.parameters())
-    cp = Cockpit(model, tracked(case.optimizer), **case.options)
+    more = [getattr(quantities, name)() for name in case.more]
+    cp = Cockpit(model, tracked(case.optimizer) + more, **case.options)
     start = 0 if rank is None else sum(shards[:rank])
     size = total if rank is None else shards[rank]
     for step, (x, y) in enumerate(batches(case, total)):
@@ -193,7 +205,7 @@ def train(case, rank=None, world=1):
     return cp.get_output(), [f.to_dict() for f in cp.findings]
 
 
-def _worker(rank, world, cases, path):
+def _worker(rank, world, cases, path, extra):
     dist.init_process_group("gloo", init_method=f"file://{path}.pg", rank=rank, world_size=world)
     try:
         torch.set_num_threads(1)
@@ -204,6 +216,8 @@ def _worker(rank, world, cases, path):
             except Exception as error:  # reported by rank 0, the others' too
                 results[name] = f"{type(error).__name__}: {error}"
                 raise
+        if extra is not None:
+            results["_checks"] = extra(rank, world).run()
         with open(f"{path}.{rank}", "wb") as file:
             pickle.dump(results, file)
     finally:
@@ -213,16 +227,21 @@ def _worker(rank, world, cases, path):
     os._exit(0)  # gloo's threads sometimes abort in the interpreter's teardown, after all work
 
 
-def run_cases(cases, world, directory=None):
-    """``{case name: ((record, findings) of rank 0, [record of every rank])}`` of ``world`` processes."""
+def run_cases(cases, world, extra=None, directory=None):
+    """``{case name: ((record, findings) of rank 0, [record of every rank])}`` of ``world`` processes;
+    with ``extra`` (a class: ``extra(rank, world).run()`` after the cases, in the same processes),
+    also ``"_checks"``: every rank's result of it."""
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         path = os.path.join(tmp, "results")
-        mp.spawn(_worker, args=(world, cases, path), nprocs=world, join=True)
+        mp.spawn(_worker, args=(world, cases, path, extra), nprocs=world, join=True)
         ranks = []
         for rank in range(world):
             with open(f"{path}.{rank}", "rb") as file:
                 ranks.append(pickle.load(file))
-    return {name: (ranks[0][name], [r[name][0] for r in ranks]) for name in cases}
+    results = {name: (ranks[0][name], [r[name][0] for r in ranks]) for name in cases}
+    if extra is not None:
+        results["_checks"] = [r["_checks"] for r in ranks]
+    return results
 
 
 def _flatten(value, prefix=""):
@@ -277,7 +296,8 @@ def compare(single, sharded):
                 error = float(np.abs(a - b)[finite].max(initial=0.0))
             else:
                 scale = np.maximum(np.abs(b[finite]), 1e-300)
-                error = float((np.abs(a[finite] - b[finite]) / scale).max(initial=0.0))
+                with np.errstate(invalid="ignore"):  # (inf against inf: equal)
+                    error = float(np.nan_to_num(np.abs(a[finite] - b[finite]) / scale).max(initial=0.0))
             name = _quantity(key) + (" (counts)" if key.endswith("/hist") else "")
             worst[name] = max(worst.get(name, 0.0), error)
     return worst, problems

@@ -70,7 +70,7 @@ from cockpit_lite.engine.rules import GENERIC, UnsupportedCall, attention, mixes
 from cockpit_lite.engine.rules.base import first_tensor
 from cockpit_lite.engine.window import Window
 from cockpit_lite.info import PENALTY_FIX, penalty_term
-from cockpit_lite.utils.shards import local
+from cockpit_lite.utils.shards import local, module_class
 
 GRAD_CHECK_RTOL = {torch.float64: 1e-6, torch.float32: 1e-3}
 """Largest relative difference between the rules' gradient and autograd's before a
@@ -409,7 +409,7 @@ class Engine:
             return None  # a later layer mixes the samples: δ_n is not ∂c_n/∂output
         if state.batch_size is None:
             return None
-        if type(call.module) is torch.nn.MultiheadAttention and graph.ready():
+        if module_class(call.module) is torch.nn.MultiheadAttention and graph.ready():
             if call not in state.attention_nodes:
                 state.attention_nodes[call] = attention.plan(
                     graph._users, graph._accumulators, call.module, state.batch_size

@@ -91,3 +91,13 @@ def totals(tensors):
         return sums
     sharded = torch.tensor([is_sharded(t) for t in tensors], device=sums.device)
     return torch.where(sharded, add_over_ranks(torch.where(sharded, sums, 0), group), sums)
+
+
+def module_class(module):
+    """``module``'s class; for a module ``fully_shard``-ed by FSDP2, the class it had before
+    (FSDP2 gives it a class ``FSDP<Class>`` of its own)."""
+    kind = type(module)
+    index = getattr(kind, "_orig_cls_mro_index", None)
+    if index is not None and kind.__name__.startswith("FSDP"):
+        return kind.__mro__[index]
+    return kind

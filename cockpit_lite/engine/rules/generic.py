@@ -30,12 +30,13 @@ import inspect
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
+from torch.nn.utils.stateless import _reparametrize_module
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils import _pytree as pytree
 
 from cockpit_lite.engine.rules.base import Rule, UnsupportedCall, batch_axis, compute_dtype, output_grad, rerun
 from cockpit_lite.transforms import PerSample
-from cockpit_lite.utils.shards import whole
+from cockpit_lite.utils.shards import module_class, whole
 
 
 class GenericRule(Rule):
@@ -73,7 +74,7 @@ class GenericRule(Rule):
             for i, value in zip(in_axes, batched):
                 leaves[i] = value
             args, kwargs = rebuild(leaves)
-            outputs = pytree.tree_leaves(functional_call(module, {**buffers, **theta}, args, kwargs))
+            outputs = pytree.tree_leaves(_call(module, {**buffers, **theta}, args, kwargs))
             return sum((g * outputs[p]).sum() for p, g in zip(positions, grads))
 
         device = inputs[0].device.type if inputs else "cpu"
@@ -98,6 +99,15 @@ class GenericRule(Rule):
             name: PerSample(param, index, grad_batch=grads[name].reshape(batch_size, *param.shape))
             for name, param, index in tracked
         }
+
+
+def _call(module, state, args, kwargs):
+    """``functional_call``; a module ``fully_shard``-ed by FSDP2 without its hooks, which would
+    all-gather and put its own (unsharded) parameters in place of ``state``'s."""
+    if module_class(module) is type(module):
+        return functional_call(module, state, args, kwargs)
+    with _reparametrize_module(module, state):
+        return module.forward(*args, **kwargs)
 
 
 def _loop(objective, params, inputs, in_dims, deltas, out_dims, batch_size, module, gpus):
