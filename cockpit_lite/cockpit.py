@@ -118,11 +118,14 @@ class Cockpit:
                 backward passes instead of ``B``); the batch gradient stays exact. A
                 quantity without an estimator (``Quantity.SUBSAMPLE``) is NaN with a flag
                 at such steps. ``None`` (default), or ``k`` at least the batch size: exact,
-                as without it. Not combined with ``accumulate=True`` or torch.distributed.
+                as without it. Not combined with ``accumulate=True`` or ``DistributedDataParallel``
+                (on a model sharded by FSDP2 the subsample is drawn from the global batch).
 
         Raises:
-            ValueError: if no parameter requires a gradient, or for a ``samples`` that
-                is not an integer of at least 2 or is combined with accumulation or DDP.
+            ValueError: if no parameter requires a gradient, for a ``samples`` that
+                is not an integer of at least 2 or is combined with accumulation or DDP, and
+                for a model distributed in a way the Cockpit cannot describe
+                (``cockpit_lite.distributed.group_for``), each naming the fix.
         """
         self.model = params if isinstance(params, torch.nn.Module) else None
         if self.model is not None and type(self.model).__name__ == "OptimizedModule":
@@ -925,9 +928,13 @@ class _StepContext:
             flags.append(reason)
         if cockpit.group is not None:
             self._combine_ranks()
+            if cockpit.group.precision is not None and self.transforms:
+                flags.append(cockpit.group.precision)
         batch_size = self.batch_size if self.batch_size is not None else self.info.batch_size
         given = self.info.get("batch_size")
-        if given is not None and batch_size is not None and int(given) != batch_size:
+        sharded = cockpit.group is not None and cockpit.group.sharded and batch_size is not None
+        held = cockpit.group.sizes[cockpit.group.rank] if sharded else batch_size  # (FSDP2: this rank's part)
+        if given is not None and held is not None and int(given) != held:
             raise ValueError(
                 f"info['batch_size'] is {given} but the individual gradients have "
                 f"batch size {batch_size} at step {self.step}"
@@ -1249,7 +1256,7 @@ def _checked_samples(samples, accumulate, group):
             f"samples={samples} is not combined with "
             + ("accumulate=True (gradient accumulation; the Lightning callback and the Hugging Face trainer set it "
                "when accumulate_grad_batches or gradient_accumulation_steps is above 1)" if accumulate else
-               "torch.distributed")
+               "torch.distributed (DistributedDataParallel)")
             + " (the subsample would have to be drawn across micro-batches or ranks). Fix: samples=None "
             "there (exact values)"
         )

@@ -36,6 +36,7 @@ class Group:
     sharded = False
     """Whether the parameters are sharded over the ranks (FSDP2: ``cockpit_lite.sharded.ShardedGroup``)."""
     process_group = None  # the default one
+    precision = None  # the flag of every tracked step under FSDP2's mixed precision, or None
     held = None  # every rank's number of samples of a subsample (FSDP2, ``Cockpit(samples=k)``), or None
 
     def __init__(self):

@@ -15,7 +15,7 @@ Per parameter, at that moment (``ShardedGroup.run``):
 
 1. the transforms whose value has the parameter's shape and adds over samples
    (``Transform.elementwise``: ``Σ_n g̃_n``, ``Σ_n g̃_n²``) run on the rank's samples;
-2. one reduce-scatter of ``G_r / W`` and those values (float64) gives this rank's rows of ``g`` and
+2. one reduce-scatter of ``G_r / W`` and those values (in float32 or wider) gives this rank's rows of ``g`` and
    of their sums over all samples: kept as DTensors sharded as the parameter;
 3. one all-gather of the rows of ``g`` gives the whole ``g`` for a moment (the size of the
    all-gather FSDP makes of the parameter itself): the per-sample values that project on it
@@ -38,6 +38,7 @@ BatchNorm in training mode; a module that draws random numbers): that path diffe
 sample's loss through FSDP's own hooks.
 """
 
+import functools
 import math
 
 import torch
@@ -69,12 +70,8 @@ GLOBAL_PATH = (
 
 def fsdp_params(model):
     """FSDP2's records of the parameters it manages in ``model`` (``FSDPParam`` objects)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            for group in module._get_fsdp_state()._fsdp_param_groups:
-                yield from group.fsdp_params
+    for group in fsdp_groups(model):
+        yield from group.fsdp_params
 
 
 def is_fsdp2(model):
@@ -84,6 +81,35 @@ def is_fsdp2(model):
     from torch.distributed.fsdp import FSDPModule
 
     return any(isinstance(module, FSDPModule) for module in model.modules())
+
+
+def fsdp_groups(model):
+    """FSDP2's parameter groups in ``model`` (one per ``fully_shard`` call)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            yield from module._get_fsdp_state()._fsdp_param_groups
+
+
+def precision_flag(model):
+    """The flag of every tracked step of a model sharded with FSDP2's mixed precision
+    (``MixedPrecisionPolicy(param_dtype=...)`` of a narrower dtype than the parameters'), or ``None``."""
+    narrower = sorted({str(group.mp_policy.param_dtype) for group in fsdp_groups(model)
+                       for record in group.fsdp_params
+                       if group.mp_policy.param_dtype is not None
+                       and group.mp_policy.param_dtype.itemsize < record.sharded_param.dtype.itemsize})
+    if not narrower:
+        return None
+    return (
+        f"FSDP2 mixed precision (param_dtype={', '.join(narrower)}): every statistic is of the forward and "
+        "backward passes in that dtype, its individual gradients summed in float32 or wider; the optimizer "
+        "steps with FSDP2's reduction of the low-precision gradients, which differs from that sum by the "
+        "low precision's rounding (2^-8 relative for bfloat16): GradNorm is of the optimizer's gradient, the "
+        "others of the float32 sum, and Alpha is NaN wherever the real update is off the line predicted from "
+        "that sum. Fix: MixedPrecisionPolicy(param_dtype=None) (the parameters' own dtype) on the tracked "
+        "runs for the statistics of the full-precision step"
+    )
 
 
 def group_for_sharded(model):
@@ -131,7 +157,7 @@ def group_for_sharded(model):
             f"{', '.join(plain[:4])}{'...' if len(plain) > 4 else ''}; nothing averages their gradients "
             "over the ranks. Fix: fully_shard the root module too, fully_shard(model), after its layers"
         )
-    return ShardedGroup(mesh)
+    return ShardedGroup(mesh, precision_flag(model))
 
 
 class ShardedGroup(_distributed.Group):
@@ -141,8 +167,9 @@ class ShardedGroup(_distributed.Group):
     sharded = True
     GLOBAL_PATH = GLOBAL_PATH
 
-    def __init__(self, mesh):
+    def __init__(self, mesh, precision=None):
         self.mesh = mesh
+        self.precision = precision  # the flag of every step under FSDP2's mixed precision, or None
         self.process_group = mesh.get_group()
         self.world = mesh.size()
         self.rank = dist.get_rank(self.process_group)
@@ -220,25 +247,21 @@ class ShardedGroup(_distributed.Group):
         return chunk, start, min(chunk, first - start)
 
     def reduce_scatter(self, tensors, param):
-        """``tensors`` (each of ``param``'s shape or numel) summed over the ranks, this rank's rows
-        of each (``param``'s sharding), in one float64 reduce-scatter; each in float64."""
+        """``tensors`` (each of ``param``'s shape or numel) summed over the ranks, this rank's rows of
+        each (``param``'s sharding), in one reduce-scatter, in float32 or wider (float64 for float64)."""
         chunk, _, count = self._rows(param)
-        first, device = param.shape[0], tensors[0].device
-        pieces = []
-        for tensor in tensors:
-            rows = tensor.detach().reshape(first, -1).to(torch.float64)
-            padded = torch.zeros((chunk * self.world, rows.shape[1]), dtype=torch.float64, device=device)
-            padded[:first] = rows
-            pieces.append(padded.reshape(self.world, -1))
-        flat = torch.cat(pieces, 1).reshape(-1)
-        out = flat.new_empty(flat.numel() // self.world)
-        dist.reduce_scatter_single(out, flat, group=self.process_group)
-        parts, offset = [], 0
-        for tensor in tensors:
-            size = chunk * (tensor.numel() // first)
-            parts.append(out[offset:offset + size].reshape(chunk, *param.shape[1:])[:count])
-            offset += size
-        return parts
+        first = param.shape[0]
+        widths = [t.numel() // first for t in tensors]
+        dtype = functools.reduce(torch.promote_types, [t.dtype for t in tensors], torch.float32)
+        padded = tensors[0].new_zeros((self.world * chunk, sum(widths)), dtype=dtype)  # rank s: rows [s·c, (s+1)·c)
+        offset = 0
+        for tensor, width in zip(tensors, widths):
+            padded[:first, offset:offset + width] = tensor.detach().reshape(first, width)
+            offset += width
+        out = padded.new_empty((chunk, sum(widths)))
+        dist.reduce_scatter_single(out.reshape(-1), padded.reshape(-1), group=self.process_group)
+        return [part[:count].reshape(count, *param.shape[1:])
+                for part in out.split(widths, dim=1)]
 
     def all_gather(self, rows, param):
         """The whole tensor of ``param``'s shape from every rank's ``rows`` (one all-gather)."""

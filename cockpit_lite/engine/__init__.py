@@ -269,7 +269,7 @@ class Engine:
             i for i, p in enumerate(self.params)
             if routes.get(i) == "global" or (i not in routes and p.requires_grad and (not calls or i not in self._owners))
         ]
-        if state.batch_size is None and not global_indices:
+        if state.batch_size is None and (not global_indices or state.sharded is not None):
             raise ValueError(
                 "cockpit-lite cannot tell the batch size: pass info['batch_size'] "
                 "(the number of samples of the forward pass)"
