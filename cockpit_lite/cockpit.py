@@ -138,6 +138,13 @@ class Cockpit:
         if self.model is None:
             params = list(params)
         self.group = _distributed.group_for(self.model, params)
+        if accumulate and self.group is not None and self.group.sharded:
+            raise ValueError(
+                "Cockpit(accumulate=True) on a model sharded by FSDP2: the micro-batches' individual gradients "
+                "would have to be kept, unsharded, until the optimizer steps, which the sharding is there to "
+                "avoid. Fix: accumulate=False, with tracked steps of one backward pass each (e.g. "
+                "gradient_accumulation_steps=1 or accumulate_grad_batches=1 on the tracked runs)"
+            )
         self.samples = _checked_samples(samples, accumulate, self.group)
         if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
             self.model = params = self.model.module  # hooks and names on the module DDP runs

@@ -248,13 +248,14 @@ def run_cases(cases, world, extra=None, directory=None):
     return results
 
 
-def _flatten(value, prefix=""):
+def flatten(value, prefix=""):
+    """``(path, leaf)`` of every leaf of a record's nested dicts and lists (``/key``, ``[index]``)."""
     if isinstance(value, dict):
         for key, item in value.items():
-            yield from _flatten(item, f"{prefix}/{key}")
+            yield from flatten(item, f"{prefix}/{key}")
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
-            yield from _flatten(item, f"{prefix}[{i}]")
+            yield from flatten(item, f"{prefix}[{i}]")
     else:
         yield prefix, value
 
@@ -290,8 +291,8 @@ def compare(single, sharded):
     if findings != other_findings:
         problems.append(f"findings differ: {findings} against {other_findings}")
     for step in record:
-        expected = dict(_flatten({k: v for k, v in record[step].items() if k != "Time"}))
-        got = dict(_flatten({k: v for k, v in other.get(step, {}).items() if k != "Time"}))
+        expected = dict(flatten({k: v for k, v in record[step].items() if k != "Time"}))
+        got = dict(flatten({k: v for k, v in other.get(step, {}).items() if k != "Time"}))
         if sorted(expected) != sorted(got):
             problems.append(f"step {step}: keys {sorted(set(expected) ^ set(got))} on one side only")
         for key, value in expected.items():

@@ -195,6 +195,16 @@ def test_parameters_without_the_model_are_refused_with_the_fix(one_rank):
     assert Cockpit(model, diagnose=False).group.sharded  # the fix
 
 
+def test_accumulation_is_refused_with_the_fix(one_rank):
+    from torch.distributed.fsdp import fully_shard
+
+    model = fsdp_equality.MODELS["mlp"][0]().double()
+    fully_shard(model)
+    with pytest.raises(ValueError, match=r"accumulate=True\) on a model sharded by FSDP2.*Fix: accumulate=False"):
+        Cockpit(model, diagnose=False, accumulate=True)
+    assert not Cockpit(model, diagnose=False, accumulate=False).accumulate  # the fix
+
+
 @pytest.mark.parametrize("style", ["ColwiseParallel", "RowwiseParallel"])
 def test_tensor_parallel_is_refused_with_the_fix(one_rank, style):
     """Tensor parallel: a weight sharded by rows without fully_shard, or by columns; the fix
