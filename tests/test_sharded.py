@@ -13,7 +13,7 @@ from torch import nn
 
 import problems
 from cockpit_lite import Cockpit, configuration, sharded
-from experiments import fsdp_equality
+from experiments import fsdp_equality, memory_flatness
 from experiments.fsdp_equality import Case
 
 RTOL = 1e-12
@@ -104,7 +104,26 @@ class _Checks:
         fully_shard(model)  # the fix
         found["fixed"] = Cockpit(model, configuration("economy"), diagnose=False).group.sharded
         found["in_backward"] = _runs_in_backward()
+        found["undisturbed"] = _parameters_after(True) == _parameters_after(False)
         return found
+
+
+def _parameters_after(tracked, steps=3):
+    """This rank's rows of every parameter after ``steps`` AdamW steps of the sharded transformer, with
+    ``economy`` and the diagnosis at every step (``tracked``) or without a Cockpit (as bytes)."""
+    case = Case("transformer", "adamw")
+    torch.manual_seed(0)
+    model = fsdp_equality.GPT().double()
+    fsdp_equality.shard(model, "layers")
+    opt = fsdp_equality.OPTIMIZERS["adamw"](model.parameters())
+    cp = Cockpit(model, configuration("economy")) if tracked else None
+    rank, part = dist.get_rank(), fsdp_equality.BATCH // dist.get_world_size()
+    for step, (x, y) in enumerate(fsdp_equality.batches(case, fsdp_equality.BATCH)[:steps]):
+        opt.zero_grad()
+        loss = fsdp_equality.token_loss(model(x[rank * part:(rank + 1) * part]), y[rank * part:(rank + 1) * part])
+        memory_flatness.backward(cp, step, loss, opt)
+        opt.step()
+    return [p.to_local().detach().numpy().tobytes() for p in model.parameters()]
 
 
 def _runs_in_backward():
@@ -129,6 +148,12 @@ def test_transforms_run_inside_the_layers_backward_pass(two_ranks):
     there, each parameter's (2 Linear per block of 2 blocks, 2 LayerNorm, 1 embedding, the head...)."""
     inside = two_ranks["_checks"][0]["in_backward"]
     assert len(inside) == sum(1 for _ in fsdp_equality.GPT().parameters()) and all(inside)
+
+
+def test_training_is_not_disturbed(two_ranks):
+    """The parameters after three tracked steps are those of the same sharded training without a Cockpit,
+    bit for bit, on every rank."""
+    assert all(checks["undisturbed"] for checks in two_ranks["_checks"])
 
 
 def test_unsharded_root_is_refused_with_the_fix(two_ranks):
