@@ -722,8 +722,9 @@ class Engine:
         if index not in state.results:  # values of the right shapes, from zeros
             param = self.params[index]
             zeros = torch.zeros((state.held or 1, *param.shape), dtype=param.dtype, device=param.device)
-            state.results[index] = state.run(_transforms.PerSample(
-                param, index, grad_batch=zeros, batch_size=state.batch_size))[0]
+            zeros = _transforms.PerSample(param, index, grad_batch=zeros, batch_size=state.batch_size)
+            state.results[index] = (_transforms.run(state.transforms, zeros) if state.sharded is None
+                                    else state.sharded.run(state.transforms, zeros)[0])
         state.results[index] = {k: _nan_like(v) for k, v in state.results[index].items()}
 
     def _aliases(self):
