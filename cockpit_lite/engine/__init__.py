@@ -52,7 +52,9 @@ been given it.
 5. *Deferred* (under ``torch.distributed``, and for a step of several accumulated backward
    passes): the individual gradients wait in a ``Window`` (``cockpit_lite.engine.window``)
    until the gradient the optimizer steps with is known (DDP's mean of the ranks'; the sum
-   of the micro-batches'); then the transforms run on them as chunks of one batch.
+   of the micro-batches'); then the transforms run on them as chunks of one batch. On a model
+   sharded by FSDP2 nothing waits: each parameter's transforms run in its layer's backward
+   pass with the global gradient (``cockpit_lite.sharded.ShardedGroup.run``).
 """
 
 import dataclasses
