@@ -37,6 +37,7 @@ from cockpit_lite import diagnosis as _diagnosis
 from cockpit_lite.diagnosis import precedence as _precedence
 from cockpit_lite import distributed as _distributed
 from cockpit_lite import log as _log
+from cockpit_lite import sharded as _sharded
 from cockpit_lite import state as _state
 from cockpit_lite import subsample as _subsample
 from cockpit_lite.backend import add_advice, backpack_untouched, uses_random_numbers
@@ -48,6 +49,7 @@ from cockpit_lite.info import StepInfo
 from cockpit_lite.quantities import REGISTRY
 from cockpit_lite.quantities.base import Needs, Output, Quantity
 from cockpit_lite.step import StepData
+from cockpit_lite.utils.shards import local, whole
 
 NONFINITE_LOSS = "nonfinite_loss"
 NONFINITE_GRAD = "nonfinite_grad"
@@ -117,11 +119,14 @@ class Cockpit:
                 backward passes instead of ``B``); the batch gradient stays exact. A
                 quantity without an estimator (``Quantity.SUBSAMPLE``) is NaN with a flag
                 at such steps. ``None`` (default), or ``k`` at least the batch size: exact,
-                as without it. Not combined with ``accumulate=True`` or torch.distributed.
+                as without it. Not combined with ``accumulate=True`` or ``DistributedDataParallel``
+                (on a model sharded by FSDP2 the subsample is drawn from the global batch).
 
         Raises:
-            ValueError: if no parameter requires a gradient, or for a ``samples`` that
-                is not an integer of at least 2 or is combined with accumulation or DDP.
+            ValueError: if no parameter requires a gradient, for a ``samples`` that
+                is not an integer of at least 2 or is combined with accumulation or DDP, and
+                for a model distributed in a way the Cockpit cannot describe
+                (``cockpit_lite.distributed.group_for``), each naming the fix.
         """
         self.model = params if isinstance(params, torch.nn.Module) else None
         if self.model is not None and type(self.model).__name__ == "OptimizedModule":
@@ -131,7 +136,16 @@ class Cockpit:
                 "module, Cockpit(model, ...), and use it uncompiled on the tracked steps "
                 "(compiled = torch.compile(model) shares its parameters, for the other steps)."
             )
-        self.group = _distributed.group_for(self.model)
+        if self.model is None:
+            params = list(params)
+        self.group = _distributed.group_for(self.model, params)
+        if accumulate and self.group is not None and self.group.sharded:
+            raise ValueError(
+                "Cockpit(accumulate=True) on a model sharded by FSDP2: the micro-batches' individual gradients "
+                "would have to be kept, unsharded, until the optimizer steps, which the sharding is there to "
+                "avoid. Fix: accumulate=False, with tracked steps of one backward pass each (e.g. "
+                "gradient_accumulation_steps=1 or accumulate_grad_batches=1 on the tracked runs)"
+            )
         self.samples = _checked_samples(samples, accumulate, self.group)
         if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
             self.model = params = self.model.module  # hooks and names on the module DDP runs
@@ -143,8 +157,10 @@ class Cockpit:
         for quantity in quantities or []:
             self.add(quantity)
         self._diagnosis, self._undiagnosed = None, set()
-        if diagnose and (self.group is None or self.group.main):
-            self._diagnosis = _diagnosis.Diagnosis(self.names, [tuple(p.shape) for p in self.params])
+        main = self.group is None or self.group.main
+        if diagnose and (main or self.group.sharded):  # (sharded: every rank computes the signals, rank 0 diagnoses)
+            if main:
+                self._diagnosis = _diagnosis.Diagnosis(self.names, [tuple(p.shape) for p in self.params])
             tracked = {q.name for q in self.quantities}
             for name in _diagnosis.SIGNALS:
                 if name not in tracked:
@@ -423,8 +439,9 @@ class Cockpit:
             )
         main = self.group is None or self.group.main
         tracked, kept = {q.name for q in self.quantities}, set(state["quantities"])
-        if not main:  # another rank tracks no diagnosis signals and keeps no record: rank 0's state serves it
-            kept -= set(_diagnosis.SIGNALS) - tracked
+        if not main:  # another rank keeps no record (nor, under DDP, the diagnosis signals): rank 0's state serves it
+            if not self.group.sharded:
+                kept -= set(_diagnosis.SIGNALS) - tracked
             state = {**state, "diagnosis": None, "record": {}, "undiagnosed": []}
         if tracked != kept:
             raise ValueError(
@@ -468,7 +485,8 @@ class Cockpit:
         said once.
         """
         if self.model is not None:
-            current = dict(self.model.named_parameters())
+            unsharded = (self.group.unsharded(self.model) if self.group is not None else None) or {}
+            current = {n: unsharded.get(id(p), p) for n, p in self.model.named_parameters()}  # (FSDP2: the sharded ones)
             for index, name in enumerate(self.names):
                 param = current.get(name)
                 if param is not None and param is not self.params[index]:
@@ -633,6 +651,10 @@ class _StepContext:
         if self.info.subset is not None:
             self.unsampled = {q for q, n in self.due if n.transforms and not q.SUBSAMPLE}
             self.due = [(q, Needs() if q in self.unsampled else n) for q, n in self.due]
+        self.refused = set()  # FSDP2: the curvature quantities, NaN (``cockpit_lite.sharded``)
+        if cockpit.group is not None and cockpit.group.sharded:
+            self.refused = {q for q, n in self.due if q.CURVATURE or n.hvp or n.extensions}
+            self.due = [(q, Needs() if q in self.refused else n) for q, n in self.due]
         if self.due:
             cockpit._reread_parameters(step)
         if cockpit.budget is not None and step != last:
@@ -678,8 +700,12 @@ class _StepContext:
             )
 
     def _subsample(self, k):
-        """Draw the step's subsample (``info.subset``) when its batch holds more than ``k`` samples."""
+        """Draw the step's subsample (``info.subset``) when its batch holds more than ``k`` samples (FSDP2:
+        of the global batch; each rank takes the drawn samples it holds, ``ShardedGroup.subset_of``)."""
         size = self.info.batch_size
+        group = self.cockpit.group
+        if size is not None and group is not None and group.sharded:
+            size = sum(group.batch_sizes(size))
         if size is None:
             self.cockpit._note("samples", (
                 f"Cockpit(samples={k}) cannot draw a subsample at step {self.step}: the batch size is "
@@ -780,8 +806,9 @@ class _StepContext:
         each once: its pseudo-loss passes run through the step's graph before the user's backward
         pass (``cockpit_lite.curvature.ggn``), past BackPACK's hooks. An error is kept and raised
         again when a quantity reads the diagonal. Under accumulation, the first backward pass's."""
-        requests = list(dict.fromkeys(r for _, n in self.due for r in n.diagonals))
-        needed_by = ", ".join(q.name for q, n in self.due if n.diagonals)
+        wanting = [(q, n) for q, n in self.due if n.diagonals and q not in self.refused]
+        requests = list(dict.fromkeys(r for _, n in wanting for r in n.diagonals))
+        needed_by = ", ".join(q.name for q, _ in wanting)
         for request in requests:
             try:
                 with backpack_untouched():
@@ -928,9 +955,13 @@ class _StepContext:
             flags.append(reason)
         if cockpit.group is not None:
             self._combine_ranks()
+            if cockpit.group.precision is not None and self.transforms:
+                flags.append(cockpit.group.precision)
         batch_size = self.batch_size if self.batch_size is not None else self.info.batch_size
         given = self.info.get("batch_size")
-        if given is not None and batch_size is not None and int(given) != batch_size:
+        sharded = cockpit.group is not None and cockpit.group.sharded and batch_size is not None
+        held = cockpit.group.sizes[cockpit.group.rank] if sharded else batch_size  # (FSDP2: this rank's part)
+        if given is not None and held is not None and int(given) != held:
             raise ValueError(
                 f"info['batch_size'] is {given} but the individual gradients have "
                 f"batch size {batch_size} at step {self.step}"
@@ -957,6 +988,9 @@ class _StepContext:
             if batch_size is not None and batch_size < quantity.MIN_BATCH_SIZE:
                 too_few.append(quantity.name)
                 outputs.append((quantity, Output(float("nan"))))
+                continue
+            if quantity in self.refused:
+                outputs.append((quantity, Output(float("nan"), flags=[f"{quantity.name}: {_sharded.UNSUPPORTED_CURVATURE}"])))
                 continue
             if quantity in self.unsampled:
                 outputs.append((quantity, Output(float("nan"), flags=[
@@ -1053,7 +1087,7 @@ class _StepContext:
             summed = group.sum(sums)
         else:
             self.results, summed, gathered = _distributed.reduce_results(
-                group, self.results, self.transforms, sizes, sums, per_sample
+                group, self.results, self.transforms, sizes, sums, per_sample, group.held
             )
             if per_sample:
                 self.info._cache["individual_losses"] = gathered[0]
@@ -1125,7 +1159,7 @@ def _scaled_backward(seeds, accumulate, rtol=1e-6):
 
 def _held_gradients(grads):
     """Whether any of ``grads`` (``None`` or tensors) is non-zero (one host sync)."""
-    present = [g.ne(0).any() for g in grads or () if g is not None]
+    present = [local(g).ne(0).any() for g in grads or () if g is not None]
     return bool(torch.stack(present).any()) if present else False
 
 
@@ -1183,7 +1217,7 @@ def _to_host(tree):
 
     def collect(node):
         if torch.is_tensor(node):
-            found.append(node)
+            found.append(whole(node))  # (sharded over the ranks: gathered)
         elif isinstance(node, (list, tuple)):
             for item in node:
                 collect(item)
@@ -1245,12 +1279,12 @@ def _checked_samples(samples, accumulate, group):
             f"variance across the subsample), got {samples!r}. Fix: e.g. Cockpit(model, samples=8), or "
             "samples=None for exact values"
         )
-    if accumulate or group is not None:
+    if accumulate or (group is not None and not group.sharded):
         raise ValueError(
             f"samples={samples} is not combined with "
             + ("accumulate=True (gradient accumulation; the Lightning callback and the Hugging Face trainer set it "
                "when accumulate_grad_batches or gradient_accumulation_steps is above 1)" if accumulate else
-               "torch.distributed")
+               "torch.distributed (DistributedDataParallel)")
             + " (the subsample would have to be drawn across micro-batches or ranks). Fix: samples=None "
             "there (exact values)"
         )

@@ -22,12 +22,22 @@ A tracked step costs three collectives, each packing everything of its kind:
 Only rank 0 keeps the record, writes the log and diagnoses.
 """
 
+import sys
+
 import torch
 import torch.distributed as dist
+
+from cockpit_lite.utils.shards import is_sharded
 
 
 class Group:
     """The default process group, as the Cockpit uses it."""
+
+    sharded = False
+    """Whether the parameters are sharded over the ranks (FSDP2: ``cockpit_lite.sharded.ShardedGroup``)."""
+    process_group = None  # the default one
+    precision = None  # the flag of every tracked step under FSDP2's mixed precision, or None
+    held = None  # every rank's number of samples of a subsample (FSDP2, ``Cockpit(samples=k)``), or None
 
     def __init__(self):
         self.world = dist.get_world_size()
@@ -36,6 +46,11 @@ class Group:
     @property
     def main(self):
         return self.rank == 0
+
+    def unsharded(self, model):
+        """``{id(unsharded parameter): tracked parameter}``: the tensors that stand for the tracked
+        parameters in the model's forward pass and its graph (FSDP2's; none under DDP)."""
+        return None
 
     def sum_and_sizes(self, tensors, local_size):
         """All-reduce (sum) ``tensors`` and gather every rank's ``local_size`` in one collective.
@@ -54,7 +69,7 @@ class Group:
             return []
         flat = torch.cat([t.detach().reshape(-1).to(torch.float64).cpu() for t in tensors])
         flat = flat.to(_device())
-        dist.all_reduce(flat)
+        dist.all_reduce(flat, group=self.process_group)
         flat = flat.cpu()
         out, offset = [], 0
         for t in tensors:
@@ -73,7 +88,7 @@ class Group:
         for row, t in enumerate(tensors):
             local[row, : t.numel()] = t.detach().reshape(-1).to(torch.float64).cpu()
         parts = [torch.empty_like(local).to(_device()) for _ in range(self.world)]
-        dist.all_gather(parts, local.to(_device()))
+        dist.all_gather(parts, local.to(_device()), group=self.process_group)
         out = []
         for row, t in enumerate(tensors):
             values = torch.cat([part[row, :size].cpu() for part, size in zip(parts, sizes)])
@@ -88,57 +103,90 @@ def _device():
     return torch.device("cpu")
 
 
-def group_for(model):
-    """The ``Group`` of a DDP run, ``None`` without one.
+def group_for(model, params=()):
+    """The ``Group`` of a DDP run, the ``ShardedGroup`` of a model sharded by FSDP2
+    (``cockpit_lite.sharded``), ``None`` without either.
 
     Raises:
         ValueError: naming the fix, if a process group is initialised and the model is a
-            module not wrapped in ``DistributedDataParallel`` (its gradients would not be
-            averaged, and the statistics would describe one shard).
+            module not wrapped in ``DistributedDataParallel`` nor sharded by FSDP2 (its
+            gradients would not be averaged, and the statistics would describe one shard);
+            for FSDP1 (``FullyShardedDataParallel``), for parameters sharded otherwise than by
+            ``fully_shard`` (tensor parallel), and for the parameters of a sharded model given
+            without it.
     """
+    from cockpit_lite import sharded
+
     initialised = dist.is_available() and dist.is_initialized()
-    wrapped = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    if model is None and any(is_sharded(p) for p in params):
+        raise ValueError(
+            "the parameters given to the Cockpit are sharded (DTensors of FSDP2 or tensor parallel); their "
+            "individual gradients come from the model's layers. Fix: pass the model, Cockpit(model, ...)"
+        )
     if not initialised:
         return None
-    if model is not None and not wrapped and dist.get_world_size() > 1:
+    if model is None:
+        return Group() if dist.get_world_size() > 1 else None
+    flattened = sys.modules.get("torch.distributed.fsdp.fully_sharded_data_parallel")
+    if flattened is not None and any(isinstance(m, flattened.FullyShardedDataParallel) for m in model.modules()):
+        raise ValueError(
+            "the model is wrapped in FullyShardedDataParallel (FSDP1), whose flattened parameters "
+            "cockpit-lite cannot map to the layers. Fix: shard it with FSDP2 instead: from "
+            "torch.distributed.fsdp import fully_shard; fully_shard(layer) for each layer, then "
+            "fully_shard(model) (Lightning: ModelParallelStrategy with fully_shard in configure_model; "
+            "Accelerate: FullyShardedDataParallelPlugin(fsdp_version=2))"
+        )
+    if sharded.is_fsdp2(model) or any(is_sharded(p) for p in model.parameters()):
+        return sharded.group_for_sharded(model)
+    wrapped = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    if not wrapped and dist.get_world_size() > 1:
         raise ValueError(
             "a torch.distributed process group is initialised but the model given to the "
-            "Cockpit is not wrapped in DistributedDataParallel. Fix: model = "
-            "torch.nn.parallel.DistributedDataParallel(model) and pass that wrapped model "
-            "to the Cockpit (or destroy the process group for a single-process run)."
+            "Cockpit is neither wrapped in DistributedDataParallel nor sharded by FSDP2. Fix: "
+            "model = torch.nn.parallel.DistributedDataParallel(model) and pass that wrapped "
+            "model to the Cockpit, or shard it with torch.distributed.fsdp.fully_shard (each "
+            "layer, then the model) and pass the model (or destroy the process group for a "
+            "single-process run)."
         )
     return Group() if dist.get_world_size() > 1 else None
 
 
-def reduce_results(group, results, transforms, sizes, extra_sums=(), extra_per_sample=()):
+def reduce_results(group, results, transforms, sizes, extra_sums=(), extra_per_sample=(), held=None):
     """Combine every rank's transform results into those of the global batch (collectives 2 and 3).
 
     Args:
         results: ``{index: {key: value}}`` of this rank.
-        transforms: the step's transforms (their ``per_sample_output`` says how to combine).
+        transforms: the step's transforms (their ``per_sample_output`` says how to combine; a
+            value of ``from_grad_only`` or sharded over the ranks, FSDP2's, is global already).
         sizes: every rank's number of samples.
         extra_sums, extra_per_sample: more tensors to sum / gather in the same collectives.
+        held: every rank's number of samples of the transforms' per-sample results, if not ``sizes``
+            (a subsample's: then they are gathered apart from ``extra_per_sample``).
 
     Returns:
         ``(results, summed extras, gathered extras)``.
     """
     by_key = {t.key: t for t in transforms}
     sums, gathers, places = list(extra_sums), list(extra_per_sample), []
+    combined = {index: {} for index in results}
     for index in sorted(results):
         for key, value in results[index].items():
             parts = value if isinstance(value, tuple) else (value,)
-            if by_key[key].of_the_batch:  # the global batch's already (the same on every rank)
+            if by_key[key].from_grad_only or is_sharded(parts[0]):
+                combined[index][key] = value
                 continue
             kind = "gather" if by_key[key].per_sample_output else "sum"
             target = gathers if kind == "gather" else sums
             places.append((index, key, kind, len(target), len(parts), isinstance(value, tuple)))
             target.extend(parts)
     summed = group.sum(sums)
-    gathered = group.gather(gathers, sizes)
-    combined = {index: {key: value for key, value in values.items() if by_key[key].of_the_batch}
-                for index, values in results.items()}
+    extras = len(extra_per_sample)
+    if held is None or list(held) == list(sizes):
+        gathered = group.gather(gathers, sizes)
+    else:
+        gathered = group.gather(gathers[:extras], sizes) + group.gather(gathers[extras:], held)
     for index, key, kind, start, count, is_tuple in places:
         source = gathered if kind == "gather" else summed
         parts = source[start:start + count]
         combined[index][key] = tuple(parts) if is_tuple else parts[0]
-    return combined, summed[: len(extra_sums)], gathered[: len(extra_per_sample)]
+    return combined, summed[: len(extra_sums)], gathered[:extras]

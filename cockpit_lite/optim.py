@@ -18,6 +18,8 @@ import inspect
 
 import torch
 
+from cockpit_lite.utils.shards import is_sharded
+
 
 class UpdatePredictor:
     """Predict ``d = θ_{t+1} − θ_t`` for single parameters of ``optimizer``."""
@@ -33,7 +35,9 @@ class UpdatePredictor:
 
         Args:
             param: a parameter managed by the optimizer.
-            grad: its gradient (any shape with ``param.numel()`` elements).
+            grad: its gradient (any shape with ``param.numel()`` elements; the whole gradient for
+                a parameter sharded by FSDP2, a ``DTensor``: then the update is this rank's rows of
+                it, a ``DTensor`` of ``param``'s shape, stepped with the optimizer's sharded state).
 
         Raises:
             ValueError: if the optimizer does not manage ``param``.
@@ -45,9 +49,13 @@ class UpdatePredictor:
                 f"parameter of shape {tuple(param.shape)}"
             )
         grad = grad.detach().reshape(param.shape).to(param.dtype)
+        if is_sharded(param) and not is_sharded(grad):
+            from torch.distributed.tensor import distribute_tensor
+
+            grad = distribute_tensor(grad, param.device_mesh, param.placements, src_data_rank=None)  # its own rows
         if _is_plain_sgd_group(self.optimizer, group):
             with torch.no_grad():
-                return (param.detach().add(grad, alpha=-group["lr"]) - param.detach()).reshape(-1)
+                return _flat(param.detach().add(grad, alpha=-group["lr"]) - param.detach())
         with torch.no_grad():
             clone = param.detach().clone().requires_grad_(True)
             clone.grad = grad.clone()
@@ -58,7 +66,12 @@ class UpdatePredictor:
                 shadow.state[clone] = {key: value.clone() if torch.is_tensor(value) else copy.deepcopy(value)
                                        for key, value in state.items()}
         shadow.step()
-        return (clone.detach() - param.detach()).reshape(-1)
+        return _flat(clone.detach() - param.detach())
+
+
+def _flat(update):
+    """``update.reshape(-1)``; a sharded one (``DTensor``) as it is (its rows on each rank)."""
+    return update if is_sharded(update) else update.reshape(-1)
 
 
 def _is_plain_sgd_group(optimizer, group):

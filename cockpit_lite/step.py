@@ -6,6 +6,7 @@ import torch
 
 from cockpit_lite import transforms as _transforms
 from cockpit_lite.utils.norms import norms
+from cockpit_lite.utils.shards import totals
 
 
 class StepData:
@@ -82,12 +83,12 @@ class StepData:
     def centred_totals(self):
         """``Σ_d M2_d`` of every parameter (``centred_squares``), one tensor ``[P]`` in parameter
         order, shared by ``GradVariance`` and ``CABS``."""
-        return torch.stack([m2.sum() for m2 in self.centred_squares[0]])
+        return totals(self.centred_squares[0])
 
     @cached_property
     def grad_squared_norms(self):
         """``‖g‖²`` of every parameter (shared by the gradient tests)."""
-        return [(g**2).sum() for g in self.grads]
+        return list(totals(g**2 for g in self.grads))
 
     def rounding_level(self, terms, total=True):
         """The rounding level ``2 (u + √(D + B) u_acc) · terms`` of a difference of two terms of

@@ -20,6 +20,7 @@ from functools import cached_property
 import torch
 
 from cockpit_lite import histogram
+from cockpit_lite.utils.shards import totals, whole
 
 CHUNK_ELEMENTS = 1 << 20
 """Individual-gradient elements built at a time for histograms of factored layers (4 MiB in float32)."""
@@ -533,9 +534,13 @@ class Transform:
     reads_grad = False
     """Whether the value depends on ``PerSample.grad`` (at a subsampled step the engine runs such
     transforms once autograd has accumulated the parameter's gradient, the others at once)."""
-    of_the_batch = False
-    """Whether the value is one of the whole batch (of ``PerSample.grad`` alone), the same for every
-    chunk of its samples and, under torch.distributed, every rank: kept once, never summed."""
+    elementwise = False
+    """Whether the value has the parameter's shape and adds over samples (``Σ_n`` of something of
+    each element): on a model sharded by FSDP2 each rank keeps its rows of the sum over all ranks'
+    samples (``cockpit_lite.sharded``)."""
+    from_grad_only = False
+    """Whether the value depends on the gradient ``g`` alone, not on the samples: under
+    torch.distributed every rank has the global value already (it is not added over the ranks)."""
 
     def __call__(self, per_sample):
         raise NotImplementedError
@@ -544,7 +549,7 @@ class Transform:
         """The value of a whole batch from the values of consecutive chunks of its samples."""
         if self.per_sample_output:
             return torch.cat(values)
-        if self.of_the_batch:
+        if self.from_grad_only:  # (every chunk of samples has the value of the whole batch)
             return values[0]
         return values[0] if len(values) == 1 else sum(values[1:], values[0])
 
@@ -568,7 +573,7 @@ class GradL2(Transform):
 
     key = "grad_l2"
     reads_grad = True
-    of_the_batch = True
+    from_grad_only = True
 
     def __call__(self, per_sample):
         return (per_sample.grad**2).sum()
@@ -593,6 +598,7 @@ class SumGradSquared(Transform):
     """Elementwise second moment sum, ``Σ_n g̃_n² = B² Σ_n grad_batch[n]²``, shape of the parameter."""
 
     key = "sum_grad_squared"
+    elementwise = True
 
     def __call__(self, per_sample):
         values = per_sample.sum_of_squares() * per_sample.batch_size**2
@@ -622,6 +628,7 @@ class SumGrad(Transform):
     """
 
     key = "sum_grad"
+    elementwise = True
 
     def __call__(self, per_sample):
         return (per_sample.sample_sum() * per_sample.batch_size).reshape(per_sample.param.shape)
@@ -639,7 +646,8 @@ class BatchDotDirection(Transform):
     which parameters' go there (asked once per chunk: it must answer alike for the chunks of
     one parameter); a kept parameter's value is zeros (``direction`` is not asked: its
     projection is made later, onto the later direction). ``reads_grad``: whether
-    ``direction`` uses ``per_sample.grad``.
+    ``direction`` uses ``per_sample.grad``. A direction sharded over the ranks (a ``DTensor``,
+    FSDP2) is gathered once per parameter (``utils.shards.whole``).
     """
 
     per_sample_output = True
@@ -654,10 +662,11 @@ class BatchDotDirection(Transform):
     def __call__(self, per_sample):
         if self._keep is not None and (self._keep_if is None or self._keep_if(per_sample)):
             kept = per_sample.compact()
-            whole = kept.num_samples == kept.batch_size
-            self._keep[kept.index] = [kept] if whole else self._keep.get(kept.index, []) + [kept]
+            all_samples = kept.num_samples == kept.batch_size
+            self._keep[kept.index] = [kept] if all_samples else self._keep.get(kept.index, []) + [kept]
             return per_sample.param.new_zeros(per_sample.num_samples, dtype=per_sample.dtype)
-        return dots_of_kept([per_sample], self._direction(per_sample))
+        direction = whole(self._direction(per_sample), key=(self.key, per_sample.index))
+        return dots_of_kept([per_sample], direction)
 
 
 def dots_of_kept(per_samples, direction):
@@ -703,7 +712,7 @@ class GradHistogram2d(Transform):
         self.key = ("grad_hist_2d", self.bins, self.range)
 
     def __call__(self, per_sample):
-        param = per_sample.param.detach()
+        param = whole(per_sample.param.detach(), key=("param", per_sample.index))  # FSDP2: its whole value
         return _accumulate(
             histogram.histogram2d(chunk, param, self.bins, self.range, scale=float(per_sample.batch_size))
             for chunk in per_sample.element_chunks()
@@ -830,12 +839,14 @@ def centred_squares(data):
     b = data.batch_size
     sums = data.per_sample(SumGrad.key)
     centred = list(torch._foreach_sub(data.per_sample(SumGradSquared.key), torch._foreach_div(torch._foreach_mul(sums, sums), b)))
-    negative = torch.stack(torch._foreach_norm(torch._foreach_clamp_max(centred, 0.0), 1)) > 0
+    negative = totals(torch._foreach_clamp_max(centred, 0.0)) < 0  # (sharded: over all ranks' elements)
     lost = []
     if bool(negative.any()):
-        for index in negative.nonzero().reshape(-1).tolist():
+        indices = negative.nonzero().reshape(-1).tolist()
+        counts = totals((centred[index] < 0).to(centred[index].dtype) for index in indices).tolist()
+        for index, count in zip(indices, counts):
             m2 = centred[index]
-            lost.append((data.names[index], int((m2 < 0).sum()), m2.dtype))
+            lost.append((data.names[index], int(count), m2.dtype))
             centred[index] = torch.full_like(m2, float("nan"))
     return centred, lost
 
@@ -845,4 +856,4 @@ def ratio_sums(sums, centred, offset):
     ``centred_sums_of_squares``), one tensor ``[P]`` in parameter order: the signal-to-noise
     sums of ``MeanGSNR`` and ``EarlyStopping``, elementwise in fused operations."""
     ratios = torch._foreach_div(torch._foreach_mul(sums, sums), torch._foreach_add(centred, offset))
-    return torch.stack([r.sum() for r in ratios])
+    return totals(ratios)

@@ -91,6 +91,8 @@ TABLES = {
     "memory_peak": _measured("memory_peak"),
     "per_sample_peers": _measured("per_sample_peers"),
     "memory_flatness": _measured("memory_flatness"),
+    "fsdp_equality": _measured("fsdp_equality"),
+    "fsdp_memory": _measured("fsdp_memory"),
     "lr_comparison": _lr_table,
     "demo_last_epoch": _demo_summary,
 }

@@ -94,16 +94,20 @@ def run(name, config, steps, optimizer="sgd", batch_size=None):
     for step in range(1, steps + 1):
         x, y = batch()
         opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        if cp is None:
-            loss.backward()
-        else:
-            with cp(step, info={"loss": loss, "optimizer": opt}):
-                loss.backward()
+        backward(cp, step, loss_fn(model(x), y), opt)
         opt.step()
         if step in CHECKPOINTS or step == steps:
             rss[step] = resident()
     return {"rss": rss, "peak": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak) * 1024}
+
+
+def backward(cp, step, loss, optimizer):
+    """``loss.backward()``: plain without a Cockpit (``cp=None``), else inside ``cp(step)``."""
+    if cp is None:
+        loss.backward()
+        return
+    with cp(step, info={"loss": loss, "optimizer": optimizer}):
+        loss.backward()
 
 
 def measure(name, config, steps, optimizer="sgd", batch_size=None, env=None):

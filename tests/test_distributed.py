@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import models
 import problems
+from experiments.fsdp_equality import flatten
 from cockpit_lite import Cockpit, configuration, quantities
 
 WORLD = 2
@@ -123,17 +124,6 @@ def _leave():
     os._exit(0)
 
 
-def _flatten(value, prefix=""):
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from _flatten(item, f"{prefix}/{key}")
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            yield from _flatten(item, f"{prefix}[{i}]")
-    else:
-        yield prefix, value
-
-
 CASES = {  # case -> (model, samples per rank, micro-batches per step[, every micro-batch tracked])
     "equal": ("mlp", (4, 4), 1), "unequal": ("mlp", (5, 3), 1), "vit_like": ("vit_like", (3, 3), 1),
     "no_sync": ("mlp", (4, 4), 2), "global_path": ("tied_in_own_code", (5, 3), 1),
@@ -163,8 +153,8 @@ def _check_case(case, name, shards, micro, distributed, accumulate=False):
             assert any("lin.weight unavailable" in f for f in distributed[step].get("flags", [])) == (step == 0)
             assert distributed[step].get("flags", [])[:2] == single[step].get("flags", [])[:2]
         skip = ("Time", "flags") if name in LOCAL else ("Time",)
-        expected = dict(_flatten({k: v for k, v in single[step].items() if k not in skip}))
-        got = dict(_flatten({k: v for k, v in distributed[step].items() if k not in skip}))
+        expected = dict(flatten({k: v for k, v in single[step].items() if k not in skip}))
+        got = dict(flatten({k: v for k, v in distributed[step].items() if k not in skip}))
         assert sorted(got) == sorted(expected), (case, step)
         for key, value in expected.items():
             other, key = got[key], f"{case}, step {step}: {key}"

@@ -223,7 +223,7 @@ def test_another_rank_loads_rank_0s_state():
     model, opt, cp = _fresh(None)
     _train(model, opt, cp, _batches(2), range(2))
     other = Cockpit(_model(), quantities=_quantities(), diagnose=False)
-    other.group = SimpleNamespace(main=False)  # what a rank other than 0 is
+    other.group = SimpleNamespace(main=False, sharded=False)  # what a rank other than 0 is (under DDP)
     other.load_state_dict(cp.state_dict())
     assert other.get_output() == {} and other._last_step == 1
     assert torch.equal(other.quantities[1]._initial[0], cp.quantities[1]._initial[0])

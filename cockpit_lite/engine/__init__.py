@@ -52,7 +52,9 @@ been given it.
 5. *Deferred* (under ``torch.distributed``, and for a step of several accumulated backward
    passes): the individual gradients wait in a ``Window`` (``cockpit_lite.engine.window``)
    until the gradient the optimizer steps with is known (DDP's mean of the ranks'; the sum
-   of the micro-batches'); then the transforms run on them as chunks of one batch.
+   of the micro-batches'); then the transforms run on them as chunks of one batch. On a model
+   sharded by FSDP2 nothing waits: each parameter's transforms run in its layer's backward
+   pass with the global gradient (``cockpit_lite.sharded.ShardedGroup.run``).
 """
 
 import dataclasses
@@ -70,6 +72,7 @@ from cockpit_lite.engine.rules import GENERIC, UnsupportedCall, attention, mixes
 from cockpit_lite.engine.rules.base import first_tensor
 from cockpit_lite.engine.window import Window
 from cockpit_lite.info import PENALTY_FIX, penalty_term
+from cockpit_lite.utils.shards import local, module_class
 
 GRAD_CHECK_RTOL = {torch.float64: 1e-6, torch.float32: 1e-3}
 """Largest relative difference between the rules' gradient and autograd's before a
@@ -147,7 +150,7 @@ class Engine:
         was refused, are dropped (the autograd graph is walked only when the model was
         called more than once, or to find the model, ``discover``).
         """
-        self._graph = _Graph(loss)
+        self._graph = _Graph(loss, self._aliases())
         roots = (self.model, *self._roots)
         forwards = sum(1 for c in self.capture.calls if any(c.module is root for root in roots))
         if (self.model is None or forwards > 1) and self.capture.calls and self._graph.ready():
@@ -250,10 +253,10 @@ class Engine:
                 vector-Jacobian products, all samples count, and the calls keep their inputs.
         """
         state = _Step(transforms, batch_size, grads_before, needed_by, window,
-                      self.group is not None and pseudo is None, None if pseudo is not None else getattr(info, "subset", None))
+                      self.group if pseudo is None else None, None if pseudo is not None else getattr(info, "subset", None))
         state.pseudo = pseudo
         state.penalty = penalty_term(info.get("loss"), parameters_only=True)
-        graph = self._graph if self._graph is not None else _Graph(info.get("loss"))
+        graph = self._graph if self._graph is not None else _Graph(info.get("loss"), self._aliases())
         calls = self.capture.calls if self.model is not None else []
         if calls and graph.ready():  # only the forward passes this loss came from
             calls = [c for c in calls if any(graph.reaches(leaf) for leaf in c.leaves)]
@@ -266,17 +269,24 @@ class Engine:
                 "path. Enter cp(step) at every step, with consecutive step numbers.",
             )
         routes = self._routes(calls, state, graph) if calls else {}
-        if state.subset is not None and not state.deferred:
+        if state.subset is not None and not state.deferred and state.sharded is None:
             self._take_grads_from_autograd(state, routes)
         global_indices = [  # no module owns it (parameters given without their model): global too
             i for i, p in enumerate(self.params)
             if routes.get(i) == "global" or (i not in routes and p.requires_grad and (not calls or i not in self._owners))
         ]
-        if state.batch_size is None and not global_indices:
+        if state.batch_size is None and (not global_indices or state.sharded is not None):
             raise ValueError(
                 "cockpit-lite cannot tell the batch size: pass info['batch_size'] "
                 "(the number of samples of the forward pass)"
             )
+        if state.sharded is not None and state.batch_size is not None:  # FSDP2: every rank's samples, now
+            self.sizes = state.sharded.batch_sizes(state.batch_size)
+            if state.subset is not None:
+                state.subset = state.sharded.subset_of(state.subset)
+            for index in global_indices:  # (cockpit_lite.sharded.GLOBAL_PATH)
+                self._fail(state, index, state.sharded.GLOBAL_PATH, demote=False)
+            global_indices = []
         if global_indices:  # before any hook of this step exists: its backward passes must not fire them
             try:
                 self._run_global(state, info, global_indices)
@@ -356,6 +366,8 @@ class Engine:
                     self._complete(state, window)
                 state.batch.flush()
                 self._check_gradients(state)
+                if state.sharded is not None:  # the global batch's
+                    state.batch_size = sum(self.sizes)
         finally:
             for path in state.paths:
                 path.remove()
@@ -446,7 +458,7 @@ class Engine:
             return None  # a later layer mixes the samples: δ_n is not ∂c_n/∂output
         if state.batch_size is None:
             return None
-        if type(call.module) is torch.nn.MultiheadAttention and graph.ready():
+        if module_class(call.module) is torch.nn.MultiheadAttention and graph.ready():
             if call not in state.attention_nodes:
                 state.attention_nodes[call] = attention.plan(
                     graph._users, graph._accumulators, call.module, state.batch_size
@@ -695,9 +707,9 @@ class Engine:
             elif param.grad is None:
                 continue
             else:
-                true = param.grad.detach()
+                true = local(param.grad.detach())  # (FSDP2: this rank's rows, as ``engine``)
                 if state.grads_before[index] is not None:
-                    true = true - state.grads_before[index]
+                    true = true - local(state.grads_before[index])
             if true is None:
                 continue
             true = true.to(engine.dtype)
@@ -708,12 +720,14 @@ class Engine:
         norms = torch._foreach_norm([true for _, _, _, true, _ in checked])
         errors = torch._foreach_norm(torch._foreach_sub([e for _, _, e, _, _ in checked], [c for *_, c in checked]))
         norms, errors = ([float(n) for n in values] for values in (norms, errors))
-        size = sum(true.numel() for _, _, _, true, _ in checked)
+        if state.sharded is not None:
+            norms, errors = state.sharded.check_norms(norms, errors)
+        size = sum(param.numel() for _, param, _, _, _ in checked)
         model = sum(n * n for n in norms if math.isfinite(n)) ** 0.5
         for (index, param, engine, true, compared), norm, error in zip(checked, norms, errors):
             low = param.dtype not in GRAD_CHECK_RTOL or engine.dtype not in GRAD_CHECK_RTOL or state.low_precision
             rtol = LOW_PRECISION_RTOL if low else GRAD_CHECK_RTOL[param.dtype]
-            scale = max(norm, MODEL_SCALE_FRACTION * model * (true.numel() / size) ** 0.5)
+            scale = max(norm, MODEL_SCALE_FRACTION * model * (param.numel() / size) ** 0.5)
             if error > rtol * scale + 1e-30 and torch.isfinite(true).all():
                 away = f"{error / max(norm, 1e-30):.2g} (relative) away from autograd's"
                 if state.repeated:  # not a use the engine missed, nor (only) another loss
@@ -770,10 +784,15 @@ class Engine:
             )
         if index not in state.results:  # values of the right shapes, from zeros
             param = self.params[index]
-            zeros = param.new_zeros((state.held or 1, *param.shape))
-            state.results[index] = _transforms.run(state.transforms, _transforms.PerSample(
-                param, index, grad_batch=zeros, batch_size=state.batch_size))
+            zeros = torch.zeros((state.held or 1, *param.shape), dtype=param.dtype, device=param.device)
+            zeros = _transforms.PerSample(param, index, grad_batch=zeros, batch_size=state.batch_size)
+            state.results[index] = (_transforms.run(state.transforms, zeros) if state.sharded is None
+                                    else state.sharded.run(state.transforms, zeros)[0])
         state.results[index] = {k: _nan_like(v) for k, v in state.results[index].items()}
+
+    def _aliases(self):
+        """FSDP2: the unsharded parameters in the graph and the tracked ones they stand for."""
+        return self.group.unsharded(self.model) if self.group is not None and self.model is not None else None
 
     def _warn_once(self, key, message):
         if key not in self._warned:
@@ -784,11 +803,12 @@ class Engine:
 class _Step:
     """What one step's engine collects."""
 
-    def __init__(self, transforms, batch_size, grads_before, needed_by, window=None, distributed=False, subset=None):
+    def __init__(self, transforms, batch_size, grads_before, needed_by, window=None, group=None, subset=None):
         self.window = window
         self.subset = subset  # the sample indices of a subsampled step (``cockpit_lite.subsample``), or None
-        self.deferred = window is not None or distributed  # the transforms run once the step's gradient is known
-        self.distributed = distributed
+        self.sharded = group if group is not None and group.sharded else None  # FSDP2 (``cockpit_lite.sharded``)
+        self.distributed = group is not None and self.sharded is None  # DDP
+        self.deferred = window is not None or self.distributed  # the transforms run once the step's gradient is known
         self.pending = {}
         self.transforms = tuple(transforms)
         self.batch_size = batch_size
@@ -854,16 +874,23 @@ class _Step:
             if not self.distributed:  # each accumulated pass is checked on its own
                 self.served[index] = per_sample.grad
             return
-        self.results[index] = _transforms.run(self.transforms, per_sample, self.batch, self.scratch)
-        self.served[index] = per_sample.grad
+        self.results[index], self.served[index] = self.run(per_sample)
+
+    def run(self, per_sample):
+        """``(results, gradient to check)`` of the transforms on one parameter's individual gradients,
+        at once (FSDP2: ``ShardedGroup.run``, this rank's rows of the gradient)."""
+        if self.sharded is not None:
+            return self.sharded.run(self.transforms, per_sample, self.batch, self.scratch)
+        return _transforms.run(self.transforms, per_sample, self.batch, self.scratch), per_sample.grad
 
 
 class _Graph:
     """The autograd graph of the step's loss, walked once, on demand (``cockpit_lite.engine.broadcast``)."""
 
-    def __init__(self, loss):
+    def __init__(self, loss, aliases=None):
         self._loss = loss
         self._users = None
+        self._aliases = aliases or {}  # id(a leaf of the graph) -> the tracked parameter it stands for (FSDP2)
 
     def ready(self):
         """Whether the loss has a graph (walked on the first call)."""
@@ -871,6 +898,9 @@ class _Graph:
             self._root = getattr(self._loss, "grad_fn", None)
             self._users = broadcast.consumers(self._root) if self._root is not None else {}
             self._accumulators = broadcast.accumulators(self._users)
+            for leaf, param in self._aliases.items():
+                if leaf in self._accumulators:
+                    self._accumulators[id(param)] = self._accumulators[leaf]
         return self._root is not None
 
     def reaches(self, tensor):

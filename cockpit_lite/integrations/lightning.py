@@ -107,6 +107,13 @@ class CockpitCallback(_pl.Callback):
     def on_fit_start(self, trainer, pl_module):
         from cockpit_lite import Cockpit, configuration
 
+        if type(trainer.strategy).__name__ == "FSDPStrategy":  # (its wrapper is outside the module the Cockpit gets)
+            raise ValueError(
+                "Lightning's FSDPStrategy shards the model with FSDP1 (FullyShardedDataParallel), whose flattened "
+                "parameters cockpit-lite cannot map to the layers. Fix: strategy=ModelParallelStrategy("
+                "data_parallel_size=N, tensor_parallel_size=1) and fully_shard each layer, then the model, in the "
+                "LightningModule's configure_model (FSDP2; the Cockpit then describes the global batch)"
+            )
         if self.dirpath is None:
             self.dirpath = os.path.join(trainer.log_dir or trainer.default_root_dir, "cockpit")
         quantities = configuration("economy") if self._quantities is None else self._quantities
@@ -165,8 +172,10 @@ class CockpitCallback(_pl.Callback):
                 info["individual_losses"] = contributions * (contributions.shape[0] * (loss / returned).detach())
             except ValueError:
                 pass  # a loss of its own kind: quantities that need individual losses say so
-        if self.cockpit.samples is not None:  # the subsample is drawn before the backward pass, and the
-            # Cockpit sees no forward call of the module itself (training_step calls its layers)
+        if self.cockpit.samples is not None or (self.cockpit.group is not None and self.cockpit.group.sharded):
+            # the subsample is drawn before the backward pass, a sharded model's layers are served by their
+            # rules with the batch size known then, and the Cockpit sees no forward call of the module
+            # itself (training_step calls its layers)
             size = batch_size_from_graph(loss)
             if size is not None:  # else the Cockpit warns that the step is exact
                 info["batch_size"] = size

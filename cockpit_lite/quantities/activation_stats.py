@@ -38,6 +38,13 @@ apply). The hooks reduce on the device and keep 0-d tensors; they go to the host
 with the step's other values. No BackPACK, no ``extend``: works on any model with
 activation *modules* (a functional ``F.relu`` is not seen).
 
+On a model sharded by FSDP2 (``cockpit_lite.sharded``) each rank sees its part of the batch:
+the hooks keep sums instead (entries, their sum and sum of squares in float64; per unit whether
+it fired; per sample of the first ``SUB_BATCH`` the zeros and saturated entries), and one
+all-gather at ``compute`` combines the ranks' in rank order, so that every statistic is the
+global batch's, as in one process (up to the float32 rounding of the one-process reductions;
+a recurrent layer's ``saturated`` is the first sequences' of each rank).
+
 Also, in the step's ``meta``: ``input_layer = {"name", "type"}``, the first module that
 receives the model's first floating-point input (through shape-only modules such as
 ``Flatten``, ``Identity``, ``Dropout``, which are skipped), found on the first training
@@ -50,6 +57,7 @@ import torch
 from torch import nn
 
 from cockpit_lite.quantities.base import Needs, Output, Quantity, input_module, user_forward
+from cockpit_lite.utils.shards import module_class
 
 RELU = (nn.ReLU, nn.ReLU6)
 TANH = (nn.Tanh, nn.Hardtanh, nn.Softsign)
@@ -93,6 +101,10 @@ class ActivationStats(Quantity):
         self._finding = []      # handles of the hooks that look for it (removed once found)
         self._carried = []      # the model's input and its pass-through copies in this forward pass
         self._looked = 0        # training forward passes looked at (given up after LOOK)
+        self._group = None      # FSDP2: the ranks whose batches are one (``compute`` combines them)
+
+    def bind(self, cockpit):
+        self._group = cockpit.group if cockpit.group is not None and cockpit.group.sharded else None
 
     def watch(self, model):
         for name, module in model.named_modules():
@@ -128,7 +140,7 @@ class ActivationStats(Quantity):
                 return None
             if isinstance(module, PASS_THROUGH) or not any(args[0] is t for t in self._carried):
                 return None
-            self._first = {"name": name, "type": type(module).__name__}
+            self._first = {"name": name, "type": module_class(module).__name__}
             self._carried = []
             return None  # the hooks are removed after the pass (never while the module runs them)
 
@@ -155,6 +167,9 @@ class ActivationStats(Quantity):
             if not torch.is_tensor(output) or not output.is_floating_point() or output.dim() == 0:
                 return None
             with torch.no_grad():
+                if self._group is not None:  # this rank's sums, combined at ``compute``
+                    self._calls(name, module_class(mod).__name__, kind).append(_partial(output.detach(), kind, gates))
+                    return None
                 stats = _statistics(output.detach(), kind)
                 if gates is not None:
                     stats[4] = gates
@@ -170,6 +185,24 @@ class ActivationStats(Quantity):
         else:
             self._sums[name] = (type_name, kind, stats, 1)
 
+    def _calls(self, name, type_name, kind):
+        """FSDP2: the list of a module's calls' partial sums (``_partial``) at this step."""
+        return self._sums.setdefault(name, (type_name, kind, []))[2]
+
+    def _combined(self, sums):
+        """FSDP2: ``sums`` as ``_add`` keeps them, from every rank's partial sums (one all-gather)."""
+        import torch.distributed as dist
+
+        ranks = [None] * self._group.world
+        dist.all_gather_object(ranks, {n: [[t.cpu() for t in call] for call in calls] for n, (_, _, calls) in sums.items()},
+                               group=self._group.process_group)
+        combined = {}
+        for name, (type_name, kind, calls) in sums.items():
+            stats = [_global_statistics([rank[name][i] for rank in ranks], kind) for i in range(len(calls))]
+            device = calls[0][0].device
+            combined[name] = (type_name, kind, torch.stack(stats).sum(0).to(device), len(stats))
+        return combined
+
     def needs(self, step, info):
         self._next = step + 1
         if not self.is_due(step):
@@ -182,6 +215,8 @@ class ActivationStats(Quantity):
         if self._finding and (self._first is not None or self._looked >= LOOK):
             self._stop_looking()
         meta = {"input_layer": dict(self._first)} if self._first is not None else None
+        if self._group is not None:
+            sums = self._combined(sums)
         if not sums:
             return None
         value = {}
@@ -214,6 +249,48 @@ def _statistics(y, kind):
     elif kind == "sigmoid":
         saturated = ((sub - 0.5).abs() > SATURATION - 0.5).float().mean()
     return torch.stack([mean, std, zeros, dead, saturated])
+
+
+def _partial(y, kind, gates=None):
+    """FSDP2: what one rank's part of a call adds to ``_statistics``: ``[[entries, Σy, Σy²], [samples],
+    fired per unit (ReLU), zeros per sample, saturated per sample]`` (float64; per sample of the
+    first ``SUB_BATCH``; of a 1-d output, every entry its own sample), a recurrent layer's
+    ``saturated`` from its gates as ``[fraction]``."""
+    y64 = y.double()
+    flat = y64.reshape(-1)
+    sums = torch.stack([flat.new_tensor(float(flat.numel())), flat.sum(), torch.dot(flat, flat)])
+    sub = y64[:SUB_BATCH].reshape(min(len(y64), SUB_BATCH), -1) if y64.dim() > 1 else y64.reshape(-1, 1)
+    fired = (y64.amax(0) > 0).double().reshape(-1) if kind == "relu" else flat.new_zeros(0)
+    if kind == "tanh":
+        saturated = (sub.abs() > SATURATION).double().sum(1)
+    elif kind == "sigmoid":
+        saturated = ((sub - 0.5).abs() > SATURATION - 0.5).double().sum(1)
+    else:
+        saturated = flat.new_tensor([float("nan") if gates is None else float(gates)])
+    return [sums, flat.new_tensor([float(y64.shape[0]), float(y64.dim() > 1)]), fired, (sub == 0).double().sum(1),
+            saturated]
+
+
+def _global_statistics(parts, kind):
+    """``_statistics`` of one call over all ranks' samples, from their ``_partial`` sums in rank order."""
+    sums = sum(part[0] for part in parts)
+    samples = sum(float(part[1][0]) for part in parts)
+    batched = bool(parts[0][1][1])  # (a 1-d output: every entry counts, each its own sample)
+    mean = sums[1] / sums[0]
+    std = (sums[2] / sums[0] - mean**2).clamp(min=0).sqrt()
+    width = sums[0] / samples if batched else 1.0  # entries per sample
+    zeros = torch.cat([part[3] for part in parts])[:SUB_BATCH if batched else None]
+    first = len(zeros)
+    zeros = zeros.sum() / (first * width) if first else zeros.new_tensor(0.0)
+    dead = saturated = mean.new_tensor(0.0)
+    if kind == "relu":
+        dead = mean.new_tensor(float("nan")) if samples < DEAD_MIN_SAMPLES else (
+            1.0 - (torch.stack([part[2] for part in parts]).amax(0) > 0).double().mean())
+    elif kind in ("tanh", "sigmoid"):
+        saturated = torch.cat([part[4] for part in parts])[:SUB_BATCH if batched else None].sum() / (first * width)
+    elif kind == "recurrent":
+        saturated = parts[0][4][0]
+    return torch.stack([mean, std, zeros, dead, saturated]).float()
 
 
 def _state(args):

@@ -12,6 +12,7 @@ from cockpit_lite.optim import UpdatePredictor
 from cockpit_lite.quantities.base import Needs, Output, Quantity
 from cockpit_lite.transforms import BatchDotDirection, at_least_float32, dots_of_kept
 from cockpit_lite.utils.norms import dot, gathered, gram
+from cockpit_lite.utils.shards import group_of, is_sharded, local
 
 DIFFERENCE_ELEMENTS = 1 << 20
 """Models of at most this many parameters (4 MiB in float32) have their update formed once
@@ -378,7 +379,8 @@ class _Difference:
     def __getitem__(self, i):
         if self._formed is not None:
             return self._formed[i]
-        return (self._params[i].detach() - self._before[i]).reshape(-1)
+        difference = self._params[i].detach() - self._before[i]
+        return difference if is_sharded(difference) else difference.reshape(-1)  # (FSDP2: the rank's rows)
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))
@@ -393,10 +395,11 @@ def fingerprint(params):
     than the modulus); a permutation, almost always the second; a change that leaves both
     equal has to be constructed. A tensor is read as rows of ``R = FINGERPRINT_ROW`` elements:
     ``Σ_j (j+1) b_j = R·Σ_r r·rows_r + Σ_c (c+1)·columns_c`` from its row and column sums, two
-    passes of the integers' own reductions and no temporary the size of the tensor."""
+    passes of the integers' own reductions and no temporary the size of the tensor. Parameters
+    sharded over the ranks (FSDP2): every rank's sums of its rows, gathered."""
     groups = {}
     for param in params:
-        groups.setdefault(param.dtype, []).append(param.detach())
+        groups.setdefault(param.dtype, []).append(local(param.detach()))
     sums = []
     for dtype, tensors in groups.items():
         total = weighted = offset = 0
@@ -410,6 +413,11 @@ def fingerprint(params):
             weighted += piece_weighted + offset * piece_total
             offset += flat.numel()
         sums.append((str(dtype), total, weighted))
+    group = group_of(params)
+    if group is not None:
+        ranks = [None] * torch.distributed.get_world_size(group)
+        torch.distributed.all_gather_object(ranks, sums, group=group)
+        return ranks
     return sums
 
 

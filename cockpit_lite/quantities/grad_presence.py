@@ -37,6 +37,7 @@ a step size with curvature: ``optimizer`` (class name), ``lr`` and ``momentum`` 
 import torch
 
 from cockpit_lite.quantities.base import Needs, Output, Quantity
+from cockpit_lite.utils.norms import norms
 
 ARMED = 8
 """Parameters watched for the first backward pass after an optimizer step."""
@@ -60,10 +61,16 @@ class GradPresence(Quantity):
         self._continued = None  # a resumed run: the saved count, for the first optimizer seen
         self._last = None  # the step of the latest cp(step)
         self._skipped = False  # whether the step numbers ever skipped one (then the next step is unknown)
+        self._stand_ins = lambda: {}  # FSDP2: the tensors autograd reaches instead of the (sharded) parameters
 
     def bind(self, cockpit):
-        """Remember the tracked parameters (a resumed window is watched on them)."""
+        """Remember the tracked parameters (a resumed window is watched on them) and, on a model sharded
+        by FSDP2, where its parameters' gradients arrive (its unsharded parameters: FSDP2 sets the
+        sharded ones' gradients itself, autograd never reaches them)."""
         self._params = cockpit.params
+        group = cockpit.group
+        if group is not None and group.sharded:
+            self._stand_ins = lambda: {id(p): u for u, p in group.stand_ins(cockpit.model)}
 
     def state_dict(self):
         """``{"steps": optimizer steps since the last cp(step) (None: no optimizer seen), "waiting": bool}``."""
@@ -105,7 +112,8 @@ class GradPresence(Quantity):
         if len(watched) > ARMED:  # spread over the model: one branch left out of a pass does not hide them all
             stride = len(watched) / ARMED
             watched = [watched[int(i * stride)] for i in range(ARMED)]
-        self._armed = [p.register_hook(self._reached(watched)) for p in watched]
+        stand_ins = self._stand_ins()
+        self._armed = [stand_ins.get(id(p), p).register_hook(self._reached(watched)) for p in watched]
 
     def _reached(self, watched):
         window = self._windows
@@ -115,7 +123,7 @@ class GradPresence(Quantity):
             # (the handles are removed later, never while autograd runs the hooks)
             if self._first is None and self._windows == window:
                 held = [p.grad.detach() for p in watched if p.grad is not None]
-                self._first = torch.stack(torch._foreach_norm(held)).norm() if held else 0.0
+                self._first = torch.stack(norms(held)).norm() if held else 0.0
             return None
 
         return hook
@@ -138,7 +146,7 @@ class GradPresence(Quantity):
         if not self.is_due(step):
             return None
         present = [p.grad.detach() for group in _groups(info, optimizer) for p in group if p.grad is not None]
-        before = torch.stack(torch._foreach_norm(present)).norm() if present else 0.0
+        before = torch.stack(norms(present)).norm() if present else 0.0
         self._pending = (before, stepped, _hyperparameters(optimizer))
         return Needs()
 

@@ -5,6 +5,7 @@ import torch
 from cockpit_lite import subsample
 from cockpit_lite.quantities.base import Output, SingleStepQuantity, with_total
 from cockpit_lite.transforms import BatchL2, GradL2, SumGrad, SumGradSquared, centred_sums_of_squares
+from cockpit_lite.utils.shards import totals
 
 
 class GradVariance(SingleStepQuantity):
@@ -45,8 +46,8 @@ class GradVariance(SingleStepQuantity):
             meta["total_se"] = se[0] / (b - 1)
             return Output(list(values.unbind()), meta=meta)
         _, flags = centred_sums_of_squares(data, self.name)
-        totals = data.centred_totals
-        terms = torch.stack([s.sum() for s in data.per_sample(SumGradSquared.key)])
+        centred = data.centred_totals
+        terms = totals(data.per_sample(SumGradSquared.key))
         values, lost = data.resolved(self.name, "the variance Σ_n ‖g̃_n − g‖² = Σ_n ‖g̃_n‖² − B ‖g‖² (a gradient "
-                                     "nearly the same in every sample)", totals / (b - 1), totals, terms, total=False)
+                                     "nearly the same in every sample)", centred / (b - 1), centred, terms, total=False)
         return Output(list(values.unbind()), flags=flags + lost)

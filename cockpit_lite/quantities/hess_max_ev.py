@@ -56,6 +56,7 @@ class HessMaxEV(SingleStepQuantity):
     solver and the number of Hessian-vector products.
     """
 
+    CURVATURE = True
     STATE = ("_previous", "_generator")  # the warm start and the noise generator, saved for resuming
 
     def __init__(self, track_schedule=None, verbose=False, use_power=False, rtol=1e-3, maxiter=100, seed=0, block=2):

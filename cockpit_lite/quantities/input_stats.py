@@ -9,6 +9,11 @@ needs element-wise operations, on CPU 5-20x dearer than the reductions; a NaN in
 another sample is still located by ``NonfiniteOrigin`` when it reaches the loss. Integer inputs (token ids)
 are not floating-point and are not recorded. Reduced on the device, moved to the host
 with the step's values.
+
+On a model sharded by FSDP2 (``cockpit_lite.sharded``) each rank sees its part of the batch: it
+keeps per sample of its first ``SUB_BATCH`` the finite entries' count, sum, sum of squares,
+minimum and maximum (float64), and one all-gather at ``compute`` takes the global batch's first
+``SUB_BATCH`` samples from them in rank order, as one process does (up to its float32 rounding).
 """
 
 import torch
@@ -31,6 +36,10 @@ class InputStats(Quantity):
         self._handle = None
         self._stats = None
         self._next = 0
+        self._group = None  # FSDP2: the ranks whose batches are one
+
+    def bind(self, cockpit):
+        self._group = cockpit.group if cockpit.group is not None and cockpit.group.sharded else None
 
     def watch(self, model):
         self._handle = input_module(model).register_forward_pre_hook(self._pre)
@@ -47,7 +56,7 @@ class InputStats(Quantity):
         if x is None or x.numel() < 2:
             return None
         with torch.no_grad():
-            self._stats = _statistics(x.detach())
+            self._stats = _statistics(x.detach()) if self._group is None else _per_sample(x.detach())
         return None
 
     def needs(self, step, info):
@@ -59,6 +68,12 @@ class InputStats(Quantity):
 
     def compute(self, step, data):
         stats, self._stats = self._stats, None
+        if self._group is not None:  # (every rank takes part, whatever it saw)
+            import torch.distributed as dist
+
+            ranks = [None] * self._group.world
+            dist.all_gather_object(ranks, None if stats is None else stats.cpu(), group=self._group.process_group)
+            stats = None if all(r is None for r in ranks) else _combined([r for r in ranks if r is not None])
         if stats is None:
             return None
         return Output(dict(zip(KEYS, stats)))
@@ -76,3 +91,32 @@ def _statistics(x):
     low = torch.where(finite, x, torch.full((), big, device=x.device)).amin()
     high = torch.where(finite, x, torch.full((), -big, device=x.device)).amax()
     return [mean, var.sqrt(), low, high, share]
+
+
+def _per_sample(x):
+    """FSDP2: ``[samples, 7]`` (float64): per sample of the first ``SUB_BATCH`` (of a 1-d input, per
+    entry), its entries, finite entries, their sum, sum of squares, minimum and maximum, and
+    whether the input has a batch axis."""
+    batched = float(x.dim() > 1)
+    x = (x[:SUB_BATCH].reshape(min(len(x), SUB_BATCH), -1) if x.dim() > 1 else x.reshape(-1, 1)).double()
+    finite = torch.isfinite(x)
+    values = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    big = torch.finfo(torch.float32).max
+    return torch.stack([
+        torch.full((len(x),), float(x.shape[1]), dtype=x.dtype, device=x.device), finite.sum(1).double(),
+        values.sum(1), values.square().sum(1),
+        torch.where(finite, x, torch.full((), big, dtype=x.dtype, device=x.device)).amin(1),
+        torch.where(finite, x, torch.full((), -big, dtype=x.dtype, device=x.device)).amax(1),
+        torch.full((len(x),), batched, dtype=x.dtype, device=x.device),
+    ], 1)
+
+
+def _combined(ranks):
+    """``_statistics`` of the global batch's first ``SUB_BATCH`` samples from the ranks' ``_per_sample``."""
+    rows = torch.cat(ranks)
+    rows = rows[:SUB_BATCH] if rows[0, 6] else rows  # (a 1-d input: every entry)
+    entries, present, total, squares = rows[:, :4].sum(0)
+    count = present.clamp(min=2)
+    mean = total / count
+    var = (squares - 2 * mean * total + present * mean**2) / (count - 1)
+    return [t.float() for t in (mean, var.clamp(min=0).sqrt(), rows[:, 4].amin(), rows[:, 5].amax(), 1 - present / entries)]

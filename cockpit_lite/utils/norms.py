@@ -6,9 +6,15 @@ GPT-2-sized model) by 5·10⁻⁴. ``norms`` takes the norm of each row of ``CHU
 (accurate) and combines the rows' squares in float64: relative error about 10⁻⁹ at any
 size, at the cost of one ``vector_norm`` pass. Tensors of at most ``CHUNK`` elements go
 through one fused ``_foreach_norm``. ``dot`` and ``gram`` sum dot products in float64.
+
+Sharded tensors (``DTensor``, FSDP2's parameters and gradients; ``cockpit_lite.utils.shards``)
+count with all their elements: each rank reduces its rows, and one all-reduce per call adds
+the ranks' squares or products.
 """
 
 import torch
+
+from cockpit_lite.utils.shards import add_over_ranks, flat, group_of, is_sharded, local
 
 CHUNK = 4096
 
@@ -23,6 +29,9 @@ def norms(tensors):
     """``‖t‖₂`` of every tensor (0-d tensors; in float32 for narrower floats, else in the
     tensor's dtype). NaN and Inf propagate."""
     tensors = list(tensors)
+    group = group_of(tensors)
+    if group is not None:
+        return _sharded_norms(tensors, group)
     out = [None] * len(tensors)
     small = [i for i, t in enumerate(tensors) if t.numel() <= CHUNK]
     if small:
@@ -34,6 +43,16 @@ def norms(tensors):
         if out[i] is None:
             out[i] = _chunked(t)
     return out
+
+
+def _sharded_norms(tensors, group):
+    """``norms`` of a list with DTensors: the norms of the ranks' parts, their squares (float64)
+    added over the ranks, one all-reduce."""
+    parts = norms([local(t) for t in tensors])
+    squares = torch.stack([part.double() for part in parts]).square()
+    sharded = torch.tensor([is_sharded(t) for t in tensors], device=squares.device)
+    squares = torch.where(sharded, add_over_ranks(torch.where(sharded, squares, 0.0), group), squares)
+    return [root.to(part.dtype) for root, part in zip(squares.sqrt(), parts)]
 
 
 def _chunked(tensor):
@@ -60,13 +79,26 @@ def gram(items):
     i-th tensors make together, as nested Python floats (``None`` for no tuples). Products and
     sums in float64 (relative error about 10⁻¹⁵ at any size), ``PIECE`` elements of each vector
     converted at a time, small tensors gathered (``gathered``): one matrix product per piece,
-    several products of the same vectors in one pass."""
-    total = None
+    several products of the same vectors in one pass. Tuples of DTensors: each rank's rows,
+    the ranks' products added by one all-reduce at the end."""
+    total, shared, group = None, None, None
     for run in gathered(items):
+        sharded = is_sharded(run[0])
+        if sharded:
+            group = group_of(run)
+            run = tuple(flat(t) for t in run)
         for start in range(0, run[0].numel(), PIECE):
             rows = torch.stack([t[start : start + PIECE].to(torch.float64) for t in run])
             g = rows @ rows.T
-            total = g if total is None else total + g.to(total.device)  # (parameters on several devices)
+            if sharded:
+                shared = g if shared is None else shared + g.to(shared.device)
+            else:
+                total = g if total is None else total + g.to(total.device)  # (parameters on several devices)
+        if sharded and shared is None:  # this rank holds none of the rows: its products are 0
+            shared = torch.zeros((len(run), len(run)), dtype=torch.float64, device=run[0].device)
+    if group is not None:
+        shared = add_over_ranks(shared, group)
+        total = shared if total is None else total + shared.to(total.device)
     return None if total is None else total.tolist()
 
 
@@ -75,10 +107,17 @@ def gathered(items, size=None):
     of tuples of at most ``size`` (default ``GATHER``) elements concatenated position by
     position up to about ``size`` elements, larger ones alone, in order. One call per run
     instead of one per tensor (a model's many small biases and norms). Concatenation promotes
-    mixed dtypes; tensors of one run share a device."""
+    mixed dtypes; tensors of one run share a device. A tuple of DTensors comes alone, as it
+    is (its rows are spread over the ranks)."""
     size = GATHER if size is None else size
     run, count, device = [], 0, None
     for item in items:
+        if is_sharded(item[0]):
+            if run:
+                yield tuple(torch.cat(ts) for ts in zip(*run))
+                run, count = [], 0
+            yield tuple(item)
+            continue
         item = tuple(t.reshape(-1) for t in item)
         if run and (item[0].device != device or item[0].numel() > size):
             yield tuple(torch.cat(ts) for ts in zip(*run))

@@ -166,3 +166,42 @@ def test_a_run_resumed_from_a_checkpoint_records_what_the_uninterrupted_run_reco
 
     assert text(resumed.get_output(), 1) == text(whole.get_output(), 1) and sorted(whole.get_output()) == [0, 1, 2, 3]
     assert text(log.read(tmp_path / "run" / "cockpit" / "cockpit.jsonl")) == text(whole.get_output())
+
+
+def test_a_model_sharded_by_fully_shard_records_what_the_unsharded_model_records(tmp_path):
+    """Accelerate shards with FSDP only on accelerators (its FSDP plugin sets no FSDP distributed type
+    for CPU processes): what runs here is the Trainer on a GPT-2 whose blocks and root are
+    ``fully_shard``-ed by hand, in one process: its record equals the unsharded model's."""
+    import math
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    transformers, CockpitTrainer, _ = _hf()
+
+    def train(shard):
+        model = _model()
+        if shard:
+            for block in model.transformer.h:
+                fully_shard(block)
+            fully_shard(model)
+        trainer = CockpitTrainer(model=model, args=_args(tmp_path / str(shard), max_steps=2),
+                                 train_dataset=_Tokens(2 * B), cockpit_kwargs={"diagnose": False},
+                                 cockpit_quantities=[quantities.NormTest(), quantities.GradVariance(),
+                                                     quantities.GradNorm(), quantities.InnerTest()])
+        trainer.train()
+        return trainer.cockpit
+
+    plain = train(False).get_output()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        cockpit = train(True)
+        sharded = cockpit.get_output()
+        assert cockpit.group is not None and cockpit.group.sharded
+    finally:
+        dist.destroy_process_group()
+    assert sorted(sharded) == sorted(plain) == [0, 1]
+    for step in plain:
+        for name in ("NormTest", "GradVariance", "GradNorm", "InnerTest"):
+            expected, got = plain[step][name], sharded[step][name]
+            assert got == pytest.approx(expected, rel=1e-12) and not any(map(math.isnan, torch.tensor(got).reshape(-1).tolist()))

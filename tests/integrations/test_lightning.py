@@ -186,3 +186,80 @@ def test_a_run_resumed_from_a_checkpoint_records_what_the_uninterrupted_run_reco
     everything = log.read(tmp_path / "cockpit" / "cockpit.jsonl")  # the resumed run replaced steps 4-7
     assert json.dumps(log.to_jsonable(everything), sort_keys=True) == json.dumps(
         log.to_jsonable(whole.get_output()), sort_keys=True)
+
+
+def test_fsdp1_strategy_is_refused_naming_fsdp2(tmp_path):
+    """Lightning's FSDPStrategy (FSDP1) needs a GPU to run; the callback refuses it at fit start, naming
+    ModelParallelStrategy with fully_shard (which works: the next test)."""
+    pl, CockpitCallback, Module = _lightning()
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    trainer = type("Trainer", (), {"strategy": FSDPStrategy()})()
+    with pytest.raises(ValueError, match=r"FSDP1.*Fix: strategy=ModelParallelStrategy.*fully_shard"):
+        CockpitCallback(dashboards=False).on_fit_start(trainer, Module())
+
+
+def _sharded_fit(rank, world, path, port):
+    """One rank of ``world`` (``torchrun``'s environment, so Lightning starts no processes of its own):
+    ModelParallelStrategy with every layer and the net ``fully_shard``-ed in configure_model."""
+    import pickle
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", TORCHELASTIC_RUN_ID="cockpit")
+    torch.set_num_threads(1)
+    record = _fit_fsdp(path, world, rank)
+    if rank == 0:  # (only rank 0 keeps the record)
+        with open(f"{path}.0", "wb") as file:
+            pickle.dump(record, file)
+    os._exit(0)  # gloo's threads sometimes abort in the interpreter's teardown
+
+
+def _fit_fsdp(path, world, rank=0):
+    pl, CockpitCallback, Module = _lightning()
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from cockpit_lite import configuration
+
+    class Sharded(Module):
+        def configure_model(self):
+            if world > 1:
+                from torch.distributed.fsdp import fully_shard
+
+                mesh = self.device_mesh["data_parallel"]
+                for layer in (self.net[0], self.net[2]):
+                    fully_shard(layer, mesh=mesh)
+                fully_shard(self.net, mesh=mesh)
+
+    callback = CockpitCallback(configuration("economy", extras=True), dirpath=f"{path}.cockpit", dashboards=False,
+                               diagnose=False)
+    strategy = ModelParallelStrategy(data_parallel_size=world, tensor_parallel_size=1) if world > 1 else "auto"
+    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=world, strategy=strategy, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=path, callbacks=[callback], use_distributed_sampler=False)
+    part = BATCH // world  # rank r: its part of every batch of the other tests
+    mine = [i for i in range(BATCH * BATCHES) if (i % BATCH) // part == rank]
+    data = torch.utils.data.Subset(_loader().dataset, mine)
+    trainer.fit(Sharded(), torch.utils.data.DataLoader(data, batch_size=part))
+    return callback.cockpit.get_output()
+
+
+def test_model_parallel_strategy_with_fully_shard_equals_one_process(tmp_path):
+    """FSDP2 under Lightning (ModelParallelStrategy, 2 CPU processes, gloo, each rank its half of every
+    batch): the callback's record equals one process's on the whole batch."""
+    import pickle
+    import socket
+
+    import torch.multiprocessing as mp
+    from experiments import fsdp_equality
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = str(tmp_path / "record")
+    mp.spawn(_sharded_fit, args=(2, path, port), nprocs=2, join=True)
+    with open(f"{path}.0", "rb") as file:
+        sharded = pickle.load(file)
+    single = _fit_fsdp(str(tmp_path / "single"), 1)
+    worst, problems = fsdp_equality.compare((single, []), (sharded, []))
+    assert not problems and set(worst) >= {"GradNorm", "NormTest", "GradVariance", "Alpha"}, (problems, worst)
+    assert max(error for name, error in worst.items() if "counts" not in name) <= 1e-12, worst

@@ -23,6 +23,7 @@ from cockpit_lite.engine.rules.embedding import EmbeddingRule
 from cockpit_lite.engine.rules.generic import GenericRule
 from cockpit_lite.engine.rules.linear import LinearRule, TransposedLinearRule
 from cockpit_lite.engine.rules.norm import BatchNormRule, GroupNormRule, LayerNormRule, RMSNormRule
+from cockpit_lite.utils.shards import module_class
 
 __all__ = ["GENERIC", "RULES", "RULES_BY_NAME", "TransposedLinearRule", "UnsupportedCall", "rule_for"]
 
@@ -52,8 +53,8 @@ GENERIC = GenericRule()
 
 
 def rule_for(module):
-    """The rule for ``module``'s own parameters."""
-    kind = type(module)
+    """The rule for ``module``'s own parameters (a module ``fully_shard``-ed by FSDP2: its original class's)."""
+    kind = module_class(module)
     rule = RULES.get(kind)
     if rule is None:
         rule = RULES_BY_NAME.get((kind.__module__, kind.__name__), GENERIC)

@@ -30,11 +30,13 @@ import inspect
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
+from torch.nn.utils.stateless import _reparametrize_module
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils import _pytree as pytree
 
 from cockpit_lite.engine.rules.base import Rule, UnsupportedCall, batch_axis, compute_dtype, output_grad, rerun
 from cockpit_lite.transforms import PerSample
+from cockpit_lite.utils.shards import module_class, whole
 
 
 class GenericRule(Rule):
@@ -58,7 +60,7 @@ class GenericRule(Rule):
         in_axes = _input_axes(module, flat, names, batch_size)
         out_axes = _output_axes(module, call, batch_size)
         dtype = compute_dtype(*[t for t in flat if torch.is_tensor(t)], *[p for _, p, _ in tracked])
-        params = {name: param.detach().to(dtype) for name, param, _ in tracked}
+        params = {name: whole(param).detach().to(dtype) for name, param, _ in tracked}  # (FSDP2: gathered)
         buffers = {name: buffer.detach().clone() for name, buffer in module.named_buffers()}
         inputs = [
             _cast(flat[i].detach(), dtype).unsqueeze(axis + 1) for i, axis in in_axes.items()
@@ -72,7 +74,7 @@ class GenericRule(Rule):
             for i, value in zip(in_axes, batched):
                 leaves[i] = value
             args, kwargs = rebuild(leaves)
-            outputs = pytree.tree_leaves(functional_call(module, {**buffers, **theta}, args, kwargs))
+            outputs = pytree.tree_leaves(_call(module, {**buffers, **theta}, args, kwargs))
             return sum((g * outputs[p]).sum() for p, g in zip(positions, grads))
 
         device = inputs[0].device.type if inputs else "cpu"
@@ -97,6 +99,15 @@ class GenericRule(Rule):
             name: PerSample(param, index, grad_batch=grads[name].reshape(batch_size, *param.shape))
             for name, param, index in tracked
         }
+
+
+def _call(module, state, args, kwargs):
+    """``functional_call``; a module ``fully_shard``-ed by FSDP2 without its hooks, which would
+    all-gather and put its own (unsharded) parameters in place of ``state``'s."""
+    if module_class(module) is type(module):
+        return functional_call(module, state, args, kwargs)
+    with _reparametrize_module(module, state):
+        return module.forward(*args, **kwargs)
 
 
 def _loop(objective, params, inputs, in_dims, deltas, out_dims, batch_size, module, gpus):

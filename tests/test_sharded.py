@@ -1,0 +1,259 @@
+"""A model sharded by FSDP2 (``fully_shard``, CPU processes, gloo, float64): every first-order
+quantity, the diagnosis signals and findings equal those of one process on the whole batch; the
+curvature and the global path are NaN with the reason; what is not supported is refused with a fix
+that works. One set of processes runs every multi-process case (starting them costs more than the
+training)."""
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import problems
+from cockpit_lite import Cockpit, configuration, sharded
+from experiments import fsdp_equality, memory_flatness
+from experiments.fsdp_equality import Case
+
+RTOL = 1e-12
+SIGNAL_RTOL = 1e-5
+"""The diagnosis signals ``ActivationStats`` and ``InputStats`` reduce in float32 in one process
+(by design); the sharded run adds the ranks' float64 sums."""
+
+
+def _loss_of(loss_class):
+    return lambda out, y: loss_class()(out.reshape(-1, out.shape[-1]) if out.dim() > 2 else out,
+                                       y.reshape(-1) if y.dim() > 1 else y)
+
+
+PROBLEMS = {name: (build, inputs, targets, _loss_of(loss)) for name, (build, loss, inputs, targets)
+            in problems.BUILDERS.items() if name in ("vit_like", "gpt", "custom", "resnet_gn", "resnet_bn_train")}
+"""Models of ``tests/problems.py`` as ``fsdp_equality.MODELS`` entries (``Case(source=...)``)."""
+
+HERE = "test_sharded:PROBLEMS"
+
+CASES_2 = {  # name -> Case, run by 2 ranks
+    "mlp_unequal_sgd": Case("mlp", "sgd", shards=(5, 3), steps=3),  # + CABS and EarlyStopping
+    "transformer_mixed_adamw": Case("transformer", "adamw", sharding="mixed", steps=3),
+    "mlp_layernorm_momentum": Case("mlp_layernorm", "sgd_momentum", steps=3),
+    "samples": Case("mlp", "sgd_momentum", shards=(5, 3), steps=3, options={"samples": 3}),
+    "vit_like": Case("vit_like", "sgd_momentum", steps=2, source=HERE),  # attention, shared tensors
+    "gpt_tied": Case("gpt", "adamw", steps=2, source=HERE),  # tied head, bare positions
+    "custom_layer": Case("custom", "sgd", steps=2, source=HERE),  # torch.func's re-run (GENERIC)
+    "group_norm": Case("resnet_gn", "sgd_momentum", steps=2, source=HERE),
+}
+CASES_4 = {
+    "mlp_4": Case("mlp", "adamw", steps=3),
+    "transformer_4": Case("transformer", "sgd_momentum", shards=(3, 2, 2, 1), steps=3),
+}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    cases = dict(CASES_2, bn_train=Case("resnet_bn_train", "sgd", steps=1, source=HERE),
+                 curvature=Case("mlp", "sgd", steps=2, options={"diagnose": False},
+                                more=("HessTrace", "HessMaxEV", "TICDiag")),
+                 mixed_precision=Case("mlp_layernorm", "adamw", steps=2, dtype="float32", param_dtype="bfloat16",
+                                      options={"diagnose": False}))
+    return fsdp_equality.run_cases(cases, 2, _Checks, str(tmp_path_factory.mktemp("ranks")))
+
+
+@pytest.mark.parametrize("name", sorted(CASES_2))
+def test_two_ranks_equal_one_process(two_ranks, name):
+    _assert_equal(CASES_2[name], two_ranks[name][0], name)
+
+
+def test_four_ranks_equal_one_process(tmp_path):
+    results = fsdp_equality.run_cases(CASES_4, 4, directory=str(tmp_path))
+    for name, case in CASES_4.items():
+        _assert_equal(case, results[name][0], name)
+
+
+def _assert_equal(case, sharded_result, name):
+    single = fsdp_equality.train(case)
+    worst, problems_found = fsdp_equality.compare(single, sharded_result)
+    assert not problems_found, (name, problems_found)
+    assert set(worst) >= {"GradNorm", "NormTest", "InnerTest", "OrthoTest", "GradVariance", "MeanGSNR", "Alpha",
+                          "Distance", "UpdateSize", "Loss", "GradHist1d", "GradHist2d"}, (name, sorted(worst))
+    for quantity, error in worst.items():
+        if quantity.endswith("(counts)"):
+            continue  # moved only around 0 (else ``compare`` names a problem)
+        limit = SIGNAL_RTOL if quantity in ("ActivationStats", "InputStats") else RTOL
+        assert error <= limit, (name, quantity, error)
+    record = single[0]
+    if "samples" in case.options:
+        assert all(record[step]["batch"].get("samples") == case.options["samples"] for step in record)
+
+
+class _Checks:
+    """What the ranks check in the same processes, after the cases (``run_cases``'s ``extra``)."""
+
+    def __init__(self, rank, world):
+        self.rank, self.world = rank, world
+
+    def run(self):
+        found = {}
+        model = fsdp_equality.MODELS["mlp"][0]().double()
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(model[0])  # the root is not sharded: the rest's gradients are not averaged
+        with pytest.raises(ValueError, match=r"fully_shard the root module too") as error:
+            Cockpit(model, diagnose=False)
+        found["unsharded_root"] = str(error.value)
+        fully_shard(model)  # the fix
+        found["fixed"] = Cockpit(model, configuration("economy"), diagnose=False).group.sharded
+        found["in_backward"] = _runs_in_backward()
+        found["undisturbed"] = _parameters_after(True) == _parameters_after(False)
+        return found
+
+
+def _parameters_after(tracked, steps=3):
+    """This rank's rows of every parameter after ``steps`` AdamW steps of the sharded transformer, with
+    ``economy`` and the diagnosis at every step (``tracked``) or without a Cockpit (as bytes)."""
+    case = Case("transformer", "adamw")
+    torch.manual_seed(0)
+    model = fsdp_equality.GPT().double()
+    fsdp_equality.shard(model, "layers")
+    opt = fsdp_equality.OPTIMIZERS["adamw"](model.parameters())
+    cp = Cockpit(model, configuration("economy")) if tracked else None
+    rank, part = dist.get_rank(), fsdp_equality.BATCH // dist.get_world_size()
+    for step, (x, y) in enumerate(fsdp_equality.batches(case, fsdp_equality.BATCH)[:steps]):
+        opt.zero_grad()
+        loss = fsdp_equality.token_loss(model(x[rank * part:(rank + 1) * part]), y[rank * part:(rank + 1) * part])
+        memory_flatness.backward(cp, step, loss, opt)
+        opt.step()
+    return [p.to_local().detach().numpy().tobytes() for p in model.parameters()]
+
+
+def _runs_in_backward():
+    """Whether every rule-served parameter's transforms ran inside the backward pass (its layer's)."""
+    inside, original = [], sharded.ShardedGroup.run
+
+    def recording(self, transforms, per_sample, batch=None, scratch=None):
+        inside.append(torch._C._current_graph_task_id() >= 0)
+        return original(self, transforms, per_sample, batch, scratch)
+
+    sharded.ShardedGroup.run = recording
+    try:
+        fsdp_equality.train(Case("transformer", "sgd", steps=1, options={"diagnose": False}), dist.get_rank(),
+                            dist.get_world_size())
+    finally:
+        sharded.ShardedGroup.run = original
+    return inside
+
+
+def test_transforms_run_inside_the_layers_backward_pass(two_ranks):
+    """A rank never holds a layer's individual gradients past its backward pass: their transforms ran
+    there, each parameter's (2 Linear per block of 2 blocks, 2 LayerNorm, 1 embedding, the head...)."""
+    inside = two_ranks["_checks"][0]["in_backward"]
+    assert len(inside) == sum(1 for _ in fsdp_equality.GPT().parameters()) and all(inside)
+
+
+def test_training_is_not_disturbed(two_ranks):
+    """The parameters after three tracked steps are those of the same sharded training without a Cockpit,
+    bit for bit, on every rank."""
+    assert all(checks["undisturbed"] for checks in two_ranks["_checks"])
+
+
+def test_unsharded_root_is_refused_with_the_fix(two_ranks):
+    checks = two_ranks["_checks"][0]
+    assert "0.weight" not in checks["unsharded_root"] and "2.weight" in checks["unsharded_root"]
+    assert checks["fixed"]
+
+
+def test_batchnorm_in_training_mode_is_flagged(two_ranks):
+    """Parameters before a BatchNorm in training mode need the global path: NaN with the reason
+    under FSDP2 (one process: exact), the others as one process."""
+    record = two_ranks["bn_train"][0][0][0]
+    flags = " ".join(record.get("flags", []))
+    assert "global path" in flags and "Fix: BatchNorm in eval mode" in flags
+    norms = record["layers"]["NormTest"] if "layers" in record and "NormTest" in record["layers"] else None
+    assert math.isnan(record["NormTest"]) and norms is not None and any(math.isnan(v) for v in norms)
+    assert all(math.isfinite(v) for v in record["GradNorm"])
+
+
+def test_curvature_is_nan_with_the_reason(two_ranks):
+    record = two_ranks["curvature"][0][0]
+    for entry in record.values():
+        for name in ("HessTrace", "HessMaxEV", "TICDiag"):
+            assert math.isnan(entry[name])
+            assert any(flag.startswith(f"{name}: not computed on a model sharded by FSDP2") and "storage of size 0"
+                       in flag for flag in entry["flags"])
+        assert math.isfinite(entry["NormTest"])
+
+
+def test_mixed_precision_is_flagged_at_every_step(two_ranks):
+    """FSDP2's ``MixedPrecisionPolicy(param_dtype=bfloat16)``: the statistics of the bfloat16 passes, within
+    bfloat16's rounding of the float32 step's (one process, no sharding), each step flagged with why."""
+    sharded_record = two_ranks["mixed_precision"][0][0]
+    single = fsdp_equality.train(Case("mlp_layernorm", "adamw", steps=2, dtype="float32", options={"diagnose": False}))[0]
+    assert sorted(sharded_record) == sorted(single)
+    for step, entry in sharded_record.items():
+        assert any(f.startswith("FSDP2 mixed precision (param_dtype=torch.bfloat16)") and "Fix: MixedPrecisionPolicy"
+                   in f for f in entry["flags"])
+        for name in ("NormTest", "InnerTest", "OrthoTest", "MeanGSNR", "GradVariance"):
+            assert entry[name] == pytest.approx(single[step][name], rel=5e-2), (step, name)
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_one_rank_equals_no_sharding(one_rank):
+    """``fully_shard`` on one process (the docs' block run as is): the values of the unsharded model."""
+    case = Case("transformer", "adamw", steps=2)
+    worst, found = fsdp_equality.compare(fsdp_equality.train(case), fsdp_equality.train(case, 0, 1))
+    assert not found and max(e for q, e in worst.items() if q not in ("ActivationStats", "InputStats")) <= RTOL
+
+
+def test_parameters_without_the_model_are_refused_with_the_fix(one_rank):
+    from torch.distributed.fsdp import fully_shard
+
+    model = fsdp_equality.MODELS["mlp"][0]().double()
+    fully_shard(model)
+    with pytest.raises(ValueError, match=r"Fix: pass the model, Cockpit\(model"):
+        Cockpit(model.parameters(), diagnose=False)
+    assert Cockpit(model, diagnose=False).group.sharded  # the fix
+
+
+def test_accumulation_is_refused_with_the_fix(one_rank):
+    from torch.distributed.fsdp import fully_shard
+
+    model = fsdp_equality.MODELS["mlp"][0]().double()
+    fully_shard(model)
+    with pytest.raises(ValueError, match=r"accumulate=True\) on a model sharded by FSDP2.*Fix: accumulate=False"):
+        Cockpit(model, diagnose=False, accumulate=True)
+    assert not Cockpit(model, diagnose=False, accumulate=False).accumulate  # the fix
+
+
+@pytest.mark.parametrize("style", ["ColwiseParallel", "RowwiseParallel"])
+def test_tensor_parallel_is_refused_with_the_fix(one_rank, style):
+    """Tensor parallel: a weight sharded by rows without fully_shard, or by columns; the fix
+    (fully_shard) works: ``test_one_rank_equals_no_sharding``."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import parallel
+
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2)).double()
+    parallel.parallelize_module(model, init_device_mesh("cpu", (1,)), {"0": getattr(parallel, style)()})
+    with pytest.raises(ValueError, match=r"(sharded otherwise|no module of it is sharded by fully_shard).*"
+                                         r"Fix: shard the model with (torch.distributed.fsdp.)?fully_shard"):
+        Cockpit(model, diagnose=False)
+
+
+def test_fsdp1_is_refused_with_the_fix(one_rank, monkeypatch):
+    """FSDP1 (``FullyShardedDataParallel``): refused, naming FSDP2's ``fully_shard`` (which works:
+    ``test_one_rank_equals_no_sharding``). FSDP1 itself needs a GPU to wrap a model: a stand-in
+    subclass of it is what the check sees."""
+    from torch.distributed.fsdp import fully_sharded_data_parallel as fsdp1
+
+    class Wrapped(fsdp1.FullyShardedDataParallel):
+        def __init__(self, module):
+            nn.Module.__init__(self)
+            self.inner = module
+
+    with pytest.raises(ValueError, match=r"FullyShardedDataParallel \(FSDP1\).*Fix: shard it with FSDP2"):
+        Cockpit(Wrapped(nn.Linear(3, 2)), diagnose=False)
