@@ -683,6 +683,7 @@ class _StepContext:
         self.grads_after = None
         self._loss_hook, self.backward_seen, self.seed = None, False, None
         self.results, self.batch_size, self.engine_flags = {}, None, []
+        self.noise = set()  # the parameters whose gradient was zero up to rounding (``Engine.noise``)
         self.diagonals = {}  # ``Needs.diagonals``' request -> its diagonal (or the error it raised)
         self.passes = []  # the infos of the step's backward passes (several under accumulation)
         self.seeds = []  # each pass's σ (``_reached``), None where the loss hook did not fire
@@ -838,6 +839,7 @@ class _StepContext:
                 with backpack_untouched():
                     results, batch_size, flags = cockpit.engine.finish()
                 owner.engine_flags.extend(flags)
+                owner.noise |= cockpit.engine.noise
                 if owner.window is None:
                     owner.results, owner.batch_size = results, batch_size
             if exc is not None:
@@ -969,7 +971,7 @@ class _StepContext:
         data = StepData(
             self.step, params, cockpit.names, self.info, self.results, batch_size,
             self.transforms, self.grads_before, cockpit.group, cockpit.engine.pass_grads, self.grads_after,
-            self.diagonals,
+            self.diagonals, self.noise,
         )
         if not cockpit.accumulate and self.transforms and _held_gradients(self.grads_before):
             cockpit._note("accumulated", (

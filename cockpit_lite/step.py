@@ -28,7 +28,7 @@ class StepData:
     """
 
     def __init__(self, step, params, names, info, per_sample, batch_size, transforms, grads_before=None,
-                 group=None, pass_grads=None, grads_after=None, diagonals=None):
+                 group=None, pass_grads=None, grads_after=None, diagonals=None, noise=()):
         self.step = step
         self.params = params
         self.names = names
@@ -48,6 +48,9 @@ class StepData:
             self.grads = [pass_grads[i].reshape(p.shape) if i in pass_grads else g for i, (p, g) in enumerate(zip(params, self.grads))]
         self._per_sample = per_sample
         self._diagonals = diagonals or {}
+        self.noise = set(noise)
+        """Indices of the parameters whose gradient is zero up to rounding (the engine's rules and autograd
+        disagree on it beyond its own size: an attention key bias, a bias right before a BatchNorm)."""
         self._transforms = {t.key: t for t in transforms}
         self.subset = getattr(info, "subset", None)
 
@@ -121,7 +124,8 @@ class StepData:
 
         the difference is not a measurement (it comes out 0, negative, or rounding noise of the
         size of ``level``): ``difference < level`` is NaN with a flag naming the quantity, the
-        parameter (or the whole network) and the numbers. Strictly below: a tensor with no
+        parameter (or the whole network) and the numbers. So is a parameter whose gradient is zero up
+        to rounding (``noise``: its spread and its norm are both noise, the level rule cannot tell). Strictly below: a tensor with no
         gradient (``terms = 0``) keeps its value. The elementwise variances of
         ``centred_squares`` are NaN on a negative element; the sign alone misses a spread that
         comes out 0 or positive noise (``OrthoTest`` 5.7e-5 against 3.2e-7; ``GradVariance``
@@ -139,7 +143,10 @@ class StepData:
         """
         level = self.rounding_level(terms, total)
         lost = difference < level
-        if not bool(lost.any()):
+        noise = torch.zeros_like(lost)
+        for index in self.noise:  # a gradient zero up to rounding: its spread and its norm are noise alike
+            noise[index + total] = True
+        if not bool((lost | noise).any()):
             return values, []
         names = ["the whole network"] * total + list(self.names)
         indices = lost.nonzero().reshape(-1).tolist()
@@ -147,8 +154,13 @@ class StepData:
             f"{quantity}: {what} of {names[index]} is lost "
             f"in the rounding in {difference.dtype}: {d:.3g} against a rounding level of {l:.3g}: NaN"
             for index, d, l in zip(indices, difference[lost].tolist(), level[lost].tolist())
+        ] + [
+            f"{quantity}: the gradient of {names[index]} is zero up to rounding (the engine's and autograd's "
+            "sums of its individual gradients disagree beyond its own size: a bias the loss cannot see, such "
+            "as an attention key bias or a bias right before a BatchNorm): its value would be rounding noise: NaN"
+            for index in (noise & ~lost).nonzero().reshape(-1).tolist()
         ]
-        return torch.where(lost, torch.full_like(values, float("nan")), values), flags
+        return torch.where(lost | noise, torch.full_like(values, float("nan")), values), flags
 
     def per_sample(self, key):
         """Per-parameter values of the transform with ``key`` (see ``cockpit_lite.transforms``).

@@ -100,3 +100,50 @@ def test_no_false_alarms_on_healthy_models(case, monkeypatch):
         single, double = values[(torch.float32, name)], values[(torch.float64, name)]
         error = (single - double).abs() / double
         assert bool((error <= 2 * level / difference).all()), f"{name}: {error.tolist()} against {(level / difference).tolist()}"
+
+
+class _KeyBias(torch.nn.Module):
+    """Single-head attention with a key projection of its own (its bias shifts every score of a query alike,
+    which the softmax cannot see: its gradient is zero in exact arithmetic), then a Linear with a bias
+    right before a BatchNorm in training mode, which removes what every sample shares: that bias, and the
+    value projection's bias (added alike to every sample's attention output), have no gradient either."""
+
+    def __init__(self):
+        super().__init__()
+        self.query, self.key, self.value = (torch.nn.Linear(3, 4) for _ in range(3))
+        self.lin, self.norm, self.head = torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        scores = self.query(x) @ self.key(x).transpose(1, 2) / 2
+        h = (scores.softmax(-1) @ self.value(x)).mean(1)
+        return self.head(torch.relu(self.norm(self.lin(h))))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_gradient_zero_up_to_rounding_is_nan_and_flagged(dtype):
+    """The key bias and the biases before the BatchNorm (global path): their individual gradients are rounding
+    noise (norms of ~1e-17 against ~1e-1), their gradient tests ratios of noise (a NormTest of 1.54 against a
+    brute force of 0.85, both noise): NaN with a flag naming the parameter; the other parameters and the
+    whole network keep their values."""
+    torch.manual_seed(0)
+    model = _KeyBias().to(dtype)
+    names = [n for n, _ in model.named_parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cp = problems.Cockpit(model, [NormTest(), InnerTest(), OrthoTest()], diagnose=False)
+    g = torch.Generator().manual_seed(1)
+    for step in range(2):
+        x, y = torch.randn(6, 5, 3, generator=g, dtype=dtype), torch.randint(0, 3, (6,), generator=g)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        with cp(step, info={"loss": loss}):
+            loss.backward()
+        opt.step()
+        entry = cp.get_output()[step]
+        for name in ("NormTest", "InnerTest", "OrthoTest"):
+            layers = entry["layers"][name]
+            noise = {names.index("key.bias"), names.index("value.bias"), names.index("lin.bias")}
+            assert all(math.isnan(layers[i]) == (i in noise) for i in range(len(names))), (name, layers)
+            assert math.isfinite(entry[name])
+            for index in noise:
+                assert any(f.startswith(f"{name}: the gradient of {names[index]} is zero up to rounding")
+                           for f in entry["flags"]), entry["flags"]

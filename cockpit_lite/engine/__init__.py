@@ -78,6 +78,9 @@ GRAD_CHECK_RTOL = {torch.float64: 1e-6, torch.float32: 1e-3}
 """Largest relative difference between the rules' gradient and autograd's before a
 parameter is declared served wrongly (low-precision dtypes: ``LOW_PRECISION_RTOL``)."""
 LOW_PRECISION_RTOL = 5e-2
+NOISE_FACTOR = 10
+"""A gradient below the check's floor on which the rules and autograd disagree by more than this many
+times the check's tolerance, relative to its own norm, is rounding noise (``Engine.noise``)."""
 MODEL_SCALE_FRACTION = 1e-3
 """The check's floor: this fraction of the model's gradient norm, scaled to a parameter's
 size, stands in for a parameter's own norm when that is smaller (``Engine._check_gradients``)."""
@@ -102,6 +105,7 @@ class Engine:
         self.names = names
         self.index = {id(p): i for i, p in enumerate(params)}
         self.force_global = set()
+        self.noise = set()  # indices whose gradient was rounding noise in the last finished backward pass
         self._global_mode = global_path.Mode()
         self._warned = set()
         self._step = None
@@ -371,10 +375,11 @@ class Engine:
         finally:
             for path in state.paths:
                 path.remove()
+            self.noise = state.noise
             # the paths' callbacks hold the state: a reference cycle that would keep its tensors (each
             # parameter's served gradient, the dense sums) alive until Python's cycle collector runs
             state.paths, state.served, state.dense, state.pending, state.dense_grads = [], {}, {}, {}, {}
-            state.checks, state.waiting = {}, {}
+            state.checks, state.waiting, state.resummed = {}, {}, {}
             if state.pseudo is None:
                 self.forget()
             else:  # the calls serve the next pass (the user's): only this pass's output gradients go
@@ -641,6 +646,9 @@ class Engine:
         for samples, grads in global_path.individual_gradients(contributions, params, self._global_mode):
             with torch.no_grad():
                 for index, grad_batch, total in zip(indices, grads, totals):
+                    if state.subset is None:  # a second sum of the same gradient (``_check_gradients``: noise)
+                        part = grad_batch.sum(0).reshape(-1)
+                        state.resummed[index] = part if index not in state.resummed else state.resummed[index] + part
                     per_sample = _transforms.PerSample(
                         self.params[index], index, grad_batch=grad_batch, batch_size=state.batch_size,
                         grad_before=state.grads_before[index],
@@ -728,6 +736,12 @@ class Engine:
             low = param.dtype not in GRAD_CHECK_RTOL or engine.dtype not in GRAD_CHECK_RTOL or state.low_precision
             rtol = LOW_PRECISION_RTOL if low else GRAD_CHECK_RTOL[param.dtype]
             scale = max(norm, MODEL_SCALE_FRACTION * model * (param.numel() / size) ** 0.5)
+            disagreement = error
+            resummed = state.resummed.get(index)  # (the global path's: its VJPs' sum against their total's)
+            if resummed is not None and norm < scale:
+                disagreement = max(error, float((resummed.to(engine.dtype) - engine).norm()))
+            if norm < scale and disagreement > NOISE_FACTOR * rtol * norm:  # zero up to rounding: noises disagree
+                state.noise.add(index)
             if error > rtol * scale + 1e-30 and torch.isfinite(true).all():
                 away = f"{error / max(norm, 1e-30):.2g} (relative) away from autograd's"
                 if state.repeated:  # not a use the engine missed, nor (only) another loss
@@ -839,6 +853,8 @@ class _Step:
         self.seeds = {}  # subsampled: per parameter of several uses, the seed of their common sketch
         self.hooked = set()  # indices of parameters served by hooks on graph nodes (attention, shared tensors)
         self.pseudo = None  # a pseudo-loss's samples' terms (``Engine.pseudo_pass``), or None: the user's pass
+        self.noise = set()  # indices whose gradient is zero up to rounding (``Engine._check_gradients``)
+        self.resummed = {}  # global path: index -> the sum of its individual gradients, beside their total
         self.true_grads = None  # a pseudo-loss pass: autograd's gradient of it per parameter index
 
     def takes_autograd_grad(self, index):
