@@ -144,6 +144,6 @@ def test_a_gradient_zero_up_to_rounding_is_nan_and_flagged(dtype):
             noise = {names.index("key.bias"), names.index("value.bias"), names.index("lin.bias")}
             assert all(math.isnan(layers[i]) == (i in noise) for i in range(len(names))), (name, layers)
             assert math.isfinite(entry[name])
-            for index in noise:
-                assert any(f.startswith(f"{name}: the gradient of {names[index]} is zero up to rounding")
+            for index in noise:  # (or its spread's own rounding rule, where that fires first)
+                assert any(f.startswith(f"{name}: ") and names[index] in f and "rounding" in f
                            for f in entry["flags"]), entry["flags"]
