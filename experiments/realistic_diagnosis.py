@@ -425,12 +425,13 @@ def _evaluate(model, recipe, valid, generator):
     return loss, accuracy
 
 
-def train(name, seed=0, steps=None, economy=False, samples=None):
+def train(name, seed=0, steps=None, economy=False, samples=None, log=None):
     """Train recipe ``name`` under a Cockpit; returns ``(cockpit, summary)`` (summary: first/last loss, held-out).
 
     ``economy``: also track ``configuration("economy")`` (whose ``NormTest`` the
     ``noise_dominates`` rule reads); ``samples``: ``Cockpit(samples=...)`` (not for the
-    recipes that accumulate gradients, where it is refused: those run exact)."""
+    recipes that accumulate gradients, where it is refused: those run exact); ``log``: the
+    Cockpit's JSON-lines log."""
     import cockpit_lite
 
     recipe = RECIPES[name]
@@ -442,7 +443,7 @@ def train(name, seed=0, steps=None, economy=False, samples=None):
     quantities = (recipe.quantities() if recipe.quantities else []) + (
         cockpit_lite.configuration("economy") if economy else [])
     cp = cockpit_lite.Cockpit(model, quantities=quantities or None, accumulate=recipe.accumulate > 1,
-                              samples=samples if recipe.accumulate == 1 else None)
+                              samples=samples if recipe.accumulate == 1 else None, log=log)
     generator = torch.Generator().manual_seed(seed + 3)
     train_data, valid = data
     losses = []
