@@ -20,6 +20,7 @@ healthy runs and from the faulty ones.
 """
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -28,6 +29,9 @@ import time
 from experiments import broken_networks as bn
 from experiments import realistic_diagnosis as rd
 from experiments.common import single_thread
+
+RULES_DEFAULT = object()
+"""``Offline``'s default: the registered rules."""
 
 SUITES = {"toy": bn, "realistic": rd}
 """suite name -> module with ``SCENARIOS``/``RECIPES``, ``train`` and ``outcome``."""
@@ -59,30 +63,43 @@ def record(out, seeds, suites, only=None):
 
 
 class Offline:
-    """A kept run as the suites' ``outcome`` reads a Cockpit: ``findings`` and ``get_output()``."""
+    """A kept run as the suites' ``outcome`` reads a Cockpit: ``findings`` and ``get_output()``.
 
-    def __init__(self, log, rules=None):
+    ``findings`` are the run's findings, causes first (as ``diagnose`` gives them);
+    ``seen`` maps each to the step at which the rules raised it (a finding names the step
+    where its evidence begins, which can be earlier); ``emitted()`` is this run with every
+    finding's step replaced by that step, what "found by step N" is judged on.
+    """
+
+    def __init__(self, log, rules=RULES_DEFAULT):
         from cockpit_lite import log as _log
-        from cockpit_lite.diagnosis import diagnose
         from cockpit_lite.diagnosis.diagnose import Diagnosis
         from cockpit_lite.diagnosis.precedence import ordered
 
         self.header, self.record = _log.read_jsonl(log)
-        if rules is None:
-            self.findings = diagnose(log)
-        else:
-            params = self.header.get("params") or []
-            diagnosis = Diagnosis([p["name"] for p in params] or None, [p.get("shape") or [] for p in params] or None,
-                                  rules)
-            diagnosis.feed_record(self.record)
-            self.findings = [f for f, _ in ordered(diagnosis.findings)]
+        params = self.header.get("params") or []
+        diagnosis = Diagnosis([p["name"] for p in params] or None, [p.get("shape") or [] for p in params] or None,
+                              *(() if rules is RULES_DEFAULT else (rules,)))
+        self.seen = {}
+        for step in sorted(self.record):
+            for finding in diagnosis.feed(step, self.record[step])[0]:
+                self.seen[id(finding)] = step
+        self.findings = [f for f, _ in ordered(diagnosis.findings)]
 
     def get_output(self):
         return self.record
 
+    def emitted(self):
+        view = Offline.__new__(Offline)
+        view.header, view.record = self.header, self.record
+        view.findings = [dataclasses.replace(f, step=self.seen[id(f)]) for f in self.findings]
+        return view
+
 
 def verdict(suite, name, run):
-    """``(ok, first step of the expected finding or None)`` of one kept run, by the suite's own ``outcome``."""
+    """``(ok, first step at which the expected finding was raised, or None)`` of one kept run, by the suite's own
+    ``outcome`` applied to the steps at which the findings were raised."""
+    run = run.emitted()
     if suite == "toy":
         spec = bn.SCENARIOS[name]
         if spec.expect is None:  # the issue's criterion: no warning or error (info notes are allowed)
