@@ -178,6 +178,7 @@ class Scenario:
     batch: int = 32
     zero_grad: bool = True
     accumulate: int = 1
+    clip: Optional[float] = None  # clip the gradient norm to this before each optimizer step
     log_every: Optional[int] = None
     quantities: Optional[str] = None  # "economy" or a callable returning a list
     note: str = ""
@@ -368,6 +369,8 @@ def train(name, seed=0, log=None, quantities=None, steps=None, diagnose=True, sc
         with cp(step, info={"loss": loss, "optimizer": optimizer}):
             loss.backward()
         if (step + 1) % scenario.accumulate == 0:
+            if scenario.clip:
+                nn.utils.clip_grad_norm_(model.parameters(), scenario.clip)
             optimizer.step()
         if scenario.log_every and step % scenario.log_every == 0:
             train_loss, train_accuracy = _evaluate(model, scenario.loss, x, y)

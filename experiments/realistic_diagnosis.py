@@ -558,16 +558,16 @@ def _evaluate(model, recipe, valid, generator):
     return loss, accuracy
 
 
-def train(name, seed=0, steps=None, economy=False, samples=None, log=None):
+def train(name, seed=0, steps=None, economy=False, samples=None, log=None, recipe=None):
     """Train recipe ``name`` under a Cockpit; returns ``(cockpit, summary)`` (summary: first/last loss, held-out).
 
     ``economy``: also track ``configuration("economy")`` (whose ``NormTest`` the
     ``noise_dominates`` rule reads); ``samples``: ``Cockpit(samples=...)`` (not for the
     recipes that accumulate gradients, where it is refused: those run exact); ``log``: the
-    Cockpit's JSON-lines log."""
+    Cockpit's JSON-lines log; ``recipe``: a ``Recipe`` to train instead of ``RECIPES[name]``."""
     import cockpit_lite
 
-    recipe = RECIPES[name]
+    recipe = recipe or RECIPES[name]
     torch.manual_seed(seed)
     model, data, make_optimizer = recipe.build(seed)
     optimizer = make_optimizer(model.parameters())

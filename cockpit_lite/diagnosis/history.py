@@ -15,6 +15,8 @@ from cockpit_lite.diagnosis import thresholds as T
 
 #: Per-parameter lists whose network total is the root of the sum of squares.
 RSS = ("GradNorm", "ParamNorm", "UpdateSize")
+EARLY = 3
+"""Records that make the early gradient level."""
 
 
 def module_of(param_name):
@@ -93,7 +95,9 @@ class History:
         self.shapes = [tuple(s) for s in shapes] if shapes else None
         self.step = None
         self.losses = []          # (step, loss), non-finite kept
-        self.ratios = []          # (step, ‖Δθ‖/‖θ‖ total), known one step late; not where no optimizer step was
+        self.ratios = []          # (step, ‖Δθ‖/‖θ‖ total), known one step late: not where no optimizer step was,
+        #                           nor where the gradient had exploded (then the update measures the gradient)
+        self.grads = []           # (step, ‖g‖ total, per-tensor ‖g‖) of the first EARLY records that had not grown
         self.logs = []            # (step, {epoch key: value})
         self.nonfinite_at = None  # the first step with a non-finite loss
 
@@ -101,6 +105,7 @@ class History:
 
     def update(self, step, entry):
         self.step = step
+        exploded = self._see_gradient(step, entry.get("GradNorm"))
         if "Loss" in entry:
             self.losses.append((step, float(entry["Loss"]) if entry["Loss"] is not None else math.nan))
         bad = "nonfinite_loss" in (entry.get(_log.FLAGS) or []) or (self.losses and self.losses[-1][0] == step
@@ -113,13 +118,32 @@ class History:
             # nothing moved at a positive learning rate: no optimizer step came between this record and the
             # next (a micro-batch of gradient accumulation), which says nothing about the step size
             idle = moved == 0 and lr is not None and lr > 0
-            if total > 0 and finite(total) and not idle:
+            if total > 0 and finite(total) and not idle and not exploded:
                 self.ratios.append((step, moved / total))
         epoch = {k: entry[k] for k in _log.EPOCH_KEYS if k in entry}
         if epoch:
             self.logs.append((step, epoch))
 
+    def _see_gradient(self, step, grads):
+        """Keep the early gradient level; whether this record's total ‖g‖ is ``EXPLODE_GROWTH`` × above it."""
+        if not hasattr(grads, "__len__") or not len(grads):
+            return False
+        norms = [float(g) for g in grads]
+        total = rss(norms)
+        if not (finite(total) and total > 0):
+            return False
+        if len(self.grads) < EARLY and (not self.grads or total < T.EXPLODE_GROWTH * self.grad_level):
+            self.grads.append((step, total, norms))
+            return False
+        return total >= T.EXPLODE_GROWTH * self.grad_level
+
     # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def grad_level(self):
+        """The early gradient level: the median total ‖g‖ of the first ``EARLY`` finite records that had not grown
+        ``EXPLODE_GROWTH``-fold over the ones before (``nan`` before the first)."""
+        return statistics.median(t for _, t, _ in self.grads) if self.grads else math.nan
 
     def name(self, index):
         return self.names[index] if self.names and index < len(self.names) else f"param_{index}"

@@ -13,6 +13,7 @@ consecutive records, so that one noisy mini-batch cannot raise a finding.
 | lr_too_high | Loss, valid/test loss | learned ≥ ``LEARNED`` (30 %) of L₀, then the median of the last ``COLLAPSE_WINDOW`` (7) records climbs back ``COLLAPSE`` (60 %) of the way to L₀, sustained ``SUSTAIN``; with a logged held-out loss, it must have climbed back the same way | "learns and then collapses" (dead units, a blown-up step); a 7-median ignores up to 3 outlier batches (a regression with outlier targets swings 0.06 – 1.4 by batch while its held-out loss falls); mini-batch noise on digits moves it by < 20 % of the gained loss |
 | lr_too_high | UpdateSize, ParamNorm | median ‖Δθ‖/‖θ‖ of the last 3 steps ≥ ``HIGH_RATIO`` (0.5) while the 3-median loss stays ≥ 0.9 L₀ | measured: healthy SGD/Adam runs ≤ 0.11 per step (shallow sigmoid net at SGD 0.5); Adam at 0.3 gives 3.5 |
 | lr_too_high | UpdateSize, ParamNorm, Loss | a 3-step median ‖Δθ‖/‖θ‖ (the largest so far) ≥ ``OVERSHOOT_RATIO`` (0.2) and the 3-median loss is ≥ ``OVERSHOOT_LOSS`` (1.05) · L₀ | the healthy realistic runs (36): largest 3-step median update 0.003 – 0.029, largest 3-median loss in the first 20 records 1.0 – 1.07 L₀ (the Huber regression 3.8, at updates ≤ 0.013); healthy toy runs ≤ 0.11 with a falling loss; a char GPT with AdamW at 0.1 without warm-up: updates 0.27, loss 1.09 – 1.4 L₀ (3 seeds). The loss condition alone would be noise: it only counts together with updates ≥ 7× the healthy maximum |
+| lr_too_high | UpdateSize, ParamNorm | the suggested divisor of the learning rate: the updates' size (the finding's, else the largest 3-step median) / ``HEALTHY_STEP`` (0.03), at least 3 | the largest 3-step median update of the healthy realistic runs is 0.003 – 0.029; a fixed 10x left Adam at 0.3 on the CNN (updates 3.5) killing its ReLUs and a ViT at Adam 1.0 (8.6) diverging |
 | lr_too_high | NonfiniteOrigin | non-finite loss with non-finite parameters | an update made the weights Inf/NaN: divergence, not a bug in one op |
 | lr_too_low | Loss, UpdateSize, ParamNorm, learning rate | after ``MIN_STEPS`` (10), the lr not rising: loss moved < ``LOW_DROP`` (10 %) of L₀ either way (a worse loss is not a small step) **and** median ‖Δθ‖/‖θ‖ < ``LOW_RATIO`` (3e-4), every layer getting a gradient | healthy SGD/Adam runs move weights by 1e-3 – 1e-2 of their norm per step (Karpathy's 1e-3 rule); both conditions together separate a too small step from a hard problem; mini-batch noise alone moves a 5-record median loss by up to ±8 % of L₀ in the first records (a ViT and a ResNet-BN at lr ≤ 1e-4), so 2 % missed them; a warm-up is small on purpose |
 | lr_too_low | learning rate (GradPresence / cp.log), UpdateSize | late: the lr fell to ≤ 1/``LATE_COLLAPSE`` (30) of its peak at record S and ‖Δθ‖/‖θ‖ since is ≤ 1/``LATE_COLLAPSE`` of its largest 3-record median before, reached by a drop ≥ ``LATE_COLLAPSE``× in one step, or by step decays (≥ ``LATE_STEP`` (5)× between records) closer together than ``CLOSE_STEPS`` (0.5) × the step of the first, or smoothly (5 records of decrease) and then ``STALL_SHARE`` (0.25) × S steps at tiny updates | no healthy schedule divides the lr by 30 in one step (one decay is 10×); per-epoch milestones stepped every batch come 10 steps apart after 30 (a healthy staircase: 40 apart after 40); a healthy cosine, linear or OneCycle schedule is below 1/30 of its peak only in its last ~12 % of steps, the end of training (≤ 0.14 S); ExponentialLR(0.9) stepped per batch is below it from step 33 of 150 |
@@ -27,19 +28,23 @@ consecutive records, so that one noisy mini-batch cannot raise a finding.
 | shuffled_labels | valid/test accuracy (``cp.log``), Loss, UpdateSize, GradNorm/ParamNorm | held-out accuracy ≤ ``CHANCE_FACTOR`` (2) / C (at most half way from 1/C to 1), C = round(exp L₀), at ``SUSTAIN`` (3) logs after ``MIN_STEPS``, while the gradient reaches the first weight tensor (its relative gradient > ``VANISH_RATIO`` of the output end's: eight sigmoid layers at chance were called shuffled labels), the step size is not too small, the loss not diverging and the training loss not learning either (3-median ≥ ``CHANCE_LOSS`` (0.95) L₀) | labels independent of the inputs leave nothing to generalise; the shuffled-label twins' held-out accuracy 1 – 17 % (10 classes, 400 logs), a learning model's far above 20 % within 30 steps; with shuffled labels the training loss stays at 0.98 – 1.02 L₀ over the first logs (10 runs), while a ResNet-BN whose running statistics lag a OneCycle schedule was at chance held out at 0.51 – 0.90 L₀, and healthy accumulation ×4 (loss / 4 logged: C = round(exp(L₀ / 4)) = 2) falls below 0.95 L₀ as it learns; a deep ReLU net with PyTorch's default init (activations shrink 5× over 4 ReLU modules; ≤ 1/``ACT_GAIN`` left out) sits at chance with a flat loss for 20 – 45 steps before it learns |
 | nan_loss | Loss / flags, NonfiniteOrigin | the first non-finite loss | none needed |
 | noise_dominates | GradVariance (tr Σ), GradNorm, batch size (or NormTest²) | over a window of 5 records, B_simple / B = mean tr Σ / (B (mean ‖g‖² − mean tr Σ / B)) ≥ ``NOISE_RATIO`` (10) (‖g‖² of a batch overestimates ‖G‖² by tr Σ / B: subtracted) | measured: healthy digits MLP at B = 64 ≤ 3.8; B = 2 on noisy regression reaches 10 – ∞  McCandlish et al. 2018: below the noise scale B_simple, a step makes less progress than the same samples would in one batch; 10× means the batch is an order of magnitude too small ; above ``NOISE_QUOTE`` (1000) × B (or ∞) no batch size or lr factor is quoted (the estimate is then all noise); `info` while the loss (median of the last 3 or of the window's records) still falls below 0.9 L₀ |
-| edge_of_stability | HessMaxEV, GradPresence (lr, momentum) | η λ_max ≥ 2 (1 + β) (SGD, momentum β), 2 records | Cohen et al. 2021: gradient descent on a quadratic of curvature λ diverges for η > 2/λ; heavy-ball momentum moves the limit to 2(1+β)/λ |
+| edge_of_stability | HessMaxEV, GradPresence (lr, momentum) | η λ_max ≥ 2 (1 + β) (SGD, momentum β), 2 records | Cohen et al. 2021: gradient descent on a quadratic of curvature λ diverges for η > 2/λ; heavy-ball momentum moves the limit to 2(1+β)/λ ; ``info`` while the 3-median loss is below ``LEARNING`` (0.9) L₀: gradient descent trains at the edge of stability as a rule (Cohen et al. 2021), and no rate below 2/λ_max clears it for long (λ_max rose back past 2/η within 8 – 14 steps at 0.45 of the limit, full-batch digits MLP) |
 | overfitting | train/valid loss (``cp.log``) | levels = medians of the last ``OVERFIT_WINDOW`` (3) logs: held-out level ≥ (1 + ``OVERFIT_RISE``) (1.1) × its lowest level and ≥ ``OVERFIT_Z`` (2) σ above it (σ: the log-to-log noise of the held-out loss, MAD of the last ``OVERFIT_NOISE`` (10) differences), the training level fell ≥ ``OVERFIT_FALL`` (20 %) since, and the held-out level ≥ ``OVERFIT_GAP`` (3) × the training level | a rising trend beyond the noise of the evaluations, and memorisation (the training data fit much better than held-out data); healthy runs whose held-out loss rose for a while (warm restarts, BatchNorm statistics lagging, overconfident phases of Adam and deep ReLU nets; 5 seeds each) stayed within 2σ or within 3× of their training loss; single-log comparisons against the lowest log called 7 of them overfitting |
 
 Calibration (what each threshold was measured against, healthy spread → threshold):
 
-- Suites: the toy suite (``experiments/broken_networks.py``: 10 healthy MLP/CNN/transformer
-  twins on digits and synthetic data, 24 planted bugs) and the realistic suite
-  (``experiments/realistic_diagnosis.py``: 12 healthy recipes × 3 seeds — char GPT with AdamW,
-  warm-up + cosine, clipping, dropout; LSTM LM; ViT with a zero class token; ResNet-BN with SGD +
-  weight decay + OneCycle; bf16 autocast; accumulation ×4; batch 4 SGD; label smoothing + dropout;
-  Huber regression with outlier targets; a head on a frozen body; raw pixels into a first
-  BatchNorm; held-out numbers in cp.log's test slots — and 8 faulty twins × 3 seeds).
-  ``python -m experiments.realistic_diagnosis`` prints the spread below for every healthy run.
+- Suites: the toy suite (``experiments/broken_networks.py``: 12 healthy twins, MLP/CNN/transformer,
+  deep ReLU nets, on digits and synthetic data, 26 planted bugs) and the realistic suite
+  (``experiments/realistic_diagnosis.py``: 21 healthy recipes — char GPTs with AdamW, warm-up +
+  cosine or linear decay, clipping, dropout; LSTM LMs (Adam; SGD with clipping and step decays);
+  ViTs with a zero class token (fp32, bf16); ResNet-BN with SGD + weight decay (OneCycle, cosine);
+  bf16 autocast; accumulation ×4; batch 4 SGD; label smoothing + dropout; Huber regression with
+  outlier targets; a head on a frozen body; raw pixels into a first BatchNorm; held-out numbers in
+  cp.log's test slots; warm restarts; a classic staircase of step decays; deep ReLU nets; a CNN
+  whose held-out loss wobbles — and 32 faulty twins), every one on 5 seeds:
+  ``python -m experiments.seed_stability record`` / ``judge`` (the found/clean table and the
+  margins of every threshold, docs/diagnosis.md); ``python -m experiments.realistic_diagnosis``
+  prints the spread below for every healthy run.
 - ``SPIKE`` (2): 7-record median loss / L₀ over the 36 healthy realistic runs 0.95 – 1.02, except
   the Huber regression with outliers 1.35 – 2.73 (its mini-batch loss is dominated by the outlier
   batches; its held-out loss falls, which vetoes the rule).
@@ -79,6 +84,7 @@ TINY_WEIGHT = 0.01
 HIGH_RATIO = 0.5
 OVERSHOOT_RATIO = 0.2
 OVERSHOOT_LOSS = 1.05
+HEALTHY_STEP = 0.03
 DIVERGE_RATIO = 0.05
 VANISH_RATIO = 1e-3
 DEAD = 0.5
@@ -97,3 +103,4 @@ OVERFIT_FALL = 0.2
 OVERFIT_GAP = 3.0
 EOS = 2.0
 EOS_RECORDS = 2
+LEARNING = 0.9

@@ -41,7 +41,6 @@ from cockpit_lite.diagnosis.rules.base import Rule
 
 SUGGESTION = ("clip the gradient norm (torch.nn.utils.clip_grad_norm_), use a variance-preserving initialisation "
               "(Kaiming/Xavier), add normalisation layers or residual connections")
-EARLY = 3
 
 
 def robust_argmax(values):
@@ -56,7 +55,6 @@ class ExplodingGradients(Rule):
 
     def __init__(self):
         self.done = False
-        self.early = []          # (total, per-tensor norms) of the first finite records
         self.streak = Streak(T.SUSTAIN)
         self.relative = []       # (step, growth, ratios) of the current input-to-output streak
         self.initial = []        # (step, gain, chain) of the first records with a forward gain
@@ -101,17 +99,15 @@ class ExplodingGradients(Rule):
     # -- the total norm against its early level -------------------------------------------------
 
     def _growth(self, step, entry, total, norms, history):
-        if not (finite(total) and total > 0):
-            return []
-        if len(self.early) < EARLY and (not self.early or total < T.EXPLODE_GROWTH * self._level()):
-            self.early.append((total, norms))
-            return []
-        growth = total / self._level()
+        if not (finite(total) and total > 0) or any(s == step for s, _, _ in history.grads):
+            return []  # a record of the early level (History.grads) is not judged against it
+        level = history.grad_level
+        growth = total / level
         if growth < T.EXPLODE_GROWTH:
             return []
         per = []
         for i, now in enumerate(norms):
-            before = [n[i] for _, n in self.early if i < len(n) and finite(n[i])]
+            before = [n[i] for _, _, n in history.grads if i < len(n) and finite(n[i])]
             base = statistics.median(before) if before else 0.0
             per.append(now / base if base > 0 and finite(now) else 0.0)
         # the layer: the weight tensor whose gradient is largest against its weights, where the backward signal
@@ -126,17 +122,13 @@ class ExplodingGradients(Rule):
         where = module_of(history.name(index))
         return [Finding(
             self.KIND, where, step, "error",
-            f"the gradient norm is {fmt(growth, 2)}x its early level {fmt(self._level())} at step {step}; largest "
+            f"the gradient norm is {fmt(growth, 2)}x its early level {fmt(level)} at step {step}; largest "
             f"against its weights in {where!r} ({fmt(per[index], 2)}x its own early norm"
             + (f", ||g||/||w|| = {fmt(relative[index], 2)})" if index in relative else ")"),
             SUGGESTION,
-            {"growth": plain(growth), "early_level": plain(self._level()), "layer_growth": plain(per[index]),
+            {"growth": plain(growth), "early_level": plain(level), "layer_growth": plain(per[index]),
              "relative": plain(relative.get(index))},
         )]
-
-    def _level(self):
-        """The early level: the median total norm of the first ``EARLY`` finite records that had not grown."""
-        return statistics.median(t for t, _ in self.early)
 
     # -- the input end against the output end ---------------------------------------------------
 

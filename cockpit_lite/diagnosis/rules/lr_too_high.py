@@ -22,6 +22,9 @@
   finite loss was seen: when the first loss seen is already non-finite (tracking began
   late, e.g. after an overhead budget's untracked first steps), non-finite parameters
   may come from non-finite data at an unseen step, and ``nan_loss`` reports it.
+
+The suggestion quotes how far to lower the rate where the updates say it: by their size over
+``HEALTHY_STEP`` (``evidence["lr_divisor"]``, at least 3), else by 3-10x.
 """
 
 import math
@@ -113,4 +116,11 @@ class LrTooHigh(Rule):
         return []
 
     def _finding(self, step, message, evidence):
-        return Finding(self.KIND, None, step, "error", message, SUGGESTION, evidence)
+        ratio = evidence.get("update_ratio") or self.peak[0]
+        if not (finite(ratio) and ratio > T.HEALTHY_STEP):
+            return Finding(self.KIND, None, step, "error", message, SUGGESTION, evidence)
+        divisor = max(3.0, float(f"{ratio / T.HEALTHY_STEP:.2g}"))  # to the healthy updates' size
+        return Finding(self.KIND, None, step, "error", message,
+                       f"lower the learning rate by ~{divisor:.0f}x (updates of {fmt(ratio, 2)} of the weights' norm "
+                       f"per step; healthy runs take <= {fmt(T.HEALTHY_STEP)}), add warm-up, or clip the gradient norm",
+                       {**evidence, "lr_divisor": divisor})
