@@ -91,6 +91,11 @@ TABLES = {
     "memory_peak": _measured("memory_peak"),
     "per_sample_peers": _measured("per_sample_peers"),
     "memory_flatness": _measured("memory_flatness"),
+    "diagnosis_seeds": _measured("diagnosis_seeds"),
+    "diagnosis_margins": _measured("diagnosis_margins"),
+    "precedence": _measured("precedence"),
+    "sharpness_cost": _measured("sharpness_cost"),
+    "preflight_spread": _measured("preflight_spread"),
     "lr_comparison": _lr_table,
     "demo_last_epoch": _demo_summary,
 }

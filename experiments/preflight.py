@@ -141,7 +141,7 @@ def spread(rows):
                 good = [v for v in good if v <= parsed[1]]
             margins = _margin(*parsed, good, bad) if parsed and good else ("–", "–")
             good_text = span(good)
-        table.append([f"`{name}`", threshold, good_text, runs, span(bad) if faulty else "–",
+        table.append([f"`{name}`", threshold.replace("|", "\\|"), good_text, runs, span(bad) if faulty else "–",
                       f"{caught} of {len(faulty)}" if faulty else "–", *margins])
     return {"header": ["check", "threshold", "healthy: value when passed", "healthy runs", "planted bugs: value",
                        "planted bugs caught", "healthy margin", "faulty margin"], "rows": table}
