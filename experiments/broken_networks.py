@@ -22,7 +22,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from experiments.common import load_digits_tensors, mlp, single_thread
+from experiments.common import kaiming, load_digits_tensors, mlp, single_thread
 
 
 # ----------------------------------------------------------------------------- data
@@ -135,6 +135,16 @@ def scaled(model, factor, index=None):
     return model
 
 
+def randn_init(model):
+    """Every Linear weight drawn from N(0, 1) (``torch.randn``), biases 0: ~sqrt(fan_in) too large per layer."""
+    with torch.no_grad():
+        for layer in model.modules():
+            if isinstance(layer, nn.Linear):
+                layer.weight.normal_(0.0, 1.0)
+                layer.bias.zero_()
+    return model
+
+
 def biased(model, index, value):
     """Set the bias of the ``index``-th Linear layer to ``value``."""
     layer = [m for m in model.modules() if isinstance(m, nn.Linear)][index]
@@ -168,6 +178,7 @@ class Scenario:
     batch: int = 32
     zero_grad: bool = True
     accumulate: int = 1
+    clip: Optional[float] = None  # clip the gradient norm to this before each optimizer step
     log_every: Optional[int] = None
     quantities: Optional[str] = None  # "economy" or a callable returning a list
     note: str = ""
@@ -216,6 +227,12 @@ SCENARIOS = {
                                        also=("lr_too_low",)),
     "vanishing_detach": Scenario(lambda s: (Detached(), digits(s), sgd(0.1)), ("vanishing_gradients", "block.1"),
                                  note="features detached after the first block"),
+    "exploding_randn_relu_sgd": Scenario(lambda s: (randn_init(mlp([64] * 4)), digits(s), sgd(0.01)),
+                                         ("exploding_gradients", None),
+                                         note="4 ReLU layers with weights from torch.randn (std 1, not Kaiming)"),
+    "exploding_randn_relu_adam": Scenario(lambda s: (randn_init(mlp([128] * 3)), digits(s, scaling="standard"),
+                                                     adam(1e-3)), ("exploding_gradients", None),
+                                          note="3 ReLU layers with weights from torch.randn, Adam"),
     # -- activations
     "dead_relu_bias": Scenario(lambda s: (biased(mlp([64, 64]), 1, -4.0), digits(s), sgd(0.1)),
                                ("dead_relu", "4"), note="second hidden layer's bias initialised at -4"),
@@ -244,9 +261,10 @@ SCENARIOS = {
     "missing_zero_grad_adam_cnn": Scenario(lambda s: (cnn(), digits(s), adam(1e-3)), ("missing_zero_grad", None),
                                            zero_grad=False, note="no zero_grad, Adam on a CNN"),
     # -- non-finite values
-    "nan_handwritten_bce": Scenario(lambda s: (scaled(mlp([32], n_out=1), 40.0, 1), digits(s, binary=True),
+    "nan_handwritten_bce": Scenario(lambda s: (scaled(mlp([32], n_out=1), 100.0, 1), digits(s, binary=True),
                                                sgd(0.1)), ("nan_loss", "loss_fn"),
-                                    loss=handwritten_bce, note="BCE written with log(sigmoid), logits too large"),
+                                    loss=handwritten_bce, note="BCE written with log(sigmoid), logits too large "
+                                                               "(output weights 100x: 40x made no NaN on 4 of 8 seeds)"),
     "nan_div_custom": Scenario(lambda s: (nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(),
                                                         Lambda(lambda x: x / x[:, :1], "x / x[:, :1]"),
                                                         nn.Linear(32, 10)), digits(s), sgd(0.1)),
@@ -283,6 +301,11 @@ SCENARIOS = {
     "healthy_bce_handwritten": Scenario(lambda s: (mlp([32], n_out=1), digits(s, binary=True), sgd(0.2)),
                                         loss=lambda z, t: handwritten_bce(z, t, stable=True)),
     "healthy_sigmoid_shallow": Scenario(lambda s: (mlp([32], nn.Sigmoid), digits(s), sgd(0.5))),
+    "healthy_deep_relu_adam": Scenario(lambda s: (kaiming(mlp([64] * 6)), digits(s), adam(1e-3)), steps=300,
+                                       log_every=10, note="7 ReLU layers (Kaiming init), Adam, 300 steps, held-out logged"),
+    "healthy_deep_relu_sgd": Scenario(lambda s: (kaiming(mlp([128] * 5)), digits(s, scaling="standard"),
+                                                 sgd(0.02, 0.9)), steps=300, log_every=10,
+                                      note="6 ReLU layers (Kaiming init), SGD + momentum, held-out logged"),
     "healthy_accumulation": Scenario(lambda s: (mlp([64]), digits(s), sgd(0.1)), accumulate=2,
                                      note="gradient accumulation over 2 micro-batches, done right"),
 }
@@ -346,6 +369,8 @@ def train(name, seed=0, log=None, quantities=None, steps=None, diagnose=True, sc
         with cp(step, info={"loss": loss, "optimizer": optimizer}):
             loss.backward()
         if (step + 1) % scenario.accumulate == 0:
+            if scenario.clip:
+                nn.utils.clip_grad_norm_(model.parameters(), scenario.clip)
             optimizer.step()
         if scenario.log_every and step % scenario.log_every == 0:
             train_loss, train_accuracy = _evaluate(model, scenario.loss, x, y)

@@ -69,6 +69,15 @@ def mlp(widths, activation=nn.ReLU, n_in=64, n_out=10):
     return nn.Sequential(*layers)
 
 
+def kaiming(model):
+    """``model`` with Kaiming-normal weights (fan-in, ReLU gain; He et al. 2015) and zero biases in every Linear layer."""
+    for layer in model.modules():
+        if isinstance(layer, nn.Linear):
+            nn.init.kaiming_normal_(layer.weight, nonlinearity="relu")
+            nn.init.zeros_(layer.bias)
+    return model
+
+
 def finite(values):
     """The finite entries of ``values`` (None/NaN/Inf dropped) as a float array."""
     out = [float(v) for v in values if v is not None and math.isfinite(float(v))]

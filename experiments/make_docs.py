@@ -93,6 +93,11 @@ TABLES = {
     "memory_flatness": _measured("memory_flatness"),
     "fsdp_equality": _measured("fsdp_equality"),
     "fsdp_memory": _measured("fsdp_memory"),
+    "diagnosis_seeds": _measured("diagnosis_seeds"),
+    "diagnosis_margins": _measured("diagnosis_margins"),
+    "precedence": _measured("precedence"),
+    "sharpness_cost": _measured("sharpness_cost"),
+    "preflight_spread": _measured("preflight_spread"),
     "lr_comparison": _lr_table,
     "demo_last_epoch": _demo_summary,
 }

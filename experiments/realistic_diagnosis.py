@@ -30,7 +30,7 @@ from typing import Callable, Optional, Union
 import torch
 from torch import nn
 
-from experiments.common import load_digits_tensors, single_thread
+from experiments.common import kaiming, load_digits_tensors, single_thread
 
 # ----------------------------------------------------------------------------- data
 
@@ -277,6 +277,66 @@ def per_epoch_multistep_every_batch(optimizer, steps):
     return torch.optim.lr_scheduler.MultiStepLR(optimizer, [30, 40], 0.1)
 
 
+def milestone(step, gamma):
+    """``MultiStepLR(milestones=[step], gamma)``: the learning rate times ``gamma`` from ``step`` on."""
+    return lambda optimizer, steps: torch.optim.lr_scheduler.MultiStepLR(optimizer, [step], gamma)
+
+
+def warmup_then_milestone(warmup, step, gamma):
+    """Linear warm-up, then the rate times ``gamma`` from ``step`` on (a milestone meant in epochs)."""
+    return lambda optimizer, steps: torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * (gamma if s >= step else 1.0))
+
+
+def exponential(gamma):
+    """``ExponentialLR(gamma)`` stepped every batch: a smooth decay to almost nothing (meant per epoch)."""
+    return lambda optimizer, steps: torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma)
+
+
+def cosine_over(horizon, floor=1e-5):
+    """Cosine decay over ``horizon`` steps, then ``floor`` times the rate (the horizon given in epochs,
+    the scheduler stepped every batch)."""
+    return lambda optimizer, steps: torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: max(floor, 0.5 * (1 + math.cos(math.pi * min(1.0, s / horizon)))))
+
+
+def restarts(period):
+    """SGDR: cosine annealing with warm restarts every ``period`` steps (Loshchilov and Hutter 2017)."""
+    return lambda optimizer, steps: torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(optimizer, period)
+
+
+def step_decay(every, gamma=0.1):
+    return lambda optimizer, steps: torch.optim.lr_scheduler.StepLR(optimizer, every, gamma)
+
+
+def linear_warmup_decay(warmup=10):
+    """Linear warm-up, then linear decay to 0 at the last step (the Hugging Face default)."""
+    return lambda optimizer, steps: torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / max(1, steps - warmup))))
+
+
+def _lr_below(fraction):
+    """The onset of a decayed learning rate: the first record whose lr is <= ``fraction`` of the peak so far."""
+    def onset(record):
+        peak = 0.0
+        for step in sorted(record):
+            lr = (record[step].get("GradPresence") or {}).get("lr")
+            if lr is None:
+                continue
+            peak = max(peak, lr)
+            if lr <= fraction * peak:
+                return step
+        return 0
+
+    return onset
+
+
+def small_cnn(channels=16):
+    """Two conv blocks and a linear head on 8 x 8 digits, no normalisation."""
+    return nn.Sequential(nn.Conv2d(1, channels, 3, padding=1), nn.ReLU(), nn.Conv2d(channels, 2 * channels, 3, padding=1),
+                         nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(2 * channels * 16, 10))
+
+
 def _chars(model_factory, optimizer):
     def build(seed):
         train, valid, vocab = char_data(seed)
@@ -368,7 +428,7 @@ RECIPES = {
                                         ("shuffled_labels", None), log_slot="test", log_every=10,
                                         note="training labels permuted, held-out logged in the test slot"),
     "late_loss_scale_blowup": Recipe(lambda s: (mlp(), digits(s), sgd(0.02, momentum=0.0)),
-                                     ("exploding_gradients", "1"), steps=160, onset=100,
+                                     ("exploding_gradients", "3"), steps=160, onset=100,
                                      loss_scale=lambda step: 10.0 ** (max(0, step - 100) / 5),
                                      note="a loss scale that grows 10x every 5 steps from step 100"),
     "masked_mean_empty_row": Recipe(lambda s: (nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(),
@@ -397,6 +457,79 @@ RECIPES = {
     "full_batch_gd_lr_above_2_over_lambda": Recipe(
         lambda s: (mlp(), digits(s), sgd(2.0, momentum=0.0)), ("edge_of_stability", None), batch=1437, steps=60,
         quantities=_hess_max_ev, note="full-batch GD at lr 2, HessMaxEV tracked"),
+    # -- learning rates that collapse at a milestone (lr x 1e-4 .. 1e-3 in one step), several models and optimisers
+    "lr_collapse_resnet_adam": Recipe(lambda s: (resnet(), digits(s, upscale=True), adam(1e-3)), ("lr_too_low", None),
+                                      schedule=milestone(40, 1e-4), onset=40,
+                                      note="ResNet-BN, Adam, MultiStepLR milestone 40 with gamma 1e-4"),
+    "lr_collapse_gpt_warmup": Recipe(_chars(lambda v: CharGPT(v), adamw(3e-3)), ("lr_too_low", None), task="chars",
+                                     clip=1.0, schedule=warmup_then_milestone(10, 60, 1e-4), onset=60, steps=150,
+                                     note="char GPT, AdamW, warm-up then lr x 1e-4 at step 60"),
+    "lr_collapse_lstm_clipped": Recipe(_chars(lambda v: LstmLM(v), adam(3e-3)), ("lr_too_low", None), task="chars",
+                                       clip=1.0, schedule=milestone(50, 1e-3), onset=50, steps=150,
+                                       note="LSTM LM, Adam, MultiStepLR milestone 50 with gamma 1e-3"),
+    "lr_collapse_cnn_sgd": Recipe(lambda s: (small_cnn(), digits(s), sgd(0.05)), ("lr_too_low", None),
+                                  schedule=milestone(60, 1e-4), onset=60, note="CNN, SGD, milestone 60, gamma 1e-4"),
+    # -- a learning rate too small from the first step
+    "lr_tiny_gpt_adamw": Recipe(_chars(lambda v: CharGPT(v), adamw(1e-6)), ("lr_too_low", None), task="chars",
+                                clip=1.0, schedule=warmup_cosine(), steps=100, note="char GPT, AdamW at 1e-6"),
+    "lr_tiny_resnet_sgd": Recipe(lambda s: (resnet(), digits(s, upscale=True), sgd(1e-4, wd=5e-4)),
+                                 ("lr_too_low", None), note="ResNet-BN, SGD + momentum at 1e-4"),
+    "lr_tiny_lstm_adam": Recipe(_chars(lambda v: LstmLM(v), adam(1e-6)), ("lr_too_low", None), task="chars",
+                                clip=1.0, steps=100, note="LSTM LM, Adam at 1e-6"),
+    "lr_tiny_vit_adamw": Recipe(lambda s: (TinyViT(), digits(s, scaling="standard"), adamw(1e-6)),
+                                ("lr_too_low", None), note="ViT, AdamW at 1e-6"),
+    "lr_tiny_mlp_sgd": Recipe(lambda s: (mlp(), digits(s), sgd(1e-4, momentum=0.0)), ("lr_too_low", None),
+                              note="MLP, plain SGD at 1e-4"),
+    # -- a learning rate that decays smoothly to almost nothing early in the run
+    "lr_decay_exponential_mlp": Recipe(lambda s: (mlp(), digits(s), sgd(0.05)), ("lr_too_low", None), steps=150,
+                                       schedule=exponential(0.9), onset=_lr_below(1 / 30),
+                                       note="MLP, SGD, ExponentialLR(0.9) stepped every batch"),
+    "lr_decay_exponential_cnn_adam": Recipe(lambda s: (small_cnn(), digits(s), adam(1e-3)), ("lr_too_low", None),
+                                            steps=150, schedule=exponential(0.93), onset=_lr_below(1 / 30),
+                                            note="CNN, Adam, ExponentialLR(0.93) stepped every batch"),
+    "lr_decay_cosine_horizon_gpt": Recipe(_chars(lambda v: CharGPT(v), adamw(3e-3)), ("lr_too_low", None),
+                                          task="chars", clip=1.0, steps=150, schedule=cosine_over(40),
+                                          onset=_lr_below(1 / 30),
+                                          note="char GPT, cosine over 40 steps (an epoch count), then 1e-5 x"),
+    "lr_decay_cosine_horizon_lstm": Recipe(_chars(lambda v: LstmLM(v), adam(3e-3)), ("lr_too_low", None),
+                                           task="chars", clip=1.0, steps=150, schedule=cosine_over(50),
+                                           onset=_lr_below(1 / 30), note="LSTM LM, cosine over 50 steps, then 1e-5 x"),
+    # -- recurrent nets whose gradients explode (no clipping)
+    "irnn_lm_adam_unclipped": Recipe(_chars(lambda v: ReluRNN(v), adam(3e-2)), ("exploding_gradients", "rnn"),
+                                     task="chars", steps=60, note="identity-initialised ReLU RNN LM, Adam 3e-2"),
+    "irnn_wide_sgd_unclipped": Recipe(_chars(lambda v: ReluRNN(v, width=128), sgd(0.05, momentum=0.0)),
+                                      ("exploding_gradients", "rnn"), task="chars", steps=60,
+                                      note="identity-initialised ReLU RNN LM, 128 units, plain SGD 0.05"),
+    # -- sustained overfitting, several models
+    "overfit_cnn_small_noisy": Recipe(
+        lambda s: (small_cnn(32), digits(s, train_size=100, label_noise=0.2), adam(3e-3)), ("overfitting", None),
+        steps=300, log_every=5, onset=_held_out_minimum, note="a CNN memorising 100 digits with 20% wrong labels"),
+    "overfit_vit_small_noisy": Recipe(
+        lambda s: (TinyViT(), digits(s, scaling="standard", train_size=100, label_noise=0.2), adamw(3e-3, wd=0.0)),
+        ("overfitting", None), steps=300, log_every=5, onset=_held_out_minimum,
+        note="a ViT memorising 100 digits with 20% wrong labels"),
+    # -- more healthy recipes: schedules with restarts, steps and decays to 0, deep nets, held-out rises
+    "sgdr_restarts_mlp": Recipe(lambda s: (mlp(hidden=(128, 128)), digits(s), sgd(0.1)), schedule=restarts(30),
+                                steps=150, log_every=5, note="MLP, SGD, warm restarts every 30 steps"),
+    "resnet_bn_sgd_cosine_wd": Recipe(lambda s: (resnet(), digits(s, upscale=True), sgd(0.1, wd=5e-4)),
+                                      schedule=cosine, log_every=10, note="ResNet-BN, SGD + wd, cosine"),
+    "gpt_adamw_linear_decay": Recipe(_chars(lambda v: CharGPT(v), adamw(2e-3, wd=0.1)), task="chars", clip=1.0,
+                                     schedule=linear_warmup_decay(10), steps=150, log_every=10,
+                                     note="char GPT, AdamW wd 0.1, linear warm-up and decay to 0"),
+    "deep_relu_kaiming_adamw": Recipe(lambda s: (kaiming(mlp(hidden=(128,) * 5)), digits(s), adamw(1e-3)),
+                                      schedule=cosine, steps=300, log_every=5,
+                                      note="6 ReLU layers, Kaiming init, AdamW + cosine, 300 steps"),
+    "deep_relu_default_sgd": Recipe(lambda s: (mlp(hidden=(64,) * 4), digits(s, scaling="standard"), sgd(0.05)),
+                                    steps=300, log_every=10, note="5 ReLU layers, default init, SGD + momentum"),
+    "lstm_lm_sgd_step_decay": Recipe(_chars(lambda v: LstmLM(v), sgd(1.0, momentum=0.0)), task="chars", clip=0.25,
+                                     schedule=step_decay(50, 0.25), steps=150, log_every=10,
+                                     note="LSTM LM, SGD 1.0, clipping 0.25, lr / 4 every 50 steps"),
+    "mlp_three_step_decays": Recipe(lambda s: (mlp(), digits(s), sgd(0.1)), schedule=step_decay(40), steps=160,
+                                    log_every=10, note="MLP, SGD, lr / 10 at 40, 80, 120 (a classic schedule)"),
+    "bf16_autocast_vit": Recipe(lambda s: (TinyViT(), digits(s, scaling="standard"), adamw(1e-3)), bf16=True,
+                                schedule=warmup_cosine(10), note="ViT under bf16 autocast"),
+    "cnn_adam_small_held_out": Recipe(lambda s: (small_cnn(), digits(s), adam(3e-3)), steps=200, log_every=5,
+                                      note="CNN, Adam, held-out every 5 steps (it converges, then wobbles)"),
 }
 """name -> Recipe."""
 
@@ -425,15 +558,16 @@ def _evaluate(model, recipe, valid, generator):
     return loss, accuracy
 
 
-def train(name, seed=0, steps=None, economy=False, samples=None):
+def train(name, seed=0, steps=None, economy=False, samples=None, log=None, recipe=None):
     """Train recipe ``name`` under a Cockpit; returns ``(cockpit, summary)`` (summary: first/last loss, held-out).
 
     ``economy``: also track ``configuration("economy")`` (whose ``NormTest`` the
     ``noise_dominates`` rule reads); ``samples``: ``Cockpit(samples=...)`` (not for the
-    recipes that accumulate gradients, where it is refused: those run exact)."""
+    recipes that accumulate gradients, where it is refused: those run exact); ``log``: the
+    Cockpit's JSON-lines log; ``recipe``: a ``Recipe`` to train instead of ``RECIPES[name]``."""
     import cockpit_lite
 
-    recipe = RECIPES[name]
+    recipe = recipe or RECIPES[name]
     torch.manual_seed(seed)
     model, data, make_optimizer = recipe.build(seed)
     optimizer = make_optimizer(model.parameters())
@@ -442,7 +576,7 @@ def train(name, seed=0, steps=None, economy=False, samples=None):
     quantities = (recipe.quantities() if recipe.quantities else []) + (
         cockpit_lite.configuration("economy") if economy else [])
     cp = cockpit_lite.Cockpit(model, quantities=quantities or None, accumulate=recipe.accumulate > 1,
-                              samples=samples if recipe.accumulate == 1 else None)
+                              samples=samples if recipe.accumulate == 1 else None, log=log)
     generator = torch.Generator().manual_seed(seed + 3)
     train_data, valid = data
     losses = []

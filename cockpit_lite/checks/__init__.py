@@ -32,7 +32,8 @@ input_independent_baseline      loss(real) <= 0.9 loss(zeros)           a model 
                                 held-out gain >= 0.1 x headroom         inconclusive with too few held-out samples
 gradient_check                  error <= 1e-4 (float64, eps 1e-6)       rounding and truncation ~1e-10; bugs O(1)
 data_duplicates                 0 test rows in train (4 decimals/std)   any leak inflates the test score
-data_imbalance                  max / min class count <= 10             beyond 10:1 accuracy hides the rare classes
+data_imbalance                  max / min class count <= 10, or the     beyond 10:1 accuracy hides the rare classes;
+                                test split as imbalanced (z < 3)        a skewed split (not the data) is the bug
 data_normalization              |mean| <= 1, 0.2 <= std <= 5, and       [0, 1] images pass, 0..255 and 0..16 fail;
                                 feature std spread <= 100x              test split scaled like the training split
 data_nonfinite                  no NaN / Inf                            one NaN poisons the step that draws it

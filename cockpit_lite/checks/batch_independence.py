@@ -35,7 +35,7 @@ def forward(problem):
     """Changing sample j leaves every other sample's output unchanged."""
     name = "batch_independence_forward"
     if problem.batch_size < 2:
-        return CheckResult.skip(name, "needs a batch of at least 2 samples")
+        return CheckResult.undecided(name, "one sample has no other sample to leak into", "pass a batch of at least 2 samples")
     model, notes = problem.copy(mixing="eval")
     cases = [(_others(problem, j), (j,)) for j in _samples(problem)]
     leak = dependence.forward_leak(problem, model, cases)
@@ -48,7 +48,7 @@ def backward(problem):
     """The gradient of sample i's output with respect to sample j's input is zero."""
     name = "batch_independence_backward"
     if problem.batch_size < 2:
-        return CheckResult.skip(name, "needs a batch of at least 2 samples")
+        return CheckResult.undecided(name, "one sample has no other sample to leak into", "pass a batch of at least 2 samples")
     cases = [((i,), _others(problem, i), (i,)) for i in _samples(problem)]
     return dependence.backward_check(
         name, problem, cases,

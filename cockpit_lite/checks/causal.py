@@ -27,7 +27,8 @@ def _applies(problem, name):
     if sd is None:
         return CheckResult.skip(name, "not a sequence model (sequence_dim=None, task is not causal_lm)")
     if problem.x.dim() <= sd or problem.x.shape[sd] < 2:
-        return CheckResult.skip(name, f"the inputs have no sequence axis {sd} of length >= 2")
+        return CheckResult.undecided(name, f"the inputs have no sequence axis {sd} of length >= 2: no later position "
+                                     "to leak from", "pass sequences of at least 2 positions")
     model, _ = problem.copy()
     with torch.no_grad():
         out = model(problem.x)

@@ -46,6 +46,12 @@ class CheckResult:
         """A skipped result: the check does not apply, ``reason`` says why."""
         return cls(name, None, message=reason)
 
+    @classmethod
+    def undecided(cls, name, reason, to_pass, value=None, threshold=""):
+        """An inconclusive result: the check applies, the data given cannot decide it; ``reason`` says why and
+        ``to_pass`` what to pass so that it can."""
+        return cls(name, None, value, threshold, f"inconclusive: {reason}", to_pass, inconclusive=True)
+
     @property
     def status(self):
         """``"passed"``, ``"failed"``, ``"skipped"`` or ``"inconclusive"``."""

@@ -15,6 +15,8 @@ from cockpit_lite.diagnosis import thresholds as T
 
 #: Per-parameter lists whose network total is the root of the sum of squares.
 RSS = ("GradNorm", "ParamNorm", "UpdateSize")
+EARLY = 3
+"""Records that make the early gradient level."""
 
 
 def module_of(param_name):
@@ -38,6 +40,42 @@ def logged(entry, *keys):
     return None
 
 
+UNBOUNDED = ("ReLU", "LeakyReLU", "PReLU", "RReLU", "ELU", "CELU", "SELU", "GELU", "SiLU", "Softplus", "Mish")
+"""``ActivationStats`` types whose output grows with their input (the forward gain is read on them)."""
+
+
+
+def forward_gain(entry):
+    """``(g, [(module, RMS)])`` of one record, or ``None`` with fewer than 2 unbounded activation modules.
+
+    RMS = √(mean² + std²) of each ``UNBOUNDED`` module's output (``ActivationStats``, in the
+    order the modules ran) and g = (RMS_last / RMS_first)^(1/(k−1)), the mean factor by which
+    the activations grow from one such module to the next (a layer's forward gain, which is
+    its backward gain too).
+    """
+    stats = entry.get("ActivationStats")
+    if not isinstance(stats, dict):
+        return None
+    chain = []
+    for module, values in stats.items():
+        if not isinstance(values, dict) or values.get("type") not in UNBOUNDED:
+            continue
+        mean, std = values.get("mean"), values.get("std")
+        if finite(mean) and finite(std):
+            chain.append((module, math.sqrt(float(mean) ** 2 + float(std) ** 2)))
+    if len(chain) < 2 or chain[0][1] <= 0:
+        return None
+    return (chain[-1][1] / chain[0][1]) ** (1 / (len(chain) - 1)), chain
+
+
+def learning_rate(entry):
+    """The learning rate of a record (``GradPresence``'s, else a logged ``learning_rate``), or ``None``."""
+    presence = entry.get("GradPresence")
+    if isinstance(presence, dict) and finite(presence.get("lr")):
+        return float(presence["lr"])
+    return float(entry["learning_rate"]) if finite(entry.get("learning_rate")) else None
+
+
 def rss(values):
     arr = np.asarray(values, dtype=float)
     return float(np.sqrt(np.sum(arr**2))) if arr.size else math.nan
@@ -57,7 +95,9 @@ class History:
         self.shapes = [tuple(s) for s in shapes] if shapes else None
         self.step = None
         self.losses = []          # (step, loss), non-finite kept
-        self.ratios = []          # (step, ‖Δθ‖/‖θ‖ total), known one step late
+        self.ratios = []          # (step, ‖Δθ‖/‖θ‖ total), known one step late: not where no optimizer step was,
+        #                           nor where the gradient had exploded (then the update measures the gradient)
+        self.grads = []           # (step, ‖g‖ total, per-tensor ‖g‖) of the first EARLY records that had not grown
         self.logs = []            # (step, {epoch key: value})
         self.nonfinite_at = None  # the first step with a non-finite loss
 
@@ -65,6 +105,7 @@ class History:
 
     def update(self, step, entry):
         self.step = step
+        exploded = self._see_gradient(step, entry.get("GradNorm"))
         if "Loss" in entry:
             self.losses.append((step, float(entry["Loss"]) if entry["Loss"] is not None else math.nan))
         bad = "nonfinite_loss" in (entry.get(_log.FLAGS) or []) or (self.losses and self.losses[-1][0] == step
@@ -73,14 +114,36 @@ class History:
             self.nonfinite_at = step
         norms, update = entry.get("ParamNorm"), entry.get("UpdateSize")
         if isinstance(norms, (list, tuple, np.ndarray)) and isinstance(update, (list, tuple, np.ndarray)):
-            total = rss(norms)
-            if total > 0 and finite(total):
-                self.ratios.append((step, rss(update) / total))
+            total, moved, lr = rss(norms), rss(update), learning_rate(entry)
+            # nothing moved at a positive learning rate: no optimizer step came between this record and the
+            # next (a micro-batch of gradient accumulation), which says nothing about the step size
+            idle = moved == 0 and lr is not None and lr > 0
+            if total > 0 and finite(total) and not idle and not exploded:
+                self.ratios.append((step, moved / total))
         epoch = {k: entry[k] for k in _log.EPOCH_KEYS if k in entry}
         if epoch:
             self.logs.append((step, epoch))
 
+    def _see_gradient(self, step, grads):
+        """Keep the early gradient level; whether this record's total ‖g‖ is ``EXPLODE_GROWTH`` × above it."""
+        if not hasattr(grads, "__len__") or not len(grads):
+            return False
+        norms = [float(g) for g in grads]
+        total = rss(norms)
+        if not (finite(total) and total > 0):
+            return False
+        if len(self.grads) < EARLY and (not self.grads or total < T.EXPLODE_GROWTH * self.grad_level):
+            self.grads.append((step, total, norms))
+            return False
+        return total >= T.EXPLODE_GROWTH * self.grad_level
+
     # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def grad_level(self):
+        """The early gradient level: the median total ‖g‖ of the first ``EARLY`` finite records that had not grown
+        ``EXPLODE_GROWTH``-fold over the ones before (``nan`` before the first)."""
+        return statistics.median(t for _, t, _ in self.grads) if self.grads else math.nan
 
     def name(self, index):
         return self.names[index] if self.names and index < len(self.names) else f"param_{index}"

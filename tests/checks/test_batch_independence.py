@@ -30,11 +30,12 @@ def test_mixing_is_measured_and_fixed():
     assert "x.mean(0)" in report["batch_independence_backward"].fix
 
 
-def test_a_batch_of_one_is_skipped():
+def test_a_batch_of_one_is_inconclusive_and_asks_for_two_samples():
     case = CASES["digits_mlp"]()
     x, y = case.batch
     report = checks.run(case.model, case.loss_fn, (x[:1], y[:1]), checks=NAMES)
-    assert report.skipped == NAMES
+    assert report.inconclusive == NAMES and report.ok
+    assert all("at least 2 samples" in report[name].fix for name in NAMES)
 
 
 def test_integer_inputs_without_embedding_skip_the_backward_check():

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from check_cases import CASES
+from check_cases import BROKEN, CASES
 
 from cockpit_lite import checks
 
@@ -25,11 +25,30 @@ def test_near_exact_duplicates_are_found():
     assert result.value == 3 and "test indices [0, 1, 2]" in result.message
 
 
-def test_without_data_two_checks_look_at_the_batch_and_two_are_skipped():
+def test_without_data_two_checks_look_at_the_batch_and_two_are_inconclusive():
     case = CASES["digits_mlp"]()
     report = _report(case, data={})
-    assert report.skipped == ["data_duplicates", "data_imbalance"]
+    assert report.inconclusive == ["data_duplicates", "data_imbalance"] and report.skipped == []
+    assert "data={'x_train'" in report["data_duplicates"].fix and "y_test" in report["data_imbalance"].fix
     assert "the batch" in report["data_nonfinite"].message and report["data_normalization"].passed
+
+
+def test_imbalanced_data_passes_a_skewed_split_fails_and_without_a_test_split_it_is_inconclusive():
+    natural = CASES["natural_imbalance"]()  # 85 % of class 0 in both splits
+    result = _report(natural, natural.options["data"])["data_imbalance"]
+    assert result.passed and result.value > 10 and "the data is imbalanced, the split is not" in result.message
+    skewed = BROKEN["imbalanced_labels"]()
+    result = _report(skewed, skewed.options["data"])["data_imbalance"]
+    assert result.passed is False and "skewed" in result.message
+    train_only = {k: v for k, v in natural.options["data"].items() if k != "y_test"}
+    result = _report(natural, train_only)["data_imbalance"]
+    assert result.status == "inconclusive" and "y_test" in result.fix
+
+
+def test_too_few_labels_per_class_are_inconclusive():
+    small = CASES["small_data"]()  # 48 labels of 10 classes
+    result = _report(small, small.options["data"])["data_imbalance"]
+    assert result.status == "inconclusive" and "fewer than 5 labels per class" in result.message
 
 
 def test_imbalance_ratio_and_a_missing_class():

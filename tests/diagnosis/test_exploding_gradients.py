@@ -1,5 +1,6 @@
 """``exploding_gradients``: not from a tiny or zero-initialised tensor's relative gradient on its own;
-found late (gradients that start exploding at step 100) and while the loss spikes too (both findings);
+found late (gradients that start exploding at step 100) and while the loss spikes too (one finding: a
+spike after small updates is not lr_too_high);
 its layer choice is no near-tie of floats."""
 
 import logging
@@ -62,16 +63,26 @@ def test_both_tensors_at_the_input_end_fire():
     assert hits[0].evidence["largest"] == pytest.approx(30.0, rel=1e-3)
 
 
-def test_growth_over_the_early_level_is_found_even_while_the_loss_spikes():
+def test_growth_over_the_early_level_is_found_while_the_loss_spikes_and_the_spike_is_not_lr_too_high():
+    """The loss spikes after updates of 1e-3 of the weights: the gradients exploded, the step size did not
+    overshoot; one kind, exploding_gradients, in the tensor with the largest ||g||/||w||."""
     grads = [0.33, 0.5, 0.05, 0.4, 0.05, 0.3, 0.05]
     entries = [entry(s, 0.5) for s in range(3)]
     for s, factor in ((3, 30.0), (4, 4e4)):  # an LSTM without clipping: 0.6 -> 15,600 by step 4
         spiked = [g * (factor if i in (3, 4) else 2.0) for i, g in enumerate(grads)]
         entries.append(entry(s, 0.5, spiked, loss=2.3 * 10.0 ** (s - 2)))  # 23, then 230: the loss spikes too
     found = kinds(entries)
-    assert {"exploding_gradients", "lr_too_high"} <= {f.kind for f in found}, found
-    hit = next(f for f in found if f.kind == "exploding_gradients")
-    assert hit.layer == "block" and hit.step == 4
+    assert [f.kind for f in found] == ["exploding_gradients"], found
+    assert found[0].layer == "block" and found[0].step == 4
+
+
+def test_a_loss_spike_after_a_large_update_is_lr_too_high():
+    """The same spike after updates of 0.5 of the weights' norm: a step that overshot."""
+    entries = [entry(s, 0.5) for s in range(3)]
+    entries.append({**entry(3, 0.5, loss=23.0 * 2.3), "UpdateSize": [0.25, 2.0, 0.25, 1.5, 0.25, 1.0, 0.15]})
+    found = kinds(entries)
+    assert [f.kind for f in found] == ["lr_too_high"] and found[0].step == 3, found
+    assert found[0].evidence["update_ratio"] >= 0.2
 
 
 def test_the_layer_is_the_first_within_a_factor_2_of_the_largest():
@@ -102,3 +113,35 @@ def test_gradients_that_start_exploding_at_step_100_are_found_within_30_steps():
     hits = [f for f in cp.findings if f.kind == "exploding_gradients"]
     assert hits and 100 <= hits[0].step <= 130, cp.findings
     assert not [f for f in cp.findings if f.step < 100 and f.severity != "info"], cp.findings
+
+
+def test_the_layer_of_a_recurrent_explosion_is_the_recurrent_matrix_not_the_embedding():
+    """The embedding's gradient grew most over its own (tiny) early norm; the recurrent matrix's gradient is by
+    far the largest against its weights: that is where the backward signal is amplified."""
+    diagnosis = Diagnosis(names=["embed.weight", "rnn.weight_hh_l0", "head.weight"],
+                          shapes=[(90, 32), (64, 64), (90, 64)])
+    for step, grads in enumerate([[0.5, 30.0, 8.0]] * 3 + [[5e4, 1e6, 1e4]]):
+        diagnosis.feed(step, {"Loss": 4.5, "GradNorm": grads, "ParamNorm": [54.0, 8.0, 5.0]})
+    [hit] = diagnosis.findings
+    assert (hit.kind, hit.layer, hit.step) == ("exploding_gradients", "rnn", 3), hit
+    assert hit.evidence["growth"] > 100
+
+
+def relu_chain(rms):
+    return {"ActivationStats": {str(2 * i + 2): {"type": "ReLU", "mean": r, "std": 0.5 * r} for i, r in enumerate(rms)}}
+
+
+@pytest.mark.parametrize("rms, found", [
+    ([4.2, 37.0, 260.0], True),   # weights from torch.randn: ~8x per layer
+    ([0.55, 0.7, 0.92], False),   # a ResNet's blocks: 1.3x
+    ([0.16, 0.085, 0.054], False),  # PyTorch's default init: the activations shrink
+])
+def test_activations_growing_through_the_layers_at_initialisation(rms, found):
+    diagnosis = Diagnosis(names=NAMES, shapes=SHAPES)
+    for step in range(4):
+        diagnosis.feed(step, {**entry(step, 0.5), **relu_chain(rms)})
+    hits = [f for f in diagnosis.findings if f.kind == "exploding_gradients"]
+    assert bool(hits) == found, diagnosis.findings
+    if found:
+        assert hits[0].layer is None and hits[0].step == 0 and hits[0].evidence["gain"] == pytest.approx(
+            (260.0 / 4.2) ** 0.5, rel=1e-3)

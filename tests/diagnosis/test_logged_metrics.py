@@ -43,9 +43,11 @@ def chance_run(slot):
 
 
 def overfit_run(slot):
-    entries = {s: step_entry(1.0 - 0.02 * s) for s in range(41)}
-    for s, train, held in ((10, 0.9, 0.8), (20, 0.6, 0.7), (30, 0.4, 0.95), (40, 0.3, 1.1)):
-        entries[s].update(log(s, train, held, 0.8, slot))
+    entries = {s: step_entry(max(0.05, 1.0 - 0.02 * s)) for s in range(81)}
+    held = (0.8, 0.7, 0.68, 0.75, 0.85, 0.95, 1.05, 1.15)  # a minimum at step 30, then a steady rise
+    train = (0.9, 0.6, 0.4, 0.25, 0.15, 0.1, 0.07, 0.05)
+    for s, t, h in zip(range(10, 81, 10), train, held):
+        entries[s].update(log(s, t, h, 0.8, slot))
     return entries
 
 

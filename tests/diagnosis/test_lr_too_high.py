@@ -65,3 +65,20 @@ def test_overshooting_steps_while_the_loss_rises_are_lr_too_high():
 def test_large_steps_on_a_falling_loss_or_ordinary_steps_on_a_noisy_loss_are_not():
     assert overshoot([2.3, 2.2, 2.1, 1.9, 1.7, 1.5, 1.3]) == []
     assert overshoot([4.55, 3.68, 4.98, 5.43, 4.02, 4.09, 4.33], update=0.02) == []
+
+
+def heavy_tailed(update):
+    """A Huber regression whose first batches were lucky: the 7-record median loss is 2.3x L0 (outlier batches
+    swing the loss 0.24 - 3.5), with updates of ``update`` of the weights' norm."""
+    losses = [0.297, 3.46, 0.241, 0.824, 0.679, 0.845, 0.263, 0.7, 0.75, 0.8]
+    return _findings([(s, {"Loss": loss, "ParamNorm": [10.0, 1.0], "UpdateSize": [10.0 * update, update]})
+                      for s, loss in enumerate(losses)])
+
+
+def test_a_loss_above_twice_its_start_after_small_updates_is_not_a_divergence():
+    assert heavy_tailed(0.015) == []
+
+
+def test_the_same_losses_after_large_updates_are():
+    found = heavy_tailed(0.1)  # the rule itself, without the Diagnosis' once-per-kind: a finding per record
+    assert found and found[0].step == 6 and "rose from" in found[0].message

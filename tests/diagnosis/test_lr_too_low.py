@@ -1,7 +1,9 @@
 """``lr_too_low``: never on a loss worse than at the start; found late, within 30 steps of a
-learning-rate collapse mid-run; not on the tail of a smooth schedule or one healthy step decay."""
+learning-rate collapse mid-run (step decays too close together, one drop of 1e4, a per-batch exponential
+decay); not on the tail of a smooth schedule, one healthy step decay or a staircase of decays far apart."""
 
 import logging
+import math
 
 import pytest
 import torch
@@ -56,12 +58,71 @@ def test_a_per_epoch_multistep_schedule_stepped_every_batch_is_found_within_30_s
     assert not [f for f in findings if f.severity == "error"], findings
 
 
+@pytest.mark.parametrize("schedule, onset", [
+    (lambda o: torch.optim.lr_scheduler.MultiStepLR(o, [40], 1e-4), 40),  # a gamma of 1e-4: in one step
+    (lambda o: torch.optim.lr_scheduler.ExponentialLR(o, 0.9), 33),  # per epoch, stepped every batch: smoothly
+], ids=["milestone_gamma_1e-4", "exponential_per_batch"])
+def test_a_rate_that_collapses_in_one_step_or_decays_to_almost_nothing_is_found_within_30_steps(schedule, onset):
+    findings, emitted = train(schedule)
+    hits = [f for f in findings if f.kind == "lr_too_low"]
+    assert hits, findings
+    assert emitted["lr_too_low"] <= onset + 30 and hits[0].severity == "warning"
+
+
 @pytest.mark.parametrize("schedule", [
     lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 100),
     lambda o: torch.optim.lr_scheduler.OneCycleLR(o, 0.05, total_steps=100),
     lambda o: torch.optim.lr_scheduler.StepLR(o, 50, 0.1),
+    lambda o: torch.optim.lr_scheduler.StepLR(o, 30, 0.1),  # a staircase to lr / 1000: decays far apart
     lambda o: None,
 ])
 def test_healthy_schedules_are_not_flagged(schedule):
     findings, _ = train(schedule)
     assert findings == [], findings
+
+
+def synthetic(lrs, ratio_of_lr=0.1, loss=lambda s: 0.7 + 1.6 * math.exp(-s / 50)):
+    """Findings of a run whose records (every 10 steps after the first 10) have the learning rates ``lrs(step)``,
+    updates ``ratio_of_lr`` * lr of the weights' norm and the loss ``loss(step)`` (by default it learns);
+    ``(findings, {kind: step raised})``."""
+    diagnosis = Diagnosis(names=["w", "v"], shapes=[(4, 4), (2, 4)])
+    raised = {}
+    for step in [*range(10), *range(10, 400, 10)]:
+        lr = lrs(step)
+        entry = {"Loss": loss(step), "ParamNorm": [10.0, 5.0], "GradNorm": [0.1, 0.1], "GradPresence": {"lr": lr},
+                 "UpdateSize": [10.0 * ratio_of_lr(lr) if callable(ratio_of_lr) else 10.0 * ratio_of_lr * lr,
+                                5.0 * (ratio_of_lr(lr) if callable(ratio_of_lr) else ratio_of_lr * lr)]}
+        for f in diagnosis.feed(step, entry)[0]:
+            raised.setdefault(f.kind, step)
+    return diagnosis.findings, raised
+
+
+def cosine(horizon, peak=0.1):
+    return lambda s: peak * 0.5 * (1 + math.cos(math.pi * min(s, horizon) / horizon))
+
+
+def test_the_end_of_a_smooth_schedule_is_not_flagged_a_decay_that_ends_early_is():
+    """Cosine to 0 over 390 steps: below 1/30 of the peak for its last 12 % (not a quarter of the run before it);
+    the same cosine over 100 steps, then 290 steps at a rate near 0: found."""
+    assert synthetic(lambda s: max(cosine(390)(s), 1e-9))[0] == []
+    findings, raised = synthetic(lambda s: max(cosine(100)(s), 1e-7))
+    assert [f.kind for f in findings] == ["lr_too_low"] and raised["lr_too_low"] <= 90 + 30, findings
+
+
+def test_a_warm_up_is_small_on_purpose():
+    """A linear warm-up over 400 steps from 1e-6: tiny updates and a flat loss while the rate rises."""
+    assert synthetic(lambda s: 1e-6 + 1e-3 * s / 400, ratio_of_lr=0.01, loss=lambda s: 2.3)[0] == []
+
+
+def test_a_rate_collapse_the_updates_do_not_follow_is_not_flagged():
+    """The first parameter group's rate (what GradPresence reads) drops 1e4x; the updates stay as they were."""
+    assert synthetic(lambda s: 0.1 if s < 100 else 1e-5, ratio_of_lr=lambda lr: 1e-3)[0] == []
+
+
+def test_after_a_warm_restart_a_later_collapse_is_named_at_its_own_step():
+    """SGDR: a cosine to 1e-7 over 100 steps, restarted at 100; a milestone with gamma 1e-4 at step 250."""
+    def lrs(s):
+        return 1e-5 if s >= 250 else max(cosine(100)(s % 100), 1e-7) if s < 100 else 0.1
+    findings, raised = synthetic(lrs)
+    hits = [f for f in findings if f.kind == "lr_too_low"]
+    assert hits and hits[0].step == 250 and raised["lr_too_low"] <= 250 + 30, findings

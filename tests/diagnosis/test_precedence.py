@@ -22,7 +22,7 @@ def test_the_cause_comes_first_and_its_consequences_follow_it():
 
 
 def test_a_consequence_hangs_under_the_root_of_its_cause_s_chain():
-    other = finding("missing_zero_grad", 0)
+    other = finding("noise_dominates", 0)
     lr, dead, inputs = finding("lr_too_high", 2), finding("dead_relu", 3, "1"), finding("unnormalized_inputs", 5)
     assert ordered([other, lr, dead, inputs]) == [(other, None), (inputs, None), (lr, inputs), (dead, inputs)]
 
@@ -32,12 +32,12 @@ def test_unrelated_findings_keep_the_order_they_were_found_in():
     assert ordered([a, b]) == [(b, None), (a, None)]  # by step; noise is no measured cause of lr_too_high
 
 
-def test_non_finite_data_is_a_root_even_beside_a_large_learning_rate():
-    lr = finding("lr_too_high", 1)
+def test_non_finite_data_is_a_root_even_beside_exploding_gradients():
+    grown = finding("exploding_gradients", 1, "rnn", growth=3e4)
     data = finding("nan_loss", 2, module="input", op="input")
-    made = finding("nan_loss", 2, "3", module="3", op="div")
-    assert ordered([lr, data]) == [(lr, None), (data, None)]
-    assert ordered([lr, made]) == [(lr, None), (made, lr)]
+    made = finding("nan_loss", 2, "rnn", module="rnn", op=None)
+    assert ordered([grown, data]) == [(grown, None), (data, None)]
+    assert ordered([grown, made]) == [(grown, None), (made, grown)]
 
 
 def test_ordering_twice_changes_nothing_and_the_pairs_form_no_cycle():
@@ -82,8 +82,9 @@ def _readme_example(normalise=False, lr=0.1, log=None):
 
 
 def test_the_readme_example_lists_its_cause_first_and_fixing_it_clears_the_run(tmp_path):
-    """The README: normalising the inputs clears all three findings, lowering the learning
-    rate (what the first finding used to say) only one; every reader lists the cause first."""
+    """The README: normalising the inputs clears all three findings; lowering the learning rate leaves the
+    first, by 10x (what lr_too_high used to say) two, by the 380x it now says one; every reader lists the
+    cause first."""
     log = tmp_path / "run.jsonl"
     cp = _readme_example(log=str(log))
     kinds = [f.kind for f in cp.findings]
@@ -92,10 +93,21 @@ def test_the_readme_example_lists_its_cause_first_and_fixing_it_clears_the_run(t
     assert [f.kind for f in recorded(cp.get_output())] == kinds
     assert _readme_example(normalise=True).findings == []
     assert len(_readme_example(lr=0.01).findings) == 2
+    divisor = next(f for f in cp.findings if f.kind == "lr_too_high").evidence["lr_divisor"]
+    assert divisor == 380 and "by ~380x" in next(f for f in cp.findings if f.kind == "lr_too_high").suggestion
+    assert [f.kind for f in _readme_example(lr=0.1 / divisor).findings] == ["unnormalized_inputs"]
 
 
 @pytest.mark.parametrize("kind", sorted(CAUSES))
 def test_every_pair_names_known_kinds(kind):
     from cockpit_lite.diagnosis import KINDS
 
-    assert kind in KINDS and set(CAUSES[kind]) <= set(KINDS)
+    assert kind in KINDS and set(CAUSES[kind]) <= set(KINDS) | {"exploding_gradients:init"}
+
+
+def test_gradients_exploding_from_the_initialisation_are_a_root_later_growth_a_consequence():
+    init = finding("exploding_gradients", 0, gain=8.2)
+    lr, dead = finding("lr_too_high", 1), finding("dead_relu", 1, "2")
+    assert ordered([lr, dead, init]) == [(init, None), (lr, init), (dead, init)]
+    grown = finding("exploding_gradients", 1, "0", growth=240.0)
+    assert ordered([lr, grown]) == [(lr, None), (grown, lr)]

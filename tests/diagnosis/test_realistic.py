@@ -22,6 +22,13 @@ FAST = {  # name -> steps (short where the finding comes early)
     "deep_sigmoid_mlp": 20,
     "overfit_noisy_small_train_set": 200,
     "full_batch_gd_lr_above_2_over_lambda": 6,
+    "lr_collapse_cnn_sgd": 90,
+    "lr_decay_exponential_mlp": 70,
+    "lr_tiny_mlp_sgd": 20,
+    "irnn_wide_sgd_unclipped": 5,
+    "mlp_three_step_decays": 160,
+    "deep_relu_default_sgd": 60,
+    "sgdr_restarts_mlp": 150,
 }
 
 

@@ -1,11 +1,21 @@
 """``edge_of_stability``: η λ_max ≥ ``EOS`` (1 + β) for SGD with learning rate η and
 momentum β (Cohen et al. 2021), on ``EOS_RECORDS`` records where ``HessMaxEV`` is tracked.
-The message quotes λ_max and η of the first such record, the step it names."""
+The message quotes λ_max and η of the first such record, the step it names.
+
+Severity ``info`` while the loss still falls (the median of its last 3 records below
+``LEARNING`` (0.9) L₀): gradient descent trains at the edge of stability as a rule, its loss
+falling over the long run while λ_max rises back to 2/η after any lower rate (progressive
+sharpening); ``warning`` when the loss does not fall."""
 
 from cockpit_lite.diagnosis import thresholds as T
 from cockpit_lite.diagnosis.finding import Finding
 from cockpit_lite.diagnosis.history import Streak, finite, fmt, plain
 from cockpit_lite.diagnosis.rules.base import Rule
+
+
+def severity(history):
+    loss, ref = history.median_recent_loss(3), history.loss_ref
+    return "info" if finite(loss) and finite(ref) and loss < T.LEARNING * ref else "warning"
 
 
 class EdgeOfStability(Rule):
@@ -37,7 +47,7 @@ class EdgeOfStability(Rule):
             return []
         at, lr, lam, first_product = self.first  # every number quoted is the named step's
         return [Finding(
-            self.KIND, None, at, "warning",
+            self.KIND, None, at, severity(history),
             f"lr * lambda_max = {fmt(lr)} * {fmt(lam)} = {fmt(first_product)} >= {fmt(limit)} (the stability "
             f"limit 2(1+momentum)) at step {at}, and {fmt(product)} at step {step}: the step size is at the edge of "
             "stability",

@@ -1,15 +1,28 @@
 """``exploding_gradients``: gradients orders of magnitude larger than they should be.
 
-Two conditions, either one is enough (reported once):
+Three conditions, any one is enough (reported once):
+
+- *at initialisation*: on each of the first ``SUSTAIN`` records, the activations of the
+  unbounded activation modules (ReLU family, GELU, SiLU, ...; ``ActivationStats``, in the
+  order they ran) grow by a factor ≥ ``ACT_GAIN`` per module on average: g = (RMS_last /
+  RMS_first)^(1/(k−1)) over k ≥ 2 modules, RMS = √(mean² + std²). A layer's forward gain is
+  its backward gain too (the same Jacobian), so the gradients grow by g per layer towards
+  the input: weights drawn with std 1 (``torch.randn``) instead of ~√(2/fan_in) give
+  g ≈ √(fan_in/2). In a homogeneous ReLU net every layer's ‖g‖/‖θ‖ grows alike, so the
+  relative test below cannot see it, and the gradient norm starts high instead of growing.
+  Layer: ``None`` (every layer's initialisation).
 
 - *growth*: the total gradient norm ‖g‖ is ≥ ``EXPLODE_GROWTH`` times its early level (the
   median of its first 3 finite records that had not grown so, checked from the second
-  record on) on 2 consecutive records, or ≥ ``EXPLODE_SPIKE``
-  times on one (an LSTM without clipping goes 0.6 → 15,600 in 3 steps, then NaN). Checked at
-  every record of the run, so gradients that start exploding late are found within 2 records;
-  a loss that spikes at the same time does not hide it (``lr_too_high`` reports the loss).
-  Layer: the parameter whose own norm grew most over its early level (the first, in record
-  order, within a factor 2 of the largest growth: a near-tie of floats never decides it).
+  record on) on one record (an LSTM without clipping goes 0.6 → 15,600 in 3 steps, then NaN;
+  an identity-initialised RNN 29 → 28,000 in one step, then back or NaN). Checked at every
+  record of the run, so gradients that start exploding late are found at the first record
+  that shows it; a loss that spikes at the same time does not hide it.
+  Layer: the weight tensor with the largest relative gradient ‖g‖/‖θ‖ at that record (the
+  first, in record order, within a factor 2 of the largest: a near-tie of floats never
+  decides it), where the backward signal is amplified: an RNN's recurrent matrix, not the
+  embedding that inherits its gradient (whose growth over its own small early norm is as
+  large). Without parameter norms, the parameter whose own norm grew most over its early level.
 - *input to output*: relative gradients r = ‖g‖/‖θ‖ (weight tensors, tiny and zero-initialised
   ones left out, see ``History.relative_gradients``) at the input end ≥ ``EXPLODE_RATIO`` times
   those at the output end (max r of the last two), sustained ``SUSTAIN`` records. The input end
@@ -23,12 +36,11 @@ import statistics
 
 from cockpit_lite.diagnosis import thresholds as T
 from cockpit_lite.diagnosis.finding import Finding
-from cockpit_lite.diagnosis.history import Streak, finite, fmt, module_of, plain, rss
+from cockpit_lite.diagnosis.history import Streak, finite, fmt, forward_gain, module_of, plain, rss
 from cockpit_lite.diagnosis.rules.base import Rule
 
 SUGGESTION = ("clip the gradient norm (torch.nn.utils.clip_grad_norm_), use a variance-preserving initialisation "
               "(Kaiming/Xavier), add normalisation layers or residual connections")
-EARLY = 3
 
 
 def robust_argmax(values):
@@ -39,14 +51,13 @@ def robust_argmax(values):
 
 class ExplodingGradients(Rule):
     KIND = "exploding_gradients"
-    SIGNALS = ("GradNorm", "ParamNorm")
+    SIGNALS = ("GradNorm", "ParamNorm", "ActivationStats")
 
     def __init__(self):
         self.done = False
-        self.early = []          # (total, per-tensor norms) of the first finite records
-        self.grown = []          # (step, growth, per-tensor norms) of the current growth streak
         self.streak = Streak(T.SUSTAIN)
         self.relative = []       # (step, growth, ratios) of the current input-to-output streak
+        self.initial = []        # (step, gain, chain) of the first records with a forward gain
 
     def observe(self, step, entry, history):
         grads = entry.get("GradNorm")
@@ -54,7 +65,7 @@ class ExplodingGradients(Rule):
             return []
         norms = [float(g) for g in grads]
         total = rss(norms)
-        found = self._growth(step, total, norms, history)
+        found = self._initial(step, entry) or self._growth(step, entry, total, norms, history)
         if found:
             self.done = True
             return found
@@ -63,52 +74,60 @@ class ExplodingGradients(Rule):
             self.done = True
         return found
 
+    # -- the activations' growth through the layers at initialisation ----------------------------
+
+    def _initial(self, step, entry):
+        gain = forward_gain(entry) if len(self.initial) < T.SUSTAIN else None
+        if gain is None:
+            return []
+        self.initial.append((step, *gain))
+        if len(self.initial) < T.SUSTAIN or min(g for _, g, _ in self.initial) < T.ACT_GAIN:
+            return []
+        start, first_gain, chain = self.initial[0]
+        (low_name, low), (high_name, high) = chain[0], chain[-1]
+        return [Finding(
+            self.KIND, None, start, "error",
+            f"at step {start} the activations grow {fmt(first_gain, 2)}x per layer on average (RMS {fmt(low)} in "
+            f"{low_name!r} to {fmt(high)} in {high_name!r}, {len(chain)} activation modules; still "
+            f"{fmt(self.initial[-1][1], 2)}x at step {step}): the initial weights are too large, and the gradients "
+            "grow by the same factor per layer towards the input",
+            "initialise the weights for the activation (Kaiming: std sqrt(2/fan_in) for ReLU, or PyTorch's default "
+            "init instead of torch.randn), or add normalisation layers",
+            {"gain": plain(first_gain), "rms_first": plain(low), "rms_last": plain(high), "modules": len(chain)},
+        )]
+
     # -- the total norm against its early level -------------------------------------------------
 
-    def _growth(self, step, total, norms, history):
-        if not (finite(total) and total > 0):
-            if self.grown and not finite(total):  # grown, then non-finite: the explosion ran out of range
-                return self._report(step, self.grown[-1][1], history, overflow=True)
-            self.grown = []
-            return []
-        if not self.early:
-            self.early.append((total, norms))
-            return []
-        level = statistics.median(t for t, _ in self.early)
+    def _growth(self, step, entry, total, norms, history):
+        if not (finite(total) and total > 0) or any(s == step for s, _, _ in history.grads):
+            return []  # a record of the early level (History.grads) is not judged against it
+        level = history.grad_level
         growth = total / level
         if growth < T.EXPLODE_GROWTH:
-            self.grown = []
-            if len(self.early) < EARLY:
-                self.early.append((total, norms))
             return []
-        self.grown.append((step, growth, norms))
-        if len(self.grown) < 2 and growth < T.EXPLODE_SPIKE:
-            return []
-        return self._report(step, growth, history)
-
-    def _report(self, step, growth, history, overflow=False):
-        level = statistics.median(t for t, _ in self.early)
-        norms = self.grown[-1][2]
-        start, first_growth, first_norms = self.grown[0]
         per = []
-        for i in range(len(norms)):
-            before = [n[i] for _, n in self.early if i < len(n) and finite(n[i])]
+        for i, now in enumerate(norms):
+            before = [n[i] for _, _, n in history.grads if i < len(n) and finite(n[i])]
             base = statistics.median(before) if before else 0.0
-            now = statistics.median(n[i] for _, _, n in self.grown if i < len(n) and finite(n[i])) \
-                if any(i < len(n) and finite(n[i]) for _, _, n in self.grown) else 0.0
-            per.append(now / base if base > 0 else (math.inf if now > 0 else 0.0))
-        finite_per = [v if finite(v) else 0.0 for v in per]
-        index = robust_argmax(finite_per) if max(finite_per) > 0 else 0
+            per.append(now / base if base > 0 and finite(now) else 0.0)
+        # the layer: the weight tensor whose gradient is largest against its weights, where the backward signal
+        # is amplified (an RNN's recurrent matrix); a tensor's growth over its own early norm would reward a
+        # small early gradient instead (the embedding the RNN feeds its gradient to)
+        relative = dict(history.relative_gradients(entry) or ())
+        if relative:
+            indices = sorted(relative)
+            index = indices[robust_argmax([relative[i] for i in indices])]
+        else:  # no parameter norms: the largest growth over its own early norm
+            index = robust_argmax(per) if max(per) > 0 else 0
         where = module_of(history.name(index))
-        later = f", {fmt(growth, 2)}x at step {step}" if step != start else ""
-        if overflow:
-            later = f", non-finite at step {step}"
         return [Finding(
-            self.KIND, where, start, "error",
-            f"the gradient norm is {fmt(first_growth, 2)}x its early level {fmt(level)} at step {start}{later}; "
-            f"it grew most in {where!r} ({fmt(per[index], 2)}x its own early norm)",
+            self.KIND, where, step, "error",
+            f"the gradient norm is {fmt(growth, 2)}x its early level {fmt(level)} at step {step}; largest "
+            f"against its weights in {where!r} ({fmt(per[index], 2)}x its own early norm"
+            + (f", ||g||/||w|| = {fmt(relative[index], 2)})" if index in relative else ")"),
             SUGGESTION,
-            {"growth": plain(first_growth), "early_level": plain(level), "layer_growth": plain(per[index])},
+            {"growth": plain(growth), "early_level": plain(level), "layer_growth": plain(per[index]),
+             "relative": plain(relative.get(index))},
         )]
 
     # -- the input end against the output end ---------------------------------------------------

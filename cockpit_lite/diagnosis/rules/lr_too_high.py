@@ -1,9 +1,12 @@
 """``lr_too_high``: the loss spikes or diverges, or learns and then collapses.
 
 - spike / divergence: the median of the last ``COLLAPSE_WINDOW`` (7) finite losses
-  exceeds ``SPIKE`` · L₀ (unless a logged held-out loss is below its first log:
-  mini-batch losses dominated by a few outlier targets are not a divergence), or one
-  loss exceeds ``SPIKE_ONE`` times the first;
+  exceeds ``SPIKE`` · L₀ after updates of at least ``DIVERGE_RATIO`` of the weights' norm
+  (the largest 3-step median so far), unless a logged held-out loss is below its first log
+  (mini-batch losses dominated by a few outlier targets are not a divergence), or one
+  loss exceeds ``SPIKE_ONE`` times the first right after an update of at least
+  ``OVERSHOOT_RATIO`` of the weights' norm (the largest of the 3 before it): after small
+  updates a spike is a batch of outliers, or gradients that exploded (``exploding_gradients``);
 - collapse: the robust loss level (median of the last ``COLLAPSE_WINDOW`` records, so that
   heavy-tailed mini-batch losses, e.g. a regression with outlier targets, do not move it)
   went below (1 − ``LEARNED``) L₀, then climbs back ``COLLAPSE`` of the way to L₀ for
@@ -19,6 +22,9 @@
   finite loss was seen: when the first loss seen is already non-finite (tracking began
   late, e.g. after an overhead budget's untracked first steps), non-finite parameters
   may come from non-finite data at an unseen step, and ``nan_loss`` reports it.
+
+The suggestion quotes how far to lower the rate where the updates say it: by their size over
+``HEALTHY_STEP`` (``evidence["lr_divisor"]``, at least 3), else by 3-10x.
 """
 
 import math
@@ -69,10 +75,13 @@ class LrTooHigh(Rule):
                                    "loss": plain(history.median_recent_loss(3))})]
         first = next((v for _, v in history.losses if math.isfinite(v)), math.nan)
         last = history.losses[-1][1] if history.losses and history.losses[-1][0] == step else math.nan
-        if len(history.losses) >= 2 and first > 0 and last > T.SPIKE_ONE * first:
+        pushed = max((r for _, r in history.ratios[-3:] if finite(r)), default=0.0)  # the updates that led here
+        if len(history.losses) >= 2 and first > 0 and last > T.SPIKE_ONE * first and pushed >= T.OVERSHOOT_RATIO:
             return [self._finding(step, f"the loss spiked to {fmt(last)} at step {step}, "
-                                  f"{fmt(last / first, 2)}x its first value {fmt(first)}",
-                                  {"loss_first": plain(first), "loss": plain(last), "ratio": plain(last / first)})]
+                                  f"{fmt(last / first, 2)}x its first value {fmt(first)}, after an update of "
+                                  f"{fmt(pushed, 2)} of the weights' norm",
+                                  {"loss_first": plain(first), "loss": plain(last), "ratio": plain(last / first),
+                                   "update_ratio": plain(pushed)})]
         held = logged(entry, "valid_loss", "test_loss")
         if held is not None:
             first_held, best_held, _ = self.held or (held, held, held)
@@ -82,7 +91,7 @@ class LrTooHigh(Rule):
         if len(recent) < T.COLLAPSE_WINDOW or not math.isfinite(ref) or ref <= 0:
             return []
         median = statistics.median(recent)  # of 7 records: a few outlier batches do not move it
-        if median > T.SPIKE * ref and not improving:
+        if median > T.SPIKE * ref and not improving and self.peak[0] >= T.DIVERGE_RATIO:
             return [self._finding(step, f"the loss rose from {fmt(ref)} at the start to {fmt(median)} "
                                   f"(median of the {len(recent)} records up to step {step}), {fmt(median / ref, 2)}x "
                                   "its initial value",
@@ -107,4 +116,11 @@ class LrTooHigh(Rule):
         return []
 
     def _finding(self, step, message, evidence):
-        return Finding(self.KIND, None, step, "error", message, SUGGESTION, evidence)
+        ratio = evidence.get("update_ratio") or self.peak[0]
+        if not (finite(ratio) and ratio > T.HEALTHY_STEP):
+            return Finding(self.KIND, None, step, "error", message, SUGGESTION, evidence)
+        divisor = max(3.0, float(f"{ratio / T.HEALTHY_STEP:.2g}"))  # to the healthy updates' size
+        return Finding(self.KIND, None, step, "error", message,
+                       f"lower the learning rate by ~{divisor:.0f}x (updates of {fmt(ratio, 2)} of the weights' norm "
+                       f"per step; healthy runs take <= {fmt(T.HEALTHY_STEP)}), add warm-up, or clip the gradient norm",
+                       {**evidence, "lr_divisor": divisor})

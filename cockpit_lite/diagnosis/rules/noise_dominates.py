@@ -7,7 +7,7 @@ a batch's ‖g‖² overestimates the true ‖G‖² by tr Σ / B, so over the w
 of ‖g‖²). A ratio above ``NOISE_QUOTE`` (or ∞) quotes no batch size or learning-rate factor:
 the mean gradient is then indistinguishable from zero and any number would be noise.
 Severity ``info`` while the loss still falls (the median of its last 3 records, or of the
-window's, below 0.9 L₀: the first reacts to a fast fall, the second does not swing with
+window's, below ``LEARNING`` (0.9) L₀: the first reacts to a fast fall, the second does not swing with
 the batches' noise, which is what this rule is about), ``warning`` otherwise.
 Without ``GradVariance``, ``NormTest² = tr Σ / (B ‖g‖²)`` gives the same parts.
 """
@@ -43,7 +43,7 @@ class NoiseDominates(Rule):
         self.done = True
         ref = history.loss_ref
         loss = min(history.median_recent_loss(3), history.median_recent_loss(T.NOISE_WINDOW))
-        learning = finite(ref) and finite(loss) and loss < 0.9 * ref
+        learning = finite(ref) and finite(loss) and loss < T.LEARNING * ref
         severity = "info" if learning else "warning"  # a loss that falls anyway: the noise costs speed only
         span = f"over steps {window[0][0]}-{step}"
         if finite(ratio) and ratio <= T.NOISE_QUOTE:

@@ -1,0 +1,67 @@
+"""``overfitting``: a transient rise of the held-out loss on a healthy run is not overfitting; a sustained
+rise while the training loss falls far below it is found a few logs after it begins; one noisy
+evaluation never decides."""
+
+from cockpit_lite.diagnosis import Diagnosis
+
+
+def run(held, train, every=5):
+    """Findings of a run that logs ``held``/``train`` losses every ``every`` steps (records in between)."""
+    diagnosis = Diagnosis(names=["0.weight", "0.bias", "2.weight", "2.bias"], shapes=[(8, 4), (8,), (3, 8), (3,)])
+    found = []
+    for i, (h, t) in enumerate(zip(held, train)):
+        for step in range(i * every, (i + 1) * every):
+            entry = {"Loss": t, "ParamNorm": [5.0, 1.0, 3.0, 0.5], "UpdateSize": [0.01, 0.001, 0.006, 0.001],
+                     "GradNorm": [0.5, 0.1, 0.4, 0.1]}
+            if step == i * every:
+                entry.update(valid_loss=h, train_loss=t)
+            found += [(f, step) for f in diagnosis.feed(step, entry)[0] if f.kind == "overfitting"]
+    return found
+
+
+FALLING = [2.3 * 0.7 ** i for i in range(40)]  # the training loss falls all along, far below the held-out loss
+
+
+def test_a_transient_rise_is_not_overfitting():
+    """The held-out loss of a healthy run at 0.1 rises 50 % for three logs (a warm restart) and comes back,
+    its training loss close below it."""
+    held = [2.3 * 0.8 ** i for i in range(10)] + [0.11] * 5 + [0.16, 0.17, 0.15] + [0.1] * 10
+    train = [max(0.05, h * 0.8) for h in held]
+    assert run(held, train) == []
+
+
+def test_one_noisy_evaluation_is_not_overfitting():
+    held = [2.3 * 0.8 ** i for i in range(10)] + [0.1, 0.4, 0.1, 0.1, 0.45, 0.1, 0.1] + [0.1] * 8
+    assert run(held, FALLING[:len(held)]) == []
+
+
+def test_a_rise_within_the_noise_between_evaluations_is_not_overfitting():
+    """A held-out loss that scatters by +-0.25 between logs (a small held-out set) around a level that moves
+    from 0.7 to 0.8: 14 % up, but well within twice its noise."""
+    held = [2.3 * 0.86 ** i for i in range(6)] + [0.45, 0.7, 0.95] * 4 + [0.55, 0.8, 1.05] * 4
+    assert run(held, FALLING[:len(held)]) == []
+
+
+def test_a_sustained_rise_with_memorised_training_data_is_found_within_a_few_logs():
+    """Minimum 0.7 at log 8 (step 40), then +5 % per log while the training loss falls towards 0."""
+    held = [2.3 * 0.86 ** i for i in range(9)] + [0.7 * 1.05 ** k for k in range(1, 20)]
+    found = run(held, FALLING[:len(held)])
+    assert len(found) == 1, found
+    finding, seen = found[0]
+    assert finding.step in (40, 45, 50)  # the best held-out level: where to stop
+    assert seen <= 40 + 30, seen  # within 30 steps (6 logs) of the minimum
+
+
+def test_a_rise_close_to_the_training_loss_is_not_memorisation():
+    """The held-out loss rises 3 % per log from 0.7 while the training loss falls 4 % per log from 0.63:
+    a real rise, but the held-out loss stays within 2.5x of the training loss."""
+    held = [2.3 * 0.86 ** i for i in range(9)] + [0.7 * 1.03 ** k for k in range(1, 12)]
+    train = [0.9 * h for h in held[:9]] + [0.63 * 0.96 ** k for k in range(1, 12)]
+    assert run(held, train) == []
+
+
+def test_both_losses_rising_is_not_overfitting():
+    """The held-out loss rises 5 % per log after its minimum and the training loss with it (a divergence)."""
+    held = [2.3 * 0.86 ** i for i in range(9)] + [0.7 * 1.05 ** k for k in range(1, 20)]
+    train = FALLING[:9] + [FALLING[8] * 1.05 ** k for k in range(1, 20)]
+    assert run(held, train) == []
