@@ -13,7 +13,8 @@ therefore schedules *tiers* of quantities, read from what each declares it needs
 
 - tier 0, *bookkeeping*: no per-sample transform, no BackPACK extension, no Hessian-vector product;
 - tier 1, *per-sample*: per-sample transforms only;
-- tier 2, *curvature*: Hessian-vector products (``Needs.hvp``) or an extension.
+- tier 2, *curvature*: Hessian-vector products (``Needs.hvp``), an extension, or a diagonal the
+  engine computes by its own backward passes (``Needs.diagonals``: the exact GGN's, one per class).
 
 The schedules are nested (a step where a tier is due has every lower tier due too), so a
 step where tiers ``0..k`` are due costs ``C_k``, the cost of all of them together,
@@ -79,7 +80,7 @@ def tier_of(needs):
     """The tier (index into ``TIERS``) of a quantity that declared ``needs`` (``None``: nothing)."""
     if needs is None:
         return 0
-    if needs.hvp or needs.extensions:
+    if needs.hvp or needs.extensions or needs.diagonals:
         return 2
     return 1 if needs.transforms else 0
 

@@ -67,6 +67,7 @@ def test_tiers_come_from_what_a_quantity_needs():
     assert tier_of(Needs(transforms=(SumGradSquared(),))) == 1
     assert tier_of(Needs(transforms=(SumGradSquared(),), hvp=True)) == 2
     assert tier_of(Needs(extensions=(object(),))) == 2
+    assert tier_of(Needs(transforms=(SumGradSquared(),), diagonals=(object(),))) == 2  # the engine's GGN passes
 
 
 def test_calibration_sets_are_nested_and_shared_work_is_measured_once():
