@@ -23,7 +23,10 @@ the reference functions of the quantities' own tests:
 - ``WRONG``: anything else (a value off, or NaN without a flag).
 
 A set-up's cell is the worst of its values' outcomes (``WRONG`` < ``refused`` < ``est.`` <
-``exact``). The histograms are left out (tested against ``numpy`` on their own).
+``exact``), with notes; a single tensor's value that is NaN because its statistic is rounding
+noise (flagged: a gradient zero up to rounding, such as an attention key bias or a bias before a
+BatchNorm, or a spread lost in rounding; its brute force is noise as well) leaves it ``exact``,
+noted. The histograms are left out (tested against ``numpy`` on their own).
 """
 
 import argparse
@@ -278,6 +281,7 @@ REFERENCES = {
     "HessMaxEV": test_hess_max_ev.reference,
 }
 RANK = {"WRONG": 0, "refused": 1, "est.": 2, "exact": 3}
+"""A set-up's cell is the worst outcome of its values."""
 
 
 class _Autocast(nn.Module):
@@ -381,8 +385,25 @@ def _expected(quantity, meta, problem, snapshots, step):
     return [float(result)]
 
 
+SHORT = (  # a refusal's flag -> its short reason in the table
+    ("lost in the rounding", "a spread lost in rounding"),
+    ("zero up to rounding", "a gradient zero up to rounding"),
+    ("backward passes per step", "GGN passes > max_passes"),
+    ("no second derivative", "no double backward (hardsigmoid)"),
+    ("hardsigmoid", "no double backward (hardsigmoid)"),
+    ("accumulated step", "accumulated step"),
+)
+
+
+def _short(flags):
+    return next((label for marker, label in SHORT if marker in flags), flags[:60])
+
+
 def judge(name, column, steps):
-    """``(outcome, notes)`` of set-up ``name`` in ``column`` (see the module docstring)."""
+    """``(outcome, notes)`` of set-up ``name`` in ``column`` (see the module docstring): the notes say
+    which quantities were estimates and why any value was refused (NaN with a flag). A single tensor's
+    value that is NaN because its statistic is rounding noise (flagged: a gradient zero up to rounding,
+    a spread lost in rounding; its brute force is noise as well) leaves the set-up ``exact``, noted."""
     recipe = SETUPS[name][3]
     problem, record, snapshots = run(name, column, steps)
     rtol = 5e-2 if recipe == "bf16" else 1e-7
@@ -392,7 +413,7 @@ def judge(name, column, steps):
         nonlocal worst
         if RANK[outcome] < RANK[worst]:
             worst = outcome
-        if outcome != "exact" and text not in notes:
+        if text not in notes:
             notes.append(text)
 
     for step in range(steps - 1):
@@ -403,36 +424,31 @@ def judge(name, column, steps):
                 continue
             values, ses, meta = _values(entry, quantity)
             if all(math.isnan(v) for v in values):
-                note("refused" if quantity in flags or "flags" in entry else "WRONG",
-                     f"{quantity}: NaN" + (f" ({_reason(quantity, flags)})" if flags else " without a flag"))
+                note("refused" if flags else "WRONG", f"{quantity} refused: {_short(flags)}" if flags
+                     else f"{quantity}: NaN without a flag")
                 continue
             try:
                 expected = _expected(quantity, meta, problem, snapshots, step)
-            except RuntimeError as error:  # no second derivative (hardsigmoid): no dense Hessian
-                notes.append(f"{quantity}: not checked, no brute force ({str(error)[:60]})")
+            except RuntimeError:  # no second derivative (hardsigmoid): no dense Hessian to compare with
+                note("exact", f"{quantity} not checked (no brute force)")
                 continue
             tolerance = max(1e-3, rtol) if quantity == "HessMaxEV" else rtol
             scale = max(abs(e) for e in expected) or 1.0
             for value, se, want in zip(values, ses, expected):
-                if math.isnan(value):  # one tensor's value (zero up to rounding, a use the engine missed)
-                    note("refused" if flags else "WRONG", f"{quantity}: a NaN" + (
-                        f" ({_reason(quantity, flags)})" if flags else " without a flag"))
+                if math.isnan(value):  # one tensor's value
+                    noise = "rounding" in flags
+                    note("exact" if noise else "refused" if flags else "WRONG",
+                         f"{quantity}: a tensor NaN, {_short(flags)}" if flags else f"{quantity}: a NaN without a flag")
                     continue
                 error = abs(value - want)
                 if error <= tolerance * max(abs(want), 1e-3 * scale):
                     continue
                 if meta.get("curvature") in ("hutchinson", "diag_ggn_mc") and se is not None and error <= 4 * se:
-                    note("est.", f"{quantity}: {meta['curvature']} estimate, within 4 SE")
+                    note("est.", f"{quantity} est. ({meta['curvature']}, within 4 SE)")
                     continue
-                note("WRONG", f"{quantity}: {value:.6g} against {want:.6g} (step {step})")
+                note("WRONG", f"{quantity}: {value:.4g} against {want:.4g} (step {step}"
+                     + (f", {error / se:.1f} SE" if se else "") + ")")
     return worst, notes
-
-
-def _reason(quantity, flags):
-    """The first flag about ``quantity`` (else the step's first flag), shortened."""
-    for flag in flags.split(quantity + ":")[1:2]:
-        return flag.strip()[:110]
-    return flags[:110]
 
 
 def main():

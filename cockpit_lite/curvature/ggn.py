@@ -10,8 +10,9 @@ and a symmetric factor of the loss's Hessian in the outputs, ``∇²_{f_n} L = �
 ``Σ_n ⟨s_nc, f_n⟩``, so each column ``c`` is one backward pass of the engine
 (``Engine.pseudo_pass``: the same layer rules and global path as the first-order statistics)
 whose ``Σ_n (·)²`` is the ``SumGradSquared`` transform. The first pass of a step is checked
-against autograd's gradient of its pseudo-loss; the others skip the weight gradients of the
-layers the rules serve (autograd is asked for their output gradients only). The factor, per row of the loss input
+against autograd's gradient of its pseudo-loss (a parameter that fails it, used somewhere the
+rules do not see, takes the global path, and the pass runs again); the others skip the weight
+gradients of the layers the rules serve (autograd is asked for their output gradients only). The factor, per row of the loss input
 (a sample, or one position of a sequence or an image), for the loss functions the engine
 derives individual losses of (``cockpit_lite.info``):
 
@@ -232,17 +233,28 @@ def diagonal(engine, info, request, needed_by):
             for i, p in enumerate(params)
         ]
 
+    def first_pass(column):
+        """The step's first pass, checked; run again where the check sent a parameter to the global path
+        (a use the layer rules did not see: the global path serves it exactly from then on)."""
+        demoted = set(engine.force_global)
+        parts = one_pass(column, check=True)
+        if engine.force_global - demoted:
+            flags.clear()
+            parts = one_pass(column, check=True)
+        return parts
+
     if request.method == EXACT:
         total = [torch.zeros_like(p, dtype=_wide(p)) for p in params]
         for number, column in enumerate(curvature.columns()):
-            for t, part in zip(total, one_pass(column, check=number == 0)):
+            for t, part in zip(total, first_pass(column) if number == 0 else one_pass(column, check=False)):
                 t.add_(part.to(t.dtype))
         return Diagonal(EXACT, curvature.passes, total, _unique(flags))
     generator = torch.Generator(device=curvature.outputs.device)
     generator.manual_seed(hash((request.seed, info.step, "ggn")) % 2**63)
     estimate = GroupedEstimate([torch.empty_like(p, dtype=_wide(p)) for p in params], request.samples)
     for k in range(request.samples):
-        estimate.add(k, [part[None] for part in one_pass(curvature.draw(generator), check=k == 0)])
+        column = curvature.draw(generator)
+        estimate.add(k, [part[None] for part in (first_pass(column) if k == 0 else one_pass(column, check=False))])
     estimate.finish()
     return Diagonal(MONTE_CARLO, request.samples, estimate.diagonal, _unique(flags), estimate)
 

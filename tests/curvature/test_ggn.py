@@ -224,9 +224,10 @@ def test_an_nll_of_no_log_softmax_is_refused_naming_the_fix():
     assert math.isfinite(sum(cp.get_output()[0]["HessTrace"]))
 
 
-def test_a_use_the_engine_does_not_see_is_nan_with_a_flag():
-    """A weight also read by its parent's own code (a use no rule sees): the pass's check against
-    autograd's gradient of the pseudo-loss fails, its diagonal is NaN with a flag, never a wrong number."""
+def test_a_use_the_engine_does_not_see_takes_the_global_path_at_once():
+    """A weight also read by its parent's own code (a use no rule sees): the first pass's check against
+    autograd's gradient of the pseudo-loss fails, the weight takes the global path (with the engine's
+    warning), and the pass runs again: the diagonal is exact at that very step, never a wrong number."""
 
     class Parent(nn.Module):
         def __init__(self):
@@ -239,15 +240,14 @@ def test_a_use_the_engine_does_not_see_is_nan_with_a_flag():
     torch.manual_seed(0)
     model = Parent().double()
     x, y = torch.randn(4, 3, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
-    cp = Cockpit(model, [HessTrace(curvature="diag_ggn_exact")], diagnose=False)
+    cp = Cockpit(model, [Diagonal(curvature="diag_ggn_exact")], diagnose=False)
     loss = nn.functional.cross_entropy(model(x), y)
     with pytest.warns(UserWarning, match="could not be formed by a layer rule"):
         with cp(0, info={"loss": loss}):
             loss.backward()
-    entry = cp.get_output()[0]
-    weight, bias = entry["HessTrace"]
-    assert math.isnan(weight) and math.isfinite(bias)
-    assert any(f.startswith("the GGN diagonal's backward pass: individual gradients of inner.weight") for f in entry["flags"])
+    assert cp.engine.force_global == {0} and "flags" not in cp.get_output()[0]
+    expected = problems.ggn_of(copy.deepcopy(model), x, lambda f: nn.functional.cross_entropy(f, y)).diagonal()
+    assert_diagonal(cp.get_output(), 0, expected, None)
 
 
 def test_passes_count_rows_and_classes():
