@@ -23,10 +23,16 @@ per-sample value ``x_n`` (``‖g̃_n‖²``, ``(g̃_nᵀg − ‖g‖²)²``, ..
 - A smooth function ``h(T̂)`` (a square root, a ratio with an exact denominator) has the
   delta-method standard error ``|h'(T̂)| se(T̂)`` (``sqrt_se``); it is consistent, not
   unbiased: ``h`` concave or convex biases it by ``O(1/k)``, ``E h(T̂) ≈ h(T) + h''(T)
-  Var(T̂)/2``. For the square root ``v = √U`` of ``U = (T̂ − offset)/D`` that term is
-  ``−Var(U)/(8 U^{3/2})``, and ``sqrt_estimates`` removes it: ``v (1 + c²/8)`` with ``c =
-  se(U)/U`` (bounded at 1, where the expansion no longer describes anything), which leaves
-  ``O(1/k²)``.
+  Var(T̂)/2``. For the square root ``v = √U`` of ``U = (T̂ − offset)/D`` ``sqrt_estimates``
+  removes it by the finite-population jackknife: ``v − (1 − f)(k − 1)(mean_i v_(i) − v)``
+  with ``v_(i)`` the root of the estimate from the subsample without sample ``i`` (the
+  jackknife's bias estimate is ``(k − 1)(mean_i v_(i) − v)`` for draws with replacement; the
+  bias of ``h`` scales with ``Var(T̂)``, which sampling without replacement shrinks by
+  ``1 − f``), clamped at 0. On heavy-tailed terms it removes more than the second-order
+  term ``v (1 + c²/8)``, ``c = se(U)/U``, that an earlier version added: over 4000 draws of 8
+  of 64 samples of the realistic models, the largest bias of any value over the standard
+  error of a mean of 100 draws fell from 3.7 to 2.3 (an LSTM's ``InnerTest``), the intervals'
+  coverage unchanged.
 
 Intervals (``cockpit_lite.intervals``). The record's ``meta`` keeps each standard error and
 the degrees of freedom it rests on, ``"df": k − 1``. Every estimated total here is a sum of
@@ -108,15 +114,17 @@ def sqrt_estimates(columns, batch_size, offsets, denominators):
     per-sample values, then each parameter's), exact ``offsets`` and ``denominators``
     (``[1 + L]``), with the delta-method standard errors; all columns in a few tensor operations.
 
-    Each value carries the square root's second-order bias correction, ``v_j (1 + c_j²/8)`` with
-    ``c_j = min(se(U_j) / U_j, 1)`` (0 where ``U_j`` is 0); the standard error is the delta
-    method's at ``v_j``."""
+    Each value carries the finite-population jackknife's bias correction of the root,
+    ``max(v_j − (1 − f)(k − 1)(mean_i v_(i)j − v_j), 0)``, ``v_(i)j`` the root of the total
+    estimated without sample ``i``, ``(B/(k − 1)) Σ_{n∈S, n≠i} x_n``; the standard error is the
+    delta method's at ``v_j``."""
+    k = columns.shape[0]
     t, se = total(columns, batch_size)
     u, se_u = (t - offsets).clamp(min=0) / denominators, se / denominators
     values = u.sqrt()
-    spread = torch.where(u > 0, se_u / u.clamp(min=1e-300), torch.zeros_like(u)).clamp(max=1.0)
-    return output(values * (1 + spread.square() / 8), sqrt_se(values, se_u), columns.shape[0], batch_size,
-                  scale=intervals.LOG)
+    left_out = ((columns.sum(0) - columns) * (batch_size / max(k - 1, 1)) - offsets).clamp(min=0) / denominators
+    bias = (1 - k / batch_size) * (k - 1) * (left_out.sqrt().mean(0) - values)
+    return output((values - bias).clamp(min=0), sqrt_se(values, se_u), k, batch_size, scale=intervals.LOG)
 
 
 def output(values, ses, k, batch_size, scale=None):

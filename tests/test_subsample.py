@@ -45,16 +45,18 @@ def srswor(values, batch_size):
     return batch_size * mean, batch_size * math.sqrt((1 - k / batch_size) * s2 / k)
 
 
-def root(total, offset, denominator):
-    """v = sqrt(U), U = max(T − offset, 0) / denominator, times the second-order bias correction
-    1 + min(se(U)/U, 1)²/8, and the delta-method standard error of v (at 0 the documented bound
-    sqrt(se / denominator))."""
-    t, se = total
+def root(values, batch_size, offset, denominator):
+    """v = sqrt(U), U = max(T̂ − offset, 0) / denominator, T̂ the subsample's estimate of the total
+    of ``values`` (``srswor``), minus the finite-population jackknife's bias, (1 − k/B)(k − 1) ×
+    (the mean of the roots of the estimates without each sample − v), clamped at 0; and the
+    delta-method standard error of v (at 0 the documented bound sqrt(se / denominator))."""
+    k = len(values)
+    t, se = srswor(values, batch_size)
     u, se_u = max(t - offset, 0.0) / denominator, se / denominator
     value = math.sqrt(u)
-    if value == 0:
-        return 0.0, math.sqrt(se_u)
-    return value * (1 + min(se_u / u, 1.0) ** 2 / 8), se_u / (2 * value)
+    left_out = [math.sqrt(max(batch_size * (sum(values) - v) / (k - 1) - offset, 0.0) / denominator) for v in values]
+    corrected = max(value - (1 - k / batch_size) * (k - 1) * (sum(left_out) / k - value), 0.0)
+    return corrected, (se_u / (2 * value) if value > 0 else math.sqrt(se_u))
 
 
 def references(individual, rows):
@@ -66,9 +68,9 @@ def references(individual, rows):
     l2 = [float(v @ v) for v in chosen]
     dots = [float(v @ g) for v in chosen]
     return {
-        "NormTest": root(srswor(l2, b), b * g2, (b - 1) * b * g2),
-        "InnerTest": root(srswor([(d - g2) ** 2 for d in dots], b), 0.0, (b - 1) * b * g2**2),
-        "OrthoTest": root(srswor([l - d**2 / g2 for l, d in zip(l2, dots)], b), 0.0, (b - 1) * b * g2),
+        "NormTest": root(l2, b, b * g2, (b - 1) * b * g2),
+        "InnerTest": root([(d - g2) ** 2 for d in dots], b, 0.0, (b - 1) * b * g2**2),
+        "OrthoTest": root([l - d**2 / g2 for l, d in zip(l2, dots)], b, 0.0, (b - 1) * b * g2),
         "GradVariance": tuple(v / (b - 1) for v in srswor(l2, b)),  # minus B‖g‖²/(B−1) below
         "_offset": b * g2 / (b - 1),
     }
@@ -567,21 +569,25 @@ def _records(samples, steps=3, quantities_=None):
                       default=lambda o: np.asarray(o).tolist(), sort_keys=True)
 
 
-def test_the_square_roots_bias_correction_is_bounded_and_vanishes_at_zero():
-    """sqrt_estimates: v (1 + c²/8), c = se(U)/U bounded at 1 (a draw of 3 of 7 whose spread is
-    larger than its estimate); at U = 0 the value is 0 and the standard error the bound."""
+def test_the_square_roots_jackknife_bias_correction_by_hand():
+    """sqrt_estimates on a draw of 3 of 7 with terms (0, 0, 9): T̂ = 21, the totals without each
+    sample 31.5, 31.5 and 0. Offset 0: the concave root is low, the correction raises it,
+    √21 − (4/7)·2·((2√31.5)/3 − √21). Offset 15: the roots clamped at 0 are not concave, the
+    correction lowers it, √6 − (4/7)·2·((2√16.5)/3 − √6). Offset 30: U = 0, the value stays 0
+    (the correction would make it negative) and the standard error is the bound √se."""
     x = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [9.0, 9.0, 9.0]], dtype=torch.float64)
     t, se = srswor([0.0, 0.0, 9.0], 7)  # T̂ = 21, se ≈ 15.9
     out = subsample.sqrt_estimates(x, 7, torch.tensor([0.0, 15.0, 30.0], dtype=torch.float64),
                                    torch.ones(3, dtype=torch.float64))
     values = [float(out.value)] + [float(v) for v in out.layers]
     ses = [float(out.meta["se"])] + [float(s) for s in out.meta["layers_se"]]
-    c = se / t
-    assert 0.5 < c < 1
-    assert values[0] == pytest.approx(math.sqrt(t) * (1 + c**2 / 8), rel=1e-12)
-    assert values[1] == pytest.approx(math.sqrt(t - 15) * (1 + 1 / 8), rel=1e-12)  # se/U ≈ 2.6: bounded
+    assert t == pytest.approx(21.0)
+    assert values[0] == pytest.approx(math.sqrt(21) - 8 / 7 * (2 * math.sqrt(31.5) / 3 - math.sqrt(21)), rel=1e-12)
+    assert values[0] > math.sqrt(21)
+    assert values[1] == pytest.approx(math.sqrt(6) - 8 / 7 * (2 * math.sqrt(16.5) / 3 - math.sqrt(6)), rel=1e-12)
+    assert values[1] < math.sqrt(6)
     assert values[2] == 0.0 and ses[2] == pytest.approx(math.sqrt(se), rel=1e-12)
-    assert ses[1] == pytest.approx(se / (2 * math.sqrt(t - 15)), rel=1e-12)
+    assert ses[1] == pytest.approx(se / (2 * math.sqrt(6)), rel=1e-12)
 
 
 def test_samples_at_least_the_batch_size_is_exact_bit_for_bit():

@@ -358,9 +358,8 @@ class Alpha(Quantity):
         corners = fitted[row:]
         held, size = next(e for e in ends if e)
         meta = subsample.meta(held, size, math.sqrt(variance), df=df)
-        finite = bool(np.isfinite(corners).all())
-        meta.update(interval=[float(corners.min()) if finite else math.nan, float(corners.max()) if finite else math.nan],
-                    coverage=intervals.COVERAGE)
+        ends_of = [float(corners.min()), float(corners.max())] if np.isfinite(corners).all() else [math.nan] * 2
+        meta.update(interval=ends_of, coverage=intervals.COVERAGE)
         return Output(value, step=step - 1, meta=meta)
 
 
