@@ -179,8 +179,9 @@ def test_a_recorded_interval_is_shaded_and_a_record_without_df_takes_the_normal_
     for step in steps:
         meta = record[step]["meta"]["NormTest"]
         del meta["df"], meta["scale"]
+        value = record[step]["InnerTest"]
         record[step]["meta"]["InnerTest"] = {"samples": 8, "of": 64, "se": 1e9, "df": 7, "coverage": 0.95,
-                                             "interval": [0.5 * record[step]["InnerTest"], 2 * record[step]["InnerTest"]]}
+                                             "interval": [0.5 * value, 2 * value]}
     dashboard = Dashboard(**FAST)
     dashboard.draw(record)
     ax = dashboard.axes["gradient_tests"]
