@@ -339,8 +339,9 @@ class Alpha(Quantity):
                 q = intervals.quantile(drawn[0] - 1, intervals.COVERAGE)
                 spreads[end] = q * subsample.jackknife_se(logs.tolist(), drawn[1])
         box = np.exp(np.array(list(itertools.product(*[(-s, 0.0, s) if s else (0.0,) for s in spreads]))))
-        means.append(np.repeat(means[0], len(box), axis=0))
-        variances.append(variances[0] * box)
+        if any(ends):
+            means.append(np.repeat(means[0], len(box), axis=0))
+            variances.append(variances[0] * box)
         means, variances = np.concatenate(means), np.concatenate(variances)
         fitted = alpha(means, variances)
         if np.ndim(fitted) == 0:  # a singular system among the rows made all NaN: the step's own fit alone
