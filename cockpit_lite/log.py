@@ -36,12 +36,15 @@ A record is ``{step: {key: value}}`` with integer steps. Keys are
   record ``{"curvature": method}`` with method ``"diag_h"``, ``"diag_ggn_exact"``,
   ``"diag_ggn_mc"`` (BackPACK, exact or Monte-Carlo) or ``"hutchinson"`` (an estimate
   from Hessian-vector products, then also ``"probes"``: the number of probe vectors,
-  ``"se"``: the standard error of the value, and ``"layers_se"``: those of the
-  per-layer values), or ``None`` (a TIC without an exact diagonal: NaN with a flag); ``HessMaxEV`` records ``{"solver": "lanczos" | "power",
+  ``"se"``: the standard error of the value, ``"layers_se"``: those of the
+  per-layer values, and ``"df"``: their degrees of freedom), or ``None`` (a TIC without an exact diagonal: NaN with a flag); ``HessMaxEV`` records ``{"solver": "lanczos" | "power",
   "products": k}``; a per-sample quantity estimated from a subsample (``Cockpit(samples=k)``,
   ``cockpit_lite.subsample``) records ``{"samples": k, "of": B, "se": ..., "layers_se":
-  [...]}`` (``GradVariance``: ``"se"`` a list in parameter order and ``"total_se"`` that
-  of the sum; histograms: ``"se": None``);
+  [...], "df": k − 1}``, and ``"scale": "log"`` where its interval is formed on the log
+  scale (``cockpit_lite.intervals``; ``GradVariance``: ``"se"`` a list in parameter order
+  and ``"total_se"`` that of the sum; histograms: ``"se": None``; ``Alpha``: its own
+  ``"interval": [low, high]`` at ``"coverage"``, and Welch-Satterthwaite ``"df"``; older
+  logs have no ``"df"``);
 - ``"budget"``: at the step where an overhead budget fixed the schedules (see
   ``cockpit_lite.budget``): ``{"factor", "horizon", "plain_step_s", "tiers": {name:
   0 | 1 | 2}, "costs": {tier: marginal cost in plain steps}, "calibration_cost",

@@ -86,6 +86,8 @@ TABLES = {
     "porting_speed": _measured("recipe"),
     "subsample_overhead": _measured("subsample_overhead"),
     "subsample_honesty": _measured("subsample_honesty"),
+    "interval_floor": _measured("interval_floor"),
+    "hutchinson_honesty": _measured("hutchinson_honesty"),
     "subsample_scale": _measured("subsample_scale"),
     "subsample_floor": _measured("subsample_floor"),
     "memory_peak": _measured("memory_peak"),

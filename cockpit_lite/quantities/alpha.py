@@ -1,13 +1,14 @@
 """``Alpha``: where on the local 1-d loss parabola the optimizer's step landed."""
 
 import functools
+import itertools
 import math
 import warnings
 
 import numpy as np
 import torch
 
-from cockpit_lite import subsample
+from cockpit_lite import intervals, subsample
 from cockpit_lite.optim import UpdatePredictor
 from cockpit_lite.quantities.base import Needs, Output, Quantity
 from cockpit_lite.transforms import BatchDotDirection, at_least_float32, dots_of_kept
@@ -105,7 +106,15 @@ class Alpha(Quantity):
     subsample's (unbiased for the batch's); the losses' mean and variance are the whole
     batch's. α, a smooth function of them, is consistent; its standard error in the ``meta``
     is the jackknife's over the subsample (each end's samples left out one at a time; the two
-    ends' draws are independent, so their variances add).
+    ends' draws are independent, so their variances add), with ``"df"`` the Welch-Satterthwaite
+    degrees of freedom of that sum (``k − 1`` for one drawn end). α depends on the drawn samples
+    only through the slopes' variances, and a variance from a few samples is skewed to the right
+    (a draw without the largest slopes is low, and so is its jackknife error): a symmetric
+    interval ``α ± t·se`` misses far more often than its coverage says. The ``meta`` therefore
+    records ``"interval"``, the range of α over the box of each drawn end's variance times
+    ``exp(0, ±q·se(log variance))`` (``q`` the t-quantile of ``k − 1`` degrees at the coverage
+    ``cockpit_lite.intervals.COVERAGE``, recorded as ``"coverage"``; the jackknife standard error
+    of the log of the leave-one-out variances), from 3 or 9 more fits.
     """
 
     SUBSAMPLE = True
@@ -338,13 +347,23 @@ class Alpha(Quantity):
 
         stats = [(float(s.mean()), _variance(s)) for s in slopes]
         ends = [start.get("subsampled"), (data.samples, data.batch_size) if data.subset is not None else None]
-        # row 0: the fit of the step; then, for each drawn end, one row per sample left out there
+        # row 0: the fit of the step; then, for each drawn end, one row per sample left out there; then
+        # the corners of the interval's box: each drawn end's variance times exp(0, ±q·se(log variance))
         means, variances = [np.array([[m for m, _ in stats]])], [np.array([[v for _, v in stats]])]
+        spreads = [0.0, 0.0]
         for end, drawn in enumerate(ends):
             if drawn is not None:
                 means.append(np.repeat(means[0], drawn[0], axis=0))
                 variances.append(np.repeat(variances[0], drawn[0], axis=0))
                 means[-1][:, end], variances[-1][:, end] = _leave_one_out(slopes[end].double().cpu().numpy())
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    logs = np.log(variances[-1][:, end])
+                q = intervals.quantile(drawn[0] - 1, intervals.COVERAGE)
+                spreads[end] = q * subsample.jackknife_se(logs.tolist(), drawn[1])
+        box = np.exp(np.array(list(itertools.product(*[(-s, 0.0, s) if s else (0.0,) for s in spreads]))))
+        if any(ends):
+            means.append(np.repeat(means[0], len(box), axis=0))
+            variances.append(variances[0] * box)
         means, variances = np.concatenate(means), np.concatenate(variances)
         fitted = alpha(means, variances)
         if np.ndim(fitted) == 0:  # a singular system among the rows made all NaN: the step's own fit alone
@@ -353,12 +372,18 @@ class Alpha(Quantity):
         value = float(fitted[0])
         if not any(ends):
             return Output(value, step=step - 1)
-        variance, row = 0.0, 1
+        parts, row = [], 1  # per drawn end: (the jackknife's variance of α, its degrees of freedom)
         for drawn in filter(None, ends):
-            variance += subsample.jackknife_se(fitted[row : row + drawn[0]].tolist(), drawn[1]) ** 2
+            parts.append((subsample.jackknife_se(fitted[row : row + drawn[0]].tolist(), drawn[1]) ** 2, drawn[0] - 1))
             row += drawn[0]
+        variance = sum(v for v, _ in parts)
+        df = variance**2 / sum(v**2 / d for v, d in parts) if variance > 0 else min(d for _, d in parts)
+        corners = fitted[row:]
         held, size = next(e for e in ends if e)
-        return Output(value, step=step - 1, meta=subsample.meta(held, size, math.sqrt(variance)))
+        meta = subsample.meta(held, size, math.sqrt(variance), df=df)
+        ends_of = [float(corners.min()), float(corners.max())] if np.isfinite(corners).all() else [math.nan] * 2
+        meta.update(interval=ends_of, coverage=intervals.COVERAGE)
+        return Output(value, step=step - 1, meta=meta)
 
 
 class _Difference:

@@ -2,7 +2,7 @@
 
 import torch
 
-from cockpit_lite import subsample
+from cockpit_lite import intervals, subsample
 from cockpit_lite.optim import plain_sgd_learning_rate
 from cockpit_lite.quantities.base import Output, SingleStepQuantity, with_total
 from cockpit_lite.transforms import BatchL2, GradL2, SumGrad, SumGradSquared, centred_sums_of_squares
@@ -18,7 +18,9 @@ class CABS(SingleStepQuantity):
 
     Subsampled (``k`` of ``B`` samples, ``cockpit_lite.subsample``): ``Σ_d Σ_n (g̃_{n,d} − g_d)²
     = Σ_n ‖g̃_n‖² − B ‖g‖²`` with the total estimated by ``(B/k) Σ_{n∈S} ‖g̃_n‖²`` (unbiased,
-    ``‖g‖²`` from the engine's sum of all ``B`` individual gradients, ``GradL2``): the value is linear in it, its standard error in the ``meta``.
+    ``‖g‖²`` from the engine's sum of all ``B`` individual gradients, ``GradL2``): the value is linear in it, its standard error in the ``meta``; a total of
+    nonnegative terms ``Σ_n ‖g̃_n − g‖²``, so its interval is formed on the log scale
+    (``"scale": "log"``, ``cockpit_lite.intervals``).
     """
 
     SCALED_BACKWARD = True
@@ -40,7 +42,7 @@ class CABS(SingleStepQuantity):
             scale = lr / (b * loss)
             t, se = subsample.total(with_total(torch.stack(data.per_sample(BatchL2.key), 1)), b)
             g2 = with_total(torch.stack(data.per_sample(GradL2.key)))
-            return subsample.output(scale * (t - b * g2), scale * se, data.samples, b)
+            return subsample.output(scale * (t - b * g2), scale.abs() * se, data.samples, b, scale=intervals.LOG)
         _, flags = centred_sums_of_squares(data, self.name)
         parts = data.centred_totals * (lr / (b * loss))
         return Output(parts.sum(), list(parts.unbind()), flags=flags)

@@ -2,7 +2,7 @@
 
 import torch
 
-from cockpit_lite import subsample
+from cockpit_lite import intervals, subsample
 from cockpit_lite.quantities.base import Output, SingleStepQuantity, with_total
 from cockpit_lite.transforms import BatchL2, GradL2, SumGrad, SumGradSquared, centred_sums_of_squares
 from cockpit_lite.utils.shards import totals
@@ -26,7 +26,9 @@ class GradVariance(SingleStepQuantity):
     the same precision, not autograd's bf16-rounded gradient under autocast); clamped at 0 (biased only within about a standard
     error of 0). The ``meta``'s ``"se"`` is the list of the entries' standard errors,
     ``"total_se"`` that of their sum (the entries share the samples: not the root of the
-    sum of their squares).
+    sum of their squares). Each entry estimates a total of nonnegative terms, ``Σ_n ‖g̃_n − g‖²``
+    over ``B − 1``: its interval is formed on the log scale (``"scale": "log"``,
+    ``cockpit_lite.intervals``), on ``"df"`` = k − 1 degrees of freedom.
     """
 
     SCALED_BACKWARD = True
@@ -42,7 +44,7 @@ class GradVariance(SingleStepQuantity):
         if data.subset is not None:
             t, se = subsample.total(with_total(torch.stack(data.per_sample(BatchL2.key), 1)), b)
             values = ((t[1:] - b * torch.stack(data.per_sample(GradL2.key))) / (b - 1)).clamp(min=0)
-            meta = subsample.meta(data.samples, b, list((se[1:] / (b - 1)).unbind()))
+            meta = subsample.meta(data.samples, b, list((se[1:] / (b - 1)).unbind()), scale=intervals.LOG)
             meta["total_se"] = se[0] / (b - 1)
             return Output(list(values.unbind()), meta=meta)
         _, flags = centred_sums_of_squares(data, self.name)

@@ -20,8 +20,8 @@ class InnerTest(SingleStepQuantity):
     Subsampled (``k`` of ``B`` samples, ``cockpit_lite.subsample``): the batch mean of
     ``g̃_nᵀg`` is ``‖g‖²`` (autograd's, exact), so ``(B − 1) Var̂_n = Σ_n (g̃_nᵀg − ‖g‖²)²``
     is a total, estimated by ``(B/k) Σ_{n∈S} (g̃_nᵀg − ‖g‖²)²`` (unbiased); the standard error
-    of the square root by the delta method, the root's second-order bias removed
-    (``subsample.sqrt_estimates``).
+    of the square root by the delta method, the root's bias removed by the jackknife
+    (``subsample.sqrt_estimates``; its interval on the log scale, ``cockpit_lite.intervals``).
     """
 
     MIN_BATCH_SIZE = 2  # a variance across samples

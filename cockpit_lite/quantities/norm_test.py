@@ -19,8 +19,8 @@ class NormTest(SingleStepQuantity):
 
     Subsampled (``k`` of ``B`` samples, ``cockpit_lite.subsample``): ``Σ_n ‖g̃_n‖²`` is
     estimated by ``(B/k) Σ_{n∈S} ‖g̃_n‖²`` (unbiased), ``‖g‖²`` is autograd's (exact); the
-    square root with its second-order bias removed, its standard error by the delta method
-    (``subsample.sqrt_estimates``).
+    square root with its bias removed by the jackknife, its standard error by the delta method
+    (``subsample.sqrt_estimates``; its interval on the log scale, ``cockpit_lite.intervals``).
     """
 
     MIN_BATCH_SIZE = 2  # a variance across samples

@@ -19,8 +19,9 @@ class OrthoTest(SingleStepQuantity):
 
     Subsampled (``k`` of ``B`` samples, ``cockpit_lite.subsample``): the spread is the total
     of ``‖g̃_n‖² − (g̃_nᵀg)² / ‖g‖²`` (``g`` autograd's, exact), estimated by ``B/k`` times
-    its sum over the subsample (unbiased); the square root's second-order bias removed, its
-    standard error by the delta method (``subsample.sqrt_estimates``).
+    its sum over the subsample (unbiased); the square root's bias removed by the jackknife, its
+    standard error by the delta method (``subsample.sqrt_estimates``; its interval on the log
+    scale, ``cockpit_lite.intervals``).
     """
 
     MIN_BATCH_SIZE = 2  # a variance across samples

@@ -5,7 +5,7 @@ import textwrap
 import numpy as np
 from matplotlib import patheffects, transforms
 
-from cockpit_lite import log
+from cockpit_lite import intervals, log
 
 from .. import data, style
 
@@ -237,43 +237,60 @@ def layered(record, ax, key, options, ylabel=None, layers=True, yscale="auto", c
 
 
 def estimates(record, key):
-    """``(steps, standard errors, how)`` of the steps where ``key`` is an estimate (sorted).
+    """``(steps, lows, highs, how, label)`` of the steps where ``key`` is an estimate (sorted): the
+    interval of each at ``intervals.COVERAGE``.
 
     An estimate's ``meta`` has ``"se"`` (the total's, or ``"total_se"`` for a per-parameter
-    list), and ``"probes"`` (Hutchinson's) or ``"samples"`` of ``"of"`` (a subsample,
-    ``Cockpit(samples=k)``); ``how`` names them for a title ("3 probes", "8/64 samples").
+    list), ``"df"`` and ``"scale"`` (``cockpit_lite.intervals``; a record without ``"df"`` takes the
+    normal quantile), or its own ``"interval"`` at ``"coverage"``; and ``"probes"`` (Hutchinson's)
+    or ``"samples"`` of ``"of"`` (a subsample, ``Cockpit(samples=k)``). ``how`` names them for a
+    title ("3 probes", "8/64 samples"), ``label`` the band for a legend ("95 % interval (t, 7 df)").
     """
-    xs, ses, probes, samples = [], [], set(), set()
-    for step in sorted(record):
-        meta = record[step].get(log.META, {}).get(key) or {}
-        se = meta.get("total_se", meta.get("se"))
-        if isinstance(se, (int, float)):
-            xs.append(step)
-            ses.append(se)
+    steps, values = data.series(record, key)
+    xs, lows, highs, probes, samples, dfs, scales = [], [], [], set(), set(), set(), set()
+    coverage = intervals.COVERAGE
+    for step, value in zip(steps, values):
+        meta = record[int(step)].get(log.META, {}).get(key) or {}
         if meta.get("probes") is not None:
             probes.add(meta["probes"])
         elif meta.get("samples") is not None:
             samples.add((meta["samples"], meta["of"]))
+        se = meta.get("total_se", meta.get("se"))
+        if not np.isfinite(value):
+            continue
+        if isinstance(meta.get("interval"), (list, tuple)) and meta.get("coverage") == coverage:
+            low, high = meta["interval"]
+        elif isinstance(se, (int, float)):
+            low, high = intervals.interval(value, se, meta.get("df"), coverage, meta.get("scale"))
+            dfs.add(meta.get("df"))
+            scales.add(meta.get("scale") or "linear")
+        else:
+            continue
+        if not (np.isnan(low) or np.isnan(high)):  # an infinite end is clipped when drawn
+            xs.append(step)
+            lows.append(float(low))
+            highs.append(float(high))
     how = [f"{'/'.join(str(p) for p in sorted(probes))} probes"] if probes else []
     how += [f"{'/'.join(f'{k}/{b}' for k, b in sorted(samples))} samples"] if samples else []
-    return np.asarray(xs, float), np.asarray(ses, float), how
+    detail = ["t, " + "/".join(f"{d:g}" for d in sorted(dfs)) + " df" if dfs and None not in dfs else "normal"]
+    detail += ["log scale"] if scales == {"log"} else []
+    label = f"{100 * coverage:g} % interval ({', '.join(detail)})"
+    return np.asarray(xs, float), np.asarray(lows, float), np.asarray(highs, float), how, label
 
 
-def estimate_band(ax, record, key, color=style.TOTAL, label="±1 SE"):
-    """Shade ± one standard error around the estimated values of ``key``; return a title suffix
-    (" · est. 3 probes", " · est. 8/64 samples"; empty when no value of ``key`` is an estimate)."""
-    xs, ses, how = estimates(record, key)
+def estimate_band(ax, record, key, color=style.TOTAL, label=True):
+    """Shade the interval (``intervals.COVERAGE``) around the estimated values of ``key``, labelled
+    for the legend unless ``label`` is false; return a title suffix (" · est. 3 probes",
+    " · est. 8/64 samples"; empty when no value of ``key`` is an estimate)."""
+    xs, lows, highs, how, text = estimates(record, key)
     if len(xs):
         steps, values = data.series(record, key)
-        keep = np.isin(steps, xs) & np.isfinite(values)
-        lookup = dict(zip(xs, ses))
-        ys = values[keep]
-        errors = np.asarray([lookup[x] for x in steps[keep]])
-        if len(ys):  # clipped to the values' own span around them, so a vague estimate cannot flatten the curve
-            span = max(float(np.ptp(ys)), float(np.abs(ys).max()), 1e-12)
-            low = np.maximum(ys - errors, ys.min() - span)
-            if ax.get_yscale() == "log":  # a band to 0 or below has no place on a log axis
-                low = np.maximum(low, ys / 10)
-            high = np.minimum(ys + errors, ys.max() + span)
-            ax.fill_between(steps[keep], low, high, color=color, alpha=0.18, linewidth=0, label=label)
+        ys = values[np.isin(steps, xs)]
+        # clipped to the values' own span around them, so a vague estimate cannot flatten the curve
+        span = max(float(np.ptp(ys)), float(np.abs(ys).max()), 1e-12)
+        low = np.maximum(lows, ys.min() - span)
+        if ax.get_yscale() == "log":  # a band to 0 or below has no place on a log axis
+            low = np.maximum(low, ys / 10)
+        high = np.minimum(highs, ys.max() + span)
+        ax.fill_between(xs, low, high, color=color, alpha=0.18, linewidth=0, label=text if label else None)
     return f" · est. {'; '.join(how)}" if how else ""

@@ -13,8 +13,8 @@ How to read it
   training.
 - A sudden jump in one layer: some samples produce outlying gradients there
   (bad data, a loss spike); look at the histograms.
-- Estimated from a subsample of the batch (``Cockpit(samples=k)``): shaded ± one
-  standard error of the total, "est." in the title.
+- Estimated from a subsample of the batch (``Cockpit(samples=k)``): shaded with the
+  95 % interval of the total (``_common.estimate_band``), "est." in the title.
 """
 
 from .. import data, style

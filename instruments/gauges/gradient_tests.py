@@ -22,7 +22,8 @@ Cockpit draws the same three numbers as a circle and two bands around a cross;
 time series are easier to compare across steps, so this gauge draws those.
 With ``layers="NormTest"`` (or another test) the per-layer values of that test are
 added as thin lines, where the record has them. Values estimated from a subsample of
-the batch (``Cockpit(samples=k)``) are shaded ± one standard error and the title says
+the batch (``Cockpit(samples=k)``) are shaded with their 95 % interval (Student's t of the
+recorded degrees of freedom, on the log scale: ``_common.estimate_band``) and the title says
 "est." with the number of samples.
 """
 
@@ -76,7 +77,7 @@ def gauge(record, ax, *, layers=None, yscale="log", threshold=1.0, **options):
     ax.axhspan(threshold, max(threshold, *(v.max() for v in all_values)) * 10, color=style.FLAG, alpha=0.05,
                zorder=0)
     style.auto_yscale(ax, *all_values, np.array([threshold]), scale=yscale)
-    estimated = [estimate_band(ax, record, key, COLORS[key], label="±1 SE" if i == 0 else None)
+    estimated = [estimate_band(ax, record, key, COLORS[key], label=i == 0)
                  for i, key in enumerate(k for k in KEYS if k not in absent)]
     estimated = next((e for e in estimated if e), "")
     low = min(v.min() for v in all_values)

@@ -16,8 +16,9 @@ How to read it
 The axis switches to a log scale (symmetric log when values of both signs span
 decades) when needed. Values estimated from Hessian-vector products (Hutchinson's
 estimator, ``meta.curvature == "hutchinson"`` in the record) are estimates: the shaded
-band is ± one standard error of the total (clipped to the values' span) and the title
-says "est." with the number of probe vectors.
+band is the 95 % t-interval of the total at the recorded degrees of freedom (clipped to the
+values' span; ``_common.estimate_band``) and the title says "est." with the number of probe
+vectors.
 """
 
 from .. import style

@@ -16,7 +16,8 @@ How to read it
 The TICs are computed from exact curvature diagonals only; without one they are NaN
 (the record's flag says why), and the title says "nan". Estimates (``Cockpit(samples=k)``:
 from the drawn samples over the exact diagonal; a record written before that rule:
-Hutchinson's) are shaded ± one standard error, and the title says so.
+Hutchinson's) are shaded with their 95 % interval (``_common.estimate_band``), and the title
+says so.
 """
 
 import numpy as np

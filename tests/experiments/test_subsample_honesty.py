@@ -8,12 +8,15 @@ from experiments import realistic_diagnosis, subsample_honesty
 def test_tiny_run(capsys, tmp_path):
     out = tmp_path / "honesty.json"
     subsample_honesty.main(["--draws", "3", "--samples", "4", "--batch", "12", "--warmup", "1", "--models", "mlp",
-                            "--json", str(out)])
+                            "--probes", "4", "--reference", "16", "--json", str(out)])
     printed = capsys.readouterr().out
-    rows = json.loads(out.read_text())["mlp k=4"]
+    results = json.loads(out.read_text())
+    rows = results["mlp k=4"]
     assert {"NormTest", "InnerTest", "OrthoTest", "GradVariance", "Alpha"} <= set(rows)
-    assert all(0.0 <= rows[q]["inside"] <= 1.0 for q in ("NormTest", "GradVariance"))
-    assert "mlp k=4" in printed and "|z|<=3" in printed
+    for q in ("NormTest", "GradVariance", "Alpha"):
+        assert 0.0 <= rows[q]["outside"] <= 1.0 and 0.0 <= rows[q]["beyond"] <= 1.0, q
+    assert 0.0 <= results["mlp probes=4"]["HessTrace"]["outside"] <= 1.0
+    assert "mlp k=4" in printed and "outside" in printed
 
 
 def test_findings_compared_with_and_without_samples(capsys):

@@ -206,18 +206,19 @@ def economy_record(n_steps=60, seed=1):
 
 def subsampled_economy_record(n_steps=60, seed=1, k=8, batch=64):
     """``economy_record`` as ``Cockpit(samples=k)`` records it: the per-sample quantities with
-    standard errors (10 % of the value) in ``meta``, histograms without."""
+    standard errors (10 % of the value), ``k − 1`` degrees of freedom and log-scale intervals in
+    ``meta``, histograms without."""
     out = economy_record(n_steps, seed)
     for entry in out.values():
         meta = entry.setdefault("meta", {})
         for name in ("NormTest", "InnerTest", "OrthoTest"):
             if name in entry:
                 layers = entry.get("layers", {}).get(name, [])
-                meta[name] = {"samples": k, "of": batch, "se": 0.1 * abs(entry[name]),
-                              "layers_se": [0.1 * abs(v) for v in layers]}
+                meta[name] = {"samples": k, "of": batch, "se": 0.1 * abs(entry[name]), "df": k - 1,
+                              "layers_se": [0.1 * abs(v) for v in layers], "scale": "log"}
         if "GradVariance" in entry:
             meta["GradVariance"] = {"samples": k, "of": batch, "se": [0.1 * v for v in entry["GradVariance"]],
-                                    "total_se": 0.1 * sum(entry["GradVariance"])}
+                                    "total_se": 0.1 * sum(entry["GradVariance"]), "df": k - 1, "scale": "log"}
         if "GradHist1d" in entry:
             meta["GradHist1d"] = {"samples": k, "of": batch, "se": None}
     return out

@@ -1,16 +1,21 @@
 """The dashboard lays out the gauges of what a record holds, in groups, and writes a readable PNG:
 no empty or "not tracked" panel, no text over other text, for every kind of record."""
 
+import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+import scipy.stats
 from conftest import FAST, _ROOT
 from figure_text import all_titles, drawn_texts, empty_axes, not_tracked, outside_parent, overlapping_texts, texts
+from matplotlib.collections import PolyCollection
 from matplotlib.image import imread
 
 from instruments import BOTTOM, GAUGES, LAYOUT, Dashboard, Run, plan, render
 from instruments import gauges as gauges_module
+from instruments.gauges import gradient_tests
 
 import records
 
@@ -149,12 +154,44 @@ def test_every_record_kind_renders_without_empty_panels_or_overlapping_text(kind
 
 
 def test_estimates_from_a_subsample_are_shaded_and_titled():
+    """The band is the 95 % t-interval of the recorded degrees of freedom on the log scale,
+    value · exp(±t₇(0.975) · se/value), and its legend says so."""
+    record = records.subsampled_economy_record()
     dashboard = Dashboard(**FAST)
-    dashboard.draw(records.subsampled_economy_record())
+    dashboard.draw(record)
     for name in ("gradient_tests", "grad_variance", "histogram_1d"):
         assert "est. 8/64 samples" in dashboard.axes[name].get_title(), name
-    bands = [c for c in dashboard.axes["gradient_tests"].collections if c.get_label() == "±1 SE"]
+    label = "95 % interval (t, 7 df, log scale)"
+    bands = [c for c in dashboard.axes["gradient_tests"].collections if c.get_label() == label]
     assert len(bands) == 1
+    band = next(c for c in dashboard.axes["grad_variance"].collections if c.get_label() == label)
+    step = sorted(s for s in record if "GradVariance" in record[s])[1]
+    value = sum(record[step]["GradVariance"])
+    factor = math.exp(scipy.stats.t.ppf(0.975, 7) * 0.1)  # se = 10 % of the value
+    vertices = band.get_paths()[0].vertices
+    at_step = vertices[np.isclose(vertices[:, 0], step)][:, 1]
+    assert sorted(at_step) == pytest.approx([value / factor, value * factor], rel=1e-9)
+
+
+def test_a_recorded_interval_is_shaded_and_a_record_without_df_takes_the_normal_quantile():
+    record = records.subsampled_economy_record()
+    steps = sorted(s for s in record if "NormTest" in record[s])
+    for step in steps:
+        meta = record[step]["meta"]["NormTest"]
+        del meta["df"], meta["scale"]
+        value = record[step]["InnerTest"]
+        record[step]["meta"]["InnerTest"] = {"samples": 8, "of": 64, "se": 1e9, "df": 7, "coverage": 0.95,
+                                             "interval": [0.5 * value, 2 * value]}
+    dashboard = Dashboard(**FAST)
+    dashboard.draw(record)
+    ax = dashboard.axes["gradient_tests"]
+    assert [c.get_label() for c in ax.collections if "interval" in c.get_label()] == ["95 % interval (normal)"]
+    bands = [c for c in ax.collections if isinstance(c, PolyCollection)]  # one per test, in KEYS' order
+    assert len(bands) == 3
+    vertices = bands[list(gradient_tests.KEYS).index("InnerTest")].get_paths()[0].vertices
+    at_step = vertices[np.isclose(vertices[:, 0], steps[1])][:, 1]
+    value = record[steps[1]]["InnerTest"]
+    assert sorted(at_step) == pytest.approx([0.5 * value, 2 * value], rel=1e-9)
 
 
 def test_estimated_tics_say_so_once_before_their_values():
@@ -170,7 +207,7 @@ def test_estimated_tics_say_so_once_before_their_values():
     dashboard.draw(record)
     title = dashboard.axes["tic"].get_title()
     assert title.startswith("TIC est. 8/64 samples diag ") and title.count("est.") == 1, title
-    assert len([c for c in dashboard.axes["tic"].collections if c.get_label() == "±1 SE"]) == 2
+    assert len([c for c in dashboard.axes["tic"].collections if c.get_label() == "95 % interval (normal)"]) == 2
 
 
 def test_step_axes_are_aligned(full_record):
@@ -218,8 +255,10 @@ def test_instruments_never_imports_torch():
         "import sys, instruments, instruments.cli, instruments.epoch, instruments._worker;"
         "instruments.Dashboard().draw({0: {'Loss': 1.0}, 1: {'Loss': 0.5}});"
         "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')];"
-        # the record format, and the diagnosis's pure ordering of the findings (no torch, no model)
-        "bad += [m for m in sys.modules if m.startswith('cockpit_lite.') and m != 'cockpit_lite.log'"
+        # the record format, the estimates' intervals, and the diagnosis's pure ordering of the findings
+        # (no torch, no model)
+        "bad += [m for m in sys.modules if m.startswith('cockpit_lite.') and m not in ('cockpit_lite.log',"
+        " 'cockpit_lite.intervals')"
         " and not m.startswith('cockpit_lite.diagnosis')];"
         "bad += [m for m in sys.modules if m == 'matplotlib.pyplot'];"  # no global pyplot state
         "assert not bad, bad"

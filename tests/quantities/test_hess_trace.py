@@ -81,7 +81,7 @@ def test_auto_uses_the_estimator_where_backpack_cannot_and_records_it(name):
     cp, snapshots = problems.run(problem, [HessTrace(probes=8)])
     for step, entry in cp.get_output().items():
         meta = entry["meta"]["HessTrace"]
-        assert meta["curvature"] == "hutchinson" and meta["probes"] == 8
+        assert meta["curvature"] == "hutchinson" and meta["probes"] == 8 and meta["df"] == 7  # one group per probe
         exact = sum(reference_for("diag_h")(problem, snapshots, step))
         assert abs(sum(entry["HessTrace"]) - float(exact)) <= 5 * meta["se"]
         assert len(meta["layers_se"]) == len(entry["HessTrace"])
