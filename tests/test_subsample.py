@@ -249,7 +249,8 @@ def test_tic_estimates_against_brute_force(case, curvature):
         for name, want in expected.items():
             meta = entry["meta"][name]
             assert (meta["samples"], meta["of"], meta["curvature"], meta["df"]) == (K, B, curvature, K - 1)
-            assert "scale" not in meta  # the terms may be of either sign (a Hessian's diagonal): linear
+            # a Hessian's diagonal may be of either sign (linear); a GGN's is not, nor are the terms (log)
+            assert meta.get("scale") == (None if curvature == "diag_h" else "log")
             assert ("passes" in meta) == (case[0] not in problems.NAMES)  # the engine's, where BackPACK cannot
             got = [(entry[name], meta["se"])] + list(zip(entry["layers"][name], meta["layers_se"]))
             for (value, se), (want_value, want_se) in zip(got, want, strict=True):

@@ -1,6 +1,6 @@
 """Base class of the Takeuchi information criterion quantities (Thomas et al., 2020)."""
 
-from cockpit_lite import subsample
+from cockpit_lite import intervals, subsample
 from cockpit_lite.curvature import ggn
 from cockpit_lite.quantities.curvature import AUTO, MAX_PASSES, CurvatureQuantity
 from cockpit_lite.transforms import SumGradSquared
@@ -27,7 +27,9 @@ class TIC(CurvatureQuantity):
     Subsampled (``k`` of ``B`` samples, ``cockpit_lite.subsample``): the curvature is the
     whole batch's, exact, so every value is a population mean ``(1/B) Σ_n x_n`` of per-sample
     terms over an exact denominator; ``(1/k) Σ_{n∈S} x_n`` estimates it without bias, with the
-    standard error of ``subsample.total``. Subclasses give the terms (``sample_terms``).
+    standard error of ``subsample.total`` (its interval on the log scale with a GGN diagonal, whose
+    terms are nonnegative; a Hessian diagonal can be negative). Subclasses give the terms
+    (``sample_terms``).
     """
 
     SCALED_BACKWARD = True
@@ -57,10 +59,14 @@ class TIC(CurvatureQuantity):
         if data.subset is None or self._chosen[1] is None:
             return super().compute(step, data)
         method = self._chosen[1]
-        terms, denominators = self.sample_terms(data, data.curvature(method))
+        diagonal = data.curvature(method)
+        terms, denominators = self.sample_terms(data, diagonal)
         t, se = subsample.total(terms, data.batch_size)
         scale = 1 / (data.batch_size * denominators)
-        out = subsample.output(t * scale, se * scale.abs(), data.samples, data.batch_size)
+        # a GGN diagonal is nonnegative, so are the terms: their total's interval on the log scale
+        nonnegative = isinstance(method, ggn.Request) or method == "diag_ggn_exact"
+        out = subsample.output(t * scale, se * scale.abs(), data.samples, data.batch_size,
+                               scale=intervals.LOG if nonnegative else None)
         if isinstance(method, ggn.Request):
             found = data.diagonal(method)
             out.meta.update(curvature=method.method, passes=found.passes)
