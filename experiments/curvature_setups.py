@@ -444,11 +444,23 @@ def judge(name, column, steps):
                 if error <= tolerance * max(abs(want), 1e-3 * scale):
                     continue
                 if meta.get("curvature") in ("hutchinson", "diag_ggn_mc") and se is not None and error <= 4 * se:
-                    note("est.", f"{quantity} est. ({meta['curvature']}, within 4 SE)")
+                    note("est.", f"{quantity} estimated ({meta['curvature']}, within 4 SE)")
                     continue
                 note("WRONG", f"{quantity}: {value:.4g} against {want:.4g} (step {step}"
                      + (f", {error / se:.1f} SE" if se else "") + ")")
     return worst, notes
+
+
+def compact(notes):
+    """The notes of one cell, quantities with the same note grouped: ``"NormTest, InnerTest: a tensor NaN,
+    a gradient zero up to rounding"``."""
+    groups = {}
+    for text in notes:
+        quantity, _, rest = text.partition(" ") if " estimated" in text or " refused" in text \
+            or " not checked" in text else text.partition(": ")
+        groups.setdefault(rest, []).append(quantity.rstrip(":"))
+    return "; ".join(f"{', '.join(dict.fromkeys(names))}{' ' if rest[:1] in ('e', 'r', 'n') else ': '}{rest}"
+                     for rest, names in groups.items())
 
 
 def main():
@@ -467,7 +479,7 @@ def main():
         for column in COLUMNS:
             outcome, notes = judge(name, column, args.steps)
             counts[column][outcome] = counts[column].get(outcome, 0) + 1
-            cells.append(outcome + (f" ({'; '.join(notes)})" if notes else ""))
+            cells.append(outcome + (f" ({compact(notes)})" if notes else ""))
         rows.append([name, *cells])
         print(" | ".join(rows[-1]), flush=True)
     summary = {c: ", ".join(f"{n} {k}" for k, n in sorted(v.items(), key=lambda kv: -RANK[kv[0]])) for c, v in counts.items()}

@@ -93,6 +93,7 @@ TABLES = {
     "memory_peak": _measured("memory_peak"),
     "per_sample_peers": _measured("per_sample_peers"),
     "memory_flatness": _measured("memory_flatness"),
+    "curvature_setups": _measured("curvature_setups"),
     "fsdp_equality": _measured("fsdp_equality"),
     "fsdp_memory": _measured("fsdp_memory"),
     "diagnosis_seeds": _measured("diagnosis_seeds"),
