@@ -95,6 +95,7 @@ class ActivationStats(Quantity):
     def __init__(self, track_schedule=None, verbose=False):
         super().__init__(track_schedule, verbose)
         self._handles = []
+        self._watched = []  # (name, module) of the activation modules of the model
         self._sums = {}
         self._next = 0
         self._first = None      # {"name", "type"} of the input layer, once found
@@ -107,9 +108,8 @@ class ActivationStats(Quantity):
         self._group = cockpit.group if cockpit.group is not None and cockpit.group.sharded else None
 
     def watch(self, model):
-        for name, module in model.named_modules():
-            if isinstance(module, ACTIVATIONS):
-                self._handles.append(module.register_forward_hook(self._hook(name, module)))
+        self._watched = [(name, module) for name, module in model.named_modules() if isinstance(module, ACTIVATIONS)]
+        self._arm(True)
         self._finding.append(input_module(model).register_forward_pre_hook(self._model_input))
         for name, module in model.named_modules():
             if name and not list(module.children()):  # leaves: the modules that compute
@@ -119,10 +119,19 @@ class ActivationStats(Quantity):
 
     def unbind(self):
         self._stop_looking()
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        self._arm(False)
+        self._watched = []
         self._sums = {}
+
+    def _arm(self, on):
+        """Hook the activation modules (``on``) or not: only a forward pass whose step is due is
+        watched (a step where nothing is recorded runs without these hooks)."""
+        if on and not self._handles:
+            self._handles = [module.register_forward_hook(self._hook(name, module)) for name, module in self._watched]
+        elif not on:
+            for handle in self._handles:
+                handle.remove()
+            self._handles = []
 
     def _stop_looking(self):
         for handle in self._finding:
@@ -205,6 +214,7 @@ class ActivationStats(Quantity):
 
     def needs(self, step, info):
         self._next = step + 1
+        self._arm(self.is_due(self._next))
         if not self.is_due(step):
             self._sums = {}
             return None

@@ -34,6 +34,7 @@ class InputStats(Quantity):
     def __init__(self, track_schedule=None, verbose=False):
         super().__init__(track_schedule, verbose)
         self._handle = None
+        self._module = None  # the module that receives the model's input (``watch``)
         self._stats = None
         self._next = 0
         self._group = None  # FSDP2: the ranks whose batches are one
@@ -42,12 +43,20 @@ class InputStats(Quantity):
         self._group = cockpit.group if cockpit.group is not None and cockpit.group.sharded else None
 
     def watch(self, model):
-        self._handle = input_module(model).register_forward_pre_hook(self._pre)
+        self._module = input_module(model)
+        self._arm(True)
 
     def unbind(self):
-        if self._handle is not None:
+        self._arm(False)
+        self._module, self._stats = None, None
+
+    def _arm(self, on):
+        """Hook the model's input (``on``) or not: only a forward pass whose step is due is watched."""
+        if on and self._handle is None and self._module is not None:
+            self._handle = self._module.register_forward_pre_hook(self._pre)
+        elif not on and self._handle is not None:
             self._handle.remove()
-        self._handle, self._stats = None, None
+            self._handle = None
 
     def _pre(self, module, args):
         if self._stats is not None or not user_forward() or not self.is_due(self._next):
@@ -61,6 +70,7 @@ class InputStats(Quantity):
 
     def needs(self, step, info):
         self._next = step + 1
+        self._arm(self.is_due(self._next))
         if not self.is_due(step):
             self._stats = None
             return None

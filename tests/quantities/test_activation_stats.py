@@ -214,6 +214,27 @@ def test_the_schedule_is_followed_and_verbose_prints(capsys):
         assert capsys.readouterr().out.count("ActivationStats") == (2 if verbose else 0)
 
 
+def test_a_step_that_is_not_due_runs_without_the_hooks():
+    """The activation modules (and the model's input) are hooked only before a forward pass whose step is
+    due: schedule {0, 2}: armed for steps 0 and 2, no hook in step 1's forward pass."""
+    from cockpit_lite.quantities import InputStats
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    due = lambda s: s in (0, 2)  # noqa: E731
+    cp = Cockpit(model, [ActivationStats(track_schedule=due), InputStats(track_schedule=due)], diagnose=False)
+    armed = []
+    for step in range(3):
+        armed.append((len(model[1]._forward_hooks), len(model[0]._forward_pre_hooks)))
+        loss = model(torch.randn(7, 4)).square().mean()
+        with cp(step, info={"loss": loss}):
+            loss.backward()
+    assert [a > 0 for a, _ in armed] == [True, False, True]  # (the first: armed before any step is known)
+    assert armed[1] == (0, 0)
+    assert sorted(s for s, e in cp.output.items() if "ActivationStats" in e) == [0, 2]
+    assert sorted(s for s, e in cp.output.items() if "InputStats" in e) == [0, 2]
+
+
 def test_input_layer_is_the_first_module_the_input_reaches_through_pass_through_modules():
     from cockpit_lite import Cockpit
 
