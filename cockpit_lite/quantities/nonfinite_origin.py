@@ -1,13 +1,19 @@
 """``NonfiniteOrigin``: where the first non-finite value of a step's forward pass appeared.
 
-Forward hooks on every module of the model keep a reference to each module's output
-(tensors autograd keeps alive for the backward pass anyway) in the order the calls
-*end*, so a module ends before the module that contains it. Before the backward pass
-(``needs``), the loss is checked once (``math.isfinite(loss.item())``; on a GPU the step's
-only host synchronisation the diagnosis adds, needed because the op can only be named
-while the graph still holds its saved tensors); when it is finite the references are
-dropped, nothing is recorded and the step is not due for this signal. When it is not, still before the backward pass (the
-autograd graph still holds its saved tensors):
+Every step, one forward pre-hook on the model keeps a reference to the forward pass's inputs
+(tensors the step holds anyway) with the random state and autocast settings it started with.
+Before the backward pass (``needs``), the loss is checked once
+(``math.isfinite(loss.item())``; on a GPU the step's only host synchronisation the diagnosis
+adds, needed because the op can only be named while the graph still holds its saved tensors);
+when it is finite the references are dropped, nothing is recorded and the step is not due for
+this signal. When it is not, the forward pass is *replayed* on the same inputs, parameters,
+random state (the same dropout masks) and autocast settings, with a forward hook on every
+module that keeps each module's output in the order the calls *end* (a module ends before the
+module that contains it); the model's buffers are put back afterwards and the user's random
+state is left as it was. A model whose own forward the training loop does not call (a
+``ModuleDict`` of parts, a loop calling the parts itself) is watched by those hooks at every
+step instead, from the first step whose forward did not run through the model. Then, still
+before the backward pass:
 
 - ``module``: ``"input"`` if the model's first input is non-finite, else the first
   module (in that order) whose output is non-finite, else ``"loss_fn"`` (the model's
@@ -25,14 +31,18 @@ autograd graph still holds its saved tensors):
 - ``params_nonfinite``: whether the module's own parameters were non-finite already
   (a previous update diverged).
 
-Nothing is re-run. The graph walk happens at the first ``MAX_ANALYSED`` non-finite
-steps only; later ones record ``module`` alone.
+The graph walk happens at the first ``MAX_ANALYSED`` non-finite steps only; later ones
+record ``module`` alone. A forward pass with side effects beyond buffers (a Python counter, a
+cache) has them twice at a non-finite step.
 """
 
+import contextlib
 import math
 import re
 
 import torch
+
+from cockpit_lite.engine.global_path import kept_buffers
 
 from cockpit_lite.quantities.base import Needs, Output, Quantity, input_module, user_forward
 
@@ -72,27 +82,45 @@ class NonfiniteOrigin(Quantity):
     def __init__(self, track_schedule=None, verbose=False):
         super().__init__(track_schedule, verbose)
         self._handles = []
+        self._module_handles = []  # forward hooks on every module (a replay, or a model not called itself)
+        self._model = None
         self._outputs = []
         self._input = None
+        self._call = None  # (module, args, kwargs, random states, autocast) of this step's forward pass
+        self._watched = False  # whether a forward pass since ``watch`` could have been seen
         self._value = None
         self._analysed = 0
 
     def watch(self, model):
-        self._handles.append(input_module(model).register_forward_pre_hook(self._pre))
-        for name, module in model.named_modules():
-            self._handles.append(module.register_forward_hook(self._post(name)))
+        self._model = model
+        root = input_module(model)
+        self._handles.append(root.register_forward_pre_hook(self._pre, with_kwargs=True))
+        if isinstance(model, torch.nn.ModuleList) or type(root).forward is torch.nn.Module.forward:
+            self._hook_modules()  # no forward of its own to replay (a ModuleDict, several found parts)
 
     def unbind(self):
-        for handle in self._handles:
+        for handle in self._handles + self._module_handles:
             handle.remove()
-        self._handles = []
+        self._handles, self._module_handles = [], []
         self._outputs = []
-        self._input = None
+        self._input = self._call = self._model = None
 
-    def _pre(self, module, args):
+    def _hook_modules(self):
+        if not self._module_handles and self._model is not None:
+            self._module_handles = [module.register_forward_hook(self._post(name))
+                                    for name, module in self._model.named_modules()]
+
+    def _unhook_modules(self):
+        for handle in self._module_handles:
+            handle.remove()
+        self._module_handles = []
+
+    def _pre(self, module, args, kwargs):
         if user_forward():
             self._outputs = []
             self._input = next((a for a in args if torch.is_tensor(a) and a.is_floating_point()), None)
+            devices = sorted({p.device.index for p in module.parameters() if p.device.type == "cuda"})
+            self._call = (module, args, kwargs, _random_states(devices), _autocast())
 
     def _post(self, name):
         def hook(module, args, output):
@@ -105,15 +133,39 @@ class NonfiniteOrigin(Quantity):
         return hook
 
     def needs(self, step, info):
-        outputs, inputs = self._outputs, self._input
-        self._outputs, self._input, self._value = [], None, None
+        outputs, inputs, call = self._outputs, self._input, self._call
+        self._outputs, self._input, self._call, self._value = [], None, None, None
+        if call is None and torch.is_tensor(info.get("loss")) and self._model is not None and self._watched:
+            self._hook_modules()  # the loop called the parts, not the model: watch every module from now on
+        self._watched = self._model is not None  # (the step the model was found in ran before the hooks)
         if not self.is_due(step):
             return None
         loss = info.get("loss")
         if not torch.is_tensor(loss) or _finite(loss):
             return None  # a finite loss records nothing: the step stays untracked for this signal
+        if call is not None and not self._module_handles:
+            outputs = self._replay(call)
         self._value = self._locate(loss, outputs, inputs)
         return Needs()
+
+    def _replay(self, call):
+        """The outputs of every module in a replay of the step's forward pass (see the module docstring)."""
+        module, args, kwargs, states, autocast = call
+        devices = [device for device, _ in states[1:]]
+        self._hook_modules()
+        try:
+            with torch.random.fork_rng(devices=devices), kept_buffers(self._model), torch.enable_grad():
+                torch.set_rng_state(states[0])
+                for device, state in states[1:]:
+                    torch.cuda.set_rng_state(state, device)
+                with torch.autocast(**autocast) if autocast else contextlib.nullcontext():
+                    module(*args, **kwargs)
+            return self._outputs
+        except Exception:  # a forward that cannot run twice: the place stays unknown, the op is still named
+            return []
+        finally:
+            self._unhook_modules()
+            self._outputs = []
 
     def _locate(self, loss, outputs, inputs):
         finite = [bool(f) for f in torch.stack([torch.isfinite(t.detach()).all() for _, _, t in outputs]).tolist()] \
@@ -136,6 +188,19 @@ class NonfiniteOrigin(Quantity):
     def compute(self, step, data):
         value, self._value = self._value, None
         return None if value is None else Output(value)
+
+
+def _random_states(devices):
+    """The CPU's random state, then ``(device, state)`` of each GPU in ``devices``."""
+    return [torch.get_rng_state(), *((d, torch.cuda.get_rng_state(d)) for d in devices)]
+
+
+def _autocast():
+    """The keyword arguments of ``torch.autocast`` active now (on the CPU or a GPU), or ``None``."""
+    for device in ("cuda", "cpu"):
+        if torch.is_autocast_enabled(device):
+            return {"device_type": device, "dtype": torch.get_autocast_dtype(device)}
+    return None
 
 
 def _finite(loss):

@@ -390,3 +390,61 @@ def _per_sequence_mean(h):
 ])
 def test_a_division_by_zero_is_div_even_when_its_numerator_is_not_saved(fn):
     assert record(body(fn), X) == {"module": "1", "op": "div", "params_nonfinite": False}
+
+
+def test_a_finite_step_runs_with_one_hook_and_a_replay_leaves_the_state_alone():
+    """Every step one pre-hook on the model and no hook on its modules; at a non-finite loss the forward
+    pass (dropout, BatchNorm in training mode) is replayed, and BatchNorm's running statistics and the
+    user's random state are as they were."""
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.norm, self.drop, self.head = nn.Linear(3, 8), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.head(self.drop(self.norm(self.lin(x))))
+
+    torch.manual_seed(0)
+    model = Model()
+    cp = Cockpit(model, [NonfiniteOrigin()], diagnose=False)
+    loss = model(X).square().mean()
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    assert "NonfiniteOrigin" not in cp.output.get(0, {})
+    # (the engine watches only the Cockpit's first forward pass: nothing else is due)
+    assert len(model._forward_pre_hooks) == 1 and not any(m._forward_hooks for m in model.modules())
+    out = model(X)
+    state, rng = {k: v.clone() for k, v in model.state_dict().items()}, torch.get_rng_state()
+    loss = out.square().mean() * math.inf
+    with cp(1, info={"loss": loss}):
+        loss.backward()
+    assert cp.output[1]["NonfiniteOrigin"]["module"] == "loss_fn"  # the model's outputs were finite
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items()) and torch.equal(rng, torch.get_rng_state())
+    assert not any(m._forward_hooks for m in model.modules())
+    cp.close()
+
+
+def test_a_loop_calling_the_parts_is_watched_module_by_module():
+    """The model has a forward, but the training loop calls its parts: from the first step whose forward did
+    not run through the model, every module is hooked, and the first non-finite output is named."""
+
+    class Parts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc, self.act, self.head = nn.Linear(3, 4), Apply(lambda h: torch.log(h - 10)), nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.head(self.enc(x))
+
+    torch.manual_seed(0)
+    model = Parts()
+    cp = Cockpit(model, [NonfiniteOrigin()], diagnose=False)
+    for step in range(3):
+        h = model.enc(X)
+        loss = model.head(model.act(h) if step == 2 else h).square().mean()
+        with cp(step, info={"loss": loss}):
+            loss.backward()
+    assert all(m._forward_hooks for m in model.modules())
+    assert cp.output[2]["NonfiniteOrigin"] == {"module": "act", "op": "log", "params_nonfinite": False}
+    cp.close()
