@@ -125,5 +125,5 @@ def test_bert_is_refused_by_extend_naming_the_module_and_the_fix_and_the_fix_wor
     assert record["GradNorm"] == pytest.approx([float(g.norm()) for g in grads], rel=1e-5, abs=1e-12)
     assert math.isfinite(record["NormTest"]) and math.isfinite(record["InnerTest"])
     assert record["meta"]["HessTrace"]["curvature"] == "hutchinson"
-    assert record["meta"]["TICDiag"] == {"curvature": "diag_ggn_exact", "passes": 2}
+    assert record["meta"]["TICDiag"] == {"curvature": "diag_ggn_exact", "passes": 1}
     assert math.isfinite(record["TICDiag"]) and record["TICDiag"] > 0

@@ -19,8 +19,10 @@ derives individual losses of (``cockpit_lite.info``):
 - cross-entropy (NLL of a log-softmax over the classes, with class weights, ``ignore_index`` and
   label smoothing): a row's loss is ``Σ_c q_c (−log p_c)`` with ``q`` independent of the logits
   ``z``, so its Hessian in ``z`` is ``κ (diag p − p pᵀ)`` with ``κ = Σ_c q_c`` (read from the graph
-  as the loss's gradient in the log-probabilities), and ``s_c = √(κ p_c) (e_c − p)``. These sum
-  to zero, so the backward pass starts at the log-probabilities with ``s_c`` itself (the
+  as the loss's gradient in the log-probabilities). It has rank ``C − 1`` (``𝟙`` is in its null
+  space), so its ``C − 1`` other eigenpairs, ``s_c = √λ_c v_c`` (``torch.linalg.eigh`` per row, in
+  float64), are a factor with one column fewer than ``√(κ p_c) (e_c − p)``. Orthogonal to ``𝟙``,
+  they sum to zero, so the backward pass starts at the log-probabilities with ``s_c`` itself (the
   log-softmax's backward maps a zero-sum vector to itself). The outputs are the logits, also
   for a model ending in a log-softmax layer with an NLL loss (in the log-probabilities the loss
   is linear and its GGN zero);
@@ -28,8 +30,8 @@ derives individual losses of (``cockpit_lite.info``):
   is diagonal, ``h = ∂²L/∂f²`` elementwise (read from the graph by a double backward pass), and
   ``s_k = √h_k e_k``.
 
-The exact diagonal takes one pass per row position and class (``R · C`` for ``R`` rows a sample,
-``C`` classes) or per output element. The Monte-Carlo diagonal (``"diag_ggn_mc"``) takes one
+The exact diagonal takes one pass per row position and class but one (``R · (C − 1)`` for ``R`` rows
+a sample, ``C`` classes) or per output element. The Monte-Carlo diagonal (``"diag_ggn_mc"``) takes one
 pass per draw: a sampled label ``ŷ ~ p`` per row (``s = √κ (p − e_ŷ)``) or a Rademacher sign per
 element (``s = √h ⊙ ε``); ``E[s sᵀ]`` is the row's Hessian, draws of different rows are
 independent with mean zero, so every pass is unbiased for diag G and ``K`` passes give the mean
@@ -115,7 +117,7 @@ class OutputCurvature:
                 classes = outputs.shape[1]
                 self._p = _rows(outputs.detach().exp(), self.batch_size, classes)
                 self._kappa = _rows(-first.detach(), self.batch_size, classes).sum(-1).clamp(min=0)
-                self.passes = self._p.shape[1] * classes
+                self.passes = self._p.shape[1] * (classes - 1)
             else:  # h = ∂²L/∂f², elementwise
                 second = torch.autograd.grad(first.sum(), outputs, retain_graph=True)[0]
                 self._h = second.detach().reshape(self.batch_size, -1).clamp(min=0)
@@ -123,14 +125,15 @@ class OutputCurvature:
 
     def columns(self):
         """Yield the exact factor's columns, each shaped like ``outputs`` (all samples' at once)."""
-        if self.softmax:
-            rows, classes = self._p.shape[1], self._p.shape[2]
-            eye = torch.eye(classes, dtype=self._p.dtype, device=self._p.device)
+        if self.softmax:  # the C − 1 eigenpairs of κ (diag p − p pᵀ) besides 𝟙's, whose eigenvalue is 0
+            rows = self._p.shape[1]
             for row in range(rows):
-                p, kappa = self._p[:, row], self._kappa[:, row]
-                for c in range(classes):
+                p, kappa = self._p[:, row].double(), self._kappa[:, row].double()
+                values, vectors = torch.linalg.eigh(kappa[:, None, None] * (torch.diag_embed(p) - p[:, :, None] * p[:, None]))
+                factor = (vectors * values.clamp(min=0).sqrt()[:, None]).to(self._p.dtype)
+                for c in range(1, factor.shape[-1]):  # (ascending: the first is 𝟙's)
                     column = torch.zeros_like(self._p)
-                    column[:, row] = (kappa * p[:, c]).sqrt()[:, None] * (eye[c] - p)
+                    column[:, row] = factor[..., c]
                     yield self._unrows(column)
         else:
             for element in range(self._h.shape[1]):
