@@ -119,7 +119,8 @@ class NonfiniteOrigin(Quantity):
         if user_forward():
             self._outputs = []
             self._input = next((a for a in args if torch.is_tensor(a) and a.is_floating_point()), None)
-            devices = sorted({p.device.index for p in module.parameters() if p.device.type == "cuda"})
+            first = next((a for a in args if torch.is_tensor(a)), None)  # (where the forward pass runs)
+            devices = [first.device.index] if first is not None and first.device.type == "cuda" else []
             self._call = (module, args, kwargs, _random_states(devices), _autocast())
 
     def _post(self, name):
