@@ -468,3 +468,13 @@ def assert_matches_the_same_autocast_forward(quantity_class, reference, offsets=
             assert "flags" not in record[step], record[step]["flags"]
             assert_close(record[step]["layers"][name], [reference(f) for f in flat], rtol=rtol, what=f"{name} bf16")
             assert_close(record[step][name], reference(torch.cat(flat, 1)), rtol=rtol, what=f"{name} bf16")
+
+
+def backward(cp, step, loss, **info):
+    """``loss.backward()``, inside ``cp(step, info={"loss": loss, **info})`` when there is a Cockpit (``cp``
+    ``None``: the plain twin of a tracked run)."""
+    if cp is None:
+        loss.backward()
+        return
+    with cp(step, info={"loss": loss, **info}):
+        loss.backward()

@@ -174,12 +174,7 @@ def test_training_is_untouched_by_the_passes(name):
         torch.manual_seed(3)
         for step, (x, y) in enumerate(problem.batches):
             opt.zero_grad()
-            loss = problem.lossfunc(problem.model(x), y)
-            if cp is None:
-                loss.backward()
-            else:
-                with cp(step, info={"loss": loss}):
-                    loss.backward()
+            problems.backward(cp, step, problem.lossfunc(problem.model(x), y))
             opt.step()
         finals.append(({k: v.clone() for k, v in problem.model.state_dict().items()}, torch.get_rng_state()))
         if cp is not None:
