@@ -9,8 +9,9 @@ when it is finite the references are dropped, nothing is recorded and the step i
 this signal. When it is not, the forward pass is *replayed* on the same inputs, parameters,
 random state (the same dropout masks) and autocast settings, with a forward hook on every
 module that keeps each module's output in the order the calls *end* (a module ends before the
-module that contains it); the model's buffers are put back afterwards and the user's random
-state is left as it was. A model whose own forward the training loop does not call (a
+module that contains it); the model's buffers and the tensors its modules hold as attributes
+(what a forward hook stored, e.g. BackPACK's inputs and outputs, which its backward reads) are
+put back afterwards and the user's random state is left as it was. A model whose own forward the training loop does not call (a
 ``ModuleDict`` of parts, a loop calling the parts itself) is watched by those hooks at every
 step instead, from the first step whose forward did not run through the model. Then, still
 before the backward pass:
@@ -155,7 +156,8 @@ class NonfiniteOrigin(Quantity):
         devices = [device for device, _ in states[1:]]
         self._hook_modules()
         try:
-            with torch.random.fork_rng(devices=devices), kept_buffers(self._model), torch.enable_grad():
+            with torch.random.fork_rng(devices=devices), kept_buffers(self._model), \
+                    _kept_attributes(self._model), torch.enable_grad():
                 torch.set_rng_state(states[0])
                 for device, state in states[1:]:
                     torch.cuda.set_rng_state(state, device)
@@ -189,6 +191,19 @@ class NonfiniteOrigin(Quantity):
     def compute(self, step, data):
         value, self._value = self._value, None
         return None if value is None else Output(value)
+
+
+@contextlib.contextmanager
+def _kept_attributes(model):
+    """Run with the tensors ``model``'s modules hold as plain attributes put back (new ones removed)."""
+    saved = [(m, {k: v for k, v in vars(m).items() if torch.is_tensor(v)}) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for module, tensors in saved:
+            for key in [k for k, v in vars(module).items() if torch.is_tensor(v) and k not in tensors]:
+                delattr(module, key)
+            vars(module).update(tensors)
 
 
 def _random_states(devices):
