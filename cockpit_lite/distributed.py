@@ -22,7 +22,9 @@ A tracked step costs three collectives, each packing everything of its kind:
 Only rank 0 keeps the record, writes the log and diagnoses.
 """
 
+import functools
 import sys
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -47,10 +49,37 @@ class Group:
     def main(self):
         return self.rank == 0
 
+    @contextmanager
+    def own_passes(self, model, params, whole):
+        """The Cockpit's own backward passes through the step's graph, before the user's (Hessian-vector
+        products, the GGN's pseudo-loss passes): yields the tensors of the graph that stand for ``params``
+        (``leaves``; FSDP2 keeps its parameters for them, ``ShardedGroup.own_passes``)."""
+        yield self.leaves(model, params)
+
+    def mean(self, tensors):
+        """``(1/W) Σ_r`` of every rank's ``tensors`` (one all-reduce on their device, in float32 or wider;
+        every rank gets the same values): a Hessian-vector product of the loss the ranks minimise,
+        whose Hessian is the mean of the ranks'."""
+        tensors = list(tensors)
+        dtype = functools.reduce(torch.promote_types, [t.dtype for t in tensors], torch.float32)
+        flat = torch.cat([t.detach().reshape(-1).to(dtype) for t in tensors])
+        dist.all_reduce(flat, group=self.process_group)
+        flat /= self.world
+        return [part.reshape(t.shape).to(t.dtype) for part, t in zip(flat.split([t.numel() for t in tensors]), tensors)]
+
+    def stand_ins(self, model):
+        """``(tensor of the graph, tracked parameter)`` pairs of the parameters that the model's forward
+        pass and its graph hold in place of the tracked ones (FSDP2's unsharded ones; none under DDP)."""
+        return []
+
     def unsharded(self, model):
-        """``{id(unsharded parameter): tracked parameter}``: the tensors that stand for the tracked
-        parameters in the model's forward pass and its graph (FSDP2's; none under DDP)."""
-        return None
+        """``{id(tensor of the graph): tracked parameter}`` of ``stand_ins``."""
+        return {id(stand_in): param for stand_in, param in self.stand_ins(model)}
+
+    def leaves(self, model, params):
+        """The tensors of the graph to differentiate by for ``params`` (each, or its stand-in)."""
+        stand_ins = {id(param): stand_in for stand_in, param in self.stand_ins(model)}
+        return [stand_ins.get(id(p), p) for p in params]
 
     def sum_and_sizes(self, tensors, local_size):
         """All-reduce (sum) ``tensors`` and gather every rank's ``local_size`` in one collective.

@@ -541,6 +541,10 @@ class Transform:
     from_grad_only = False
     """Whether the value depends on the gradient ``g`` alone, not on the samples: under
     torch.distributed every rank has the global value already (it is not added over the ranks)."""
+    shardable = True
+    """Whether its values can be combined over the ranks of a model sharded by FSDP2 (added, in rows of
+    the parameter, or gathered as one number per sample); a quantity that needs one that cannot is NaN
+    with a flag there (``cockpit_lite.sharded.UNSHARDABLE``)."""
 
     def __call__(self, per_sample):
         raise NotImplementedError
@@ -609,9 +613,11 @@ class IndividualSquares(Transform):
     """The individual gradients' elementwise squares ``g̃_{n,d}² = B² grad_batch[n,d]²``, shape
     ``[K, *shape]``: for a per-sample sum over elements whose weights are known only after the
     backward pass (``TICDiag``'s ``Σ_d g̃_{n,d}² / C_dd`` at a subsampled step, ``C`` from the same
-    backward pass). Held until the step's values are computed: ``K ×`` the parameter's size."""
+    backward pass). Held until the step's values are computed: ``K ×`` the parameter's size. Not on a
+    model sharded by FSDP2: a value per sample and element of the whole parameter (``shardable``)."""
 
     per_sample_output = True
+    shardable = False
     key = "individual_squares"
 
     def __call__(self, per_sample):

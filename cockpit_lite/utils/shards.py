@@ -57,6 +57,30 @@ def gathering():
         _gathered.pop()
 
 
+def rows_like(tensor, like, dim=0):
+    """This rank's part of ``tensor`` in the layout of ``like`` (a tensor of ``tensor``'s shape along
+    ``dim`` and after): a ``DTensor``'s local rows; a whole tensor's rows that a ``DTensor`` ``like``
+    holds on this rank (sharded along its first axis, as FSDP2 shards); else ``tensor`` itself."""
+    if is_sharded(tensor):
+        return tensor.to_local()
+    if not is_sharded(like):
+        return tensor
+    first, mesh = like.shape[0], like.device_mesh
+    start = min(mesh.get_local_rank() * -(-first // mesh.size()), first)
+    return tensor.narrow(dim, start, like.to_local().shape[0])
+
+
+def shaped_like(rows, like):
+    """``rows`` (this rank's part, ``rows_like``) as a tensor of ``like``'s layout: a ``DTensor``
+    sharded as ``like``, or ``rows`` itself."""
+    if not is_sharded(like):
+        return rows
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(rows, like.device_mesh, like.placements, run_check=False, shape=like.shape,
+                              stride=like.stride())
+
+
 def group_of(tensors):
     """The process group of the first ``DTensor`` among ``tensors``, ``None`` if there is none."""
     for tensor in tensors:
