@@ -93,6 +93,7 @@ TABLES = {
     "memory_flatness": _measured("memory_flatness"),
     "fsdp_equality": _measured("fsdp_equality"),
     "fsdp_memory": _measured("fsdp_memory"),
+    "fsdp_curvature": _measured("fsdp_curvature"),
     "lr_comparison": _lr_table,
     "demo_last_epoch": _demo_summary,
 }
