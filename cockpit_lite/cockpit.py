@@ -760,8 +760,8 @@ class _StepContext:
                     self._diagonals()  # the engine's pseudo-loss passes, before its pass of the user's backward
                     if self.cockpit.accumulate and self.transforms:
                         self.window = Window(self.grads_before)
-                if self.transforms:
-                    with backpack_untouched():
+                if self.transforms:  # (the global path's passes are the Cockpit's own too)
+                    with backpack_untouched(), _own_passes(self.cockpit.group, self.info.model, [], whole=False):
                         self.cockpit.engine.begin(
                             self.transforms, self.info, self.info.batch_size, self.grads_before, self.needed_by,
                             owner.window,

@@ -40,10 +40,12 @@ class Group:
     process_group = None  # the default one
     precision = None  # the flag of every tracked step under FSDP2's mixed precision, or None
     held = None  # every rank's number of samples of a subsample (FSDP2, ``Cockpit(samples=k)``), or None
+    ddp = None  # the ``DistributedDataParallel`` module given to the Cockpit, or None
 
-    def __init__(self):
+    def __init__(self, ddp=None):
         self.world = dist.get_world_size()
         self.rank = dist.get_rank()
+        self.ddp = ddp
 
     @property
     def main(self):
@@ -52,9 +54,21 @@ class Group:
     @contextmanager
     def own_passes(self, model, params, whole):
         """The Cockpit's own backward passes through the step's graph, before the user's (Hessian-vector
-        products, the GGN's pseudo-loss passes): yields the tensors of the graph that stand for ``params``
-        (``leaves``; FSDP2 keeps its parameters for them, ``ShardedGroup.own_passes``)."""
-        yield self.leaves(model, params)
+        products, the GGN's pseudo-loss passes, the engine's global path): yields the tensors of the graph
+        that stand for ``params`` (``leaves``; FSDP2 keeps its parameters for them, ``ShardedGroup.own_passes``).
+
+        DDP with ``static_graph=True`` queues its reduction of the first step's gradients from the backward
+        pass of its output's autograd node, once: a pass of the Cockpit's would take that turn, and the
+        user's backward pass would leave the gradients unreduced (the ranks' parameters then differ). DDP
+        is told that it is queued already while these passes run."""
+        queued = getattr(self.ddp, "_static_graph_delay_allreduce_enqueued", None)
+        if queued is not None:
+            self.ddp._static_graph_delay_allreduce_enqueued = True
+        try:
+            yield self.leaves(model, params)
+        finally:
+            if queued is not None:
+                self.ddp._static_graph_delay_allreduce_enqueued = queued
 
     def mean(self, tensors):
         """``(1/W) Σ_r`` of every rank's ``tensors`` (one all-reduce on their device, in float32 or wider;
@@ -177,7 +191,7 @@ def group_for(model, params=()):
             "layer, then the model) and pass the model (or destroy the process group for a "
             "single-process run)."
         )
-    return Group() if dist.get_world_size() > 1 else None
+    return Group(model if wrapped else None) if dist.get_world_size() > 1 else None
 
 
 def reduce_results(group, results, transforms, sizes, extra_sums=(), extra_per_sample=(), held=None):

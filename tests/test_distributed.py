@@ -78,17 +78,17 @@ def _loss(model, x, y, name, scale):
     return (F.mse_loss if name == "regression" else F.cross_entropy)(out, y) * scale
 
 
-def _train(name, shards, micro, rank=None, accumulate=False, curvature=False, tracking=True):
+def _train(name, shards, micro, rank=None, accumulate=False, curvature=False, tracking=True, static=False):
     """Train with a Cockpit (``tracking``; else without one); ``shards`` are the sample counts per rank (one
     process: the whole batch). Returns the record and the parameters after training.
 
     ``micro`` micro-batches per step (the first ones under ``no_sync``): only the last in
     ``cp(step)``, or with ``accumulate`` every one (``Cockpit(accumulate=True)``); ``curvature``:
-    ``_quantities``' argument.
+    ``_quantities``' argument; ``static``: ``DistributedDataParallel(static_graph=True)``.
     """
     torch.manual_seed(0)
     model = _model(name)
-    tracked = model if rank is None else torch.nn.parallel.DistributedDataParallel(model)
+    tracked = model if rank is None else torch.nn.parallel.DistributedDataParallel(model, static_graph=static)
     assert micro == 1 or rank is not None
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     cp = Cockpit(tracked, _quantities(curvature), strict=name != "tied_in_own_code", diagnose=False,  # flagged at step 0
@@ -122,12 +122,15 @@ def _worker(rank, cases, path):
         torch.set_num_threads(1)
         records = {}
         for case, (name, shards, micro, *options) in cases.items():
-            records[case], params = _train(name, shards, micro, rank, *options)
+            records[case], params = _train(name, shards, micro, rank, *options, static=case in STATIC)
             if rank != 0:
                 assert records[case] == {}, "only rank 0 keeps the record"
-            if case == "curvature":  # the Cockpit's own passes leave DDP's training as it is
-                untracked = _train(name, shards, micro, rank, *options, tracking=False)[1]
-                assert all(torch.equal(a, b) for a, b in zip(params, untracked)), "training changed"
+            if case in STATIC:
+                untracked = _train(name, shards, micro, rank, *options, tracking=False, static=True)[1]
+                assert all(torch.equal(a, b) for a, b in zip(params, untracked)), f"{case}: training changed"
+        tracked, untracked = (_train("resnet_bn_train", (3, 3), 1, rank, tracking=tracking, static=True)[1]
+                              for tracking in (True, False))  # the global path at the first step
+        assert all(torch.equal(a, b) for a, b in zip(tracked, untracked)), "global path: training changed"
         with pytest.raises(ValueError, match=r"not combined with torch.distributed.*Fix: samples=None"):
             Cockpit(torch.nn.parallel.DistributedDataParallel(_model("mlp")), [quantities.NormTest()], diagnose=False,
                     samples=2)  # a draw across ranks (the fix, samples=None: every case above)
@@ -153,6 +156,11 @@ CASES = {  # case -> (model, samples per rank, micro-batches per step[, every mi
     "accumulated": ("mlp", (5, 3), 2, True),
     "curvature": ("mlp", (5, 3), 1, False, True), "monte_carlo": ("regression", (5, 3), 1, False, "monte_carlo"),
 }
+STATIC = ("curvature",)
+"""Cases under ``DistributedDataParallel(static_graph=True)``, whose parameters are also compared with
+those of training without a Cockpit: DDP queues the first step's gradient reduction from the first
+backward pass through its output, and the Cockpit's own passes (Hessian-vector products, the GGN's and
+the global path's, before the user's backward pass) must not take that turn."""
 
 
 def test_ddp_equals_one_process_on_the_whole_batch(tmp_path):
