@@ -973,7 +973,7 @@ class _StepContext:
                 flags.append(cockpit.group.precision)
         batch_size = self.batch_size if self.batch_size is not None else self.info.batch_size
         given = self.info.get("batch_size")
-        sharded = cockpit.group is not None and cockpit.group.sharded and batch_size is not None
+        sharded = cockpit.group is not None and cockpit.group.sharded and self.batch_size is not None
         held = cockpit.group.sizes[cockpit.group.rank] if sharded else batch_size  # (FSDP2: this rank's part)
         if given is not None and held is not None and int(given) != held:
             raise ValueError(

@@ -290,15 +290,18 @@ class ShardedGroup(_distributed.Group):
         elementwise = [t for t in transforms if t.elementwise]
         others = [t for t in transforms if not t.elementwise]
         values = _transforms.run(elementwise, per_sample, None, scratch) if elementwise else {}
-        local_sum = per_sample.grad  # G_r: the rank's samples' sum (the chunks' if chunked)
-        rows = self.reduce_scatter([local_sum / self.world] + [values[t.key] for t in elementwise], param)
+        # G_r (the rank's samples' sum, the chunks' if chunked) and the values: dropped once reduced, before
+        # the other transforms take their memory (each the whole parameter's size)
+        dtypes = {t.key: values[t.key].dtype for t in elementwise}
+        rows = self.reduce_scatter([per_sample.grad] + [values.pop(t.key) for t in elementwise], param,
+                                   divide=self.world)
         results = {}
         if others:  # (the GGN's passes: SumGradSquared alone, no projection on g)
             per_sample.grad = self.all_gather(rows[0], param).reshape(-1).to(per_sample.dtype)
             with gathering():  # a direction or the parameter, gathered on the first chunk of samples only
                 results = _transforms.run(others, per_sample, batch, scratch)
         for transform, part in zip(elementwise, rows[1:]):
-            results[transform.key] = self.shard(part.to(values[transform.key].dtype), param)
+            results[transform.key] = self.shard(part.to(dtypes[transform.key]), param)
         return results, rows[0].reshape(-1)
 
     def shard(self, rows, param):
@@ -315,17 +318,21 @@ class ShardedGroup(_distributed.Group):
         start = min(self.rank * chunk, first)
         return chunk, start, min(chunk, first - start)
 
-    def reduce_scatter(self, tensors, param):
+    def reduce_scatter(self, tensors, param, divide=None):
         """``tensors`` (each of ``param``'s shape or numel) summed over the ranks, this rank's rows of
-        each (``param``'s sharding), in one reduce-scatter, in float32 or wider (float64 for float64)."""
+        each (``param``'s sharding), in one reduce-scatter, in float32 or wider (float64 for float64);
+        with ``divide``, the first tensor divided by it (in the collective's buffer: no copy of its own)."""
         chunk, _, count = self._rows(param)
         first = param.shape[0]
         widths = [t.numel() // first for t in tensors]
         dtype = functools.reduce(torch.promote_types, [t.dtype for t in tensors], torch.float32)
         padded = tensors[0].new_zeros((self.world * chunk, sum(widths)), dtype=dtype)  # rank s: rows [s·c, (s+1)·c)
         offset = 0
-        for tensor, width in zip(tensors, widths):
-            padded[:first, offset:offset + width] = tensor.detach().reshape(first, width)
+        for number, (tensor, width) in enumerate(zip(tensors, widths)):
+            part = padded[:first, offset:offset + width]
+            part.copy_(tensor.detach().reshape(first, width))
+            if number == 0 and divide is not None:
+                part.div_(divide)
             offset += width
         out = padded.new_empty((chunk, sum(widths)))
         dist.reduce_scatter_single(out.reshape(-1), padded.reshape(-1), group=self.process_group)

@@ -20,7 +20,7 @@ from functools import cached_property
 import torch
 
 from cockpit_lite import histogram
-from cockpit_lite.utils.shards import totals, whole
+from cockpit_lite.utils.shards import totals, whole, whole_of
 
 CHUNK_ELEMENTS = 1 << 20
 """Individual-gradient elements built at a time for histograms of factored layers (4 MiB in float32)."""
@@ -671,7 +671,7 @@ class BatchDotDirection(Transform):
             all_samples = kept.num_samples == kept.batch_size
             self._keep[kept.index] = [kept] if all_samples else self._keep.get(kept.index, []) + [kept]
             return per_sample.param.new_zeros(per_sample.num_samples, dtype=per_sample.dtype)
-        direction = whole(self._direction(per_sample), key=(self.key, per_sample.index))
+        direction = whole_of((self.key, per_sample.index), lambda: self._direction(per_sample))
         return dots_of_kept([per_sample], direction)
 
 

@@ -40,11 +40,21 @@ def whole(tensor, key=None):
         return tensor
     if not _gathered:
         return tensor.full_tensor()
-    key = id(tensor) if key is None else key
     scope = _gathered[-1]
+    if key is None:  # by the object, which the scope keeps meanwhile (its id stays its own)
+        key = id(tensor)
+        scope.setdefault(("object", key), tensor)
     if key not in scope:
-        scope[key] = (tensor, tensor.full_tensor())  # (the tensor too: its id stays its own meanwhile)
-    return scope[key][1]
+        scope[key] = tensor.full_tensor()
+    return scope[key]
+
+
+def whole_of(key, make):
+    """``whole(make(), key)``, with ``make`` called only where the scope of ``gathering`` has not gathered
+    ``key`` yet (a direction formed anew on every read is formed once per scope)."""
+    if _gathered and key in _gathered[-1]:
+        return _gathered[-1][key]
+    return whole(make(), key)
 
 
 @contextmanager
