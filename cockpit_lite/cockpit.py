@@ -25,7 +25,7 @@ import math
 import numbers
 import time
 import warnings
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 
 import numpy as np
 import torch
@@ -485,7 +485,7 @@ class Cockpit:
         said once.
         """
         if self.model is not None:
-            unsharded = (self.group.unsharded(self.model) if self.group is not None else None) or {}
+            unsharded = self.group.unsharded(self.model) if self.group is not None else {}
             current = {n: unsharded.get(id(p), p) for n, p in self.model.named_parameters()}  # (FSDP2: the sharded ones)
             for index, name in enumerate(self.names):
                 param = current.get(name)
@@ -651,9 +651,13 @@ class _StepContext:
         if self.info.subset is not None:
             self.unsampled = {q for q, n in self.due if n.transforms and not q.SUBSAMPLE}
             self.due = [(q, Needs() if q in self.unsampled else n) for q, n in self.due]
-        self.refused = set()  # FSDP2: the curvature quantities, NaN (``cockpit_lite.sharded``)
+        self.refused = {}  # FSDP2: quantity -> why it is NaN (``cockpit_lite.sharded``)
         if cockpit.group is not None and cockpit.group.sharded:
-            self.refused = {q for q, n in self.due if q.CURVATURE or n.hvp or n.extensions}
+            for q, n in self.due:
+                unshardable = [t.key for t in n.transforms if not t.shardable]
+                if n.extensions or unshardable:
+                    self.refused[q] = (_sharded.UNSUPPORTED_BACKPACK if n.extensions
+                                       else _sharded.UNSHARDABLE.format(keys=", ".join(unshardable)))
             self.due = [(q, Needs() if q in self.refused else n) for q, n in self.due]
         if self.due:
             cockpit._reread_parameters(step)
@@ -756,8 +760,8 @@ class _StepContext:
                     self._diagonals()  # the engine's pseudo-loss passes, before its pass of the user's backward
                     if self.cockpit.accumulate and self.transforms:
                         self.window = Window(self.grads_before)
-                if self.transforms:
-                    with backpack_untouched():
+                if self.transforms:  # (the global path's passes are the Cockpit's own too)
+                    with backpack_untouched(), _own_passes(self.cockpit.group, self.info.model, [], whole=False):
                         self.cockpit.engine.begin(
                             self.transforms, self.info, self.info.batch_size, self.grads_before, self.needed_by,
                             owner.window,
@@ -785,37 +789,45 @@ class _StepContext:
         outputs see no step and do nothing), past BackPACK's hooks: one gradient with graph
         (``cockpit_lite.curvature.hvp``) serves them all and is dropped afterwards, so the
         user's ``loss.backward()`` stays plain. A quantity's error is kept and raised again
-        when its value is computed. Under torch.distributed none run (``_compute``).
+        when its value is computed. Under torch.distributed every rank forms the products of its
+        own loss and one all-reduce per product averages them (FSDP2: with the whole parameters,
+        ``ShardedGroup.own_passes``); every rank runs the same quantities on the same products.
         """
         self.product_errors = {}
         wanting = [q for q, n in self.due if n.hvp]
-        if not wanting or self.cockpit.group is not None:
+        if not wanting:
             return
-        products = HessianVectorProducts(self.info.get("loss"), self.cockpit.params, self.step, self.info.model)
-        try:
-            with backpack_untouched():
-                for quantity in wanting:
-                    try:
-                        quantity.before_backward(self.step, products)
-                    except Exception as error:
-                        self.product_errors[quantity] = error
-        finally:
-            products.release()
+        group, params = self.cockpit.group, self.cockpit.params
+        with _own_passes(group, self.info.model, params, whole=True) as leaves:
+            products = HessianVectorProducts(self.info.get("loss"), leaves, self.step, self.info.model, group, params)
+            try:
+                with backpack_untouched():
+                    for quantity in wanting:
+                        try:
+                            quantity.before_backward(self.step, products)
+                        except Exception as error:
+                            self.product_errors[quantity] = error
+            finally:
+                products.release()
 
     def _diagonals(self):
         """The curvature diagonals the engine computes for the due quantities (``Needs.diagonals``),
         each once: its pseudo-loss passes run through the step's graph before the user's backward
         pass (``cockpit_lite.curvature.ggn``), past BackPACK's hooks. An error is kept and raised
-        again when a quantity reads the diagonal. Under accumulation, the first backward pass's."""
+        again when a quantity reads the diagonal. Under accumulation, the first backward pass's.
+        FSDP2 gathers each layer's parameters in every pass (``ShardedGroup.own_passes``)."""
         wanting = [(q, n) for q, n in self.due if n.diagonals and q not in self.refused]
         requests = list(dict.fromkeys(r for _, n in wanting for r in n.diagonals))
+        if not requests:
+            return
         needed_by = ", ".join(q.name for q, _ in wanting)
-        for request in requests:
-            try:
-                with backpack_untouched():
-                    self.diagonals[request] = request.compute(self.cockpit.engine, self.info, needed_by)
-            except Exception as error:
-                self.diagonals[request] = error
+        with _own_passes(self.cockpit.group, self.info.model, self.cockpit.params, whole=False):
+            for request in requests:
+                try:
+                    with backpack_untouched():
+                        self.diagonals[request] = request.compute(self.cockpit.engine, self.info, needed_by)
+                except Exception as error:
+                    self.diagonals[request] = error
 
     def _reached(self, grad):
         self.backward_seen = True
@@ -961,7 +973,7 @@ class _StepContext:
                 flags.append(cockpit.group.precision)
         batch_size = self.batch_size if self.batch_size is not None else self.info.batch_size
         given = self.info.get("batch_size")
-        sharded = cockpit.group is not None and cockpit.group.sharded and batch_size is not None
+        sharded = cockpit.group is not None and cockpit.group.sharded and self.batch_size is not None
         held = cockpit.group.sizes[cockpit.group.rank] if sharded else batch_size  # (FSDP2: this rank's part)
         if given is not None and held is not None and int(given) != held:
             raise ValueError(
@@ -992,7 +1004,7 @@ class _StepContext:
                 outputs.append((quantity, Output(float("nan"))))
                 continue
             if quantity in self.refused:
-                outputs.append((quantity, Output(float("nan"), flags=[f"{quantity.name}: {_sharded.UNSUPPORTED_CURVATURE}"])))
+                outputs.append((quantity, Output(float("nan"), flags=[f"{quantity.name}: {self.refused[quantity]}"])))
                 continue
             if quantity in self.unsampled:
                 outputs.append((quantity, Output(float("nan"), flags=[
@@ -1100,12 +1112,6 @@ class _StepContext:
 
     def _compute(self, quantity, data):
         """Run one quantity; in non-strict mode a failure becomes a flagged NaN."""
-        if self.cockpit.group is not None and any(q is quantity and n.hvp for q, n in self.due):
-            return [Output(float("nan"), flags=[
-                f"{quantity.name}: needs Hessian-vector products of the global batch's loss, one "
-                "all-reduce per product with every rank in step; not computed under torch.distributed "
-                "(DistributedDataParallel)"
-            ])]
         try:
             if quantity in self.product_errors:
                 raise self.product_errors.pop(quantity)
@@ -1163,6 +1169,11 @@ def _held_gradients(grads):
     """Whether any of ``grads`` (``None`` or tensors) is non-zero (one host sync)."""
     present = [local(g).ne(0).any() for g in grads or () if g is not None]
     return bool(torch.stack(present).any()) if present else False
+
+
+def _own_passes(group, model, params, whole):
+    """``Group.own_passes`` of the ranks; in one process the tracked parameters themselves."""
+    return nullcontext(params) if group is None else group.own_passes(model, params, whole)
 
 
 @contextmanager

@@ -22,7 +22,9 @@ A tracked step costs three collectives, each packing everything of its kind:
 Only rank 0 keeps the record, writes the log and diagnoses.
 """
 
+import functools
 import sys
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -38,19 +40,60 @@ class Group:
     process_group = None  # the default one
     precision = None  # the flag of every tracked step under FSDP2's mixed precision, or None
     held = None  # every rank's number of samples of a subsample (FSDP2, ``Cockpit(samples=k)``), or None
+    ddp = None  # the ``DistributedDataParallel`` module given to the Cockpit, or None
 
-    def __init__(self):
+    def __init__(self, ddp=None):
         self.world = dist.get_world_size()
         self.rank = dist.get_rank()
+        self.ddp = ddp
 
     @property
     def main(self):
         return self.rank == 0
 
+    @contextmanager
+    def own_passes(self, model, params, whole):
+        """The Cockpit's own backward passes through the step's graph, before the user's (Hessian-vector
+        products, the GGN's pseudo-loss passes, the engine's global path): yields the tensors of the graph
+        that stand for ``params`` (``leaves``; FSDP2 keeps its parameters for them, ``ShardedGroup.own_passes``).
+
+        DDP with ``static_graph=True`` queues its reduction of the first step's gradients from the backward
+        pass of its output's autograd node, once: a pass of the Cockpit's would take that turn, and the
+        user's backward pass would leave the gradients unreduced (the ranks' parameters then differ). DDP
+        is told that it is queued already while these passes run."""
+        queued = getattr(self.ddp, "_static_graph_delay_allreduce_enqueued", None)
+        if queued is not None:
+            self.ddp._static_graph_delay_allreduce_enqueued = True
+        try:
+            yield self.leaves(model, params)
+        finally:
+            if queued is not None:
+                self.ddp._static_graph_delay_allreduce_enqueued = queued
+
+    def mean(self, tensors):
+        """``(1/W) Σ_r`` of every rank's ``tensors`` (one all-reduce on their device, in float32 or wider;
+        every rank gets the same values): a Hessian-vector product of the loss the ranks minimise,
+        whose Hessian is the mean of the ranks'."""
+        tensors = list(tensors)
+        dtype = functools.reduce(torch.promote_types, [t.dtype for t in tensors], torch.float32)
+        flat = torch.cat([t.detach().reshape(-1).to(dtype) for t in tensors])
+        dist.all_reduce(flat, group=self.process_group)
+        flat /= self.world
+        return [part.reshape(t.shape).to(t.dtype) for part, t in zip(flat.split([t.numel() for t in tensors]), tensors)]
+
+    def stand_ins(self, model):
+        """``(tensor of the graph, tracked parameter)`` pairs of the parameters that the model's forward
+        pass and its graph hold in place of the tracked ones (FSDP2's unsharded ones; none under DDP)."""
+        return []
+
     def unsharded(self, model):
-        """``{id(unsharded parameter): tracked parameter}``: the tensors that stand for the tracked
-        parameters in the model's forward pass and its graph (FSDP2's; none under DDP)."""
-        return None
+        """``{id(tensor of the graph): tracked parameter}`` of ``stand_ins``."""
+        return {id(stand_in): param for stand_in, param in self.stand_ins(model)}
+
+    def leaves(self, model, params):
+        """The tensors of the graph to differentiate by for ``params`` (each, or its stand-in)."""
+        stand_ins = {id(param): stand_in for stand_in, param in self.stand_ins(model)}
+        return [stand_ins.get(id(p), p) for p in params]
 
     def sum_and_sizes(self, tensors, local_size):
         """All-reduce (sum) ``tensors`` and gather every rank's ``local_size`` in one collective.
@@ -148,7 +191,7 @@ def group_for(model, params=()):
             "layer, then the model) and pass the model (or destroy the process group for a "
             "single-process run)."
         )
-    return Group() if dist.get_world_size() > 1 else None
+    return Group(model if wrapped else None) if dist.get_world_size() > 1 else None
 
 
 def reduce_results(group, results, transforms, sizes, extra_sums=(), extra_per_sample=(), held=None):

@@ -30,16 +30,32 @@ sums): elementwise arithmetic stays on each rank, and every sum over elements go
 ``cockpit_lite.utils.norms`` / ``cockpit_lite.utils.shards``, which add the ranks' partial sums.
 Every rank runs every quantity (their collectives must match); rank 0 keeps the record.
 
-What is not computed under FSDP (NaN with a flag naming the reason and the fix): the curvature
-(FSDP2 frees a layer's unsharded parameters after its backward pass, and a Hessian-vector product's
-second backward pass reads them; BackPACK's extensions do not know FSDP's modules) and individual
-gradients that need the exact global path (a parameter used before a layer that mixes the samples,
-BatchNorm in training mode; a module that draws random numbers): that path differentiates every
-sample's loss through FSDP's own hooks.
+The curvature comes from the Cockpit's own backward passes through the step's graph, before the
+user's (``ShardedGroup.own_passes``: FSDP2 reduces no gradient in them and is left as the forward pass
+left it):
+
+- Hessian-vector products (``HessMaxEV``, Hutchinson's ``HessTrace``) differentiate the gradient's
+  graph a second time, which reads every layer's unsharded parameters: they are gathered once and
+  kept whole while the products run (FSDP2 would free a layer's after its backward pass: "setStorage
+  ... out of bounds for storage of size 0"). Every rank forms ``H_r v`` of its loss with the same
+  vectors (the Cockpit's generators, seeded alike), and one all-reduce per product gives every rank
+  ``Hv = (1/W) Σ_r H_r v`` (``cockpit_lite.curvature.hvp``); the ranks' eigensolvers and estimators
+  run in step on equal numbers. Hutchinson's estimate keeps each rank's rows of its draws, sharded
+  as the parameter (``cockpit_lite.curvature.jackknife``).
+- The engine's GGN diagonal (``cockpit_lite.curvature.ggn``): each pseudo-loss pass runs through the
+  layers' backward passes as the user's does (FSDP2 gathering each layer's parameters there), and its
+  ``Σ_n g̃_n²`` is reduce-scattered in ``run``: the diagonal is sharded as the parameter.
+
+Not computed under FSDP (NaN with a flag naming the reason and the fix): BackPACK's extensions
+(they do not know FSDP's modules), values per sample and element of a whole parameter (``TICDiag``
+at a subsampled step; ``Transform.shardable``), and individual gradients that need the exact global
+path (a parameter used before a layer that mixes the samples, BatchNorm in training mode; a module
+that draws random numbers): that path differentiates every sample's loss through FSDP's own hooks.
 """
 
 import functools
 import math
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -48,15 +64,22 @@ from cockpit_lite import distributed as _distributed
 from cockpit_lite import transforms as _transforms
 from cockpit_lite.utils.shards import gathering
 
-UNSUPPORTED_CURVATURE = (
-    "not computed on a model sharded by FSDP2: a Hessian-vector product differentiates the gradient's "
-    "graph a second time, which reads each layer's unsharded parameters, and FSDP2 frees them after the "
-    "layer's backward pass (RuntimeError: setStorage ... out of bounds for storage of size 0, measured on "
-    "torch 2.13); BackPACK's curvature extensions do not know FSDP's modules. NaN at every step. Fix: "
-    "measure the curvature in a run without sharding (one process, or DistributedDataParallel for the "
-    "exact diagonals), e.g. on a checkpoint of this run"
+UNSUPPORTED_BACKPACK = (
+    "not computed on a model sharded by FSDP2: it needs BackPACK's extensions, which do not know FSDP2's "
+    "modules nor its sharded parameters. NaN at every step. Fix: a curvature the Cockpit computes itself "
+    "(curvature='auto': Hutchinson's estimate for HessTrace, the engine's exact GGN diagonal for the TICs), "
+    "or BackPACK's in a run without sharding"
 )
-"""The reason every curvature quantity gives under FSDP2 (``Needs.hvp`` or BackPACK extensions)."""
+"""The reason a quantity that needs BackPACK's extensions gives under FSDP2."""
+
+UNSHARDABLE = (
+    "not computed on a model sharded by FSDP2 at this step: it needs {keys}, a value per sample and per "
+    "element of each whole parameter (at a subsampled step of Cockpit(samples=k): TICDiag's estimate), for "
+    "which the sharding has no layout (a rank holds rows of the parameters, not of the samples). NaN at such "
+    "steps. Fix: Cockpit(samples=None) for its exact value (TICTrace's subsampled estimate needs per-sample "
+    "norms only)"
+)
+"""The reason of a quantity that needs a transform that is not ``shardable``, under FSDP2."""
 
 GLOBAL_PATH = (
     "its individual gradients need the exact global path (it is used before a layer that mixes the "
@@ -83,13 +106,19 @@ def is_fsdp2(model):
     return any(isinstance(module, FSDPModule) for module in model.modules())
 
 
-def fsdp_groups(model):
-    """FSDP2's parameter groups in ``model`` (one per ``fully_shard`` call)."""
+def fsdp_states(model):
+    """FSDP2's states of the modules of ``model`` that are ``fully_shard``-ed."""
     from torch.distributed.fsdp import FSDPModule
 
     for module in model.modules():
         if isinstance(module, FSDPModule):
-            yield from module._get_fsdp_state()._fsdp_param_groups
+            yield module._get_fsdp_state()
+
+
+def fsdp_groups(model):
+    """FSDP2's parameter groups in ``model`` (one per ``fully_shard`` call)."""
+    for state in fsdp_states(model):
+        yield from state._fsdp_param_groups
 
 
 def precision_flag(model):
@@ -200,36 +229,79 @@ class ShardedGroup(_distributed.Group):
 
     # -- the graph: FSDP's unsharded parameters stand for the tracked ones ------------------
 
-    def unsharded(self, model):
-        """``{id(unsharded parameter): tracked parameter}`` of the FSDP2-managed parameters: the
-        autograd graph of a forward pass holds FSDP's unsharded parameters, not the sharded ones,
-        and a module whose parameters stay unsharded after its forward pass (the root's) holds them."""
-        return {id(unsharded): param for unsharded, param in self.stand_ins(model)}
-
     def stand_ins(self, model):
         """``(unsharded parameter, tracked parameter)`` pairs of the FSDP2-managed parameters (once
-        FSDP2 has gathered them: after the first forward pass)."""
+        FSDP2 has gathered them: after the first forward pass): the autograd graph of a forward pass
+        holds FSDP's unsharded parameters, not the sharded ones, and a module whose parameters stay
+        unsharded after its forward pass (the root's) holds them."""
         return [(record._unsharded_param, record.sharded_param)
                 for record in fsdp_params(model) if hasattr(record, "_unsharded_param")]
+
+    @contextmanager
+    def own_passes(self, model, params, whole):
+        """The Cockpit's own backward passes through the step's graph, before the user's: yields the
+        graph's leaves of ``params`` (FSDP's unsharded parameters) to differentiate by.
+
+        FSDP2's hooks fire in these passes as in the user's: each module's pre-backward hook gathers
+        its parameters (a no-op when they are whole), its post-backward hook reshards them and
+        reduce-scatters the ``.grad`` of its unsharded parameters (``autograd.grad`` leaves ``.grad``
+        alone). Inside, FSDP2 reduces no gradient (``requires_gradient_sync`` off: nothing of these
+        passes reaches the optimizer's gradients), and the parameters that are whole now (the
+        root's) stay whole; with ``whole``, every parameter is gathered first and stays whole (a
+        Hessian-vector product differentiates the gradient's graph, which reads the unsharded
+        parameters of every layer, and FSDP2 frees them after a layer's backward pass: "setStorage
+        ... out of bounds for storage of size 0"). On exit FSDP2 is as the forward pass left it for
+        the user's backward pass: the same parameters sharded, the same settings, the same order of
+        backward prefetching (the passes consume it), so that the user's gradients and FSDP2's
+        reduce-scatter of them are those of a step without the Cockpit.
+        """
+        groups = list(fsdp_groups(model))
+        contexts = {id(state._state_ctx): state._state_ctx for state in fsdp_states(model)}  # (one per root)
+        before = [(g.is_unsharded, g.reshard_after_backward, g.reduce_grads, list(g._post_forward_indices))
+                  for g in groups]
+        last = {key: context.is_last_backward for key, context in contexts.items()}
+        try:
+            for context in contexts.values():
+                context.is_last_backward = False  # (else the passes' end clears the prefetch order)
+            for group, (unsharded, *_) in zip(groups, before):
+                if whole and not unsharded:
+                    group.unshard()
+                    group.wait_for_unshard()
+                group.reshard_after_backward = not (whole or unsharded)
+                group.reduce_grads = False
+            yield self.leaves(model, params)
+        finally:
+            for group, (unsharded, reshard, reduce, order) in zip(groups, before):
+                group.reshard_after_backward, group.reduce_grads = reshard, reduce
+                group._post_forward_indices[:] = order
+                if not unsharded:
+                    group.reshard()
+            for key, context in contexts.items():
+                context.is_last_backward = last[key]
 
     # -- one parameter, in its layer's backward pass ---------------------------------------
 
     def run(self, transforms, per_sample, batch=None, scratch=None):
         """The transforms' values of one parameter's individual gradients (this rank's samples, of
         the whole parameter), and this rank's rows of ``g`` (flat, to check against FSDP's
-        gradient). See the module docstring; two collectives."""
+        gradient). See the module docstring; two collectives (one without a transform that projects on ``g``)."""
         param = per_sample.param
         per_sample.batch_size = self.scale
         elementwise = [t for t in transforms if t.elementwise]
         others = [t for t in transforms if not t.elementwise]
         values = _transforms.run(elementwise, per_sample, None, scratch) if elementwise else {}
-        local_sum = per_sample.grad  # G_r: the rank's samples' sum (the chunks' if chunked)
-        rows = self.reduce_scatter([local_sum / self.world] + [values[t.key] for t in elementwise], param)
-        per_sample.grad = self.all_gather(rows[0], param).reshape(-1).to(per_sample.dtype)
-        with gathering():  # a direction or the parameter, gathered on the first chunk of samples only
-            results = _transforms.run(others, per_sample, batch, scratch)
+        # G_r (the rank's samples' sum, the chunks' if chunked) and the values: dropped once reduced, before
+        # the other transforms take their memory (each the whole parameter's size)
+        dtypes = {t.key: values[t.key].dtype for t in elementwise}
+        rows = self.reduce_scatter([per_sample.grad] + [values.pop(t.key) for t in elementwise], param,
+                                   divide=self.world)
+        results = {}
+        if others:  # (the GGN's passes: SumGradSquared alone, no projection on g)
+            per_sample.grad = self.all_gather(rows[0], param).reshape(-1).to(per_sample.dtype)
+            with gathering():  # a direction or the parameter, gathered on the first chunk of samples only
+                results = _transforms.run(others, per_sample, batch, scratch)
         for transform, part in zip(elementwise, rows[1:]):
-            results[transform.key] = self.shard(part.to(values[transform.key].dtype), param)
+            results[transform.key] = self.shard(part.to(dtypes[transform.key]), param)
         return results, rows[0].reshape(-1)
 
     def shard(self, rows, param):
@@ -246,17 +318,21 @@ class ShardedGroup(_distributed.Group):
         start = min(self.rank * chunk, first)
         return chunk, start, min(chunk, first - start)
 
-    def reduce_scatter(self, tensors, param):
+    def reduce_scatter(self, tensors, param, divide=None):
         """``tensors`` (each of ``param``'s shape or numel) summed over the ranks, this rank's rows of
-        each (``param``'s sharding), in one reduce-scatter, in float32 or wider (float64 for float64)."""
+        each (``param``'s sharding), in one reduce-scatter, in float32 or wider (float64 for float64);
+        with ``divide``, the first tensor divided by it (in the collective's buffer: no copy of its own)."""
         chunk, _, count = self._rows(param)
         first = param.shape[0]
         widths = [t.numel() // first for t in tensors]
         dtype = functools.reduce(torch.promote_types, [t.dtype for t in tensors], torch.float32)
         padded = tensors[0].new_zeros((self.world * chunk, sum(widths)), dtype=dtype)  # rank s: rows [s·c, (s+1)·c)
         offset = 0
-        for tensor, width in zip(tensors, widths):
-            padded[:first, offset:offset + width] = tensor.detach().reshape(first, width)
+        for number, (tensor, width) in enumerate(zip(tensors, widths)):
+            part = padded[:first, offset:offset + width]
+            part.copy_(tensor.detach().reshape(first, width))
+            if number == 0 and divide is not None:
+                part.div_(divide)
             offset += width
         out = padded.new_empty((chunk, sum(widths)))
         dist.reduce_scatter_single(out.reshape(-1), padded.reshape(-1), group=self.process_group)

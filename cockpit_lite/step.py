@@ -185,13 +185,12 @@ class StepData:
 
         A parameter that took no part in the forward pass has zero curvature.
         """
-        if not isinstance(name, str):
-            values = self.diagonal(name).diagonal
-        else:
-            values = []
-            for param in self.params:
-                value = getattr(param, name, None)
-                values.append(torch.zeros_like(param) if value is None else value.detach())
+        if not isinstance(name, str):  # (of the ranks' mean loss already: ``cockpit_lite.curvature.ggn``)
+            return self.diagonal(name).diagonal
+        values = []
+        for param in self.params:
+            value = getattr(param, name, None)
+            values.append(torch.zeros_like(param) if value is None else value.detach())
         if self.group is not None:  # the curvature of DDP's loss, the mean of the ranks' losses
             values = [v / self.group.world for v in self.group.sum(values)]
         return values

@@ -20,7 +20,7 @@ from functools import cached_property
 import torch
 
 from cockpit_lite import histogram
-from cockpit_lite.utils.shards import totals, whole
+from cockpit_lite.utils.shards import totals, whole, whole_of
 
 CHUNK_ELEMENTS = 1 << 20
 """Individual-gradient elements built at a time for histograms of factored layers (4 MiB in float32)."""
@@ -541,6 +541,10 @@ class Transform:
     from_grad_only = False
     """Whether the value depends on the gradient ``g`` alone, not on the samples: under
     torch.distributed every rank has the global value already (it is not added over the ranks)."""
+    shardable = True
+    """Whether its values can be combined over the ranks of a model sharded by FSDP2 (added, in rows of
+    the parameter, or gathered as one number per sample); a quantity that needs one that cannot is NaN
+    with a flag there (``cockpit_lite.sharded.UNSHARDABLE``)."""
 
     def __call__(self, per_sample):
         raise NotImplementedError
@@ -609,9 +613,11 @@ class IndividualSquares(Transform):
     """The individual gradients' elementwise squares ``g̃_{n,d}² = B² grad_batch[n,d]²``, shape
     ``[K, *shape]``: for a per-sample sum over elements whose weights are known only after the
     backward pass (``TICDiag``'s ``Σ_d g̃_{n,d}² / C_dd`` at a subsampled step, ``C`` from the same
-    backward pass). Held until the step's values are computed: ``K ×`` the parameter's size."""
+    backward pass). Held until the step's values are computed: ``K ×`` the parameter's size. Not on a
+    model sharded by FSDP2: a value per sample and element of the whole parameter (``shardable``)."""
 
     per_sample_output = True
+    shardable = False
     key = "individual_squares"
 
     def __call__(self, per_sample):
@@ -665,7 +671,7 @@ class BatchDotDirection(Transform):
             all_samples = kept.num_samples == kept.batch_size
             self._keep[kept.index] = [kept] if all_samples else self._keep.get(kept.index, []) + [kept]
             return per_sample.param.new_zeros(per_sample.num_samples, dtype=per_sample.dtype)
-        direction = whole(self._direction(per_sample), key=(self.key, per_sample.index))
+        direction = whole_of((self.key, per_sample.index), lambda: self._direction(per_sample))
         return dots_of_kept([per_sample], direction)
 
 

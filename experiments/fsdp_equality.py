@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m experiments.fsdp_equality [--world 2 4] [--steps 5] [--json PATH]
+    python -m experiments.fsdp_equality [--world 2 4] [--steps 5] [--json PATH] [--curvature]
 
 For each model (``MODELS``: an MLP, a GPT-like transformer with causal self-attention, learned
 positions and LayerNorm, an MLP with LayerNorm), optimizer (SGD with momentum, AdamW) and world
@@ -12,7 +12,8 @@ its part of the global batch, with ``Cockpit(model, configuration("economy", ext
 the whole batch with the same Cockpit. The table gives, per quantity, the largest relative
 difference over all steps, layers and elements (histogram counts: the largest count difference);
 ``flags`` and ``findings`` must be the same strings. One set of processes per world size runs
-every case (starting them costs more than the training).
+every case (starting them costs more than the training). ``--curvature``: the curvature quantities
+(``CURVATURE``) under FSDP2 and under DDP against one process, with SGD and momentum.
 
 ``run_cases`` and ``compare`` are what ``tests/test_sharded.py`` runs on its own cases.
 """
@@ -137,7 +138,10 @@ def layers(model):
 def shard(model, how, param_dtype=None):
     """``fully_shard`` the model: ``"layers"`` every layer, then the root; ``"mixed"`` the first
     layer only, then the root (which takes the rest); with ``param_dtype``, FSDP2's mixed
-    precision (``MixedPrecisionPolicy(param_dtype=...)``)."""
+    precision (``MixedPrecisionPolicy(param_dtype=...)``); ``"ddp"``: no sharding, the model
+    wrapped in ``DistributedDataParallel``. Returns the module to run and track."""
+    if how == "ddp":
+        return nn.parallel.DistributedDataParallel(model)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     options = {} if param_dtype is None else {"mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype)}
@@ -145,6 +149,7 @@ def shard(model, how, param_dtype=None):
     for layer in chosen if how == "layers" else chosen[:1]:
         fully_shard(layer, **options)
     fully_shard(model, **options)
+    return model
 
 
 def tracked(optimizer):
@@ -158,12 +163,12 @@ def tracked(optimizer):
 class Case:
     model: str
     optimizer: str = "sgd_momentum"
-    sharding: str = "layers"
+    sharding: str = "layers"  # ``shard``'s ``how``
     shards: tuple = ()  # samples per rank (default: BATCH split evenly)
     steps: int = 5
     options: dict = field(default_factory=dict)  # more Cockpit(...) arguments
     source: str = None  # "module:name" of a dict like MODELS that holds the model (default: MODELS)
-    more: tuple = ()  # names of more quantities to track (``cockpit_lite.quantities``)
+    more: tuple = ()  # more quantities to track: names in ``cockpit_lite.quantities``, or (name, {arguments})
     dtype: str = "float64"  # the model's
     param_dtype: str = None  # FSDP2's mixed precision: the dtype of the unsharded parameters
 
@@ -190,9 +195,10 @@ def train(case, rank=None, world=1):
     torch.manual_seed(0)
     model = build().to(getattr(torch, case.dtype))
     if rank is not None:
-        shard(model, case.sharding, case.param_dtype and getattr(torch, case.param_dtype))
+        model = shard(model, case.sharding, case.param_dtype and getattr(torch, case.param_dtype))
     opt = OPTIMIZERS[case.optimizer](model.parameters())
-    more = [getattr(quantities, name)() for name in case.more]
+    more = [getattr(quantities, name)(**arguments) for name, arguments in
+            ((entry, {}) if isinstance(entry, str) else entry for entry in case.more)]
     cp = Cockpit(model, tracked(case.optimizer) + more, **case.options)
     start = 0 if rank is None else sum(shards[:rank])
     size = total if rank is None else shards[rank]
@@ -338,12 +344,39 @@ def measure(world_sizes, steps):
     return table, problems
 
 
+CURVATURE = ("HessTrace", "HessMaxEV", ("TICDiag", {"max_passes": 100}), ("TICTrace", {"max_passes": 100}))
+"""The curvature quantities of ``--curvature``: Hutchinson's ``HessTrace`` and ``HessMaxEV``'s Lanczos
+from Hessian-vector products averaged over the ranks, the TICs from the engine's exact GGN diagonal
+(``max_passes`` raised for the transformer's 66 passes)."""
+
+
+def measure_curvature(world_sizes, steps):
+    """``{(model, parallel, W): {quantity: largest relative difference}}`` of ``CURVATURE`` (with
+    ``economy``), FSDP2 (every layer and the root sharded) and DDP, SGD with momentum, and the
+    problems found."""
+    table, problems = {}, []
+    for world in world_sizes:
+        cases = {f"{m}/{how}": Case(m, "sgd_momentum", sharding=how, steps=steps, options={"diagnose": False},
+                                    more=CURVATURE) for m in MODELS for how in ("layers", "ddp")}
+        results = run_cases(cases, world)
+        for name, case in cases.items():
+            single = train(case)
+            worst, found = compare(single, results[name][0])
+            products = [entry["meta"]["HessMaxEV"]["products"] for entry in single[0].values()]
+            passes = [entry["meta"]["TICDiag"]["passes"] for entry in single[0].values()]
+            worst["products"], worst["passes"] = sum(products) / len(products), passes[0]
+            table[case.model, "FSDP2" if case.sharding == "layers" else "DDP", world] = worst
+            problems += [f"{name}, W={world}: {p}" for p in found]
+    return table, problems
+
+
 def format_table(table):
     names = sorted({q for worst in table.values() for q in worst})
-    lines = ["| model | optimizer | W | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
-    for (model, optimizer, world), worst in table.items():
-        cells = [f"{worst[q]:.1e}" if q in worst else "–" for q in names]
-        lines.append(f"| {model} | {optimizer} | {world} | " + " | ".join(cells) + " |")
+    lines = ["| model | setting | W | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
+    for (model, setting, world), worst in table.items():
+        cells = [("–" if q not in worst else f"{worst[q]:g}" if q in ("products", "passes") else f"{worst[q]:.1e}")
+                 for q in names]
+        lines.append(f"| {model} | {setting} | {world} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -352,11 +385,16 @@ def main(argv=None):
     parser.add_argument("--world", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--curvature", action="store_true", help="the curvature quantities (CURVATURE), FSDP2 and DDP")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    table, problems = measure(args.world, args.steps)
+    table, problems = (measure_curvature if args.curvature else measure)(args.world, args.steps)
+    if args.curvature:
+        table = {key: {q: e for q, e in worst.items() if q in ("HessTrace", "HessMaxEV", "TICDiag", "TICTrace",
+                                                                "products", "passes")} for key, worst in table.items()}
     print(format_table(table))
-    worst = max((e for w in table.values() for q, e in w.items() if "counts" not in q), default=0.0)
+    worst = max((e for w in table.values() for q, e in w.items() if "counts" not in q and q not in ("products", "passes")),
+                default=0.0)
     print(f"\nlargest relative difference: {worst:.2e}; problems: {len(problems)}")
     for problem in problems:
         print("  " + problem)

@@ -101,6 +101,7 @@ TABLES = {
     "precedence": _measured("precedence"),
     "sharpness_cost": _measured("sharpness_cost"),
     "preflight_spread": _measured("preflight_spread"),
+    "fsdp_curvature": _measured("fsdp_curvature"),
     "lr_comparison": _lr_table,
     "demo_last_epoch": _demo_summary,
 }

@@ -392,8 +392,8 @@ def products_made(monkeypatch):
     made = []
 
     class Recorded(HessianVectorProducts):
-        def __init__(self, loss, params, step, model=None):
-            super().__init__(loss, params, step, model)
+        def __init__(self, loss, params, step, *rest):
+            super().__init__(loss, params, step, *rest)
             made.append(step)
 
     monkeypatch.setattr(cockpit_lite.cockpit, "HessianVectorProducts", Recorded)

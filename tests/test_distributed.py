@@ -1,5 +1,6 @@
 """Statistics of the global batch under DDP (2 CPU processes, gloo, float64) equal those of one
-process on the whole batch."""
+process on the whole batch, the curvature quantities' too (Hessian-vector products averaged over the
+ranks, the engine's GGN diagonal), and training with them is that without a Cockpit, bit for bit."""
 
 import math
 import os
@@ -23,12 +24,14 @@ WORLD = 2
 STEPS = 3
 
 
-def _quantities(curvature=True):
-    """Economy with extras, CABS, EarlyStopping, and (``curvature``) the TICs (the models are not
-    BackPACK-extended: the engine's exact GGN diagonal, each rank's of its loss, averaged as DDP averages
-    the losses; an accumulated step has none, which one process on the whole batch would have)."""
-    return configuration("economy", extras=True) + [quantities.CABS(), quantities.EarlyStopping()] + (
-        [quantities.TICDiag(), quantities.TICTrace()] if curvature else [])
+def _quantities(curvature=False):
+    """``economy`` with the extras; with ``curvature`` also Hutchinson's HessTrace, HessMaxEV and the TICs
+    (the engine's exact GGN diagonal); ``"monte_carlo"``: only HessTrace of the engine's Monte-Carlo GGN
+    (the gradient tests of a one-output model's last bias are rounding noise, flagged with its size)."""
+    if curvature == "monte_carlo":
+        return [quantities.HessTrace(curvature="diag_ggn_mc", probes=4)]
+    more = [quantities.HessTrace(), quantities.HessMaxEV(), quantities.TICDiag(), quantities.TICTrace()] if curvature else []
+    return configuration("economy", extras=True) + [quantities.CABS(), quantities.EarlyStopping()] + more
 
 
 class TiedInOwnCode(torch.nn.Module):
@@ -44,8 +47,15 @@ class TiedInOwnCode(torch.nn.Module):
         return self.head(F.linear(torch.tanh(self.lin(x)), self.lin.weight, self.lin.bias))
 
 
-LOCAL = {"tied_in_own_code": (TiedInOwnCode, models._features((4,)), models._classes)}
-"""Models of these tests only: ``name -> (builder, input maker, target maker)``."""
+def _regression():
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+LOCAL = {"tied_in_own_code": (TiedInOwnCode, models._features((4,)), models._classes),
+         "regression": (_regression, models._features((4,)), models._features((1,)))}
+"""Models of these tests only: ``name -> (builder, input maker, target maker)``. ``regression`` has one
+output per sample (MSE): the Monte-Carlo GGN's Rademacher sign squares away, so its draws are the exact
+diagonal's on any rank, and the ranks' estimate is comparable with one process's."""
 
 
 def _model(name):
@@ -65,22 +75,24 @@ def _loss(model, x, y, name, scale):
     out = model(x)
     if name == "gpt":
         out, y = out.reshape(-1, out.shape[-1]), y.reshape(-1)
-    return F.cross_entropy(out, y) * scale
+    return (F.mse_loss if name == "regression" else F.cross_entropy)(out, y) * scale
 
 
-def _train(name, shards, micro, rank=None, accumulate=False, curvature=True):
-    """Train with a Cockpit; ``shards`` are the sample counts per rank (one process: the whole batch).
+def _train(name, shards, micro, rank=None, accumulate=False, curvature=False, tracking=True, static=False):
+    """Train with a Cockpit (``tracking``; else without one); ``shards`` are the sample counts per rank (one
+    process: the whole batch). Returns the record and the parameters after training.
 
     ``micro`` micro-batches per step (the first ones under ``no_sync``): only the last in
-    ``cp(step)``, or with ``accumulate`` every one (``Cockpit(accumulate=True)``).
+    ``cp(step)``, or with ``accumulate`` every one (``Cockpit(accumulate=True)``); ``curvature``:
+    ``_quantities``' argument; ``static``: ``DistributedDataParallel(static_graph=True)``.
     """
     torch.manual_seed(0)
     model = _model(name)
-    tracked = model if rank is None else torch.nn.parallel.DistributedDataParallel(model)
+    tracked = model if rank is None else torch.nn.parallel.DistributedDataParallel(model, static_graph=static)
     assert micro == 1 or rank is not None
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    cp = Cockpit(tracked, _quantities(curvature and not accumulate), strict=name not in LOCAL, diagnose=False,
-                 accumulate=accumulate)  # LOCAL: flagged at step 0
+    cp = Cockpit(tracked, _quantities(curvature), strict=name != "tied_in_own_code", diagnose=False,  # flagged at step 0
+                 accumulate=accumulate) if tracking else None
     total = sum(shards)
     start = 0 if rank is None else sum(shards[:rank])
     size = total if rank is None else shards[rank]
@@ -96,11 +108,11 @@ def _train(name, shards, micro, rank=None, accumulate=False, curvature=True):
                 if not last:
                     stack.enter_context(tracked.no_sync())
                 loss = _loss(tracked, x[part], y[part], name, share)
-                if last or accumulate:
+                if cp is not None and (last or accumulate):
                     stack.enter_context(cp(step, info={"loss": loss, "optimizer": opt}))
                 loss.backward()
         opt.step()
-    return cp.get_output()
+    return (cp.get_output() if cp is not None else None), [p.detach().clone() for p in model.parameters()]
 
 
 def _worker(rank, cases, path):
@@ -110,9 +122,18 @@ def _worker(rank, cases, path):
         torch.set_num_threads(1)
         records = {}
         for case, (name, shards, micro, *options) in cases.items():
-            records[case] = _train(name, shards, micro, rank, *options)
+            records[case], params = _train(name, shards, micro, rank, *options, static=case in STATIC)
             if rank != 0:
                 assert records[case] == {}, "only rank 0 keeps the record"
+            if case in STATIC:
+                untracked = _train(name, shards, micro, rank, *options, tracking=False, static=True)[1]
+                assert all(torch.equal(a, b) for a, b in zip(params, untracked)), f"{case}: training changed"
+        tracked, untracked = (_train("resnet_bn_train", (3, 3), 1, rank, tracking=tracking, static=True)[1]
+                              for tracking in (True, False))  # the global path at the first step
+        assert all(torch.equal(a, b) for a, b in zip(tracked, untracked)), "global path: training changed"
+        with pytest.raises(ValueError, match=r"not combined with torch.distributed.*Fix: samples=None"):
+            Cockpit(torch.nn.parallel.DistributedDataParallel(_model("mlp")), [quantities.NormTest()], diagnose=False,
+                    samples=2)  # a draw across ranks (the fix, samples=None: every case above)
         if rank == 0:
             with open(path, "wb") as file:
                 pickle.dump(records, file)
@@ -129,13 +150,21 @@ def _leave():
     os._exit(0)
 
 
-CASES = {  # case -> (model, samples per rank, micro-batches per step[, every micro-batch tracked[, TICs]])
+CASES = {  # case -> (model, samples per rank, micro-batches per step[, every micro-batch tracked[, curvature]])
     "equal": ("mlp", (4, 4), 1), "unequal": ("mlp", (5, 3), 1), "vit_like": ("vit_like", (3, 3), 1),
-    "no_sync": ("mlp", (4, 4), 2), "global_path": ("tied_in_own_code", (5, 3), 1, False, False),
-    "global_path_ggn": ("tied_in_own_code", (5, 3), 1), "accumulated": ("mlp", (5, 3), 2, True),
+    "no_sync": ("mlp", (4, 4), 2), "global_path": ("tied_in_own_code", (5, 3), 1),
+    "global_path_ggn": ("tied_in_own_code", (5, 3), 1, False, True),
+    "accumulated": ("mlp", (5, 3), 2, True),
+    "curvature": ("mlp", (5, 3), 1, False, True), "monte_carlo": ("regression", (5, 3), 1, False, "monte_carlo"),
 }
-"""``global_path``: the engine finds the tie in the user's backward (flagged at step 0); with the TICs,
-the GGN diagonal's first pass, which runs before it, finds it (nothing flagged, step 0 exact)."""
+"""``global_path``: the engine finds the tie in the user's backward pass (flagged at step 0); with the
+curvature quantities, the GGN diagonal's first pass, which runs before it, finds it (nothing flagged,
+step 0 exact)."""
+STATIC = ("curvature",)
+"""Cases under ``DistributedDataParallel(static_graph=True)``, whose parameters are also compared with
+those of training without a Cockpit: DDP queues the first step's gradient reduction from the first
+backward pass through its output, and the Cockpit's own passes (Hessian-vector products, the GGN's and
+the global path's, before the user's backward pass) must not take that turn."""
 
 
 def test_ddp_equals_one_process_on_the_whole_batch(tmp_path):
@@ -145,25 +174,30 @@ def test_ddp_equals_one_process_on_the_whole_batch(tmp_path):
         records = pickle.load(file)
     for case, (name, shards, micro, *options) in CASES.items():
         _check_case(case, name, shards, micro, records[case], *options)
+    curvature = records["curvature"]
+    for entry in curvature.values():  # (compared with one process above; here: by what)
+        assert {q: entry["meta"][q]["curvature"] for q in ("HessTrace", "TICDiag")} == {
+            "HessTrace": "hutchinson", "TICDiag": "diag_ggn_exact"} and math.isfinite(entry["HessMaxEV"])
+    assert all(entry["meta"]["HessTrace"]["curvature"] == "diag_ggn_mc" for entry in records["monte_carlo"].values())
 
 
-def _check_case(case, name, shards, micro, distributed, accumulate=False, curvature=True):
+def _check_case(case, name, shards, micro, distributed, accumulate=False, curvature=False):
     """Against one process on the whole batch (``no_sync``: on the same last micro-batches; every
     micro-batch accumulated: the whole batch, which is their union)."""
-    single = (_train(name, (sum(shards),), 1, curvature=curvature and not accumulate) if micro == 1 or accumulate
+    single = (_train(name, (sum(shards),), 1, curvature=curvature)[0] if micro == 1 or accumulate
               else _train_single_micro(name, shards))
     assert sorted(distributed) == sorted(single), case
     for step in single:
         if accumulate:
             assert distributed[step]["batch"].pop("passes") == micro
             single[step]["batch"].pop("passes")
-        if name in LOCAL:  # the engine's flag at step 0 on both (single: also α's, from the partial gradient)
+        if name == "tied_in_own_code":  # the engine's flag at step 0 on both (single: also α's, from the partial gradient)
             flagged = step == 0 and not curvature
             assert any("lin.weight unavailable" in f for f in distributed[step].get("flags", [])) == flagged
             user = [[f for f in record[step].get("flags", []) if not f.startswith("the GGN diagonal's")][:2]
                     for record in (distributed, single)]  # (the GGN pass's flag quotes each rank's own distance)
             assert user[0] == user[1]
-        skip = ("Time", "flags") if name in LOCAL else ("Time",)
+        skip = ("Time", "flags") if name == "tied_in_own_code" else ("Time",)
         expected = dict(flatten({k: v for k, v in single[step].items() if k not in skip}))
         got = dict(flatten({k: v for k, v in distributed[step].items() if k not in skip}))
         assert sorted(got) == sorted(expected), (case, step)
@@ -199,7 +233,7 @@ def _train_single_micro(name, shards):
     torch.manual_seed(0)
     model = _model(name)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    cp = Cockpit(model, _quantities(), strict=name not in LOCAL, diagnose=False)
+    cp = Cockpit(model, _quantities(), strict=name != "tied_in_own_code", diagnose=False)
     total = sum(shards)
     for step, (x, y) in enumerate(_batches(name, total)):
         halves = []
@@ -237,42 +271,6 @@ def test_a_process_group_without_ddp_names_the_fix(tmp_path):
             distributed.group_for(torch.nn.Linear(3, 2))
         finally:
             dist.is_initialized, dist.get_world_size = original
-
-
-def _graph_worker(rank, path):
-    dist.init_process_group("gloo", init_method=f"file://{path}.pg", rank=rank, world_size=WORLD)
-    try:
-        torch.manual_seed(0)
-        model = torch.nn.parallel.DistributedDataParallel(problems.BUILDERS["mlp"][0]().double())
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        with pytest.raises(ValueError, match=r"not combined with torch.distributed.*Fix: samples=None"):
-            Cockpit(model, [quantities.NormTest()], diagnose=False, samples=2)  # a draw across ranks
-        cp = Cockpit(model, [quantities.HessMaxEV(), quantities.NormTest()], diagnose=False)  # the fix
-        for step, (x, y) in enumerate(_batches("mlp", 8)):
-            opt.zero_grad()
-            loss = F.cross_entropy(model(x[rank * 4:(rank + 1) * 4]), y[rank * 4:(rank + 1) * 4])
-            with cp(step, info={"loss": loss, "optimizer": opt}):
-                loss.backward(create_graph=cp.create_graph(step))
-            opt.step()
-        if rank == 0:
-            with open(path, "wb") as file:
-                pickle.dump(cp.get_output(), file)
-    finally:
-        dist.destroy_process_group()
-    _leave()
-
-
-def test_quantities_needing_the_graph_are_flagged_not_fatal_under_ddp(tmp_path):
-    """DDP's gradient reduction fails on a backward pass that keeps its graph: create_graph
-    stays False there, HessMaxEV records NaN with the reason, and training goes on."""
-    path = str(tmp_path / "record.pkl")
-    mp.spawn(_graph_worker, args=(path,), nprocs=WORLD, join=True)
-    with open(path, "rb") as file:
-        record = pickle.load(file)
-    assert sorted(record) == list(range(STEPS))
-    for entry in record.values():
-        assert math.isnan(entry["HessMaxEV"]) and math.isfinite(entry["NormTest"])
-        assert any("DistributedDataParallel" in flag for flag in entry["flags"])
 
 
 BUDGET_STEPS = 40

@@ -1,6 +1,6 @@
 """A model sharded by FSDP2 (``fully_shard``, CPU processes, gloo, float64): every first-order
-quantity, the diagnosis signals and findings equal those of one process on the whole batch; the
-curvature and the global path are NaN with the reason; what is not supported is refused with a fix
+quantity, the curvature quantities, the diagnosis signals and findings equal those of one process on
+the whole batch; the global path is NaN with the reason; what is not supported is refused with a fix
 that works. One set of processes runs every multi-process case (starting them costs more than the
 training)."""
 
@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import nn
 
 import problems
-from cockpit_lite import Cockpit, configuration, sharded
+from cockpit_lite import Cockpit, configuration, quantities, sharded
 from experiments import fsdp_equality, memory_flatness
 from experiments.fsdp_equality import Case
 
@@ -20,6 +20,12 @@ RTOL = 1e-12
 SIGNAL_RTOL = 1e-5
 """The diagnosis signals ``ActivationStats`` and ``InputStats`` reduce in float32 in one process
 (by design); the sharded run adds the ranks' float64 sums."""
+CURVATURE_RTOL = 1e-10
+"""The curvature quantities: Hutchinson's traces are means of ±products that cancel (a layer's trace
+near 0 has the relative rounding of the products' size); measured ≤ 2e-14."""
+CURVATURE = ("HessTrace", "HessMaxEV", "TICDiag", "TICTrace")
+"""Hutchinson's ``HessTrace`` and ``HessMaxEV``'s Lanczos from Hessian-vector products averaged over the
+ranks; the TICs from the engine's exact GGN diagonal, reduce-scattered in its passes."""
 
 
 def _loss_of(loss_class):
@@ -30,6 +36,13 @@ def _loss_of(loss_class):
 PROBLEMS = {name: (build, inputs, targets, _loss_of(loss)) for name, (build, loss, inputs, targets)
             in problems.BUILDERS.items() if name in ("vit_like", "gpt", "custom", "resnet_gn", "resnet_bn_train")}
 """Models of ``tests/problems.py`` as ``fsdp_equality.MODELS`` entries (``Case(source=...)``)."""
+
+PROBLEMS["regression"] = (lambda: nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1, bias=False)),
+                          fsdp_equality.MODELS["mlp"][1], lambda g, b: torch.randn(b, 1, generator=g, dtype=torch.float64),
+                          torch.nn.functional.mse_loss)
+"""One output per sample: the Monte-Carlo GGN's Rademacher sign squares away, so its draws are the exact
+diagonal's, on any rank, and the sharded estimate is comparable with one process's. (No last bias: one
+number, whose gradient tests are rounding noise.)"""
 
 HERE = "test_sharded:PROBLEMS"
 
@@ -42,6 +55,11 @@ CASES_2 = {  # name -> Case, run by 2 ranks
     "gpt_tied": Case("gpt", "adamw", steps=2, source=HERE),  # tied head, bare positions
     "custom_layer": Case("custom", "sgd", steps=2, source=HERE),  # torch.func's re-run (GENERIC)
     "group_norm": Case("resnet_gn", "sgd_momentum", steps=2, source=HERE),
+    "curvature_mlp": Case("mlp", "sgd_momentum", shards=(5, 3), steps=2, options={"diagnose": False}, more=CURVATURE),
+    "curvature_transformer": Case("transformer", "adamw", steps=2, options={"diagnose": False},
+                                  more=("HessTrace", "HessMaxEV", ("TICDiag", {"max_passes": 66}))),
+    "curvature_monte_carlo": Case("regression", "sgd", steps=2, source=HERE, options={"diagnose": False},
+                                  more=(("HessTrace", {"curvature": "diag_ggn_mc", "probes": 4}),)),
 }
 CASES_4 = {
     "mlp_4": Case("mlp", "adamw", steps=3),
@@ -52,8 +70,8 @@ CASES_4 = {
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     cases = dict(CASES_2, bn_train=Case("resnet_bn_train", "sgd", steps=1, source=HERE),
-                 curvature=Case("mlp", "sgd", steps=2, options={"diagnose": False},
-                                more=("HessTrace", "HessMaxEV", "TICDiag")),
+                 subsampled_tics=Case("mlp", "sgd", shards=(5, 3), steps=1, options={"diagnose": False, "samples": 3},
+                                      more=("TICDiag", "TICTrace")),
                  mixed_precision=Case("mlp_layernorm", "adamw", steps=2, dtype="float32", param_dtype="bfloat16",
                                       options={"diagnose": False}))
     return fsdp_equality.run_cases(cases, 2, _Checks, str(tmp_path_factory.mktemp("ranks")))
@@ -76,10 +94,13 @@ def _assert_equal(case, sharded_result, name):
     assert not problems_found, (name, problems_found)
     assert set(worst) >= {"GradNorm", "NormTest", "InnerTest", "OrthoTest", "GradVariance", "MeanGSNR", "Alpha",
                           "Distance", "UpdateSize", "Loss", "GradHist1d", "GradHist2d"}, (name, sorted(worst))
+    tracked = {entry if isinstance(entry, str) else entry[0] for entry in case.more}
+    assert set(worst) >= tracked, (name, sorted(worst))
     for quantity, error in worst.items():
         if quantity.endswith("(counts)"):
             continue  # moved only around 0 (else ``compare`` names a problem)
-        limit = SIGNAL_RTOL if quantity in ("ActivationStats", "InputStats") else RTOL
+        limit = (SIGNAL_RTOL if quantity in ("ActivationStats", "InputStats") else
+                 CURVATURE_RTOL if quantity in CURVATURE else RTOL)
         assert error <= limit, (name, quantity, error)
     record = single[0]
     if "samples" in case.options:
@@ -105,18 +126,21 @@ class _Checks:
         found["fixed"] = Cockpit(model, configuration("economy"), diagnose=False).group.sharded
         found["in_backward"] = _runs_in_backward()
         found["undisturbed"] = _parameters_after(True) == _parameters_after(False)
+        found["own_passes"] = _own_passes()
         return found
 
 
 def _parameters_after(tracked, steps=3):
     """This rank's rows of every parameter after ``steps`` AdamW steps of the sharded transformer, with
-    ``economy`` and the diagnosis at every step (``tracked``) or without a Cockpit (as bytes)."""
+    ``economy``, the curvature quantities (the Cockpit's own passes: Hessian-vector products, the GGN's) and
+    the diagnosis at every step (``tracked``) or without a Cockpit (as bytes)."""
     case = Case("transformer", "adamw")
     torch.manual_seed(0)
     model = fsdp_equality.GPT().double()
     fsdp_equality.shard(model, "layers")
     opt = fsdp_equality.OPTIMIZERS["adamw"](model.parameters())
-    cp = Cockpit(model, configuration("economy")) if tracked else None
+    curvature = [quantities.HessTrace(probes=2), quantities.HessMaxEV(maxiter=4), quantities.TICDiag(max_passes=66)]
+    cp = Cockpit(model, configuration("economy") + curvature) if tracked else None
     rank, part = dist.get_rank(), fsdp_equality.BATCH // dist.get_world_size()
     for step, (x, y) in enumerate(fsdp_equality.batches(case, fsdp_equality.BATCH)[:steps]):
         opt.zero_grad()
@@ -124,6 +148,32 @@ def _parameters_after(tracked, steps=3):
         memory_flatness.backward(cp, step, loss, opt)
         opt.step()
     return [p.to_local().detach().numpy().tobytes() for p in model.parameters()]
+
+
+def _own_passes():
+    """What FSDP2 holds after the forward pass (which parameters are sharded, the settings, the order of
+    backward prefetching) before and after the Cockpit's Hessian-vector products (``ShardedGroup.own_passes``),
+    and the shapes of Hutchinson's group sums: this rank's rows of each parameter (``[(kept, local)]``)."""
+    from cockpit_lite.curvature import hutchinson
+    from cockpit_lite.curvature.hvp import HessianVectorProducts
+
+    torch.manual_seed(0)
+    model = fsdp_equality.GPT().double()
+    fsdp_equality.shard(model, "layers")
+    group, params = sharded.group_for_sharded(model), list(model.parameters())
+    x, y = fsdp_equality.batches(Case("transformer"), 4)[0]
+    loss = fsdp_equality.token_loss(model(x), y)
+
+    def held():
+        contexts = {id(s._state_ctx): s._state_ctx.is_last_backward for s in sharded.fsdp_states(model)}
+        return ([(g.is_sharded, g.reshard_after_backward, g.reduce_grads, list(g._post_forward_indices))
+                 for g in sharded.fsdp_groups(model)], sorted(contexts.values()))
+
+    before = held()
+    with group.own_passes(model, params, whole=True) as leaves:
+        estimate = hutchinson.estimate(HessianVectorProducts(loss, leaves, 0, model, group, params), 2, 0)
+    return before, held(), [(tuple(s.shape[1:]), tuple(p.to_local().shape), tuple(p.shape))
+                            for s, p in zip(estimate.group_sums, params)]
 
 
 def _runs_in_backward():
@@ -156,6 +206,17 @@ def test_training_is_not_disturbed(two_ranks):
     assert all(checks["undisturbed"] for checks in two_ranks["_checks"])
 
 
+def test_own_passes_leave_fsdp_as_the_forward_pass_left_it(two_ranks):
+    """After the Cockpit's Hessian-vector products (every parameter gathered and kept whole meanwhile) the
+    same groups are sharded (the root's stays whole, the layers' are sharded again), FSDP2's settings and
+    its order of backward prefetching are back; Hutchinson's group sums hold this rank's rows only."""
+    for checks in two_ranks["_checks"]:
+        before, after, shapes = checks["own_passes"]
+        assert before == after
+        assert [sharded_now for sharded_now, *_ in before[0]] == [False, True, True]  # the root (whole), two blocks
+        assert all(kept == local for kept, local, _ in shapes) and any(kept != whole for kept, _, whole in shapes)
+
+
 def test_unsharded_root_is_refused_with_the_fix(two_ranks):
     checks = two_ranks["_checks"][0]
     assert "0.weight" not in checks["unsharded_root"] and "2.weight" in checks["unsharded_root"]
@@ -173,14 +234,29 @@ def test_batchnorm_in_training_mode_is_flagged(two_ranks):
     assert all(math.isfinite(v) for v in record["GradNorm"])
 
 
-def test_curvature_is_nan_with_the_reason(two_ranks):
-    record = two_ranks["curvature"][0][0]
-    for entry in record.values():
-        for name in ("HessTrace", "HessMaxEV", "TICDiag"):
-            assert math.isnan(entry[name])
-            assert any(flag.startswith(f"{name}: not computed on a model sharded by FSDP2") and "storage of size 0"
-                       in flag for flag in entry["flags"])
-        assert math.isfinite(entry["NormTest"])
+def test_curvature_comes_from_the_cockpits_own_passes(two_ranks):
+    """The curvature cases above are compared with one process; here: by what they were computed."""
+    for name, methods in (("curvature_mlp", {"HessTrace": "hutchinson", "TICDiag": "diag_ggn_exact"}),
+                          ("curvature_monte_carlo", {"HessTrace": "diag_ggn_mc"})):
+        for entry in two_ranks[name][0][0].values():
+            assert {q: entry["meta"][q]["curvature"] for q in methods} == methods
+            assert "flags" not in entry, entry.get("flags")
+            if name == "curvature_mlp":
+                assert entry["meta"]["HessMaxEV"]["products"] >= 5 and entry["meta"]["TICTrace"]["passes"] == 3
+
+
+def test_subsampled_tic_diag_is_flagged_tic_trace_estimated(two_ranks):
+    """``samples=k``: TICTrace's estimate (per-sample norms) equals one process's; TICDiag's needs each drawn
+    sample's squares of the whole parameters, which the sharding has no layout for: NaN, with the fix (which
+    works: ``curvature_mlp``, the exact TICDiag without ``samples``)."""
+    case = Case("mlp", "sgd", shards=(5, 3), steps=1, options={"diagnose": False, "samples": 3}, more=("TICTrace",))
+    sharded_record = two_ranks["subsampled_tics"][0][0][0]
+    single = fsdp_equality.train(case)[0][0]
+    assert sharded_record["TICTrace"] == pytest.approx(single["TICTrace"], rel=RTOL)
+    assert sharded_record["meta"]["TICTrace"]["se"] == pytest.approx(single["meta"]["TICTrace"]["se"], rel=RTOL)
+    assert math.isnan(sharded_record["TICDiag"])
+    assert any(f.startswith("TICDiag: not computed on a model sharded by FSDP2 at this step: it needs "
+                            "individual_squares") and "Fix: Cockpit(samples=None)" in f for f in sharded_record["flags"])
 
 
 def test_mixed_precision_is_flagged_at_every_step(two_ranks):

@@ -37,6 +37,13 @@ element (``s = √h ⊙ ε``); ``E[s sᵀ]`` is the row's Hessian, draws of diff
 independent with mean zero, so every pass is unbiased for diag G and ``K`` passes give the mean
 with a jackknife standard error (``cockpit_lite.curvature.jackknife``). Draws come from a
 generator seeded by ``(seed, step)``; the user's random state is never touched.
+
+Under ``torch.distributed`` the diagonal is of the mean of the ranks' losses (the loss DDP and FSDP2
+step with), ``(1/W) Σ_r diag G_r``: under DDP each rank runs its passes on its samples and the ranks'
+diagonals are averaged (one all-reduce); on a model sharded by FSDP2 every pass's ``Σ_n g̃_n²`` is
+reduce-scattered in the layers' backward passes (``cockpit_lite.sharded``), and the diagonal is
+sharded as the parameter. (A Monte-Carlo draw differs from one process's: each rank draws for its own
+samples.)
 """
 
 from dataclasses import dataclass
@@ -224,15 +231,20 @@ def diagonal(engine, info, request, needed_by):
     transform = SumGradSquared()
     params = engine.params
     flags = []
+    group = engine.group
+    sharded = group is not None and group.sharded  # FSDP2: the passes reduce over the ranks (ShardedGroup.run)
+    world = group.world if sharded else 1
+    ranks = group if group is not None and not sharded else None  # DDP: each rank's passes, averaged below
 
     def one_pass(column, check):
-        results, _, pass_flags = engine.pseudo_pass(
+        results, size, pass_flags = engine.pseudo_pass(
             (transform,), info, batch_size, curvature.outputs, column, curvature.contributions(column), needed_by,
             check,
         )
         flags.extend(f"the GGN diagonal's backward pass: {flag}" for flag in pass_flags)
+        scale = (size / world) ** 2 * world  # Σ_n g̃_n² over every rank's samples, g̃_n = (B / W) J_nᵀ s_n
         return [
-            results[i][transform.key] / batch_size**2 if i in results else torch.zeros_like(p, dtype=_wide(p))
+            results[i][transform.key] / scale if i in results else torch.zeros_like(p, dtype=_wide(p))
             for i, p in enumerate(params)
         ]
 
@@ -251,13 +263,15 @@ def diagonal(engine, info, request, needed_by):
         for number, column in enumerate(curvature.columns()):
             for t, part in zip(total, first_pass(column) if number == 0 else one_pass(column, check=False)):
                 t.add_(part.to(t.dtype))
-        return Diagonal(EXACT, curvature.passes, total, _unique(flags))
+        return Diagonal(EXACT, curvature.passes, total if ranks is None else ranks.mean(total), _unique(flags))
     generator = torch.Generator(device=curvature.outputs.device)
     generator.manual_seed(hash((request.seed, info.step, "ggn")) % 2**63)
     estimate = GroupedEstimate([torch.empty_like(p, dtype=_wide(p)) for p in params], request.samples)
     for k in range(request.samples):
         column = curvature.draw(generator)
         estimate.add(k, [part[None] for part in (first_pass(column) if k == 0 else one_pass(column, check=False))])
+    if ranks is not None:
+        estimate.group_sums = ranks.mean(estimate.group_sums)
     estimate.finish()
     return Diagonal(MONTE_CARLO, request.samples, estimate.diagonal, _unique(flags), estimate)
 

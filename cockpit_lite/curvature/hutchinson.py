@@ -40,7 +40,7 @@ class DiagonalEstimate(GroupedEstimate):
             generator: the ``torch.Generator`` the probes are drawn from.
         """
         params = products.params
-        super().__init__(params, probes)
+        super().__init__(products.tracked, probes)  # (FSDP2: this rank's rows of the draws are kept)
         chunk = 64  # probes drawn at a time
         for start in range(0, probes, chunk):
             count = min(chunk, probes - start)

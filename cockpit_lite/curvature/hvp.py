@@ -19,6 +19,13 @@ detached results. ``H`` is the Hessian of the loss as the forward pass computed 
 shared tensor). Cost: one backward pass with graph per step at which a quantity asks,
 plus one double backward per product.
 
+Under ``torch.distributed`` (DDP, FSDP2) the loss the ranks minimise is the mean of their losses, whose
+Hessian is ``H = (1/W) Σ_r H_r``: every rank takes the gradient with graph of its own loss and forms
+``H_r v`` for the same ``v``, and one all-reduce per product gives every rank ``Hv`` (the same numbers
+on every rank, so that their eigensolvers and estimators stay in step). A model sharded by FSDP2 is
+differentiated by its unsharded parameters, gathered once and kept whole while the products run
+(``cockpit_lite.sharded.ShardedGroup.own_passes``).
+
 The gradient with graph and each product run under a forked random state (the CPU's
 and that of the parameters' GPUs), restored after them: a backward pass that recomputes
 a forward segment drawing random numbers (``torch.utils.checkpoint`` with
@@ -33,14 +40,30 @@ class HessianVectorProducts:
 
     Attributes:
         loss: the step's loss ``L`` (a scalar tensor with its forward graph).
-        params: the tracked parameters.
+        params: the tracked parameters, whole (the vectors' and products' blocks have their shapes).
+        tracked: the tracked parameters as the Cockpit holds them (sharded by FSDP2, or ``params``).
         step: the global step.
         model: the step's model, or ``None`` (messages name its layers).
         count: the products computed so far.
     """
 
-    def __init__(self, loss, params, step, model=None):
-        self.loss, self.params, self.step, self.model = loss, params, step, model
+    def __init__(self, loss, params, step, model=None, group=None, tracked=None):
+        """
+        Args:
+            loss: the step's loss (this rank's, under ``torch.distributed``).
+            params: the tracked parameters as the loss's graph holds them (FSDP2: its unsharded
+                parameters, whole on every rank while the products run; ``Group.own_passes``).
+            step: the global step.
+            model: the step's model, or ``None``.
+            group: the ranks (``cockpit_lite.distributed.Group``), or ``None``: each rank forms
+                ``H_r v`` of its own loss, and one all-reduce per product gives every rank
+                ``Hv = (1/W) Σ_r H_r v``, the Hessian of the mean of the ranks' losses (the loss whose
+                gradient DDP and FSDP2 average), equal on every rank.
+            tracked: the tracked parameters themselves (default ``params``; FSDP2: the sharded
+                ones), the layout a quantity keeps its results of the products in.
+        """
+        self.loss, self.params, self.step, self.model, self.group = loss, params, step, model, group
+        self.tracked = params if tracked is None else tracked
         self.count = 0
         self._grads = None  # g with its graph, for the parameters whose gradient depends on θ
 
@@ -76,18 +99,17 @@ class HessianVectorProducts:
         grads = self._gradient()
         self.count += 1
         products = [torch.zeros_like(p) for p in self.params]
-        if not grads:
-            return products
-        inputs = [i for i, p in enumerate(self.params) if p.requires_grad]
-        with self._forked_random_state(), torch.enable_grad():
-            hv = torch.autograd.grad(
-                list(grads.values()), [self.params[i] for i in inputs], [vectors[i] for i in grads],
-                retain_graph=True, allow_unused=True,
-            )
-        for i, h in zip(inputs, hv):
-            if h is not None:
-                products[i] = h.detach()
-        return products
+        if grads:
+            inputs = [i for i, p in enumerate(self.params) if p.requires_grad]
+            with self._forked_random_state(), torch.enable_grad():
+                hv = torch.autograd.grad(
+                    list(grads.values()), [self.params[i] for i in inputs], [vectors[i] for i in grads],
+                    retain_graph=True, allow_unused=True,
+                )
+            for i, h in zip(inputs, hv):
+                if h is not None:
+                    products[i] = h.detach()
+        return products if self.group is None else self.group.mean(products)
 
     def _forked_random_state(self):
         """``torch.random.fork_rng`` of the CPU and the parameters' GPUs."""

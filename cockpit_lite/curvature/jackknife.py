@@ -10,9 +10,15 @@ ratio) is the delete-a-group jackknife's,
 
 with ``G − 1`` degrees of freedom. For a linear statistic and ``G = K`` it equals the usual
 ``std_k / √K``; for a nonlinear one it is the jackknife's first-order error.
+
+For a parameter sharded by FSDP2 (a ``DTensor``) each rank keeps its rows of the group sums only
+(``G / W`` times the parameter's size), and the diagonal and the leave-a-group-out diagonals a
+statistic sees are ``DTensor``s sharded as the parameter (its sums over elements add the ranks').
 """
 
 import torch
+
+from cockpit_lite.utils.shards import rows_like, shaped_like
 
 MAX_GROUPS = 16
 """Groups of draws kept for the jackknife (memory: ``MAX_GROUPS`` × the parameters)."""
@@ -31,13 +37,15 @@ class GroupedEstimate:
     def __init__(self, shapes_like, probes):
         """
         Args:
-            shapes_like: per parameter, a tensor of its shape, dtype and device.
+            shapes_like: per parameter, a tensor of its shape, dtype, device (and sharding).
             probes: the number of draws ``K`` that ``add`` will receive.
         """
         groups = min(probes, MAX_GROUPS)
         self.probes = probes
         self.group_sizes = torch.tensor([len(range(j, probes, groups)) for j in range(groups)])
-        self.group_sums = [torch.zeros((groups, *p.shape), dtype=p.dtype, device=p.device) for p in shapes_like]
+        self._like = list(shapes_like)
+        self.group_sums = [torch.zeros((groups, *rows_like(p, p).shape), dtype=p.dtype, device=p.device)
+                           for p in self._like]  # (this rank's rows of a sharded parameter's)
         self.diagonal = None
 
     @property
@@ -46,20 +54,21 @@ class GroupedEstimate:
         return self.group_sizes.numel() - 1
 
     def add(self, first, draws):
-        """Add draws ``first, first + 1, ...``: per parameter a ``[count, *shape]`` tensor."""
+        """Add draws ``first, first + 1, ...``: per parameter a ``[count, *shape]`` tensor (whole, or a
+        ``DTensor`` sharded as the parameter)."""
         count = draws[0].shape[0]
         groups = self.group_sizes.numel()
         group = torch.arange(first, first + count, device=draws[0].device) % groups
-        for total, values in zip(self.group_sums, draws):
-            total.index_add_(0, group, values.to(total.dtype))
+        for total, values, like in zip(self.group_sums, draws, self._like):
+            total.index_add_(0, group, rows_like(values, like, dim=1).to(total.dtype))
 
     def finish(self):
         """Form ``diagonal`` once every draw was added."""
-        self.diagonal = [s.sum(0) / self.probes for s in self.group_sums]
+        self.diagonal = [shaped_like(s.sum(0) / self.probes, like) for s, like in zip(self.group_sums, self._like)]
         return self
 
     def leave_group_out(self):
-        """Per parameter, ``[G, *shape]`` diagonal estimates without each group's draws."""
+        """Per parameter, ``[G, *shape]`` diagonal estimates without each group's draws (this rank's rows)."""
         rest = (self.probes - self.group_sizes).clamp(min=1)
         return [
             (s.sum(0, keepdim=True) - s) / rest.to(s).reshape(-1, *([1] * (s.dim() - 1)))
@@ -76,5 +85,6 @@ class GroupedEstimate:
         if groups < 2:
             return torch.full_like(statistic(self.diagonal), float("nan"))
         loo = self.leave_group_out()
-        values = torch.stack([statistic([d[j] for d in loo]) for j in range(groups)])
+        values = torch.stack([statistic([shaped_like(d[j], like) for d, like in zip(loo, self._like)])
+                              for j in range(groups)])
         return ((groups - 1) / groups * ((values - values.mean(0)) ** 2).sum(0)).sqrt()

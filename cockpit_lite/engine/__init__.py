@@ -256,8 +256,10 @@ class Engine:
                 comes next instead of the user's (``pseudo_pass``): the global path takes their
                 vector-Jacobian products, all samples count, and the calls keep their inputs.
         """
+        sharded = self.group is not None and self.group.sharded  # (a pseudo-loss's pass under DDP: this rank's)
         state = _Step(transforms, batch_size, grads_before, needed_by, window,
-                      self.group if pseudo is None else None, None if pseudo is not None else getattr(info, "subset", None))
+                      self.group if pseudo is None or sharded else None,
+                      None if pseudo is not None else getattr(info, "subset", None))
         state.pseudo = pseudo
         state.penalty = penalty_term(info.get("loss"), parameters_only=True)
         graph = self._graph if self._graph is not None else _Graph(info.get("loss"), self._aliases())
@@ -406,8 +408,9 @@ class Engine:
         """
         self.begin(transforms, info, batch_size, [None] * len(self.params), needed_by, pseudo=contributions)
         state = self._step
-        params = [p for p in self.params if p.requires_grad]
-        inputs = params if check else _pass_inputs(state, self.params)
+        leaves = self._leaves()
+        trainable = [i for i, p in enumerate(self.params) if p.requires_grad]
+        inputs = [leaves[i] for i in trainable] if check else _pass_inputs(state, leaves)
         try:
             if inputs:
                 with global_path.forked_random_state(self.params), torch.enable_grad():
@@ -420,8 +423,11 @@ class Engine:
                 call.grads = {}
             raise
         state.true_grads = {
-            self.index[id(p)]: torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, grads)
+            i: torch.zeros_like(leaves[i]) if g is None else g.detach() for i, g in zip(trainable, grads)
         } if check else {}
+        if state.sharded is not None:  # (FSDP2: this rank's rows of their mean over the ranks, as the rules')
+            state.true_grads = {i: state.sharded.reduce_scatter([g / state.sharded.world], self.params[i])[0]
+                                for i, g in state.true_grads.items()}
         return self.finish()
 
     # -- internals ----------------------------------------------------------------------
@@ -803,6 +809,10 @@ class Engine:
             state.results[index] = (_transforms.run(state.transforms, zeros) if state.sharded is None
                                     else state.sharded.run(state.transforms, zeros)[0])
         state.results[index] = {k: _nan_like(v) for k, v in state.results[index].items()}
+
+    def _leaves(self):
+        """The tensors of the step's graph that stand for the tracked parameters (FSDP2: its unsharded ones)."""
+        return self.params if self.group is None else self.group.leaves(self.model, self.params)
 
     def _aliases(self):
         """FSDP2: the unsharded parameters in the graph and the tracked ones they stand for."""

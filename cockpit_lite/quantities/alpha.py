@@ -195,7 +195,7 @@ class Alpha(Quantity):
             output = self._finish(step, data, loss, losses, seed)
         self._start = None
         if self.is_due(step):
-            pending = self._pending
+            pending, self._pending = self._pending, None  # (its predicted update lives in _start until the step)
             self._start = {
                 "step": step,
                 "params": data.params,

@@ -114,10 +114,6 @@ class Quantity:
     at their scale, not ratios of them. A step whose backward pass was scaled flags such a
     quantity (``Cockpit``: the scale, and what to divide by it)."""
 
-    CURVATURE = False
-    """Whether the values are of the loss's second derivatives (a curvature diagonal, Hessian-vector
-    products): on a model sharded by FSDP2 they are NaN with the reason (``cockpit_lite.sharded``)."""
-
     MIN_BATCH_SIZE = 1
     """The fewest samples the statistic is defined for (2 for a variance across samples); a
     smaller batch records NaN with a flag."""

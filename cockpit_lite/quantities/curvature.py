@@ -73,7 +73,6 @@ class CurvatureQuantity(SingleStepQuantity):
     linear or not in the diagonal) and may override ``package``.
     """
 
-    CURVATURE = True
     EXACT_ONLY = False
     """Whether only an exact diagonal (``EXACT``) may enter (see the module docstring)."""
 

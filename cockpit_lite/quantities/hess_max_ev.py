@@ -47,7 +47,10 @@ class HessMaxEV(SingleStepQuantity):
     training mode, of the batch loss through the batch statistics; with tied weights,
     w.r.t. the shared tensor.
     Attention through ``F.scaled_dot_product_attention`` works on CPU (see
-    ``cockpit_lite.curvature.sdpa``).
+    ``cockpit_lite.curvature.sdpa``). Under ``torch.distributed`` (DDP, FSDP2) ``H`` is the
+    Hessian of the mean of the ranks' losses: every product is averaged over the ranks by one
+    all-reduce, and every rank runs the same solver, from the same start vectors, on the same
+    numbers (``cockpit_lite.curvature.hvp``).
 
     ``use_power=True`` runs Cockpit's power iteration instead (drop-in
     compatibility): it returns the eigenvalue of largest *magnitude*, which differs
@@ -56,7 +59,6 @@ class HessMaxEV(SingleStepQuantity):
     solver and the number of Hessian-vector products.
     """
 
-    CURVATURE = True
     STATE = ("_previous", "_generator")  # the warm start and the noise generator, saved for resuming
 
     def __init__(self, track_schedule=None, verbose=False, use_power=False, rtol=1e-3, maxiter=100, seed=0, block=2):

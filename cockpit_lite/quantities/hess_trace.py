@@ -2,6 +2,7 @@
 
 from cockpit_lite.quantities.base import Output
 from cockpit_lite.quantities.curvature import CurvatureQuantity
+from cockpit_lite.utils.shards import totals
 
 
 class HessTrace(CurvatureQuantity):
@@ -15,7 +16,7 @@ class HessTrace(CurvatureQuantity):
     SCALED_BACKWARD = True
 
     def parts(self, data, diagonal):
-        layers = [c.sum() for c in diagonal]
+        layers = list(totals(diagonal))
         return sum(layers), layers
 
     def package(self, total, layers, meta):

@@ -5,6 +5,7 @@ import torch
 from cockpit_lite.quantities.base import with_total
 from cockpit_lite.quantities.tic import TIC
 from cockpit_lite.transforms import IndividualSquares
+from cockpit_lite.utils.shards import totals
 
 
 class TICDiag(TIC):
@@ -23,7 +24,7 @@ class TICDiag(TIC):
     SUBSAMPLE_TRANSFORMS = (IndividualSquares,)
 
     def parts(self, data, diagonal):
-        layers = [(m / (c + self.epsilon)).sum() for m, c in zip(self.second_moments(data), diagonal)]
+        layers = list(totals(m / (c + self.epsilon) for m, c in zip(self.second_moments(data), diagonal)))
         return sum(layers), layers
 
     def sample_terms(self, data, diagonal):

@@ -5,6 +5,7 @@ import torch
 from cockpit_lite.quantities.base import total_and_layers, with_total
 from cockpit_lite.quantities.tic import TIC
 from cockpit_lite.transforms import BatchL2
+from cockpit_lite.utils.shards import totals
 
 
 class TICTrace(TIC):
@@ -23,11 +24,11 @@ class TICTrace(TIC):
     def parts(self, data, diagonal):
         return total_and_layers(
             lambda moment, trace: moment / (trace + self.epsilon),
-            [m.sum() for m in self.second_moments(data)],
-            [c.sum() for c in diagonal],
+            list(totals(self.second_moments(data))),
+            list(totals(diagonal)),
         )
 
     def sample_terms(self, data, diagonal):
         terms = with_total(torch.stack(data.per_sample(BatchL2.key), 1))
-        traces = with_total(torch.stack([c.sum() for c in diagonal]).to(terms.dtype))
+        traces = with_total(totals(diagonal).to(terms.dtype))
         return terms, traces + self.epsilon

@@ -40,11 +40,21 @@ def whole(tensor, key=None):
         return tensor
     if not _gathered:
         return tensor.full_tensor()
-    key = id(tensor) if key is None else key
     scope = _gathered[-1]
+    if key is None:  # by the object, which the scope keeps meanwhile (its id stays its own)
+        key = id(tensor)
+        scope.setdefault(("object", key), tensor)
     if key not in scope:
-        scope[key] = (tensor, tensor.full_tensor())  # (the tensor too: its id stays its own meanwhile)
-    return scope[key][1]
+        scope[key] = tensor.full_tensor()
+    return scope[key]
+
+
+def whole_of(key, make):
+    """``whole(make(), key)``, with ``make`` called only where the scope of ``gathering`` has not gathered
+    ``key`` yet (a direction formed anew on every read is formed once per scope)."""
+    if _gathered and key in _gathered[-1]:
+        return _gathered[-1][key]
+    return whole(make(), key)
 
 
 @contextmanager
@@ -55,6 +65,30 @@ def gathering():
         yield
     finally:
         _gathered.pop()
+
+
+def rows_like(tensor, like, dim=0):
+    """This rank's part of ``tensor`` in the layout of ``like`` (a tensor of ``tensor``'s shape along
+    ``dim`` and after): a ``DTensor``'s local rows; a whole tensor's rows that a ``DTensor`` ``like``
+    holds on this rank (sharded along its first axis, as FSDP2 shards); else ``tensor`` itself."""
+    if is_sharded(tensor):
+        return tensor.to_local()
+    if not is_sharded(like):
+        return tensor
+    first, mesh = like.shape[0], like.device_mesh
+    start = min(mesh.get_local_rank() * -(-first // mesh.size()), first)
+    return tensor.narrow(dim, start, like.to_local().shape[0])
+
+
+def shaped_like(rows, like):
+    """``rows`` (this rank's part, ``rows_like``) as a tensor of ``like``'s layout: a ``DTensor``
+    sharded as ``like``, or ``rows`` itself."""
+    if not is_sharded(like):
+        return rows
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(rows, like.device_mesh, like.placements, run_check=False, shape=like.shape,
+                              stride=like.stride())
 
 
 def group_of(tensors):
