@@ -2,16 +2,16 @@
 
 Every step, one forward pre-hook on the model keeps a reference to the forward pass's inputs
 (tensors the step holds anyway) with the random state and autocast settings it started with.
-Before the backward pass (``needs``), the loss is checked once
-(``math.isfinite(loss.item())``; on a GPU the step's only host synchronisation the diagnosis
-adds, needed because the op can only be named while the graph still holds its saved tensors);
-when it is finite the references are dropped, nothing is recorded and the step is not due for
-this signal. When it is not, the forward pass is *replayed* on the same inputs, parameters,
-random state (the same dropout masks) and autocast settings, with a forward hook on every
-module that keeps each module's output in the order the calls *end* (a module ends before the
-module that contains it); the model's buffers and the tensors its modules hold as attributes
-(what a forward hook stored, e.g. BackPACK's inputs and outputs, which its backward reads) are
-put back afterwards and the user's random state is left as it was. A model whose own forward the training loop does not call (a
+Before the backward pass (``needs``), the loss is checked once (``math.isfinite(loss.item())``;
+on a GPU the step's only host synchronisation the diagnosis adds, needed because the op can only
+be named while the graph still holds its saved tensors); when it is finite the references are
+dropped, nothing is recorded and the step is not due for this signal. When it is not, the
+forward pass is *replayed* on the same inputs, parameters, random state (the same dropout masks)
+and autocast settings, with a forward hook on every module that keeps each module's output in
+the order the calls *end* (a module ends before the module that contains it); the model's
+buffers and the tensors its modules hold as attributes (what a forward hook stored, e.g.
+BackPACK's inputs and outputs, which its backward reads) are put back afterwards and the user's
+random state is left as it was. A model whose own forward the training loop does not call (a
 ``ModuleDict`` of parts, a loop calling the parts itself) is watched by those hooks at every
 step instead, from the first step whose forward did not run through the model. Then, still
 before the backward pass:
