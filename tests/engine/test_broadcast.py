@@ -109,6 +109,28 @@ def test_batched_layers_plan_no_broadcast_path(features, monkeypatch):
     assert planned == []
 
 
+ONE_SAMPLE = {  # layers on a batch of one sample [1, 4, 5]: every axis of size 1 is as long as the batch
+    "linear": lambda: nn.Linear(5, 3),
+    "conv": lambda: nn.Conv1d(4, 3, 2),
+    "groupnorm": lambda: nn.GroupNorm(2, 4),
+    "batchnorm_eval": lambda: nn.BatchNorm1d(4).eval(),
+}
+
+
+@pytest.mark.parametrize("layer", ONE_SAMPLE, ids=str)
+def test_a_batch_of_one_sample_is_served_by_the_layers_own_rules(layer, monkeypatch):
+    """Nothing is broadcast into a batch of one (an axis of size 1 is no broadcast): each layer's
+    own rule, no broadcast path, no global path, no flag."""
+    torch.manual_seed(0)
+    model = nn.Sequential(ONE_SAMPLE[layer](), nn.Flatten()).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.uniform_(-2, 2)
+    planned = _paths_planned(monkeypatch)
+    assert_matches_autograd(model, torch.randn(1, 4, 5, dtype=torch.float64), monkeypatch)
+    assert planned == []
+
+
 def test_a_shared_tensor_as_long_as_the_batch_plans_its_path(monkeypatch):
     """``s[:B]`` with T = B: a length equal to B, but broadcast into the batch at the addition."""
     torch.manual_seed(0)
