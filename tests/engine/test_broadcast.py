@@ -161,10 +161,18 @@ class ScaledTanh(Tanh):
         return scale * super().forward(x)
 
 
+class Learned(Tanh):
+    """The custom layer called without inputs: ``tanh(w) + b``."""
+
+    def forward(self):
+        return torch.tanh(self.w) + self.b
+
+
 class LayerOnShared(nn.Module):
     """``head(x + layer(table))``: a layer whose input and output every sample shares (an
     MLP over a positional table, a relative-position bias). ``keyword``: the table passed as
-    ``input=``, or (``"scale"``) a shared scale passed as ``scale=``."""
+    ``input=``, or (``"scale"``) a shared scale passed as ``scale=``, or (``"none"``) the layer
+    called without inputs."""
 
     def __init__(self, layer, keyword, table):
         super().__init__()
@@ -176,7 +184,9 @@ class LayerOnShared(nn.Module):
         self.head = nn.Linear(D, 2)
 
     def forward(self, x):
-        if self.keyword == "scale":
+        if self.keyword == "none":
+            shared = self.layer()
+        elif self.keyword == "scale":
             shared = self.layer(self.table, scale=torch.linspace(0.5, 2.0, D, dtype=x.dtype))
         else:
             shared = self.layer(input=self.table) if self.keyword else self.layer(self.table)
@@ -190,6 +200,7 @@ ON_SHARED = {  # name: (layer, called with a keyword, the table, global-path par
     "layernorm_on_a_parameter": (lambda: nn.LayerNorm(D), False, "parameter", [0]),
     "custom_layer_on_a_buffer": (Tanh, False, "buffer", []),
     "custom_layer_with_a_keyword_tensor": (ScaledTanh, "scale", "buffer", []),
+    "custom_layer_without_inputs": (Learned, "none", "buffer", []),
 }
 
 
