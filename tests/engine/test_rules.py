@@ -171,7 +171,7 @@ def test_attention_the_plan_does_not_read_goes_to_the_generic_rule(case, monkeyp
 
 class SharedLatents(nn.Module):
     """Self-attention over a latent array all samples share (``[5, 1, 6]``: its own batch of one),
-    added to every sample."""
+    flattened and added to every sample."""
 
     def __init__(self):
         super().__init__()
@@ -179,15 +179,17 @@ class SharedLatents(nn.Module):
         self.attn = nn.MultiheadAttention(6, 2)
 
     def forward(self, x):
-        return x + self.attn(self.latent, self.latent, self.latent, need_weights=False)[0].sum((0, 1))
+        return x + self.attn(self.latent, self.latent, self.latent, need_weights=False)[0].reshape(-1)
 
 
 def test_attention_over_a_sequence_the_samples_share_is_not_read_from_its_projections(monkeypatch):
-    """Its projections' rows (5) are no multiple of the batch (3): not served from the graph, and
-    exact (per-sample autograd of the individual losses of one forward pass)."""
+    """Its projections' rows (5) are no multiple of the batch (3): not served from the graph, nor
+    by the generic rule as if every sample had made the call (axis 1, the batch axis of its
+    sequence-first layout, is not the batch's there); exact (per-sample autograd of the
+    individual losses of one forward pass)."""
     torch.manual_seed(0)
     model = SharedLatents().double()
-    x = torch.randn(3, 6, dtype=torch.float64)
+    x = torch.randn(3, 30, dtype=torch.float64)
     served = _attention_served(monkeypatch)
     got = engine_individual_gradients(model, x)
     for index, reference in enumerate(individual_reference(model, x)):
