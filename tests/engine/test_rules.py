@@ -581,15 +581,23 @@ class Guarded(nn.Module):
 
 
 def test_a_layer_vmap_cannot_run_is_re_run_one_sample_at_a_time(monkeypatch):
+    """vmap is tried once: the second step knows to loop at once."""
+    from cockpit_lite.engine.rules import GENERIC, generic
+
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), Guarded(), nn.Linear(4, 2)).double()
     x = torch.randn(5, 3, dtype=torch.float64)
     used = _global_path_uses(monkeypatch)
-    for _ in range(2):  # the second step knows to loop at once
+    monkeypatch.setattr(GENERIC, "_loop", set())  # no module type remembered from other tests
+    tried, vmap = [], generic.vmap
+    monkeypatch.setattr(generic, "vmap", lambda *args, **kwargs: tried.append(1) or vmap(*args, **kwargs))
+    for step in range(2):
         model.zero_grad()
+        tried.clear()
         got = engine_individual_gradients(model, x)
         for index, reference in enumerate(individual_reference(model, x)):
             torch.testing.assert_close(got[index], reference)
+        assert len(tried) == (1 if step == 0 else 0), (step, tried)
     assert used == []
 
 
