@@ -282,3 +282,14 @@ def test_a_log_whose_header_was_torn_is_appended_to(tmp_path):
     writer.close()
     with pytest.warns(UserWarning, match="incomplete"):
         assert log.read(path, segment="all") == [{0: {"Loss": 1.0}}]
+
+
+def test_a_fortran_ordered_array_of_a_json_file_reads_as_json_tricks_wrote_it(tmp_path):
+    """json_tricks (the original Cockpit's ``write``) lists every array in its logical order
+    (``tolist()``) and marks a Fortran-ordered one ``"Corder": false``, which only describes
+    its memory; this is the text json_tricks 3.17 writes for ``np.asfortranarray(arange(6).reshape(2, 3))``."""
+    path = tmp_path / "cockpit.json"
+    path.write_text('{"0": {"GradHist1d": {"hist": {"__ndarray__": [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]], '
+                    '"dtype": "float64", "shape": [2, 3], "Corder": false}, "edges": {"__ndarray__": '
+                    '[0.0, 1.0, 2.0, 3.0], "dtype": "float64", "shape": [4]}}}}')
+    assert log.read(path)[0]["GradHist1d"]["hist"].tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
