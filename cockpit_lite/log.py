@@ -348,9 +348,7 @@ def _tagged_array(tagged, limits=None):
         return array
     if array.size != math.prod(shape):
         raise ValueError(f"array data holds {array.size} values, its shape {list(shape)} needs {math.prod(shape)}")
-    if order == "F":  # json_tricks lists a Fortran-ordered array's transpose
-        return array.reshape(shape[::-1]).T.copy()
-    return array.reshape(shape)
+    return array.reshape(shape)  # a list is in logical order ("Corder": false only described the memory)
 
 
 def _numeric_array(value, field):

@@ -279,9 +279,10 @@ def test_broadcasting(device, xshape, yshape):
     check(histogram2d(x, y, bins, range, scale=2.0), expected, device)
 
 
-@pytest.mark.parametrize("shape", [(5000,), (7, 300), (3, 5, 400), (2, 2000), (40, 1)])
+@pytest.mark.parametrize("shape", [(5000,), (7, 300), (3, 5, 400), (2, 2000), (40, 1), (3, 600), (2, 10, 10, 10)])
 def test_cpu_blocks(monkeypatch, shape):
-    """Block boundaries (whole rows, slices of rows, leading dimensions) lose nothing."""
+    """Block boundaries (whole rows, slices of rows, leading dimensions; rows longer than half a
+    block; three trailing dimensions in one block) lose nothing."""
     monkeypatch.setattr(histogram, "_CPU_BLOCK", 1000)
     x = randn(*shape, std=1.0, seed=18)
     y = randn(*shape[1:], std=1.0, seed=19)
@@ -292,10 +293,13 @@ def test_cpu_blocks(monkeypatch, shape):
 
 
 def test_many_bins_use_float64_arithmetic():
-    """More than 2**22 slots do not fit float32 integers: the kernel switches to float64."""
+    """More than 2**22 slots do not fit float32 integers: the kernel switches to float64. Here
+    (2 · 1022 + 4) · (2 · 1023 + 4) = 2**22 + 4096 slots, so that only the last ones (values
+    above a range's end, the drop slot of non-finite pairs) are beyond 2**22."""
     x = randn(20_000, std=1.0, seed=20)
+    x[:3] = float("nan")
     y = randn(20_000, std=1.0, seed=21)
-    bins, range = (1100, 1024), ((-4.0, 4.0), (-2.0, 2.0))
+    bins, range = (1022, 1023), ((-4.0, 4.0), (-2.0, 2.0))
     check(histogram2d(x, y, bins, range), reference2d(x, y, bins, range), "cpu")
 
 

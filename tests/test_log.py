@@ -1,6 +1,11 @@
 """The record format on disk."""
 
+import errno
 import json
+import os
+import re
+import time
+import warnings
 
 import numpy as np
 import pytest
@@ -27,6 +32,10 @@ def test_round_trip_merges_parts_of_a_step(tmp_path):
     assert record[1]["GradHist2d"]["hist"].shape == (2, 3) and len(record[1]["GradHist2d"]["edges"]) == 2
     assert log.layer_values(record[0], "NormTest")[0] == 0.1
     assert log.layer_values(record[1], "Loss") is None
+    assert log.layer_values({"GradNorm": [0.5, 0.25]}, "GradNorm") == [0.5, 0.25]
+    lines = _lines(tmp_path / "run.jsonl")  # arrays as nested lists in a JSON-lines log
+    assert lines[2]["GradHist1d"] == {"hist": [1, 2], "edges": [-1.0, 0.0, 1.0]}
+    assert lines[3]["GradHist2d"] == {"hist": [[1, 1, 1]] * 2, "edges": [[0.0] * 3, [0.0] * 4]}
 
 
 def test_torn_last_line_is_skipped_with_one_warning(tmp_path):
@@ -54,11 +63,26 @@ def test_corruption_elsewhere_and_newer_versions_are_refused(tmp_path):
 
 
 def test_json_file_layout(tmp_path):
-    record = {3: {"Loss": 0.5, "GradNorm": [1.0, 2.0]}, 1: {"Loss": float("nan")}}
-    log.write_json(tmp_path / "r.json", record)
-    data = json.loads((tmp_path / "r.json").read_text())
+    """Cockpit's ``write`` layout, in a folder made for it: steps in order, arrays (also inside
+    lists) as json_tricks 3.17 writes these (C-ordered) arrays, read back as arrays."""
+    hist = {"hist": np.arange(6.0).reshape(2, 3), "edges": np.array([0.0, 1.0, 2.0])}
+    record = {3: {"Loss": 0.5, "GradNorm": [1.0, 2.0]},
+              1: {"Loss": float("nan"), "GradHist1d": hist, "Custom": [np.array([7, 8], dtype=np.int64)]}}
+    path = tmp_path / "new folder" / "r.json"
+    log.write_json(path, record)
+    data = json.loads(path.read_text())
     assert list(data) == ["1", "3"] and data["3"]["GradNorm"] == [1.0, 2.0]
-    assert np.isnan(log.read(tmp_path / "r.json")[1]["Loss"])
+    assert data["1"]["GradHist1d"] == {
+        "hist": {"__ndarray__": [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]], "dtype": "float64", "shape": [2, 3], "Corder": True},
+        "edges": {"__ndarray__": [0.0, 1.0, 2.0], "dtype": "float64", "shape": [3]}}
+    assert data["1"]["Custom"] == [{"__ndarray__": [7, 8], "dtype": "int64", "shape": [2]}]
+    read = log.read(path)
+    assert np.isnan(read[1]["Loss"]) and np.array_equal(read[1]["GradHist1d"]["hist"], hist["hist"])
+
+
+def test_is_finite_number():
+    assert [log.is_finite_number(v) for v in (1, -2.5, np.float32(3.0), np.int64(7))] == [True] * 4
+    assert [log.is_finite_number(v) for v in (float("inf"), float("nan"), np.float64("-inf"), None, "1.0", [1.0])] == [False] * 6
 
 
 # ----------------------------------------------------------------------------- run segments
@@ -81,6 +105,7 @@ def test_a_second_writer_appends_a_run_segment_and_readers_pick_the_last(tmp_pat
     headers = [line for line in _lines(path) if "format" in line]
     assert len(headers) == 2 and headers[0]["run"] != headers[1]["run"] == second.run
     assert len(_lines(path)) == 100 + 5 + 2  # nothing lost
+    assert "\n\n" not in path.read_text()  # the first log ended whole: no newline was added before the header
     header, record = log.read_jsonl(path)
     assert header["run"] == second.run and sorted(record) == list(range(5)) and record[0]["Loss"] == 2.0
     assert log.read(path) == record
@@ -136,6 +161,7 @@ def test_a_resumed_run_replaces_what_its_segment_held_after_the_checkpoint(tmp_p
     other.close()
     resumed = log.JSONLinesWriter(path, {})
     resumed.resume(first.run, 2)
+    assert resumed.run == first.run
     resumed.append(3, {"Loss": 0.5})
     resumed.close()
     with pytest.raises(ValueError, match="before its first step"):
@@ -153,6 +179,20 @@ def test_the_header_is_written_with_the_first_line(tmp_path):
     assert [line["run"] for line in _lines(path)] == [writer.run]
 
 
+def test_each_line_is_on_disk_when_append_returns(tmp_path):
+    """In a folder made for the log; the header (a new run: not marked resumed, its UTC start
+    time) and each step's line are in the file as soon as ``append`` returns."""
+    path = tmp_path / "new folder" / "run.jsonl"
+    writer = log.JSONLinesWriter(path, {})
+    writer.append(0, {"Loss": 1.0})
+    header, line = _lines(path)
+    assert line == {"step": 0, "Loss": 1.0} and header["run"] == writer.run and "resumed" not in header
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", header["started"]), header["started"]
+    writer.append(1, {"Loss": 0.5})
+    assert len(_lines(path)) == 3
+    writer.close()
+
+
 def test_a_torn_line_before_a_new_segment_is_skipped(tmp_path):
     path = tmp_path / "run.jsonl"
     write_sample(path)
@@ -167,12 +207,70 @@ def test_a_torn_line_before_a_new_segment_is_skipped(tmp_path):
     assert old[1].keys() == {"GradHist2d"}
 
 
-def test_a_file_that_is_no_log_is_not_written_into(tmp_path):
+@pytest.mark.parametrize("text", ["my notes\n", '{\n  "step": 0\n}\n', "\nmy notes\n"],
+                         ids=["notes", "pretty_printed_json", "blank_first_line"])
+def test_a_file_that_is_no_log_is_not_written_into(tmp_path, text):
     path = tmp_path / "notes.jsonl"
-    path.write_text("my notes\n")
+    path.write_text(text)
     with pytest.raises(ValueError, match="not a cockpit-lite log.*another log path"):
         log.JSONLinesWriter(path, {})
-    assert path.read_text() == "my notes\n"
+    assert path.read_text() == text
+
+
+def test_an_empty_file_takes_the_header_as_its_first_line(tmp_path):
+    path = tmp_path / "run.jsonl"
+    path.write_bytes(b"")  # made by another tool, or a run that never wrote
+    writer = log.JSONLinesWriter(path, {})
+    writer.append(0, {"Loss": 1.0})
+    writer.close()
+    assert path.read_text().startswith('{"format": "cockpit-lite"') and log.read(path) == {0: {"Loss": 1.0}}
+
+
+def _fsync_failing(errno_value):
+    def fsync(fd):
+        raise OSError(errno_value, os.strerror(errno_value))
+
+    return fsync
+
+
+def test_fsync_refused_by_a_special_file_is_no_failure_and_any_other_warns_or_raises(tmp_path, monkeypatch):
+    """EINVAL/ENOTSUP (a pipe, a special file: nothing to sync) passes silently; EIO warns naming
+    it and is kept in ``errors`` (``strict=True``: raises it)."""
+    for errno_value in (errno.EINVAL, errno.ENOTSUP):
+        monkeypatch.setattr(log.os, "fsync", _fsync_failing(errno_value))
+        writer = log.JSONLinesWriter(tmp_path / f"{errno_value}.jsonl", {})
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            writer.close()
+        assert writer.errors == []
+    monkeypatch.setattr(log.os, "fsync", _fsync_failing(errno.EIO))
+    writer = log.JSONLinesWriter(tmp_path / "eio.jsonl", {})
+    with pytest.warns(RuntimeWarning, match=os.strerror(errno.EIO)):
+        writer.close()
+    assert [e.errno for e in writer.errors] == [errno.EIO]
+    strict = log.JSONLinesWriter(tmp_path / "strict.jsonl", {}, strict=True)
+    with pytest.raises(OSError, match="strict.jsonl") as raised:
+        strict.close()
+    assert raised.value.errno == errno.EIO
+
+
+@pytest.mark.skipif(not hasattr(time, "tzset"), reason="needs time.tzset to change the time zone")
+def test_a_run_id_and_the_start_time_are_utc(tmp_path, monkeypatch):
+    """The run id: UTC time of day and 6 random hex digits; the header's "started": UTC too."""
+    monkeypatch.setenv("TZ", "IST-5:30")  # 5 h 30 min east of UTC: local time is not UTC
+    time.tzset()
+    try:
+        before = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        run = log.new_run_id()
+        writer = log.JSONLinesWriter(tmp_path / "run.jsonl", {})
+        after = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        writer.close()
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert re.fullmatch(r"\d{8}T\d{6}-[0-9a-f]{6}", run) and run[:15] in (before, after), (run, before, after)
+    started = _lines(tmp_path / "run.jsonl")[0]["started"]
+    assert started.replace("-", "").replace(":", "")[:15] in (before, after), (started, before, after)
 
 
 def test_close_fsyncs(tmp_path, monkeypatch):
@@ -218,7 +316,7 @@ def test_a_full_disk_warns_once_keeps_the_lines_and_catches_up_in_order(tmp_path
     with pytest.warns(RuntimeWarning, match=r"run.jsonl \(\[Errno 28\] No space left on device\)") as caught:
         for step in range(1, 6):
             writer.append(step, {"Loss": float(step)})
-    assert len(caught) == 1 and writer.pending == 5 and len(writer.errors) == 5
+    assert len(caught) == 1 and writer.pending == 5 and [e.errno for e in writer.errors] == [28] * 5
     disk.full = False  # space freed
     writer.append(6, {"Loss": 6.0})
     writer.close()
@@ -282,3 +380,26 @@ def test_a_log_whose_header_was_torn_is_appended_to(tmp_path):
     writer.close()
     with pytest.warns(UserWarning, match="incomplete"):
         assert log.read(path, segment="all") == [{0: {"Loss": 1.0}}]
+
+
+def test_a_json_file_that_is_no_utf8_or_beyond_the_size_limit_is_refused_naming_it(tmp_path):
+    path = tmp_path / "r.json"
+    path.write_bytes(b'{"0": {"Loss": 1.0, "Note": "\xff"}}')
+    with pytest.raises(log.RecordError, match=r"r\.json: not valid JSON"):
+        log.read(path)
+    log.write_json(path, {0: {"Loss": 1.0}})
+    size = path.stat().st_size
+    assert log.read(path, limits={"max_file_bytes": size}) == {0: {"Loss": 1.0}}
+    with pytest.raises(log.RecordError, match="max_file_bytes"):
+        log.read(path, limits={"max_file_bytes": size - 1})
+
+
+def test_a_fortran_ordered_array_of_a_json_file_reads_as_json_tricks_wrote_it(tmp_path):
+    """json_tricks (the original Cockpit's ``write``) lists every array in its logical order
+    (``tolist()``) and marks a Fortran-ordered one ``"Corder": false``, which only describes
+    its memory; this is the text json_tricks 3.17 writes for ``np.asfortranarray(arange(6).reshape(2, 3))``."""
+    path = tmp_path / "cockpit.json"
+    path.write_text('{"0": {"GradHist1d": {"hist": {"__ndarray__": [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]], '
+                    '"dtype": "float64", "shape": [2, 3], "Corder": false}, "edges": {"__ndarray__": '
+                    '[0.0, 1.0, 2.0, 3.0], "dtype": "float64", "shape": [4]}}}}')
+    assert log.read(path)[0]["GradHist1d"]["hist"].tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]

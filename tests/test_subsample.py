@@ -593,6 +593,15 @@ def test_the_square_roots_jackknife_bias_correction_by_hand():
     assert ses[1] == pytest.approx(se / (2 * math.sqrt(6)), rel=1e-12)
 
 
+def test_the_jackknife_standard_error_by_hand():
+    """sqrt((1 − k/B) (k − 1)/k Σ (θ_(i) − θ̄)²): k = 2 of 10 leave-one-out values 1 and 3 give
+    sqrt(0.8 · 1/2 · 2); all B samples drawn give 0; one value or a non-finite one: NaN."""
+    assert subsample.jackknife_se([1.0, 3.0], 10) == pytest.approx(math.sqrt(0.8), rel=1e-15)
+    assert subsample.jackknife_se([1.0, 2.0, 4.0], 3) == 0.0
+    assert math.isnan(subsample.jackknife_se([1.0], 10))
+    assert math.isnan(subsample.jackknife_se([1.0, float("nan"), 2.0], 10))
+
+
 def test_samples_at_least_the_batch_size_is_exact_bit_for_bit():
     exact = _records(None)
     assert _records(5) == exact and _records(64) == exact

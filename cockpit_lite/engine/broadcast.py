@@ -95,8 +95,11 @@ def broadcast_into_batch(users, start, shape, batch_size):
     through shape-only nodes and is broadcast there along an axis of size ``batch_size``.
 
     This tells a shared tensor whose length happens to equal the batch size (positions
-    ``arange(T)`` with ``T = B``) from a batched one.
+    ``arange(T)`` with ``T = B``) from a batched one. Nothing is broadcast into a batch of one
+    sample (every axis of size 1 would match it).
     """
+    if batch_size < 2:
+        return False
     current, shape = start, tuple(shape)
     for _ in range(MAX_DEPTH):
         following = users.get(current)

@@ -109,6 +109,28 @@ def test_batched_layers_plan_no_broadcast_path(features, monkeypatch):
     assert planned == []
 
 
+ONE_SAMPLE = {  # layers on a batch of one sample [1, 4, 5]: every axis of size 1 is as long as the batch
+    "linear": lambda: nn.Linear(5, 3),
+    "conv": lambda: nn.Conv1d(4, 3, 2),
+    "groupnorm": lambda: nn.GroupNorm(2, 4),
+    "batchnorm_eval": lambda: nn.BatchNorm1d(4).eval(),
+}
+
+
+@pytest.mark.parametrize("layer", ONE_SAMPLE, ids=str)
+def test_a_batch_of_one_sample_is_served_by_the_layers_own_rules(layer, monkeypatch):
+    """Nothing is broadcast into a batch of one (an axis of size 1 is no broadcast): each layer's
+    own rule, no broadcast path, no global path, no flag."""
+    torch.manual_seed(0)
+    model = nn.Sequential(ONE_SAMPLE[layer](), nn.Flatten()).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.uniform_(-2, 2)
+    planned = _paths_planned(monkeypatch)
+    assert_matches_autograd(model, torch.randn(1, 4, 5, dtype=torch.float64), monkeypatch)
+    assert planned == []
+
+
 def test_a_shared_tensor_as_long_as_the_batch_plans_its_path(monkeypatch):
     """``s[:B]`` with T = B: a length equal to B, but broadcast into the batch at the addition."""
     torch.manual_seed(0)
@@ -139,10 +161,18 @@ class ScaledTanh(Tanh):
         return scale * super().forward(x)
 
 
+class Learned(Tanh):
+    """The custom layer called without inputs: ``tanh(w) + b``."""
+
+    def forward(self):
+        return torch.tanh(self.w) + self.b
+
+
 class LayerOnShared(nn.Module):
     """``head(x + layer(table))``: a layer whose input and output every sample shares (an
     MLP over a positional table, a relative-position bias). ``keyword``: the table passed as
-    ``input=``, or (``"scale"``) a shared scale passed as ``scale=``."""
+    ``input=``, or (``"scale"``) a shared scale passed as ``scale=``, or (``"none"``) the layer
+    called without inputs."""
 
     def __init__(self, layer, keyword, table):
         super().__init__()
@@ -154,7 +184,9 @@ class LayerOnShared(nn.Module):
         self.head = nn.Linear(D, 2)
 
     def forward(self, x):
-        if self.keyword == "scale":
+        if self.keyword == "none":
+            shared = self.layer()
+        elif self.keyword == "scale":
             shared = self.layer(self.table, scale=torch.linspace(0.5, 2.0, D, dtype=x.dtype))
         else:
             shared = self.layer(input=self.table) if self.keyword else self.layer(self.table)
@@ -168,6 +200,7 @@ ON_SHARED = {  # name: (layer, called with a keyword, the table, global-path par
     "layernorm_on_a_parameter": (lambda: nn.LayerNorm(D), False, "parameter", [0]),
     "custom_layer_on_a_buffer": (Tanh, False, "buffer", []),
     "custom_layer_with_a_keyword_tensor": (ScaledTanh, "scale", "buffer", []),
+    "custom_layer_without_inputs": (Learned, "none", "buffer", []),
 }
 
 

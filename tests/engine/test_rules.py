@@ -1,5 +1,6 @@
 """Individual-gradient rules against a per-sample autograd loop."""
 
+import copy
 import warnings
 
 import pytest
@@ -20,6 +21,7 @@ CONVS = {
     "grouped": dict(kernel_size=3, groups=2, padding=1),
     "same_padding": dict(kernel_size=3, padding="same"),
     "same_padding_even_kernel": dict(kernel_size=4, padding="same"),  # one more on the right: padded explicitly
+    "same_padding_even_first_kernel": dict(kernel_size=(4, 3), padding="same"),  # asymmetric along one axis only
     "reflect": dict(kernel_size=3, padding=1, padding_mode="reflect"),
 }
 
@@ -167,6 +169,34 @@ def test_attention_the_plan_does_not_read_goes_to_the_generic_rule(case, monkeyp
     assert served == [] and used == []
 
 
+class SharedLatents(nn.Module):
+    """Self-attention over a latent array all samples share (``[5, 1, 6]``: its own batch of one),
+    flattened and added to every sample."""
+
+    def __init__(self):
+        super().__init__()
+        self.latent = nn.Parameter(torch.randn(5, 1, 6))
+        self.attn = nn.MultiheadAttention(6, 2)
+
+    def forward(self, x):
+        return x + self.attn(self.latent, self.latent, self.latent, need_weights=False)[0].reshape(-1)
+
+
+def test_attention_over_a_sequence_the_samples_share_is_not_read_from_its_projections(monkeypatch):
+    """Its projections' rows (5) are no multiple of the batch (3): not served from the graph, nor
+    by the generic rule as if every sample had made the call (axis 1, the batch axis of its
+    sequence-first layout, is not the batch's there); exact (per-sample autograd of the
+    individual losses of one forward pass)."""
+    torch.manual_seed(0)
+    model = SharedLatents().double()
+    x = torch.randn(3, 30, dtype=torch.float64)
+    served = _attention_served(monkeypatch)
+    got = engine_individual_gradients(model, x)
+    for index, reference in enumerate(individual_reference(model, x)):
+        torch.testing.assert_close(got[index], reference)
+    assert served == []
+
+
 def test_huggingface_conv1d_rule_matches_a_sample_loop():
     """GPT-2's Conv1D (weight [in, out]) by the Linear rule with swapped factors."""
     pytorch_utils = pytest.importorskip("transformers.pytorch_utils", reason="the hf extra is not installed")
@@ -178,8 +208,8 @@ def test_huggingface_conv1d_rule_matches_a_sample_loop():
     assert_rule_matches_a_sample_loop(layer, torch.randn(3, 5, 4, dtype=torch.float64))
 
 
-def _batchnorm_eval(channels):
-    layer = nn.BatchNorm1d(channels)
+def _batchnorm_eval(channels, eps=1e-5):
+    layer = nn.BatchNorm1d(channels, eps=eps)
     layer.running_mean.uniform_(-1, 1)
     layer.running_var.uniform_(0.5, 2)
     return layer.eval()
@@ -197,6 +227,9 @@ NORMS = {  # (layer, input shape after the batch of 3); every channel count diff
     "groupnorm_no_positions": (lambda: nn.GroupNorm(2, 4), (4,)),
     "batchnorm_eval": (lambda: _batchnorm_eval(4), (4, 5)),
     "batchnorm_eval_2d": (lambda: _batchnorm_eval(4), (4,)),
+    "batchnorm_eval_large_eps": (lambda: _batchnorm_eval(4, eps=0.5), (4, 5)),
+    "rmsnorm_width_one": (lambda: nn.RMSNorm(1), (5, 1)),
+    "groupnorm_one_channel": (lambda: nn.GroupNorm(1, 1), (1, 5)),
 }
 
 
@@ -214,6 +247,14 @@ def test_norm_rules_match_a_sample_loop(norm):
     torch.manual_seed(0)
     layer = _random_affine(make().double())
     assert_rule_matches_a_sample_loop(layer, 3 * torch.randn(3, *shape, dtype=torch.float64) + 1)
+
+
+def test_a_training_batch_norm_normalises_with_the_batchs_statistics_and_its_own_eps(monkeypatch):
+    """In training mode ``x̂`` uses the batch's mean and variance and the layer's ``eps`` (0.5 here,
+    not the default): per-sample autograd of the individual losses of one forward pass."""
+    torch.manual_seed(0)
+    layer = _random_affine(nn.BatchNorm1d(4, eps=0.5).double())
+    assert_matches_autograd(nn.Sequential(layer, nn.Flatten()), torch.randn(6, 4, 5, dtype=torch.float64), monkeypatch)
 
 
 def test_group_norm_in_float32_matches_float64_channels_last_and_a_frozen_bias():
@@ -470,6 +511,61 @@ def test_bfloat16_layers_accumulate_in_float32():
     torch.testing.assert_close(got[0].double(), reference, rtol=1e-3, atol=1e-3)
 
 
+def _bfloat16_batch_norm_eval():
+    layer = nn.BatchNorm2d(4)
+    layer.running_mean.uniform_(-1, 1)
+    layer.running_var.uniform_(0.5, 2)
+    return layer.eval()
+
+
+def _standardised(x, axis, eps):
+    """``(x − mean) / sqrt(var + eps)`` over the last axis of ``x`` reshaped to ``[..., axis]``."""
+    g = x.reshape(*x.shape[:-1], axis) if axis else x
+    return (g - g.mean(-1, keepdim=True)) / torch.sqrt(g.var(-1, unbiased=False, keepdim=True) + eps)
+
+
+BFLOAT16_LAYERS = {  # layer on x = [3, 4, 6, 5], and x̂ in float64 (None: a convolution)
+    "conv": (lambda: nn.Conv2d(4, 3, 3, padding=1), None),
+    "groupnorm": (lambda: nn.GroupNorm(2, 4), lambda x, layer: _standardised(
+        x.reshape(3, 2, -1), 0, layer.eps).reshape(x.shape)),
+    "batchnorm_eval": (_bfloat16_batch_norm_eval, lambda x, layer: (x - layer.running_mean.double()[:, None, None])
+                       / torch.sqrt(layer.running_var.double()[:, None, None] + layer.eps)),
+    "layernorm": (lambda: nn.LayerNorm(5), lambda x, layer: _standardised(x, 0, layer.eps)),
+}
+
+
+@pytest.mark.parametrize("name", BFLOAT16_LAYERS, ids=str)
+def test_bfloat16_convolutions_and_norms_accumulate_in_float32(name):
+    """bf16 inputs, parameters and output gradients: the weight's and the bias's individual
+    gradients are summed in float32 (within float32 rounding of the float64 sums of the same
+    bf16 operands; bf16 sums are ~1e-2 off)."""
+    make, normalised = BFLOAT16_LAYERS[name]
+    torch.manual_seed(0)
+    layer = _random_affine(make()).bfloat16()
+    x = torch.randn(3, 4, 6, 5).bfloat16()
+    (weight, bias), delta = _bfloat16_reference(layer, x, lambda d: d)
+    positions = (1, 2) if name == "layernorm" else (2, 3)  # the axes each parameter entry is broadcast along
+    if normalised is None:
+        wide = layer.double()
+        reference = torch.stack([torch.autograd.grad(wide(x[n : n + 1].double()), wide.weight, delta[n : n + 1])[0]
+                                 for n in range(3)])
+    else:
+        reference = (delta * normalised(x.double(), layer)).sum(positions)
+    torch.testing.assert_close(weight.double(), reference, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(bias.double(), delta.sum(positions), rtol=1e-4, atol=1e-4)
+
+
+def test_bfloat16_attention_accumulates_in_float32(monkeypatch):
+    """The projections read from the graph (rules/attention.py) in bf16: the output projection's
+    bias gradient of each sample, ``Σ_t δ_t``, summed in float32."""
+    torch.manual_seed(0)
+    model = SelfAttention(True).bfloat16()
+    served = _attention_served(monkeypatch)
+    got, delta = _bfloat16_reference(model, torch.randn(3, 40, 6).bfloat16(), lambda d: d)
+    torch.testing.assert_close(got[3].double(), delta.sum(1), rtol=1e-4, atol=1e-4)
+    assert served == [["in_proj_bias", "in_proj_weight", "out_proj.bias", "out_proj.weight"]]
+
+
 class Guarded(nn.Module):
     """A custom layer with a NaN guard: data-dependent control flow, which ``vmap`` cannot run;
     and a parameter its forward does not use."""
@@ -485,15 +581,23 @@ class Guarded(nn.Module):
 
 
 def test_a_layer_vmap_cannot_run_is_re_run_one_sample_at_a_time(monkeypatch):
+    """vmap is tried once: the second step knows to loop at once."""
+    from cockpit_lite.engine.rules import GENERIC, generic
+
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), Guarded(), nn.Linear(4, 2)).double()
     x = torch.randn(5, 3, dtype=torch.float64)
     used = _global_path_uses(monkeypatch)
-    for _ in range(2):  # the second step knows to loop at once
+    monkeypatch.setattr(GENERIC, "_loop", set())  # no module type remembered from other tests
+    tried, vmap = [], generic.vmap
+    monkeypatch.setattr(generic, "vmap", lambda *args, **kwargs: tried.append(1) or vmap(*args, **kwargs))
+    for step in range(2):
         model.zero_grad()
+        tried.clear()
         got = engine_individual_gradients(model, x)
         for index, reference in enumerate(individual_reference(model, x)):
             torch.testing.assert_close(got[index], reference)
+        assert len(tried) == (1 if step == 0 else 0), (step, tried)
     assert used == []
 
 
@@ -564,6 +668,27 @@ class WithScale(nn.Module):
         return self.scaled(self.lin(x), scale=torch.linspace(0.5, 2, 4, dtype=x.dtype))
 
 
+class Variadic(nn.Module):
+    """A custom layer whose forward takes its inputs as ``*inputs`` (more than its signature names)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, *inputs):
+        return torch.tanh(inputs[0] * self.w) + inputs[1]
+
+
+class WithVariadic(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.variadic = nn.Linear(3, 4), Variadic()
+
+    def forward(self, x):
+        h = self.lin(x)
+        return self.variadic(h, torch.sin(h))
+
+
 class DropoutInside(nn.Module):
     """A custom layer with a ``dropout`` attribute (the generic rule cannot re-run it when > 0)."""
 
@@ -587,6 +712,7 @@ GENERIC_CASES = {  # name: (model, sequence-first input, served by the generic r
     "attention_sequence_first_weights": (lambda: Attending(False, "key_padding", weights=True), True, True),
     "attention_per_head_mask": (lambda: Attending(True, "per_head"), False, False),  # mixes batch and heads
     "keyword_tensor_shared_by_the_samples": (WithScale, False, True),
+    "variadic_forward": (WithVariadic, False, True),
     "dropout_attribute_zero": (lambda: DropoutInside(0.0), False, True),
     "dropout_attribute_in_eval_mode": (lambda: DropoutInside(0.5).eval(), False, True),
     "dropout_inside": (lambda: DropoutInside(0.5), False, False),
@@ -606,7 +732,7 @@ def test_the_generic_rule_serves_recurrent_attention_and_custom_layers(case, mon
     model = make().double()
     b, t, f = 3, (3 if "as_long_as" in case else 4), (6 if "attention" in case else 3)
     x = torch.randn(t, b, f, dtype=torch.float64) if sequence_first else torch.randn(b, t, f, dtype=torch.float64)
-    if case == "keyword_tensor_shared_by_the_samples" or case.startswith("dropout"):
+    if case in ("keyword_tensor_shared_by_the_samples", "variadic_forward") or case.startswith("dropout"):
         x = x[:, 0]
     used = _global_path_uses(monkeypatch)
     torch.manual_seed(1)
@@ -647,7 +773,7 @@ class GuardedDropout(Guarded):
         return nn.functional.dropout(super().forward(x), 0.3, self.training)
 
 
-def _step_state(layer, device, observed):
+def _step_state(layer, device, observed, batch_size=5):
     """Parameters, buffers and the random state after two SGD steps of a model around ``layer``
     (in training mode), with the engine's individual gradients (``observed``) or without."""
     torch.manual_seed(0)
@@ -656,13 +782,13 @@ def _step_state(layer, device, observed):
     opt = torch.optim.SGD(params, lr=0.1)
     engine = Engine(model, params, [str(i) for i in range(len(params))]) if observed else None
     for step in range(2):
-        x = torch.randn(5, 3, dtype=torch.float64, device=device)
+        x = torch.randn(batch_size, 3, dtype=torch.float64, device=device)
         out = model(x)
         individual = (out**2).sum(1)
         loss = individual.sum()
         opt.zero_grad()
         if observed:
-            info = StepInfo({"loss": loss, "individual_losses": individual}, step, batch_size=5, model=model)
+            info = StepInfo({"loss": loss, "individual_losses": individual}, step, batch_size=batch_size, model=model)
             engine.begin([Keep()], info, info.batch_size, [None] * len(params), ["Test"])
             loss.backward()
             engine.finish()
@@ -688,13 +814,14 @@ def test_the_generic_re_run_leaves_buffers_and_the_random_state_alone(layer, dev
     assert all(torch.equal(a, b) for a, b in zip(plain_states, observed_states))
 
 
-def test_a_re_run_that_draws_random_numbers_is_left_to_the_global_path(monkeypatch):
-    """Detected at the first sample of the loop (the random state moved), flagged, and served by
-    the exact global path from the next step on."""
+@pytest.mark.parametrize("batch_size", [5, 1])
+def test_a_re_run_that_draws_random_numbers_is_left_to_the_global_path(batch_size, monkeypatch):
+    """Detected at the first sample of the loop (the random state moved; also when it is the only
+    one), flagged, and served by the exact global path from the next step on."""
     used = _global_path_uses(monkeypatch)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _step_state(GuardedDropout, "cpu", True)
+        _step_state(GuardedDropout, "cpu", True, batch_size)
     assert any("draws random numbers" in str(w.message) for w in caught)
     assert used == [[2, 3]]
 
@@ -732,6 +859,29 @@ def test_the_generic_rule_on_a_float32_model_keeps_float32_precision(monkeypatch
         torch.testing.assert_close(got[index].double(), reference, rtol=1e-4, atol=1e-5)
 
 
+class Elementwise(nn.Module):
+    """A custom layer (the generic rule): ``tanh(x · w)``, elementwise (promoting mixed dtypes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return torch.tanh(x * self.w)
+
+
+@pytest.mark.parametrize("parameters, inputs", [(torch.float32, torch.float64), (torch.float64, torch.float32)],
+                         ids=["float32_parameters", "float32_inputs"])
+def test_the_generic_rule_re_runs_in_the_widest_dtype_of_its_inputs_and_parameters(parameters, inputs):
+    """Parameters and inputs of different dtypes, which the layer's arithmetic promotes to float64:
+    its re-run is in float64 too, within float64 rounding of the same layer and inputs in float64."""
+    torch.manual_seed(0)
+    layer, x = Elementwise().to(parameters), torch.randn(5, 4, dtype=inputs)
+    got, = engine_individual_gradients(layer, x)
+    reference, = individual_reference(copy.deepcopy(layer).double(), x.double())
+    torch.testing.assert_close(got, reference, rtol=1e-12, atol=1e-14)
+
+
 def test_layers_before_an_evaluating_batch_norm_are_served_by_their_rules(monkeypatch):
     """BatchNorm in evaluation mode uses its running statistics: it does not mix the samples."""
     torch.manual_seed(0)
@@ -764,3 +914,35 @@ def test_a_subsampled_convolutions_check_is_its_weight_gradient_on_random_output
         ])
     mean, se = float(squares.mean()), float(squares.std() / len(squares) ** 0.5)
     assert abs(mean - float(error.norm()) ** 2) < 4 * se, (mean, float(error.norm()) ** 2, se)
+
+
+def test_a_subsampled_convolution_is_checked_on_two_output_channels_a_grouped_one_whole(monkeypatch):
+    """At a subsampled step a plain convolution's individual gradients are checked against
+    autograd's gradient on ``CHECKED_CHANNELS`` random output channels (its whole weight gradient
+    is never formed; the channels drawn by the Cockpit's own generator, the user's random state
+    untouched), a grouped one's on its whole gradient; an honest run has no flag."""
+    from cockpit_lite import Cockpit, quantities
+    from cockpit_lite.engine.rules import conv
+
+    formed = []  # (groups, output channels) of every weight gradient formed for the whole batch
+    weight_grads = conv._weight_grads
+
+    def spy(module, inputs, delta, param, stacked=True):
+        if not stacked:
+            formed.append((module.groups, param.shape[0]))
+        return weight_grads(module, inputs, delta, param, stacked)
+
+    monkeypatch.setattr(conv, "_weight_grads", spy)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 6, 3), nn.Tanh(), nn.Conv2d(6, 4, 3, groups=2), nn.Flatten(), nn.Linear(16, 3))
+    x, y = torch.randn(8, 2, 6, 6), torch.randint(0, 3, (8,))
+    cp = Cockpit(model.double(), [quantities.NormTest()], diagnose=False, samples=3)
+    random_state = torch.random.get_rng_state()
+    for step in range(2):
+        model.zero_grad()
+        loss = nn.functional.cross_entropy(model(x.double()), y)
+        with cp(step, info={"loss": loss}):
+            loss.backward()
+        assert "flags" not in cp.get_output()[step], cp.get_output()[step]
+    assert sorted(set(formed)) == [(1, conv.CHECKED_CHANNELS), (2, 4)], formed
+    assert torch.equal(torch.random.get_rng_state(), random_state)

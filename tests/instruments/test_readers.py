@@ -36,6 +36,10 @@ def _bomb(shape=(2**27,)):
     return {"__ndarray__": "b64.gz:" + payload, "dtype": "float64", "shape": list(shape), "Corder": True}
 
 
+FINDING = {"kind": "dead_relu", "severity": "warning", "message": "m", "step": 0, "layer": "fc1",
+           "suggestion": None, "evidence": {"fraction": 0.9}}
+"""A well-formed finding (``cockpit_lite.diagnosis.Finding`` as recorded)."""
+
 # (name, lines after the header, line number, what the message must say)
 BAD_LINES = {
     "number": (["5"], 2, "JSON object"),
@@ -44,13 +48,25 @@ BAD_LINES = {
     "string step": ([json.dumps({"step": "3", "Loss": 1.0})], 2, "field 'step'.*integer"),
     "no step": ([json.dumps({"Loss": 1.0})], 2, "field 'step'.*missing"),
     "flags a number": ([json.dumps({"step": 0, "flags": 5})], 2, "field 'flags'.*list of strings"),
-    "loss a string": ([json.dumps({"step": 0, "Loss": "low"})], 2, "field 'Loss'.*number"),
+    "loss a string": ([json.dumps({"step": 0, "Loss": "low"})], 2, "field 'Loss'.*expected a number or null, got \"low\""),
     "grad norm a dict": ([json.dumps({"step": 0, "GradNorm": {"a": 1}})], 2, "field 'GradNorm'"),
-    "finding not a dict": ([json.dumps({"step": 0, "findings": [5]})], 2, "field 'findings'"),
+    "finding not a dict": ([json.dumps({"step": 0, "findings": [5]})], 2,
+                           "field 'findings'.*expected a finding \\(a dict\\), got 5"),
     "finding without kind": ([json.dumps({"step": 0, "findings": [{"step": 0, "severity": "error",
-                                                                    "message": "m"}]})], 2, "findings.kind"),
+                                                                    "message": "m"}]})], 2,
+                             "findings.kind.*expected a string, got null"),
+    **{f"finding {key} {what}": ([json.dumps({"step": 0, "findings": [{**FINDING, key: value}]})], 2,
+                                 f"findings.{key}.*expected {expected}, got {shown}")
+       for key, what, value, expected, shown in [
+           ("kind", "a number", 5, "a string", "5"),
+           ("layer", "a number", 5, "a string or null", "5"),
+           ("suggestion", "a list", [], "a string or null", r"\[\]"),
+           ("step", "a string", "3", "an integer", '"3"'),
+           ("evidence", "a list", [1], "a dict or null", r"\[1\]")]},
     "ragged histogram": ([json.dumps({"step": 0, "GradHist1d": {"hist": [[1, 2], [3]], "edges": [0, 1]}})], 2,
                          "GradHist1d.hist"),
+    "histogram with a null": ([json.dumps({"step": 0, "GradHist1d": {"hist": [None], "edges": [0, 1]}})], 2,
+                              "GradHist1d.hist.*expected an array of numbers"),
     "text histogram": ([json.dumps({"step": 0, "GradHist1d": {"hist": ["a", "b"], "edges": [0, 1, 2]}})], 2,
                        "GradHist1d.hist.*numbers"),
     "activation stats not dicts": ([json.dumps({"step": 0, "ActivationStats": {"1": 5}})], 2,
@@ -62,6 +78,7 @@ BAD_LINES = {
     "bad utf-8 in the middle": (["\udcff", GOOD], 2, "not valid JSON"),
     "corrupt line in the middle": (['{"step": 0, "Lo', GOOD], 2, "not valid JSON"),
     "huge integer": ([json.dumps({"step": 0, "Loss": 10**400})], 2, "field 'Loss'"),
+    "integer beyond a float": ([json.dumps({"step": 0, "Loss": 2**1024 - 1})], 2, "field 'Loss'"),
 }
 
 
@@ -115,7 +132,7 @@ BAD_JSON = {
     "a list": ("[1, 2]", "expected a record"),
     "null": ("null", "expected a record"),
     "a step that is no integer": (json.dumps({"abc": {}}), "key 'abc' is not a step"),
-    "a step that is no dict": (json.dumps({"0": 5}), "step '0'.*JSON object"),
+    "a step that is no dict": (json.dumps({"0": 5}), r"step '0'.*expected a step record \(a JSON object\), got 5"),
     "flags a number": (json.dumps({"0": {"flags": 5}}), "step '0', field 'flags'"),
     "deep nesting": (json.dumps({"0": {"Custom": json.loads(_deep(500))}}), "step '0'.*max_depth"),
     "very deep nesting": ('{"0": {"Custom": ' + _deep(100_000) + "}}", "nested too deeply"),
@@ -185,15 +202,18 @@ def test_a_huge_list_is_bounded_and_the_limit_is_configurable(tmp_path):
 
 def test_an_overlong_line_is_refused_without_reading_it(tmp_path):
     path = _write_lines(tmp_path / "long.jsonl", [json.dumps({"step": 0, "Custom": "x" * 5000}), GOOD])
-    with pytest.raises(ValueError, match="line 2: line longer than.*max_line_bytes"):
-        log.read(path, limits={"max_line_bytes": 1000})
+    for read in (log.read, log.segments):
+        with pytest.raises(ValueError, match="line 2: line longer than.*max_line_bytes"):
+            read(path, limits={"max_line_bytes": 1000})
 
 
 def test_good_files_still_read(tmp_path):
-    path = _write_lines(tmp_path / "ok.jsonl", [GOOD, json.dumps({"step": 1, "flags": ["nonfinite_loss"],
-                                                                  "Custom": {"any": ["json", 1, None]}})])
+    path = _write_lines(tmp_path / "ok.jsonl", [GOOD, json.dumps({"step": 1, "flags": ["nonfinite_loss"], "Time": 5000,
+                                                                  "Custom": {"any": ["json", 1, None]},
+                                                                  "findings": [FINDING]})])
     record = log.read(path)
     assert record[0]["GradNorm"] == [0.1, 0.2] and record[1]["Custom"] == {"any": ["json", 1, None]}
+    assert record[1]["findings"] == [FINDING] and record[1]["Time"] == 5000
 
 
 # ----------------------------------------------------------------------------- the command line
