@@ -14,3 +14,10 @@ def test_the_ratio_is_to_the_plain_step_and_left_out_when_it_grew_nothing():
     mib = 2**20
     lines = fsdp_memory.table({"gpt4:8": {"plain": [100 * mib, 0], "economy": [150 * mib, 3 * mib]}}).splitlines()
     assert lines[2:] == ["| gpt4, 8 | 0 | +100 MiB | +150 MiB (1.50×) |", "| gpt4, 8 | 1 | +0 MiB | +3 MiB |"]
+
+
+def test_the_floor_docs_distributed_gives_for_gpt4():
+    """docs/distributed.md: 13.7M parameters, three copies of a rank's float32 shard (2 ranks) are 79 MiB."""
+    builder = fsdp_memory.PROBLEMS["gpt4"][0]
+    count = sum(p.numel() for p in builder().parameters())
+    assert round(count / 1e6, 1) == 13.7 and round(3 * count * 4 / 2 / 2**20) == 79
