@@ -76,7 +76,8 @@ class Diagnosis:
         "reported": [(kind, layer)], "last": the last step fed}``. Values are Python values
         (a ``Streak`` as ``{"__streak__": its attributes}``) and the record's numpy arrays.
         """
-        history = {k: _save(v) for k, v in vars(self.history).items() if k not in ("names", "shapes")}
+        history = {k: _save(v) for k, v in vars(self.history).items()
+                   if k not in ("names", "shapes") and not k.startswith("_")}  # (private: caches)
         return {
             "history": history,
             "rules": {rule.KIND: {k: _save(v) for k, v in vars(rule).items()} for rule in self.rules},

@@ -100,6 +100,9 @@ class History:
         self.grads = []           # (step, ‖g‖ total, per-tensor ‖g‖) of the first EARLY records that had not grown
         self.logs = []            # (step, {epoch key: value})
         self.nonfinite_at = None  # the first step with a non-finite loss
+        # caches of what the attributes above determine (private: not in the diagnosis's saved state)
+        self._relative = (None, None)  # (the record, its relative_gradients)
+        self._first = (None, 0, ())    # (the losses list, how many were scanned, its first 3 finite pairs)
 
     # -- feeding ---------------------------------------------------------------------------
 
@@ -156,11 +159,28 @@ class History:
             picked = [i for i in range(n) if not self.name(i).endswith("bias")]
         return picked or list(range(n))
 
+    def _first_finite(self):
+        """The first (up to 3) finite ``(step, loss)`` pairs, scanning only the losses added since the last call
+        (losses only grow; a loaded state brings another list, scanned anew)."""
+        losses, seen, first = self._first
+        if losses is not self.losses:
+            losses, seen, first = self.losses, 0, ()
+        if len(first) < 3:
+            first += tuple(pair for pair in losses[seen:] if math.isfinite(pair[1]))[:3 - len(first)]
+        self._first = (losses, len(losses), first)
+        return first
+
     @property
     def loss_ref(self):
         """L₀: the median of the first 3 finite losses (``nan`` before the first)."""
-        first = [v for _, v in self.losses if math.isfinite(v)][:3]
-        return statistics.median(first) if first else math.nan
+        first = self._first_finite()
+        return statistics.median(v for _, v in first) if first else math.nan
+
+    @property
+    def first_finite_loss(self):
+        """``(step, loss)`` of the first finite loss, or ``None``."""
+        first = self._first_finite()
+        return first[0] if first else None
 
     def recent_losses(self, k):
         return [v for _, v in self.losses[-k:]]
@@ -181,6 +201,11 @@ class History:
         zero-initialised tensor (a ViT class token, a zero-initialised head) has a relative
         gradient as large as it likes while its absolute gradient is ordinary.
         """
+        if self._relative[0] is not entry:  # (several rules ask about the same record)
+            self._relative = (entry, self._relative_gradients(entry))
+        return self._relative[1]
+
+    def _relative_gradients(self, entry):
         grads, norms = entry.get("GradNorm"), entry.get("ParamNorm")
         if not isinstance(grads, (list, tuple, np.ndarray)) or not isinstance(norms, (list, tuple, np.ndarray)):
             return None
@@ -201,7 +226,7 @@ class History:
         """Entries of parameter ``index`` (``None`` without shapes)."""
         if not self.shapes or index >= len(self.shapes):
             return None
-        return int(np.prod(self.shapes[index])) if self.shapes[index] else 1
+        return math.prod(self.shapes[index])
 
 
 class Streak:

@@ -51,7 +51,7 @@ class LrTooHigh(Rule):
     def observe(self, step, entry, history):
         ref = history.loss_ref
         origin = entry.get("NonfiniteOrigin")
-        seen_finite = any(math.isfinite(v) for s, v in history.losses if s < step)
+        seen_finite = history.first_finite_loss is not None and history.first_finite_loss[0] < step
         if isinstance(origin, dict) and origin.get("params_nonfinite") and seen_finite:
             return [self._finding(step, f"the loss became non-finite at step {step} because the parameters of "
                                   f"{origin.get('module')!r} were already non-finite: an update diverged",
@@ -73,7 +73,7 @@ class LrTooHigh(Rule):
                                   f"3 records up to step {step}): the steps overshoot",
                                   {"update_ratio": plain(peak), "loss_ref": plain(ref),
                                    "loss": plain(history.median_recent_loss(3))})]
-        first = next((v for _, v in history.losses if math.isfinite(v)), math.nan)
+        first = history.first_finite_loss[1] if history.first_finite_loss else math.nan
         last = history.losses[-1][1] if history.losses and history.losses[-1][0] == step else math.nan
         pushed = max((r for _, r in history.ratios[-3:] if finite(r)), default=0.0)  # the updates that led here
         if len(history.losses) >= 2 and first > 0 and last > T.SPIKE_ONE * first and pushed >= T.OVERSHOOT_RATIO:

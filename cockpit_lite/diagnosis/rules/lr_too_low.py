@@ -45,6 +45,8 @@ SMOOTH = 5
 class LrTooLow(Rule):
     KIND = "lr_too_low"
     SIGNALS = ("Loss", "UpdateSize", "ParamNorm", "GradNorm", "GradPresence", "learning_rate")
+    peak = None
+    """The largest lr of ``lrs`` (kept as they come; a state saved without it finds it from ``lrs`` once)."""
 
     def __init__(self):
         self.lrs = []         # (step, lr) of the records that have one
@@ -82,7 +84,8 @@ class LrTooLow(Rule):
     def _see_lr(self, step, lr):
         before = self.lrs[-1][1] if self.lrs else None
         self.lrs.append((step, lr))
-        peak = max(v for _, v in self.lrs)
+        self.peak = max(v for _, v in self.lrs) if self.peak is None else max(self.peak, lr)
+        peak = self.peak
         if before is not None and before > 0 and (lr <= 0 or before >= T.LATE_STEP * lr):
             self.drops.append(step)
         if lr > peak / T.LATE_COLLAPSE:
