@@ -347,7 +347,7 @@ def measure(world_sizes, steps):
 CURVATURE = ("HessTrace", "HessMaxEV", ("TICDiag", {"max_passes": 100}), ("TICTrace", {"max_passes": 100}))
 """The curvature quantities of ``--curvature``: Hutchinson's ``HessTrace`` and ``HessMaxEV``'s Lanczos
 from Hessian-vector products averaged over the ranks, the TICs from the engine's exact GGN diagonal
-(``max_passes`` raised for the transformer's 66 passes)."""
+(``max_passes`` raised for the transformer's 60 passes)."""
 
 
 def measure_curvature(world_sizes, steps):
