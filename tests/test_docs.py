@@ -165,6 +165,10 @@ QUOTES = [
     ("docs/performance.md", "ResNet 63.6 ms", "measured/overhead/plain_step_ms/ResNet"),
     ("docs/performance.md", "MLP's 0.40 ms step", "measured/overhead/plain_step_ms/MLP"),
     ("docs/performance.md", "On the MLP's 0.43 ms step", "measured/diagnosis_cost/rows/0/1"),
+    ("docs/curvature.md", "business with it is 11.58× the plain step", "measured/ggn_cost/business (GGN)/transformer"),
+    ("docs/curvature.md", "4.2× economy's, and 6.67× on the CNN, 2.7×",
+     "measured/ggn_cost/business (GGN), ratio to economy/transformer|measured/ggn_cost/business (GGN)/cnn"
+     "|measured/ggn_cost/business (GGN), ratio to economy/cnn"),
     ("docs/performance.md", "the CNN's 9 ms step is at 1.07×", "measured/diagnosis_cost/rows/1/1|measured/diagnosis_cost/rows/1/4"),
     ("docs/performance.md", "`GradHist1d` alone is 15.5×", "measured/overhead/per_quantity/GradHist1d_mlp"),
     ("docs/performance.md", "1.88× on the CNN", "measured/overhead/per_quantity/GradHist1d_cnn"),
