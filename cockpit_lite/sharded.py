@@ -349,7 +349,7 @@ class ShardedGroup(_distributed.Group):
         return out[: param.shape[0]]
 
     def check_norms(self, norms, errors):
-        """``_check_gradients``' norms of this rank's rows, squared and added over the ranks (one all-reduce):
+        """``cockpit_lite.engine.check``'s norms of this rank's rows, squared and added over the ranks (one all-reduce):
         every rank decides alike."""
         squares = torch.tensor([norms, errors], dtype=torch.float64) ** 2
         return self.sum([squares])[0].sqrt().tolist()

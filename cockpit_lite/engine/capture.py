@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 from torch.nn.modules import module as _module
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils import _pytree as pytree
 
 
@@ -201,3 +202,28 @@ class ForwardCapture:
             self.on_grad(call, position, grad)
 
         return hook
+
+
+def ownership(model, index):
+    """``(owners, parents, modules)``.
+
+    ``owners[i]``: the ``(module, attribute name)`` pairs holding tracked parameter ``i``
+    (several for a tied parameter); ``parents[module] = (parent, name in parent)``;
+    ``modules``: ``{module: name}`` to watch (owners, their ancestors and BatchNorm layers).
+    """
+    owners, parents, names = {}, {}, {}
+    for name, module in model.named_modules():  # a module registered twice (ModuleList([block] * n)) once
+        names.setdefault(module, name)
+        for child_name, child in module.named_children():
+            parents.setdefault(child, (module, child_name))
+        for attribute, param in module._parameters.items():
+            if param is not None and id(param) in index:
+                owners.setdefault(index[id(param)], []).append((module, attribute))
+    watched = {model}
+    for pairs in owners.values():
+        for module, _ in pairs:
+            while module is not None and module not in watched:
+                watched.add(module)
+                module = parents.get(module, (None, None))[0]
+    watched |= {m for m in names if isinstance(m, _BatchNorm)}
+    return owners, parents, {m: names[m] for m in names if m in watched}

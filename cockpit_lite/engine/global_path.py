@@ -30,6 +30,8 @@ import warnings
 
 import torch
 
+from cockpit_lite import transforms as _transforms
+
 CHUNK_ELEMENTS = 1 << 22
 """Individual-gradient elements per chunk of samples (16 MiB in float32)."""
 
@@ -133,6 +135,64 @@ def kept_buffers(model):
                     warnings.warn(f"cockpit-lite: its own backward passes changed the buffer {name} of the model "
                                   "(a module recomputed in backward updating its state), which is too large to "
                                   "put back: the model's state differs from a run without the Cockpit", stacklevel=4)
+
+
+def serve(state, info, indices, tracked, names, mode):
+    """Serve the tracked parameters ``indices`` (of ``tracked``, named ``names``) by the global path at the
+    step ``state`` (``cockpit_lite.engine.step.Step``): their individual gradients, as ``individual_gradients``
+    forms them (``mode``: its ``Mode``), go through the step's transforms (or wait for the step's gradient,
+    deferred), and the total they sum to is kept for the check."""
+    contributions = state.pseudo if state.pseudo is not None else info.contributions(", ".join(state.needed_by))
+    if state.batch_size is None:
+        state.batch_size = contributions.shape[0]
+    elif contributions.shape[0] != state.batch_size:
+        raise ValueError(
+            f"the loss has {contributions.shape[0]} samples but the forward pass had "
+            f"{state.batch_size}; pass info['batch_size']"
+        )
+    params = [tracked[i] for i in indices]
+    with forked_random_state(params), torch.enable_grad():  # a recomputed segment's draws
+        totals = torch.autograd.grad(contributions.sum(), params, retain_graph=True, allow_unused=True)
+    if any(g is None for g in totals) and reentrant_checkpoint(contributions):
+        hidden = [names[i] for i, g in zip(indices, totals) if g is None]
+        raise ValueError(
+            f"the loss runs through torch.utils.checkpoint(..., use_reentrant=True), whose segment hides the "
+            f"parameters inside it ({', '.join(hidden[:5])}{', ...' if len(hidden) > 5 else ''}) from every "
+            "backward pass but the user's own, so their individual gradients cannot be formed. Fix: "
+            "checkpoint with use_reentrant=False (PyTorch's recommended mode; same memory savings)"
+        )
+    totals = [torch.zeros_like(p) if g is None else g.detach() for g, p in zip(totals, params)]
+    parts = {i: [] for i in indices}
+    if state.subset is not None:  # the subsample's vector-Jacobian products only
+        contributions = contributions[state.subset.to(contributions.device)]
+    for samples, grads in individual_gradients(contributions, params, mode):
+        with torch.no_grad():
+            for index, grad_batch, total in zip(indices, grads, totals):
+                if state.subset is None:  # a second sum of the same gradient (``cockpit_lite.engine.check``: noise)
+                    part = grad_batch.sum(0).reshape(-1)
+                    state.resummed[index] = part if index not in state.resummed else state.resummed[index] + part
+                per_sample = _transforms.PerSample(
+                    tracked[index], index, grad_batch=grad_batch, batch_size=state.batch_size,
+                    grad_before=state.grads_before[index],
+                )
+                per_sample.grad = total.reshape(-1)
+                parts[index].append(grad_batch if state.deferred else _transforms.run(state.transforms, per_sample))
+    for (index, chunks), total in zip(parts.items(), totals):
+        if state.deferred:  # the transforms wait for the step's gradient (DDP, accumulation)
+            grad_batch = torch.cat([chunk for chunk in chunks])
+            state.ready(index, _transforms.PerSample(
+                tracked[index], index, grad_batch=grad_batch, batch_size=state.batch_size,
+                grad_before=state.grads_before[index],
+            ))
+            if not state.distributed:  # checked: was info["loss"] what ran backward?
+                state.served[index] = total.reshape(-1)
+                state.global_path.add(index)
+            continue
+        state.results[index] = {
+            t.key: t.combine([chunk[t.key] for chunk in chunks]) for t in state.transforms
+        }
+        state.served[index] = total.reshape(-1)  # checked too: was info["loss"] what ran backward?
+        state.global_path.add(index)
 
 
 def _vmap(contributions, params, grad_outputs):

@@ -867,16 +867,16 @@ def test_a_finished_step_is_freed_without_the_cycle_collector(monkeypatch, name)
     import gc
     import weakref
 
-    from cockpit_lite import engine
+    from cockpit_lite.engine.step import Step
 
     states = []
-    original = engine._Step.__init__
+    original = Step.__init__
 
     def remember(self, *args, **kwargs):
         original(self, *args, **kwargs)
         states.append(weakref.ref(self))
 
-    monkeypatch.setattr(engine._Step, "__init__", remember)
+    monkeypatch.setattr(Step, "__init__", remember)
     problem = problems.make(name, 4, steps=2)
     enabled = gc.isenabled()
     gc.disable()

@@ -275,14 +275,16 @@ def test_group_norm_in_float32_matches_float64_channels_last_and_a_frozen_bias()
 
 def _global_path_uses(monkeypatch):
     """The parameter indices the engine sends to the global path, step by step."""
+    from cockpit_lite.engine import global_path
+
     used = []
-    original = Engine._run_global
+    original = global_path.serve
 
-    def spy(self, state, info, indices):
+    def spy(state, info, indices, *args):
         used.append(sorted(indices))
-        return original(self, state, info, indices)
+        return original(state, info, indices, *args)
 
-    monkeypatch.setattr(Engine, "_run_global", spy)
+    monkeypatch.setattr(global_path, "serve", spy)
     return used
 
 

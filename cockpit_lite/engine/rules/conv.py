@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from cockpit_lite.engine.rules.base import Rule, UnsupportedCall, batch_axis, compute_dtype, output_grad
+from cockpit_lite.engine.rules.base import Rule, UnsupportedCall, compute_dtype, output_grad
 from cockpit_lite.transforms import PerSample
 
 

@@ -1,0 +1,46 @@
+"""How one use of a tracked parameter is served at a step: by its layer's rule, a broadcast path, the
+attention planner, or (``None``) the global path (see ``cockpit_lite.engine``, planning)."""
+
+import torch
+
+from cockpit_lite.engine.rules import GENERIC, UnsupportedCall, attention, rule_for
+from cockpit_lite.engine.step import as_if_batched, no_batch_axis
+from cockpit_lite.utils.shards import module_class
+
+
+def route_use(call, name, param, calls, mixing, state, graph):
+    """How one use of a parameter is served: ``(call, name, path)``, or ``None`` (global)."""
+    if any(call.end < m.start or call.contains(m) for m in mixing if m is not call):
+        return None  # a later layer mixes the samples: δ_n is not ∂c_n/∂output
+    if state.batch_size is None:
+        return None
+    if module_class(call.module) is torch.nn.MultiheadAttention and graph.ready():
+        if call not in state.attention_nodes:
+            state.attention_nodes[call] = attention.plan(
+                graph._users, graph._accumulators, call.module, state.batch_size
+            )
+        if state.attention_nodes[call] is not None:
+            return (call, name, "attention")
+    rule = GENERIC if "." in name else rule_for(call.module)
+    if rule is GENERIC and any(call.contains(c) for c in calls):
+        if "." in name or mixing:  # own code around sub-module calls: only a shared parameter it uses
+            return None
+        path = graph.path_from_parameter(param, state.batch_size)
+        return None if path is None else (None, name, path)
+    shared = call.leaves and all(no_batch_axis(leaf, state.batch_size) for leaf in call.leaves)
+    if not shared and len(call.leaves) == 1 and graph.ready():  # a shared tensor of length B?
+        shared = graph.broadcast_into_batch(call.leaves[0], state.batch_size)
+    if shared:
+        if len(call.leaves) != 1:
+            return None
+        try:
+            rule.check(as_if_batched(call, state.batch_size), state.batch_size)
+        except UnsupportedCall:
+            return None
+        path = graph.path_from_tensor(call.leaves[0], state.batch_size)
+        return None if path is None else (call, name, path)
+    try:
+        rule.check(call, state.batch_size)
+    except UnsupportedCall:
+        return None
+    return (call, name, None)
