@@ -10,7 +10,7 @@ Keys
   with class weights, ``ignore_index`` and ``label_smoothing``, MSE, Huber, smooth L1,
   BCE-with-logits, called with ``reduction="mean"`` or ``"sum"``) is re-evaluated with
   ``reduction="none"``. Either way they are normalised to the convention of
-  ``cockpit_lite.transforms``: ``ℓ_n`` such that ``mean_n ℓ_n`` is the mini-batch loss
+  ``cockpit_lite.engine.transforms``: ``ℓ_n`` such that ``mean_n ℓ_n`` is the mini-batch loss
   (for ``reduction="sum"`` that is ``B`` times the per-sample term).
 - ``"batch_size"``: optional; derived from the individual gradients, and checked
   against them when given.

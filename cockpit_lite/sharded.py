@@ -61,7 +61,7 @@ import torch
 import torch.distributed as dist
 
 from cockpit_lite import distributed as _distributed
-from cockpit_lite import transforms as _transforms
+from cockpit_lite.engine import transforms as _transforms
 from cockpit_lite.utils.shards import gathering
 
 UNSUPPORTED_BACKPACK = (

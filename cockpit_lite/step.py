@@ -4,7 +4,8 @@ from functools import cached_property
 
 import torch
 
-from cockpit_lite import transforms as _transforms
+from cockpit_lite.engine import transforms as _transforms
+from cockpit_lite.engine.per_sample import PerSample
 from cockpit_lite.utils.norms import norms
 from cockpit_lite.utils.shards import totals
 
@@ -78,7 +79,7 @@ class StepData:
     @cached_property
     def centred_squares(self):
         """``Σ_n (g̃_{n,d} − g_d)²`` of every parameter and the parameters whose variance was lost in
-        rounding (``cockpit_lite.transforms.centred_squares``), shared by ``GradVariance``,
+        rounding (``cockpit_lite.engine.transforms.centred_squares``), shared by ``GradVariance``,
         ``MeanGSNR``, ``CABS`` and ``EarlyStopping``."""
         return _transforms.centred_squares(self)
 
@@ -163,7 +164,7 @@ class StepData:
         return torch.where(lost | noise, torch.full_like(values, float("nan")), values), flags
 
     def per_sample(self, key):
-        """Per-parameter values of the transform with ``key`` (see ``cockpit_lite.transforms``).
+        """Per-parameter values of the transform with ``key`` (see ``cockpit_lite.engine.transforms``).
 
         A parameter that took no part in the forward pass has zero individual
         gradients; its value is computed from those zeros.
@@ -173,7 +174,7 @@ class StepData:
             results = self._per_sample.get(index)
             if results is None:
                 zeros = torch.zeros((self.samples, *param.shape), dtype=param.dtype, device=param.device)
-                per_sample = _transforms.PerSample(param, index, grad_batch=zeros, batch_size=self.batch_size)
+                per_sample = PerSample(param, index, grad_batch=zeros, batch_size=self.batch_size)
                 results = _transforms.run([self._transforms[key]], per_sample)
             values.append(results[key])
         return values

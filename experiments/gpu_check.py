@@ -97,7 +97,7 @@ PACKAGES = {"backpack": "backpack_for_pytorch", "cockpit": "cockpit_for_pytorch"
 DEVICE_TESTS = (
     "tests/quantities", "tests/curvature", "tests/engine/test_engine.py", "tests/engine/test_discovery.py",
     "tests/engine/test_window.py", "tests/test_cockpit.py", "tests/test_subsample.py", "tests/test_histogram.py",
-    "tests/test_transforms.py",
+    "tests/engine/test_transforms.py",
 )
 QUICK_TESTS = ("tests/quantities/test_norm_test.py::test_matches_brute_force[mlp-2-mean]",)
 REPORTS_VARIABLE = "GPU_CHECK_REPORTS"

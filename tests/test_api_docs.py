@@ -35,8 +35,8 @@ KNOWN_MISSING = {
     "cockpit_lite.Finding.from_dict",
     "cockpit_lite.diagnosis.Finding.from_dict",
     "cockpit_lite.integrations.huggingface.CockpitTrainerMixin.training_step",
-    "cockpit_lite.transforms.Batch.add",
-    "cockpit_lite.transforms.GradHistogram1d.batch",
+    "cockpit_lite.engine.transforms.Batch.add",
+    "cockpit_lite.engine.transforms.GradHistogram1d.batch",
 }
 
 

@@ -9,7 +9,7 @@ import problems
 from cockpit_lite import Cockpit, configuration
 from cockpit_lite.budget import FIRST, PER_OCTAVE, RUN, SPACING, TIERS, Budget, _due, octave_steps, tier_of
 from cockpit_lite.quantities.base import Needs
-from cockpit_lite.transforms import SumGradSquared
+from cockpit_lite.engine.transforms import SumGradSquared
 
 
 class _Named:

@@ -11,7 +11,8 @@ from torch import nn
 
 import models
 import problems
-from cockpit_lite import Cockpit, configuration, extend, log, quantities, schedules, transforms
+from cockpit_lite import Cockpit, configuration, extend, log, quantities, schedules
+from cockpit_lite.engine import transforms
 from backpack import extensions
 
 

@@ -52,7 +52,7 @@ import torch
 
 from cockpit_lite.curvature.jackknife import GroupedEstimate
 from cockpit_lite.info import contributions_from_graph, loss_function_of
-from cockpit_lite.transforms import SumGradSquared
+from cockpit_lite.engine.transforms import SumGradSquared
 
 EXACT, MONTE_CARLO = "diag_ggn_exact", "diag_ggn_mc"
 SOFTMAX_NODES = ("NllLossBackward0", "NllLoss2DBackward0")

@@ -35,7 +35,7 @@ torch's global module hooks see every module call, and the outermost calls that 
 tracked parameters become the model; from then on everything is as if the Cockpit had
 been given it.
 3. *During backward*: per call, the rule's individual gradients go through the due
-   transforms (``cockpit_lite.transforms``) and are dropped. A parameter with several
+   transforms (``cockpit_lite.engine.transforms``) and are dropped. A parameter with several
    uses sums its uses per sample first. At a subsampled step (``cockpit_lite.subsample``)
    a parameter served by one layer's rule keeps its subsample's rows until autograd has
    accumulated its gradient (a hook on the parameter, right after the layer's backward):
@@ -63,7 +63,8 @@ import weakref
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from cockpit_lite import transforms as _transforms
+from cockpit_lite.engine import transforms as _transforms
+from cockpit_lite.engine.per_sample import PerSample
 from cockpit_lite.engine import broadcast, global_path
 from cockpit_lite.engine.capture import ForwardCapture, ownership
 from cockpit_lite.engine.check import GRAD_CHECK_RTOL, check_gradients
@@ -339,10 +340,10 @@ class Engine:
                 for index, uses in state.dense.items():
                     if index in state.failed:  # a use failed: the other uses' sum is not its gradient
                         continue
-                    parts = uses["parts"] + ([] if uses["sum"] is None else [_transforms.PerSample(
+                    parts = uses["parts"] + ([] if uses["sum"] is None else [PerSample(
                         self.params[index], index, grad_batch=uses["sum"], batch_size=state.batch_size,
                         grad_before=state.grads_before[index])])
-                    part = parts[0] if len(parts) == 1 else _transforms.PerSample(
+                    part = parts[0] if len(parts) == 1 else PerSample(
                         self.params[index], index, parts=parts, batch_size=state.batch_size,
                         grad_before=state.grads_before[index],
                     )
@@ -454,7 +455,7 @@ class Engine:
 
     def _leaf_result(self, state, index):
         def done(grad_batch):
-            self._accept(state, index, _transforms.PerSample(self.params[index], index, grad_batch=grad_batch))
+            self._accept(state, index, PerSample(self.params[index], index, grad_batch=grad_batch))
 
         return done
 
@@ -627,7 +628,7 @@ class Engine:
         if index not in state.results:  # values of the right shapes, from zeros
             param = self.params[index]
             zeros = torch.zeros((state.held or 1, *param.shape), dtype=param.dtype, device=param.device)
-            zeros = _transforms.PerSample(param, index, grad_batch=zeros, batch_size=state.batch_size)
+            zeros = PerSample(param, index, grad_batch=zeros, batch_size=state.batch_size)
             state.results[index] = (_transforms.run(state.transforms, zeros) if state.sharded is None
                                     else state.sharded.run(state.transforms, zeros)[0])
         state.results[index] = {k: nan_like(v) for k, v in state.results[index].items()}

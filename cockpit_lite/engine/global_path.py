@@ -30,7 +30,8 @@ import warnings
 
 import torch
 
-from cockpit_lite import transforms as _transforms
+from cockpit_lite.engine import transforms as _transforms
+from cockpit_lite.engine.per_sample import PerSample
 
 CHUNK_ELEMENTS = 1 << 22
 """Individual-gradient elements per chunk of samples (16 MiB in float32)."""
@@ -171,7 +172,7 @@ def serve(state, info, indices, tracked, names, mode):
                 if state.subset is None:  # a second sum of the same gradient (``cockpit_lite.engine.check``: noise)
                     part = grad_batch.sum(0).reshape(-1)
                     state.resummed[index] = part if index not in state.resummed else state.resummed[index] + part
-                per_sample = _transforms.PerSample(
+                per_sample = PerSample(
                     tracked[index], index, grad_batch=grad_batch, batch_size=state.batch_size,
                     grad_before=state.grads_before[index],
                 )
@@ -180,7 +181,7 @@ def serve(state, info, indices, tracked, names, mode):
     for (index, chunks), total in zip(parts.items(), totals):
         if state.deferred:  # the transforms wait for the step's gradient (DDP, accumulation)
             grad_batch = torch.cat([chunk for chunk in chunks])
-            state.ready(index, _transforms.PerSample(
+            state.ready(index, PerSample(
                 tracked[index], index, grad_batch=grad_batch, batch_size=state.batch_size,
                 grad_before=state.grads_before[index],
             ))

@@ -5,7 +5,8 @@ import dataclasses
 
 import torch
 
-from cockpit_lite import transforms as _transforms
+from cockpit_lite.engine import transforms as _transforms
+from cockpit_lite.engine.per_sample import Scratch
 from cockpit_lite.engine import broadcast
 from cockpit_lite.engine.capture import Call
 
@@ -41,7 +42,7 @@ class Step:
         self.low_precision = False
         self.repeated = False  # a served layer's output received a second gradient: backward ran again
         self.batch = _transforms.Batch()
-        self.scratch = _transforms.Scratch()  # the memory the chunks of built individual gradients are formed in
+        self.scratch = Scratch()  # the memory the chunks of built individual gradients are formed in
         self.from_autograd = set()  # subsampled: parameters whose transforms take ``g`` from autograd
         self.waiting = {}  # index -> (the subsample's PerSample, its results) until autograd's ``g`` is known
         self.checks = {}  # index -> ``PerSample.check``'s (value, project), checked by ``cockpit_lite.engine.check``

@@ -5,7 +5,7 @@ passes (micro-batches ``m = 1..M`` of ``B_m`` samples, each backpropagating its 
 ``L_m``, often ``mean_m / M``). The *effective batch* is their union, ``B = Σ_m B_m``
 samples, whose loss is ``L = Σ_m L_m``: sample ``n`` of micro-batch ``m`` contributes
 ``grad_batch[n] = ∇c_n`` (its share of ``L_m``, hence of ``L``), and, as for one backward
-pass (``cockpit_lite.transforms``),
+pass (``cockpit_lite.engine.transforms``),
 
     g̃_n = B · grad_batch[n],        g = Σ_m Σ_{n∈m} grad_batch[n] = mean_n g̃_n,
 
@@ -23,7 +23,8 @@ a single backward pass of the effective batch would hold them at once.
 
 import torch
 
-from cockpit_lite import transforms as _transforms
+from cockpit_lite.engine import transforms as _transforms
+from cockpit_lite.engine.per_sample import PerSample, Scratch
 
 
 class Window:
@@ -77,7 +78,7 @@ class Window:
             total, scale = sum(sizes), sum(sizes) / group.world
         else:
             grads, scale = local, total
-        results, batch, scratch, out = {}, _transforms.Batch(), _transforms.Scratch(), {}
+        results, batch, scratch, out = {}, _transforms.Batch(), Scratch(), {}
         for index, grad in zip(indices, grads):
             param = params[index]
             before = self.grads_before[index] if self.grads_before is not None else None
@@ -108,5 +109,5 @@ class Window:
         if part is None:
             param = params[index]
             zeros = torch.zeros((self.sizes[number], *param.shape), dtype=param.dtype, device=param.device)
-            part = _transforms.PerSample(param, index, grad_batch=zeros)
+            part = PerSample(param, index, grad_batch=zeros)
         return part

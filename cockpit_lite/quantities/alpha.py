@@ -11,7 +11,8 @@ import torch
 from cockpit_lite import intervals, subsample
 from cockpit_lite.optim import UpdatePredictor
 from cockpit_lite.quantities.base import Needs, Output, Quantity
-from cockpit_lite.transforms import BatchDotDirection, at_least_float32, dots_of_kept
+from cockpit_lite.engine.per_sample import at_least_float32
+from cockpit_lite.engine.transforms import BatchDotDirection, dots_of_kept
 from cockpit_lite.utils.norms import dot, gathered, gram
 from cockpit_lite.utils.shards import group_of, is_sharded, local
 

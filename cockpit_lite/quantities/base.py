@@ -31,7 +31,7 @@ class Needs:
     """What a due quantity needs at one step.
 
     Attributes:
-        transforms: per-sample transforms (``cockpit_lite.transforms``), run in the backward pass.
+        transforms: per-sample transforms (``cockpit_lite.engine.transforms``), run in the backward pass.
         extensions: BackPACK extensions, run in the backward pass.
         hvp: Hessian-vector products ``Hv = ∇_θ(gᵀv)`` of the step's loss, before the
             backward pass: ``Quantity.before_backward`` is called with them. The user's
@@ -98,7 +98,7 @@ class Quantity:
                 f"{cls.__name__} defines {', '.join(cockpit_style)}: methods of the original "
                 "Cockpit's quantity interface, which cockpit-lite never calls (the parent's "
                 "value would be recorded under this name). Fix: declare what a step needs in "
-                "needs(step, info) -> Needs (per-sample transforms from cockpit_lite.transforms, "
+                "needs(step, info) -> Needs (per-sample transforms from cockpit_lite.engine.transforms, "
                 "BackPACK extensions) and compute the value in compute(step, data) -> Output "
                 "from the StepData bundle; see the README section 'Custom quantities'."
             )

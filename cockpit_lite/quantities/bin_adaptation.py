@@ -17,7 +17,7 @@ import math
 import torch
 
 from cockpit_lite import schedules
-from cockpit_lite.transforms import Transform
+from cockpit_lite.engine.transforms import Transform
 
 
 class IndividualGradAbsMax(Transform):

@@ -5,7 +5,7 @@ import torch
 from cockpit_lite import intervals, subsample
 from cockpit_lite.optim import plain_sgd_learning_rate
 from cockpit_lite.quantities.base import Output, SingleStepQuantity, with_total
-from cockpit_lite.transforms import BatchL2, GradL2, SumGrad, SumGradSquared, centred_sums_of_squares
+from cockpit_lite.engine.transforms import BatchL2, GradL2, SumGrad, SumGradSquared, centred_sums_of_squares
 
 
 class CABS(SingleStepQuantity):

@@ -4,7 +4,7 @@ import torch
 
 from cockpit_lite.optim import plain_sgd_learning_rate
 from cockpit_lite.quantities.base import Output, SingleStepQuantity
-from cockpit_lite.transforms import SumGrad, SumGradSquared, centred_sums_of_squares, ratio_sums
+from cockpit_lite.engine.transforms import SumGrad, SumGradSquared, centred_sums_of_squares, ratio_sums
 
 
 class EarlyStopping(SingleStepQuantity):

@@ -7,7 +7,7 @@ from cockpit_lite.quantities.base import Needs, Output, SingleStepQuantity
 class GradHistogram(SingleStepQuantity):
     """A histogram accumulated over all tracked parameters, optionally kept per layer.
 
-    Subclasses set ``TRANSFORM`` (a ``cockpit_lite.transforms`` histogram class
+    Subclasses set ``TRANSFORM`` (a ``cockpit_lite.engine.transforms`` histogram class
     taking ``bins, range``), ``_edges()`` and ``_axes(range)`` / ``_with_axis(range,
     axis, limits)`` (how the range splits into the axes that ``adapt`` policies move).
 

@@ -2,7 +2,7 @@
 
 from cockpit_lite.histogram import edges
 from cockpit_lite.quantities.grad_hist import GradHistogram
-from cockpit_lite.transforms import GradHistogram1d
+from cockpit_lite.engine.transforms import GradHistogram1d
 
 
 class GradHist1d(GradHistogram):

@@ -4,7 +4,7 @@ import torch
 
 from cockpit_lite import subsample
 from cockpit_lite.quantities.base import Output, SingleStepQuantity, with_total
-from cockpit_lite.transforms import BatchL2, GradL2
+from cockpit_lite.engine.transforms import BatchL2, GradL2
 
 
 class NormTest(SingleStepQuantity):

@@ -3,7 +3,7 @@
 from cockpit_lite import intervals, subsample
 from cockpit_lite.curvature import ggn
 from cockpit_lite.quantities.curvature import AUTO, MAX_PASSES, CurvatureQuantity
-from cockpit_lite.transforms import SumGradSquared
+from cockpit_lite.engine.transforms import SumGradSquared
 
 
 class TIC(CurvatureQuantity):

@@ -4,7 +4,7 @@ import torch
 
 from cockpit_lite.quantities.base import with_total
 from cockpit_lite.quantities.tic import TIC
-from cockpit_lite.transforms import IndividualSquares
+from cockpit_lite.engine.transforms import IndividualSquares
 from cockpit_lite.utils.shards import totals
 
 

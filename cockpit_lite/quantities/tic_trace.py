@@ -4,7 +4,7 @@ import torch
 
 from cockpit_lite.quantities.base import total_and_layers, with_total
 from cockpit_lite.quantities.tic import TIC
-from cockpit_lite.transforms import BatchL2
+from cockpit_lite.engine.transforms import BatchL2
 from cockpit_lite.utils.shards import totals
 
 

@@ -790,11 +790,11 @@ def test_a_subsampled_step_checks_the_rules_by_sketches_and_still_catches_anothe
     samples' factored individual gradients; ``PerSample.check`` (a random sketch; a convolution's
     output channels; a tied embedding and head: the sum of its uses' sketches) checks them instead: an honest run has no flag, and ``(loss + λ·l2).backward()``
     with ``info["loss"] = loss`` is NaN with the flag at every step, as at an exact step."""
-    from cockpit_lite import transforms
+    from cockpit_lite.engine import per_sample as per_sample_module
 
     problem = problems.make(name, 8)
     checks, sums = [], []
-    check, sample_sum = transforms.PerSample.check, transforms.PerSample.sample_sum
+    check, sample_sum = per_sample_module.PerSample.check, per_sample_module.PerSample.sample_sum
 
     def spy_check(self, generator):
         value, project = check(self, generator)
@@ -805,8 +805,8 @@ def test_a_subsampled_step_checks_the_rules_by_sketches_and_still_catches_anothe
         sums.append(self._factors is not None and self.num_samples == 8)
         return sample_sum(self)
 
-    monkeypatch.setattr(transforms.PerSample, "check", spy_check)
-    monkeypatch.setattr(transforms.PerSample, "sample_sum", spy_sum)
+    monkeypatch.setattr(per_sample_module.PerSample, "check", spy_check)
+    monkeypatch.setattr(per_sample_module.PerSample, "sample_sum", spy_sum)
     cp, _ = problems.run(problem, [quantities.NormTest(), quantities.InnerTest()], samples=3)
     assert any(checks) and not any(sums), (checks, sums)
     for step, entry in cp.get_output().items():

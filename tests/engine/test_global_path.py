@@ -9,7 +9,7 @@ from torch import nn
 
 import problems
 
-from cockpit_lite import transforms
+from cockpit_lite.engine import transforms
 from cockpit_lite.engine import Engine, global_path
 from cockpit_lite.info import StepInfo
 from engine.test_rules import engine_individual_gradients, individual_reference

@@ -12,7 +12,7 @@ import problems
 from cockpit_lite.engine import Engine
 from cockpit_lite.engine.rules import attention
 from cockpit_lite.info import StepInfo
-from cockpit_lite.transforms import Transform
+from cockpit_lite.engine.transforms import Transform
 
 CONVS = {
     "plain": dict(kernel_size=3),

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import problems
-from cockpit_lite import transforms
+from cockpit_lite.engine import per_sample as per_sample_module, transforms
 from cockpit_lite.quantities import GradHist1d, GradHist2d
 from test_grad_hist_1d import histogram
 from test_grad_hist_2d import histogram2d
@@ -69,7 +69,7 @@ def problem(request, monkeypatch):
     made = problems.make(request.param, BATCH, steps=2)
     sizes = [p.numel() * BATCH for p in made.model.parameters()]
     assert sum(s > transforms.BATCH_ELEMENTS for s in sizes) >= (2 if request.param != "embedding" else 1)
-    assert max(sizes) > transforms.CHUNK_ELEMENTS or request.param != "conv_linear"
+    assert max(sizes) > per_sample_module.CHUNK_ELEMENTS or request.param != "conv_linear"
     return made
 
 

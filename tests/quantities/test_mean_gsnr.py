@@ -80,7 +80,7 @@ def test_a_variance_lost_in_rounding_is_nan_and_flagged():
 def test_the_quantities_of_one_step_share_its_centred_sums(monkeypatch):
     """``GradVariance`` and ``MeanGSNR`` read ``Σ_n (g̃_n − g)²`` of one computation per step
     (``StepData.centred_squares``), and each flags a lost variance in its own name."""
-    from cockpit_lite import transforms
+    from cockpit_lite.engine import transforms
     from cockpit_lite.quantities import GradVariance
 
     calls = []

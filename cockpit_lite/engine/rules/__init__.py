@@ -2,7 +2,7 @@
 
 A rule turns one ``Call`` of a module (its inputs, and the gradient ``δ`` w.r.t. its
 output from the ordinary backward pass) into the individual gradients of the
-module's own parameters, one ``cockpit_lite.transforms.PerSample`` per parameter.
+module's own parameters, one ``cockpit_lite.engine.per_sample.PerSample`` per parameter.
 Sample ``n``'s part of ``δ`` is ``∂c_n/∂output`` as long as nothing after the module
 mixes the samples of the batch (the engine sends parameters upstream of a BatchNorm
 in training mode to the exact global path instead).

@@ -18,7 +18,7 @@ serves the module.
 import torch
 
 from cockpit_lite.engine.rules.base import compute_dtype
-from cockpit_lite.transforms import PerSample
+from cockpit_lite.engine.per_sample import PerSample
 
 
 def _only_consumer(users, node, kind):

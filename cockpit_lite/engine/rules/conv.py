@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from cockpit_lite.engine.rules.base import Rule, UnsupportedCall, compute_dtype, output_grad
-from cockpit_lite.transforms import PerSample
+from cockpit_lite.engine.per_sample import PerSample
 
 
 class ConvRule(Rule):

@@ -35,7 +35,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils import _pytree as pytree
 
 from cockpit_lite.engine.rules.base import Rule, UnsupportedCall, batch_axis, compute_dtype, output_grad, rerun
-from cockpit_lite.transforms import PerSample
+from cockpit_lite.engine.per_sample import PerSample
 from cockpit_lite.utils.shards import module_class, whole
 
 

@@ -3,7 +3,7 @@
 import torch
 
 from cockpit_lite.engine.rules.base import Rule, UnsupportedCall, batch_axis, compute_dtype, output_grad, samples_first
-from cockpit_lite.transforms import PerSample
+from cockpit_lite.engine.per_sample import PerSample
 
 
 class LinearRule(Rule):

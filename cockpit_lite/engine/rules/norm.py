@@ -13,7 +13,7 @@ import torch
 from torch.nn import functional as F
 
 from cockpit_lite.engine.rules.base import Rule, UnsupportedCall, batch_axis, compute_dtype, output_grad
-from cockpit_lite.transforms import PerSample
+from cockpit_lite.engine.per_sample import PerSample
 
 
 class _AffineNorm(Rule):

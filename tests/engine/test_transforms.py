@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import problems
-from cockpit_lite import transforms
+from cockpit_lite.engine import per_sample as per_sample_module, transforms
 from cockpit_lite.quantities import Alpha, GradVariance, InnerTest, NormTest, OrthoTest
 
 B, O, I = 5, 3, 4
@@ -17,8 +17,8 @@ def factored_and_explicit(positions, seed=0):
     param = torch.zeros(O, I, dtype=torch.float64)
     explicit = torch.stack([sum(torch.outer(delta[n, l], a[n, l]) for l in range(positions)) for n in range(B)])
     return (
-        transforms.PerSample(param, 0, factors=(a, delta)),
-        transforms.PerSample(param, 0, grad_batch=explicit),
+        per_sample_module.PerSample(param, 0, factors=(a, delta)),
+        per_sample_module.PerSample(param, 0, grad_batch=explicit),
         explicit.reshape(B, -1),
     )
 
@@ -101,14 +101,14 @@ def test_histogram_leaves_out_zero_rows_exactly(range_):
     delta = torch.randn(B, 1, O, generator=g, dtype=torch.float64)
     delta[delta < 0.3] = 0.0
     param = torch.zeros(O, I, dtype=torch.float64)
-    factored = transforms.PerSample(param, 0, factors=(a, delta))
+    factored = per_sample_module.PerSample(param, 0, factors=(a, delta))
     explicit = torch.einsum("nlo,nli->noi", delta, a)
     left_out = int((delta[[0, 2, 3, 4]] == 0).sum()) * I
-    zeros, chunks = transforms.PerSample(param, 0, factors=(a, delta)).nonzero_element_chunks(max_elements=2 * I)
+    zeros, chunks = per_sample_module.PerSample(param, 0, factors=(a, delta)).nonzero_element_chunks(max_elements=2 * I)
     assert zeros == left_out > 0 and sum(c.numel() for c in chunks) == explicit.numel() - left_out
 
     hist = transforms.GradHistogram1d(8, range_)
-    expected = hist(transforms.PerSample(param, 0, grad_batch=explicit))
+    expected = hist(per_sample_module.PerSample(param, 0, grad_batch=explicit))
     for value, reference in zip(hist(factored), expected):
         torch.testing.assert_close(value, reference, rtol=0, atol=0)
     assert expected[2] == O  # every product with the infinite input: ±∞, or NaN where δ = 0
@@ -125,9 +125,9 @@ def _uses(seed=3):
     dense = torch.randn(B, O, I, generator=g, dtype=torch.float64)
     explicit = torch.einsum("nlo,nli->noi", delta, a) + dense
     explicit[samples, index] += values
-    parts = [transforms.PerSample(param, 0, factors=(a, delta)), transforms.PerSample(param, 0, grad_batch=dense),
-             transforms.PerSample(param, 0, rows=(values, samples, index, B))]
-    return transforms.PerSample(param, 0, parts=parts), explicit
+    parts = [per_sample_module.PerSample(param, 0, factors=(a, delta)), per_sample_module.PerSample(param, 0, grad_batch=dense),
+             per_sample_module.PerSample(param, 0, rows=(values, samples, index, B))]
+    return per_sample_module.PerSample(param, 0, parts=parts), explicit
 
 
 def test_the_uses_of_a_parameter_sum_without_being_formed_first():
@@ -159,7 +159,7 @@ def test_selected_samples_of_the_rows_form_are_those_of_the_explicit_individual_
     values = torch.randn(4, I, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     explicit = torch.zeros(B, O, I, dtype=torch.float64)
     explicit[samples, index] = values
-    rows = transforms.PerSample(param, 0, rows=(values, samples, index, B))
+    rows = per_sample_module.PerSample(param, 0, rows=(values, samples, index, B))
     for chosen in (slice(1, 2), slice(2, 5), slice(3, None), slice(-4, -1), slice(0, B), torch.tensor([1, 2, 4])):
         part = rows.select(chosen)
         assert part._rows is not None and part.num_samples == len(explicit[chosen])
@@ -178,8 +178,8 @@ def test_transforms_of_large_individual_gradients_run_on_chunks_of_samples(monke
     else:
         per_sample, explicit = _uses()
         flat = explicit.reshape(B, -1)
-    monkeypatch.setattr(transforms, "GRAD_BATCH_ELEMENTS", 2 * O * I)  # chunks of two samples
-    chunks, whole = [], transforms.PerSample.sample_chunks
+    monkeypatch.setattr(per_sample_module, "GRAD_BATCH_ELEMENTS", 2 * O * I)  # chunks of two samples
+    chunks, whole = [], per_sample_module.PerSample.sample_chunks
 
     memory = set()
 
@@ -189,7 +189,7 @@ def test_transforms_of_large_individual_gradients_run_on_chunks_of_samples(monke
             yield chunk
             memory.add(chunk.grad_batch.data_ptr())
 
-    monkeypatch.setattr(transforms.PerSample, "sample_chunks", spied)
+    monkeypatch.setattr(per_sample_module.PerSample, "sample_chunks", spied)
     kept = {}
     direction = torch.randn(O * I, dtype=torch.float64)
     histogram = transforms.GradHistogram1d(5, (-3.0, 3.0))
@@ -206,7 +206,7 @@ def test_transforms_of_large_individual_gradients_run_on_chunks_of_samples(monke
     torch.testing.assert_close(values["sum_grad_squared"], (individual**2).sum(0).reshape(O, I))
     torch.testing.assert_close(values["sum_grad"], individual.sum(0).reshape(O, I))
     torch.testing.assert_close(values["individual_squares"], (individual**2).reshape(B, O, I))  # not the scratch's
-    of_explicit = histogram(transforms.PerSample(per_sample.param, 0, grad_batch=explicit))
+    of_explicit = histogram(per_sample_module.PerSample(per_sample.param, 0, grad_batch=explicit))
     for value, expected in zip(values[histogram.key], of_explicit):
         torch.testing.assert_close(value, expected)
     torch.testing.assert_close(values["d"], torch.zeros(B, dtype=torch.float64))  # kept: projected later
@@ -216,8 +216,8 @@ def test_transforms_of_large_individual_gradients_run_on_chunks_of_samples(monke
 def test_parameters_sharing_a_scratch_each_get_their_own_values(monkeypatch):
     """A step's parameters build their chunks in one ``Scratch``: each parameter's values are those
     of its own explicit individual gradients, not of the chunk built there last."""
-    monkeypatch.setattr(transforms, "GRAD_BATCH_ELEMENTS", 2 * O * I)
-    scratch, chosen = transforms.Scratch(), [transforms.BatchL2(), transforms.SumGradSquared(), transforms.SumGrad()]
+    monkeypatch.setattr(per_sample_module, "GRAD_BATCH_ELEMENTS", 2 * O * I)
+    scratch, chosen = per_sample_module.Scratch(), [transforms.BatchL2(), transforms.SumGradSquared(), transforms.SumGrad()]
     cases = [factored_and_explicit(7, seed)[::2] for seed in (1, 2)] + [_uses()]
     values = [transforms.run(chosen, per_sample, scratch=scratch) for per_sample, _ in cases]
     for (_, explicit), value in zip(cases, values):
@@ -232,12 +232,12 @@ def test_chunks_of_samples_give_the_gradient_their_sums_add_up_to(monkeypatch):
     check against autograd reads) is the sum of the chunks' own sums: the factors' product over
     all positions, the work of the layer's weight gradient again, is never formed."""
     per_sample, _, flat = factored_and_explicit(7)
-    monkeypatch.setattr(transforms, "GRAD_BATCH_ELEMENTS", 2 * O * I)
+    monkeypatch.setattr(per_sample_module, "GRAD_BATCH_ELEMENTS", 2 * O * I)
 
     def no_product(*factors):
         raise AssertionError("the gradient was formed from the factors")
 
-    monkeypatch.setattr(transforms, "_positions", no_product)
+    monkeypatch.setattr(per_sample_module, "_positions", no_product)
     values = transforms.run([transforms.BatchL2(), transforms.SumGradSquared(), transforms.SumGrad()], per_sample)
     torch.testing.assert_close(per_sample.grad, flat.sum(0))
     torch.testing.assert_close(values["sum_grad"], B * flat.sum(0).reshape(O, I))
@@ -245,21 +245,21 @@ def test_chunks_of_samples_give_the_gradient_their_sums_add_up_to(monkeypatch):
 
 def test_chunks_are_cache_sized_on_the_cpu_only():
     """On the CPU a chunk holds at most ``CPU_GRAD_BATCH_ELEMENTS`` elements; elsewhere ``GRAD_BATCH_ELEMENTS``."""
-    assert transforms.grad_batch_elements(torch.device("cpu")) == transforms.CPU_GRAD_BATCH_ELEMENTS
-    assert transforms.grad_batch_elements(torch.device("cuda")) == transforms.GRAD_BATCH_ELEMENTS
-    assert transforms.CPU_GRAD_BATCH_ELEMENTS < transforms.GRAD_BATCH_ELEMENTS
+    assert per_sample_module.grad_batch_elements(torch.device("cpu")) == per_sample_module.CPU_GRAD_BATCH_ELEMENTS
+    assert per_sample_module.grad_batch_elements(torch.device("cuda")) == per_sample_module.GRAD_BATCH_ELEMENTS
+    assert per_sample_module.CPU_GRAD_BATCH_ELEMENTS < per_sample_module.GRAD_BATCH_ELEMENTS
 
 
 def _one_sample_chunks(monkeypatch):
     """Every individual-gradient chunk one sample; returns the list the chunked forms are noted in."""
-    monkeypatch.setattr(transforms, "GRAD_BATCH_ELEMENTS", 1)
-    forms, whole = [], transforms.PerSample.sample_chunks
+    monkeypatch.setattr(per_sample_module, "GRAD_BATCH_ELEMENTS", 1)
+    forms, whole = [], per_sample_module.PerSample.sample_chunks
 
     def spied(self, scratch=None):
         forms.append("parts" if self._parts is not None else "factors")
         yield from whole(self, scratch)
 
-    monkeypatch.setattr(transforms.PerSample, "sample_chunks", spied)
+    monkeypatch.setattr(per_sample_module.PerSample, "sample_chunks", spied)
     return forms
 
 
@@ -322,7 +322,7 @@ def test_the_check_of_factors_is_a_sketch_of_their_sum_that_measures_a_differenc
     total = flat.sum(0).reshape(O, I)
     generator = torch.Generator().manual_seed(0)
     value, project = factored.check(generator)
-    assert project is not None and value.shape == (transforms.SKETCH_RANK,)
+    assert project is not None and value.shape == (per_sample_module.SKETCH_RANK,)
     torch.testing.assert_close(value, project(total))
     g = torch.Generator().manual_seed(1)
     spread = torch.randn(O, I, generator=g, dtype=torch.float64)
@@ -365,10 +365,10 @@ def test_sketches_of_a_parameters_uses_in_any_form_add_up_to_the_sketch_of_their
     a = torch.randn(B, 5, d, generator=g, dtype=torch.float64)
     delta = torch.randn(B, 5, vocab, generator=g, dtype=torch.float64)
     param = torch.zeros(vocab, d, dtype=torch.float64)
-    head = transforms.PerSample(param, 0, factors=(a, delta))
+    head = per_sample_module.PerSample(param, 0, factors=(a, delta))
     samples, index = torch.tensor([0, 0, 2, 4]), torch.tensor([1, 5, 1, 0])
     values = torch.randn(4, d, generator=g, dtype=torch.float64)
-    embedding = transforms.PerSample(param, 0, rows=(values, samples, index, B))
+    embedding = per_sample_module.PerSample(param, 0, rows=(values, samples, index, B))
     total = head.grad_batch.sum(0) + embedding.grad_batch.sum(0)
     (first, project), (second, _) = (p.sketch(torch.Generator().manual_seed(7)) for p in (head, embedding))
     torch.testing.assert_close(first + second, project(total))
