@@ -109,7 +109,7 @@ AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 SAMPLES = 8
 PEERS = ("Opacus", "torch.func")
 """Configurations of other tools: a difference from the brute force is theirs ("differs"; Opacus takes
-the positions of a position embedding for samples, see ``experiments.bench_per_sample``)."""
+the positions of a position embedding for samples, see ``benchmarks.bench_per_sample``)."""
 
 
 def tail(text, lines=8):
@@ -265,15 +265,15 @@ def _text(vocab, length):
 
 
 def gpt(vocab, d, length, blocks, heads):
-    """``experiments.bench_per_sample.GPT`` (nanoGPT-style, tied head) of this size."""
-    from experiments import bench_per_sample
+    """``benchmarks.bench_per_sample.GPT`` (nanoGPT-style, tied head) of this size."""
+    from benchmarks import bench_per_sample
 
     return lambda: bench_per_sample.GPT(vocab=vocab, d=d, length=length, blocks=blocks, heads=heads)
 
 
 def overhead_specs(quick):
     """The models of part 4: GPT-2-small is 123.9M parameters with 256 positions."""
-    from experiments import bench_overhead
+    from benchmarks import bench_overhead
 
     if quick:
         return [Spec("cnn", bench_overhead.cnn, _images((3, 32, 32)), _cross_entropy, _cross_entropy_individual, 4,
@@ -332,7 +332,7 @@ class Runner:
 
     def run_step(self, phases=None):
         """One training step; ``phases(name)`` is told when each stage starts (syncs)."""
-        from experiments.bench_per_sample import from_individual
+        from benchmarks.bench_per_sample import from_individual
 
         mark = phases or (lambda name: None)
         x, y = self.batches[self.step % len(self.batches)]
@@ -391,7 +391,7 @@ class Runner:
 def brute_force_statistics(ctx, spec):
     """``{"NormTest": ..., "GradVariance": total}`` of the first batch at the initial weights by a loop of
     ``autograd.grad`` over the per-sample losses of one forward pass (same precision)."""
-    from experiments.bench_per_sample import statistics_of
+    from benchmarks.bench_per_sample import statistics_of
 
     runner = Runner(ctx, spec)
     model = runner.model
@@ -421,7 +421,7 @@ def relative_difference(values, reference):
 def configurations(spec):
     """{name: Runner keyword arguments} of part 4 (and of part 2, on small models)."""
     from cockpit_lite import Cockpit, configuration, diagnosis, quantities
-    from experiments.bench_overhead import never
+    from benchmarks.bench_overhead import never
 
     def lite(level, **kwargs):
         return lambda m: Cockpit(m, configuration(level), diagnose=False, **kwargs)
@@ -553,7 +553,7 @@ def dashboard_check(ctx):
 
     import instruments
     from cockpit_lite import Cockpit, configuration
-    from experiments import bench_overhead
+    from benchmarks import bench_overhead
 
     torch.manual_seed(0)
     model = bench_overhead.cnn().to(ctx.device)
@@ -647,7 +647,7 @@ class SyncTrace:
 
 
 def sync_specs(quick):
-    from experiments import bench_overhead
+    from benchmarks import bench_overhead
 
     image = dict(batch=_images((3, 32, 32)), loss=_cross_entropy, individual=_cross_entropy_individual,
                  batch_size=4 if quick else 16)
@@ -766,7 +766,7 @@ def flat_index(bins, ranges):
 
 
 def histogram_data(ctx, n, kind, dims, generator):
-    from experiments.bench_histogram import RANGE
+    from benchmarks.bench_histogram import RANGE
 
     if kind == "skewed":
         scales = (1e-3, 0.1)
@@ -776,7 +776,7 @@ def histogram_data(ctx, n, kind, dims, generator):
 
 def histogram_contenders(ctx, dims):
     from cockpit_lite.histogram import histogram1d, histogram2d
-    from experiments.bench_histogram import BINS, RANGE
+    from benchmarks.bench_histogram import BINS, RANGE
 
     bins, ranges = (BINS[:1], RANGE[:1]) if dims == 1 else (BINS, RANGE)
     index_of = flat_index(bins, ranges)

@@ -295,7 +295,7 @@ def margins_table(rows):
 
 
 def write_numbers(name, command, table, path=os.path.join(os.path.dirname(__file__), "..", "docs", "numbers.json")):
-    """Write ``table`` as ``measured[name]`` of docs/numbers.json (rendered by ``experiments.make_docs``)."""
+    """Write ``table`` as ``measured[name]`` of docs/numbers.json (rendered by ``tools.make_docs``)."""
     with open(path, encoding="utf-8") as file:
         numbers = json.load(file)
     numbers["measured"][name] = {"command": command, **table}

@@ -8,7 +8,7 @@ Usage::
 ``bench_overhead``'s transformer has d = 64, where a layer's weight gradient is as cheap as the
 bookkeeping around it. This times, in one process with one thread, the plain step (forward,
 backward, SGD), ``configuration("economy")`` tracked at every step with ``samples=8`` and,
-with ``--exact``, exactly, on ``experiments.memory_flatness``'s models: ``transformer`` (d = 128,
+with ``--exact``, exactly, on ``benchmarks.memory_flatness``'s models: ``transformer`` (d = 128,
 T = 64, batch 64), ``transformer512`` (d = 512, T = 32, batch 64), ``gpt2_small`` (a
 nanoGPT-style causal language model, 4 blocks, d = 512, T = 128, vocabulary 8192, tied head)
 and ``gpt`` (d = 128, T = 64), the language models at batch 32 (``BATCH_SIZES``: at
@@ -25,7 +25,7 @@ import warnings
 
 import torch
 
-from experiments import memory_flatness
+from benchmarks import memory_flatness
 
 BATCH_SIZES = {"gpt2_small": 32, "gpt": 32}
 """Batch sizes other than ``memory_flatness``'s defaults: more samples than ``samples=8``."""

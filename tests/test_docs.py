@@ -6,7 +6,7 @@ every number they quote is the one in ``docs/numbers.json``.
   is left out (keep that rare: e.g. a GPU or a second machine). Blocks that need an
   optional package are skipped when it is not installed.
 - Tables: each ``<!-- table: NAME -->`` block is exactly what
-  ``python -m experiments.make_docs --tables`` renders from ``docs/numbers.json``.
+  ``python -m tools.make_docs --tables`` renders from ``docs/numbers.json``.
 - Quoted numbers: ``QUOTES`` lists (file, quoted text, key in numbers.json); the text
   must be in the file and contain the file's value. A timing (``ms``) or ratio (``×``)
   in README.md or docs/performance.md outside code must be a value of numbers.json.
@@ -22,7 +22,7 @@ from contextlib import redirect_stdout
 import pytest
 
 from cockpit_lite import diagnosis as _diagnosis
-from experiments import make_docs
+from tools import make_docs
 from foreign_warnings import raised_as_errors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -143,7 +143,7 @@ def test_every_table_is_rendered_from_numbers_json():
             used.add(table)
             expected = make_docs.TABLES[table](numbers)
             assert body == expected, f"{name}: table {table!r} differs from docs/numbers.json; " \
-                                     "run python -m experiments.make_docs --tables"
+                                     "run python -m tools.make_docs --tables"
     assert used == set(make_docs.TABLES), set(make_docs.TABLES) - used
 
 

@@ -13,7 +13,8 @@ from torch import nn
 
 import problems
 from cockpit_lite import Cockpit, configuration, quantities, sharded
-from experiments import fsdp_equality, memory_flatness
+from benchmarks import memory_flatness
+from experiments import fsdp_equality
 from experiments.fsdp_equality import Case
 
 RTOL = 1e-12

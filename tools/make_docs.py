@@ -1,14 +1,14 @@
 """Regenerate the figures and numbers the README and ``docs/`` show.
 
-    python -m experiments.make_docs            # train, draw, write docs/numbers.json, render tables
-    python -m experiments.make_docs --tables   # only re-render the tables from docs/numbers.json
+    python -m tools.make_docs            # train, draw, write docs/numbers.json, render tables
+    python -m tools.make_docs --tables   # only re-render the tables from docs/numbers.json
 
 The full run trains the demo, the broken network the README shows (Adam at 0.3 on a
 CNN) and the learning-rate comparison at their default sizes (a few minutes on one
 core), copies their figures to ``docs/`` and writes the
 numbers they came from to ``docs/numbers.json`` (keys ``demo_last_epoch`` and
 ``lr_comparison``). The benchmark numbers (key ``measured``) come from the commands
-named in each entry (``python -m experiments.bench_overhead`` and friends: hours on a
+named in each entry (``python -m benchmarks.bench_overhead`` and friends: hours on a
 shared machine); they are kept as they are when the file is rewritten.
 
 Tables: every number table in the docs sits between ``<!-- table: NAME -->`` and

@@ -1,6 +1,6 @@
 """The DDP benchmark runs end to end (two processes, one timed step)."""
 
-from experiments import bench_ddp
+from benchmarks import bench_ddp
 
 
 def test_bench_ddp_prints_the_ratios(capsys):

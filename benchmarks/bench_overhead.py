@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m experiments.bench_overhead [--repeats 5] [--steps 5] [--quick] [--json PATH]
+    python -m benchmarks.bench_overhead [--repeats 5] [--steps 5] [--quick] [--json PATH]
         [--problems mlp cnn transformer resnet_bn resnet18] [--configs "lite economy" ...]
         [--leave-one-out] [--optimizer sgd|adamw]
 
@@ -241,7 +241,7 @@ def peak_memory(problem, name):
     """
     code = (
         "import sys, warnings; warnings.simplefilter('ignore');"
-        "from experiments import bench_overhead as b; import torch; torch.set_num_threads(1);"
+        "from benchmarks import bench_overhead as b; import torch; torch.set_num_threads(1);"
         f"b.OPTIMIZER = {OPTIMIZER!r};"
         f"runner = b.configurations({problem!r}, True, {name.startswith('Cockpit')!r})[{name!r}]();"
         "base = b.high_water_mark();"

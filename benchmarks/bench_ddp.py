@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m experiments.bench_ddp [--steps 20] [--repeats 5]
+    python -m benchmarks.bench_ddp [--steps 20] [--repeats 5]
 
 Times the DDP training step (forward, backward with DDP's all-reduce, SGD step) of the
 benchmark MLP (784-64-10, 32 samples per rank) without a Cockpit, with a Cockpit where

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m experiments.fsdp_memory [--world 2] [--steps 3] [--cells gpt4:8 ...] [--json PATH]
+    python -m benchmarks.fsdp_memory [--world 2] [--steps 3] [--cells gpt4:8 ...] [--json PATH]
 
 Each cell (problem, samples per rank) trains ``--steps`` SGD steps on ``W`` CPU processes (gloo,
 one thread each), every block and the root ``fully_shard``-ed, once without a Cockpit and once
@@ -10,7 +10,7 @@ with ``Cockpit(model, configuration("economy"), diagnose=False)`` tracking every
 fresh processes. Every rank reads the growth of its peak resident set (``ru_maxrss``) over the
 start of training (after the model is built and sharded); the table gives each rank's growths
 and their ratio (the target: economy at most 1.5× the plain step's). As in
-``experiments.memory_peak``, glibc's ``MALLOC_MMAP_THRESHOLD_=131072`` makes every block of
+``benchmarks.memory_peak``, glibc's ``MALLOC_MMAP_THRESHOLD_=131072`` makes every block of
 128 KiB or more its own mapping, returned when freed, so that the resident set follows the
 tensors alive rather than the heap's fragmentation (``--default-allocator``: glibc's defaults).
 
@@ -32,8 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from experiments import memory_flatness
-from experiments.bench_per_sample import token_loss
+from benchmarks import memory_flatness
+from benchmarks.bench_per_sample import token_loss
 from experiments.fsdp_equality import GPT
 
 PROBLEMS = {  # name: (builder, vocabulary, sequence length, the modules sharded one by one)

@@ -1,4 +1,4 @@
-"""``experiments.bench_per_sample``: every peer's statistics are checked against cockpit-lite's
+"""``benchmarks.bench_per_sample``: every peer's statistics are checked against cockpit-lite's
 before it is timed, and a peer that computes something else is marked as such."""
 
 import importlib.util
@@ -6,7 +6,7 @@ import importlib.util
 import pytest
 import torch
 
-from experiments import bench_per_sample
+from benchmarks import bench_per_sample
 
 HAS_OPACUS = importlib.util.find_spec("opacus") is not None
 

@@ -1,11 +1,11 @@
 """Does a sparse λ_max (edge of stability) fit the cost of the default diagnosis?
 
-    python -m experiments.bench_sharpness [--problems mlp cnn] [--repeats 5] [--steps 200] [--numbers]
+    python -m benchmarks.bench_sharpness [--problems mlp cnn] [--repeats 5] [--steps 200] [--numbers]
 
 The target (DESIGN §7): the default ``Cockpit(model)``, untracked and tracked steps averaged,
 costs ≤ 1.05× the plain step. ``edge_of_stability`` needs ``HessMaxEV``, which the default
 does not track. This measures, interleaved and on one thread, per problem of
-``experiments.bench_overhead``:
+``benchmarks.bench_overhead``:
 
 - the plain step, the default diagnosis (``Cockpit(model)``, whole periods of its schedule)
   and ``HessMaxEV`` tracked at every step, as ratios to the plain step (medians of
@@ -24,7 +24,7 @@ import statistics
 import torch
 
 from cockpit_lite import Cockpit, diagnosis, quantities, schedules
-from experiments import bench_overhead as bench
+from benchmarks import bench_overhead as bench
 
 SCHEDULE = schedules.logarithmic(0, 6, steps=30)
 """The sparse λ_max schedule considered: 30 log-spaced points over 10⁶ steps (and step 0)."""
@@ -73,7 +73,7 @@ def run_from_start(runner, steps):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m experiments.bench_sharpness", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_sharpness", description=__doc__.split("\n")[0])
     parser.add_argument("--problems", nargs="+", default=["mlp", "cnn"], choices=list(bench.PROBLEMS))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=200)
@@ -95,7 +95,7 @@ def main(argv=None):
         names = {"mlp": "MLP 784-64-10", "cnn": "CNN (benchmark)", "transformer": "transformer", "resnet_bn": "ResNet-BN"}
         rows = [[names.get(p, p), f"{r['default']:.3g}×", f"{r['hess_max_ev']:.3g}×", f"{r['default + sparse']:.3g}×",
                  *(f"{r['extrapolated'][n]:.3g}×" for n in HORIZONS)] for p, r in results.items()]
-        write_numbers("sharpness_cost", f"python -m experiments.bench_sharpness --repeats {args.repeats} --steps "
+        write_numbers("sharpness_cost", f"python -m benchmarks.bench_sharpness --repeats {args.repeats} --steps "
                       f"{args.steps} (1 thread, interleaved, medians; the machine shared)",
                       {"header": ["problem", "default diagnosis", "one HessMaxEV step",
                                   f"default + HessMaxEV on the log schedule, first {args.steps} steps (measured)",

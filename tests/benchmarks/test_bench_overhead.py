@@ -1,6 +1,6 @@
-"""``experiments.bench_overhead`` runs end to end in its quick mode (about 10 s on one thread)."""
+"""``benchmarks.bench_overhead`` runs end to end in its quick mode (about 10 s on one thread)."""
 
-from experiments import bench_overhead
+from benchmarks import bench_overhead
 
 
 def test_quick_mlp(capsys, tmp_path):

@@ -1,6 +1,6 @@
-"""``experiments.memory_flatness`` measures in a fresh process and tabulates the growth."""
+"""``benchmarks.memory_flatness`` measures in a fresh process and tabulates the growth."""
 
-from experiments import memory_flatness
+from benchmarks import memory_flatness
 
 
 def test_a_short_run_in_a_fresh_process(capsys, tmp_path):

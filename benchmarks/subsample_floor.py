@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m experiments.subsample_floor [--problems mlp cnn transformer resnet_bn resnet18]
+    python -m benchmarks.subsample_floor [--problems mlp cnn transformer resnet_bn resnet18]
         [--repeats R] [--steps S] [--json PATH]
 
 ``bench_overhead``'s targets for ``configuration("economy")`` with ``samples=8`` (MLP ≤ 4×, CNN
@@ -59,7 +59,7 @@ from cockpit_lite.engine.rules.conv import _weight_grads
 from cockpit_lite.histogram import histogram1d
 from cockpit_lite.quantities.alpha import alpha_from_fit, fit_quadratic
 from cockpit_lite.quantities.base import with_total
-from experiments import bench_overhead
+from benchmarks import bench_overhead
 from experiments.common import single_thread
 
 SAMPLES = 8
@@ -434,7 +434,7 @@ def agreement(problem, steps=4):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m experiments.subsample_floor",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.subsample_floor",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--problems", nargs="+", default=list(DEFAULT_PROBLEMS), choices=list(FLOORS))
     parser.add_argument("--repeats", type=int, help="interleaved rounds (default: ROUNDS')")

@@ -1,6 +1,6 @@
 """Benchmark ``cockpit_lite.histogram`` against torch, numpy and Cockpit's kernel.
 
-    python experiments/bench_histogram.py [--quick] [--json PATH]
+    python benchmarks/bench_histogram.py [--quick] [--json PATH]
 
 2-d: ``histogram2d`` with 40 x 50 bins over ((-1, 1), (-2, 2)) against
 ``torch.histogramdd``, ``numpy.histogram2d`` and Cockpit's ``put_``-based

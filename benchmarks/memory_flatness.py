@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m experiments.memory_flatness [--steps 200] [--problems transformer gpt] [--json PATH]
+    python -m benchmarks.memory_flatness [--steps 200] [--problems transformer gpt] [--json PATH]
 
 For each problem and configuration (plain; ``configuration("economy")`` tracked at every
 step, exact; the same with ``samples=8``), a fresh process trains ``--steps`` steps (one
@@ -25,8 +25,8 @@ import sys
 import torch
 from torch import nn
 
-from experiments.bench_overhead import TransformerClassifier
-from experiments.bench_per_sample import GPT, token_loss
+from benchmarks.bench_overhead import TransformerClassifier
+from benchmarks.bench_per_sample import GPT, token_loss
 
 CHECKPOINTS = (1, 10, 50, 100, 200)
 CONFIGS = ("plain", "economy", "economy, samples=8")
@@ -39,7 +39,7 @@ PROBLEMS = {
     "gpt2_small": (lambda: GPT(vocab=8192, d=512, length=128, blocks=4, heads=8), 8192, 128, 8, True),
     "transformer512": (lambda: TransformerClassifier(d=512, length=32), 100, 32, 64, False),
 }
-"""``gpt2_small`` and ``transformer512`` are ``experiments.memory_peak``'s."""
+"""``gpt2_small`` and ``transformer512`` are ``benchmarks.memory_peak``'s."""
 
 OPTIMIZERS = {
     "sgd": lambda params: torch.optim.SGD(params, lr=0.01),
@@ -112,7 +112,7 @@ def backward(cp, step, loss, optimizer):
 
 def measure(name, config, steps, optimizer="sgd", batch_size=None, env=None):
     """``run`` in a fresh process (with ``env`` added to its environment)."""
-    code = ("import json; from experiments import memory_flatness as m; "
+    code = ("import json; from benchmarks import memory_flatness as m; "
             f"print(json.dumps(m.run({name!r}, {config!r}, {steps}, {optimizer!r}, {batch_size!r})))")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, **(env or {}),

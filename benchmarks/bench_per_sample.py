@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m experiments.bench_per_sample [--repeats 5] [--steps 3] [--problems ...] [--json PATH]
+    python -m benchmarks.bench_per_sample [--repeats 5] [--steps 3] [--problems ...] [--json PATH]
 
 The work: a training step (forward, backward, SGD) plus, exactly, every sample's squared
 gradient norm ``‖g̃_n‖²`` and the elementwise ``Σ_n g̃_n²`` and ``Σ_n g̃_n``: what the norm
@@ -45,7 +45,7 @@ import warnings
 import torch
 from torch import nn
 
-from experiments import bench_overhead
+from benchmarks import bench_overhead
 
 BATCH = 64
 TOLERANCE = 1e-3

@@ -2,12 +2,12 @@
 
 Usage::
 
-    python -m experiments.memory_peak [--steps 3] [--cells gpt2_small:8:sgd ...] [--json PATH]
+    python -m benchmarks.memory_peak [--steps 3] [--cells gpt2_small:8:sgd ...] [--json PATH]
 
 Each cell (problem, batch size, optimizer) trains ``--steps`` steps in a fresh process per
 configuration (plain; ``configuration("economy")`` at every step, exact; the same with
 ``samples=8``; one thread) and reads the growth of its peak resident set (``ru_maxrss``)
-over the start of training (``experiments.memory_flatness.run``). The table gives each
+over the start of training (``benchmarks.memory_flatness.run``). The table gives each
 growth and its ratio to the plain step's (the target: economy at most 1.5×).
 
 Twice: with glibc's default allocator settings, and with ``MALLOC_MMAP_THRESHOLD_=131072``
@@ -18,7 +18,7 @@ fragmentation as well as the tensors alive at the peak. The fixed threshold leav
 tensors alone (within a few MiB), so the two rows separate what the steps hold from
 how the allocator places it.
 
-Problems (``experiments.memory_flatness.PROBLEMS``): ``gpt2_small``, a GPT-2-small-like
+Problems (``benchmarks.memory_flatness.PROBLEMS``): ``gpt2_small``, a GPT-2-small-like
 nanoGPT-style model (``bench_per_sample.GPT`` with 4 blocks, d = 512, 8 heads, T = 128,
 vocabulary 8192, tied head; 17M parameters) and ``transformer512``, ``bench_overhead``'s
 encoder classifier with d = 512 (T = 32, 2 layers); random tokens.
@@ -27,7 +27,7 @@ encoder classifier with d = 512 (T = 32, 2 layers); random tokens.
 import argparse
 import json
 
-from experiments import memory_flatness
+from benchmarks import memory_flatness
 
 CELLS = ("gpt2_small:8:sgd", "gpt2_small:8:adamw", "gpt2_small:32:sgd", "transformer512:64:sgd")
 CONFIGS = memory_flatness.CONFIGS

@@ -1,11 +1,11 @@
-"""``experiments.subsample_floor``: the hand-written floor computes Cockpit's values, and the run tabulates ratios."""
+"""``benchmarks.subsample_floor``: the hand-written floor computes Cockpit's values, and the run tabulates ratios."""
 
 import json
 import math
 
 import pytest
 
-from experiments import subsample_floor
+from benchmarks import subsample_floor
 
 
 @pytest.mark.parametrize("problem", ["mlp", "cnn", "transformer", "resnet_bn"])

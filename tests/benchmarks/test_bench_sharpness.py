@@ -1,7 +1,7 @@
-"""``python -m experiments.bench_sharpness`` end to end on one tiny round: ratios measured, the log schedule's
+"""``python -m benchmarks.bench_sharpness`` end to end on one tiny round: ratios measured, the log schedule's
 points counted, the extrapolation made from them."""
 
-from experiments import bench_sharpness
+from benchmarks import bench_sharpness
 
 
 def test_ratios_and_the_extrapolation():

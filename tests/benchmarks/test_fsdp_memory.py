@@ -1,6 +1,6 @@
-"""``experiments.fsdp_memory`` measures every rank's peak growth, sharded plain against economy, in fresh processes."""
+"""``benchmarks.fsdp_memory`` measures every rank's peak growth, sharded plain against economy, in fresh processes."""
 
-from experiments import fsdp_memory
+from benchmarks import fsdp_memory
 
 
 def test_a_short_run_of_one_small_cell(capsys, tmp_path):

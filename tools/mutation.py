@@ -1,7 +1,7 @@
 """Mutation testing of one group of modules with mutmut (not part of CI: hours on 2 cores).
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m experiments.mutation GROUP [--workdir DIR] [MUTANT ...]
-    .venv/bin/python -m experiments.mutation GROUP --results [--workdir DIR]
+    OMP_NUM_THREADS=1 .venv/bin/python -m tools.mutation GROUP [--workdir DIR] [MUTANT ...]
+    .venv/bin/python -m tools.mutation GROUP --results [--workdir DIR]
 
 copies the files git tracks (and untracked ones it does not ignore) into ``DIR/GROUP``
 (default: ``cockpit-lite-mutation`` in the temporary directory), links the clone's ``.venv``

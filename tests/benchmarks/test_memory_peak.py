@@ -1,6 +1,6 @@
-"""``experiments.memory_peak`` measures each configuration's peak growth in a fresh process."""
+"""``benchmarks.memory_peak`` measures each configuration's peak growth in a fresh process."""
 
-from experiments import memory_peak
+from benchmarks import memory_peak
 
 
 def test_a_short_run_of_one_small_cell(capsys, tmp_path):
