@@ -237,13 +237,13 @@ def test_fsync_refused_by_a_special_file_is_no_failure_and_any_other_warns_or_ra
     """EINVAL/ENOTSUP (a pipe, a special file: nothing to sync) passes silently; EIO warns naming
     it and is kept in ``errors`` (``strict=True``: raises it)."""
     for errno_value in (errno.EINVAL, errno.ENOTSUP):
-        monkeypatch.setattr(log.os, "fsync", _fsync_failing(errno_value))
+        monkeypatch.setattr(os, "fsync", _fsync_failing(errno_value))
         writer = log.JSONLinesWriter(tmp_path / f"{errno_value}.jsonl", {})
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             writer.close()
         assert writer.errors == []
-    monkeypatch.setattr(log.os, "fsync", _fsync_failing(errno.EIO))
+    monkeypatch.setattr(os, "fsync", _fsync_failing(errno.EIO))
     writer = log.JSONLinesWriter(tmp_path / "eio.jsonl", {})
     with pytest.warns(RuntimeWarning, match=os.strerror(errno.EIO)):
         writer.close()
@@ -275,8 +275,8 @@ def test_a_run_id_and_the_start_time_are_utc(tmp_path, monkeypatch):
 
 def test_close_fsyncs(tmp_path, monkeypatch):
     synced = []
-    real = log.os.fsync
-    monkeypatch.setattr(log.os, "fsync", lambda fd: (synced.append(fd), real(fd)))
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd)))
     writer = log.JSONLinesWriter(tmp_path / "run.jsonl", {})
     writer.append(0, {"Loss": 1.0})
     writer.close()

@@ -34,7 +34,7 @@ CURVATURE = ["curvature.py", "hess_trace.py", "tic.py", "tic_diag.py", "tic_trac
 GROUPS = {
     "engine_rules": (["cockpit_lite/engine/rules/*"], ["tests/engine/"], [], []),
     "subsample_histogram_log": (
-        ["cockpit_lite/subsample.py", "cockpit_lite/histogram.py", "cockpit_lite/log.py"],
+        ["cockpit_lite/subsample.py", "cockpit_lite/histogram.py", "cockpit_lite/log/*"],
         ["tests/test_subsample.py", "tests/test_histogram.py", "tests/test_histogram_properties.py",
          "tests/test_log.py", "tests/instruments/test_readers.py"], [], []),
     "quantities": (["cockpit_lite/quantities/*"], ["tests/quantities/"], [],

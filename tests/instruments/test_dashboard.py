@@ -257,9 +257,8 @@ def test_instruments_never_imports_torch():
         "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')];"
         # the record format, the estimates' intervals, and the diagnosis's pure ordering of the findings
         # (no torch, no model)
-        "bad += [m for m in sys.modules if m.startswith('cockpit_lite.') and m not in ('cockpit_lite.log',"
-        " 'cockpit_lite.intervals')"
-        " and not m.startswith('cockpit_lite.diagnosis')];"
+        "bad += [m for m in sys.modules if m.startswith('cockpit_lite.') and m != 'cockpit_lite.intervals'"
+        " and not m.startswith(('cockpit_lite.log', 'cockpit_lite.diagnosis'))];"
         "bad += [m for m in sys.modules if m == 'matplotlib.pyplot'];"  # no global pyplot state
         "assert not bad, bad"
     )
