@@ -67,3 +67,11 @@ def format_report(findings, record, names=None):
         lines += ["", f"inputs (step {step}): " + ", ".join(f"{k} {_num(v, 0).strip()}" for k, v in inputs.items())]
     return "\n".join(lines)
 
+
+def report(source, names=None):
+    """The text report of ``source`` (record dict, Cockpit or log path); see ``format_report``."""
+    from cockpit_lite.diagnosis.diagnose import _source, diagnose  # (diagnose reads the rules, which read this)
+
+    record, found, _ = _source(source)
+    findings = source.findings if hasattr(source, "findings") else diagnose(source, names)
+    return format_report(findings, record, names or found)
