@@ -13,9 +13,6 @@ test), then add one line to ``_MODULES`` (and to a dashboard group in
 gauge only when ``Gauge.has_data(record)`` holds.
 """
 
-from dataclasses import dataclass
-from typing import Callable
-
 from . import (
     alpha,
     cabs,
@@ -38,28 +35,7 @@ from . import (
     tic,
     update_ratio,
 )
-from .. import data
-
-
-@dataclass(frozen=True)
-class Gauge:
-    """A registered gauge: its name, drawing function, default title and the record keys it reads."""
-
-    name: str
-    draw: Callable
-    title: str
-    keys: tuple
-    doc: str
-    present: Callable = None
-
-    def __call__(self, record, ax, **options):
-        return self.draw(record, ax, **options)
-
-    def has_data(self, record):
-        """Whether ``record`` holds something this gauge draws (the dashboard leaves it out otherwise)."""
-        if self.present is not None:
-            return bool(self.present(record))
-        return bool(data.tracked(record, *self.keys))
+from ._gauge import Gauge
 
 
 _MODULES = {
