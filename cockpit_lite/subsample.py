@@ -53,7 +53,7 @@ import math
 import torch
 
 from cockpit_lite import intervals
-from cockpit_lite.quantities.base import Output
+from cockpit_lite.output import Output
 
 MIN_SAMPLES = 2
 """The smallest ``k``: a standard error needs a variance across the subsample."""

@@ -9,6 +9,5 @@
   (extra ``hf``).
 """
 
-from cockpit_lite.integrations.requirements import require
+from cockpit_lite.integrations.requirements import require  # noqa: F401 (the integrations import it from here)
 
-__all__ = ["require"]

@@ -17,12 +17,12 @@ A quantity is asked twice per step:
    a step's values to the host in one go.
 """
 
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass
 
 import torch
 
 from cockpit_lite import schedules
+from cockpit_lite.output import Output  # noqa: F401 (where the quantities import it from)
 from cockpit_lite.engine.rules.base import rerunning
 
 
@@ -45,27 +45,6 @@ class Needs:
     extensions: tuple = ()
     hvp: bool = False
     diagonals: tuple = ()
-
-
-@dataclass
-class Output:
-    """One value of a quantity.
-
-    Attributes:
-        value: the value in Cockpit's layout (tensors allowed).
-        layers: per-layer values (one per tracked parameter), or None.
-        step: the step to record it under (default: the current step).
-        flags: strings describing problems with this value.
-        meta: how the value was obtained (a dict, tensors allowed; e.g. the method,
-            probe count and standard error of an estimate), recorded under
-            ``record[step]["meta"][name]``; or None.
-    """
-
-    value: Any
-    layers: Optional[list] = None
-    step: Optional[int] = None
-    flags: list = field(default_factory=list)
-    meta: Optional[dict] = None
 
 
 #: Methods of Cockpit's quantity interface that cockpit-lite never calls: a subclass
