@@ -1,56 +1,68 @@
 """An overhead budget: spacing out the expensive quantities so that a run stays cheap.
 
-``Cockpit(model, configuration("full"), budget=1.25)`` keeps the *average* step time over
-the first ``horizon`` steps (and, since the spaced schedules only get sparser, over any
-longer run) within ``factor`` × the plain step time. It takes over every quantity's
-schedule.
+``Cockpit(model, configuration("full"), budget=1.25)`` keeps the average step time of the
+run, counted from its first step to *any* later step (every prefix of the run, once the
+first calibration has ended), within ``factor`` × the user's plain step time: the same
+training step without a Cockpit. It takes over every quantity's schedule.
 
 Quantities share work: the per-sample pass of the engine serves every first-order
-statistic, one Hutchinson estimate or BackPACK extension serves all curvature
-quantities, and a step with anything due pays a fixed bookkeeping cost. The budget
-therefore schedules *tiers* of quantities, read from what each declares it needs
-(``Needs``) at the first calibration step, and never from their names:
+statistic, one Hutchinson estimate or BackPACK extension serves all curvature quantities,
+and a step with anything due pays a fixed bookkeeping cost. The budget therefore schedules
+*tiers* of quantities, read from what each declares it needs (``Needs``), never from
+their names:
 
 - tier 0, *bookkeeping*: no per-sample transform, no BackPACK extension, no Hessian-vector product;
 - tier 1, *per-sample*: per-sample transforms only;
 - tier 2, *curvature*: Hessian-vector products (``Needs.hvp``), an extension, or a diagonal the
   engine computes by its own backward passes (``Needs.diagonals``: the exact GGN's, one per class).
 
-The schedules are nested (a step where a tier is due has every lower tier due too), so a
-step where tiers ``0..k`` are due costs ``C_k``, the cost of all of them together,
-measured as such.
+Before a quantity has been due, its tier is the one it declares (``Quantity.TIER``), or read
+from a ``SingleStepQuantity``'s ``TRANSFORMS``; any other quantity is planned as curvature
+(the dearest) until its first due step shows its ``Needs``, which then decide (a re-plan).
+The schedules are nested: a step whose *top* tier is ``k`` has every tier ``≤ k`` due, and
+costs ``C_k`` plain steps more than an untracked step (shared work paid once).
 
-1. *Calibration* (steps ``0 .. start − 1``; ``start`` = 21 at ``full``; counted from the
-   first step entered, so a run resumed without the saved state calibrates where it
-   resumes, while the planned schedules below are logarithmic in the global step; one
-   resumed with ``Cockpit.load_state_dict`` keeps the saved plan): steps 0-2 track nothing
-   (warm-up). At step 3 every quantity is due (its first recorded value; its
-   ``Needs`` give its tier), at step 6 every quantity of the tiers below the top one,
-   and so on, one set every third step; the bookkeeping tier, cheap enough to go every
-   step, is due on a run of ``RUN`` consecutive steps. A closing run of ``RUN``
-   untracked steps times the plain step ``T₀`` (the median of its inner periods, a
-   period being the time from one ``cp(step)`` call to the next). The cost of a set due
-   at step ``s`` is ``C = (P_{s−1} + P_s + P_{s+1}) / T₀ − 3`` plain steps: the watched
-   forward pass, the backward pass and the computation, and what a quantity finishes at
-   the next step (``Alpha``, ``UpdateSize``); the bookkeeping run's cost per step is the
-   median of its periods over ``T₀``, minus one.
-2. *Plan* (at step ``start − 1``, recorded in the log under ``"budget"``): with
-   ``A = (factor − 1) · horizon`` plain steps to spend, of which calibration took
-   ``Σ C``, every tier starts on the sparsest schedule, one step per four octaves
-   (``L(1/4)`` below), and then, lowest tier first, each takes the densest schedule
-   that the rest of ``A`` pays for and that is no denser than the tier below: every
-   step, or ``L(m)`` for ``m`` = 32, 16, 8, 4, 2, 1, 1/2 steps per octave, where
-   ``L(m) = {⌊2^{j/m}⌋ : j ≥ 0}`` (logarithmic: dense early in training, where things
-   change fastest; ``L(1/4) ⊂ L(1/2) ⊂ … ⊂ L(32)``). A tier's marginal cost is
-   ``C_k − C_{k−1}``; counting is exact over the steps ``[start, horizon)``. If even the
-   floor does not fit, every tier keeps it and a warning gives the expected average.
-3. From step ``start`` on the schedules are fixed: deterministic given the measured
-   costs, and recorded, so ``Budget(plan=record[step]["budget"])`` replays a run's
-   schedules (calibration steps included) without measuring anything.
+1. *Calibration* (``WARMUP`` untracked steps from the first step entered, then a window of
+   ``STEPS`` steps: ``PAIRS`` times two *bare* steps and two untracked steps, so that a change
+   of the machine's load hits both alike). A bare step is the user's plain step: ``cp(step)``
+   returns at once and the Cockpit's forward hooks are off the model (``Budget.unwatch``),
+   so the median of the bare periods (a *period* being the time from one ``cp(step)`` call to
+   the next) is the plain step ``T₀``. The median over the pairs of an untracked period over
+   the bare one before it, minus one, is ``u``: what every step with the Cockpit costs
+   although nothing is due (its
+   per-step calls and the diagnosis signals' hooks). The plan is fixed at the last
+   untracked step and governs the steps after it.
+2. *Spend only what has been earned.* Every step earns ``e = factor − 1 − u`` plain steps,
+   shared out among the present tiers by ``SHARES`` (a tier's account holds at most one
+   step of its own; what it cannot hold goes to the tier above). Each tier has logarithmic
+   *candidate* steps ``L(m) = {⌊2^{j/m}⌋ : j ≥ 0}`` (``m`` steps per octave, dense early in
+   training, where things change fastest; or every step), the densest that its share pays
+   for up to ``max(horizon, 2 × steps so far)``, no denser than the tier below. A candidate
+   step makes its tier *pending*; at each step the highest pending tier whose account holds
+   ``C_k`` runs (its lower tiers with it) and pays ``C_k``. No account is ever spent below
+   zero, so the modelled spending never runs ahead of what the steps so far have earned.
+   Costs not yet measured are ``PRIOR`` plain steps.
+3. *Measured, re-planned, recorded.* Every period next to a tracked step is timed: its time
+   over ``T₀`` minus one is what it really cost (other periods are charged ``u``). A run of
+   tracked steps of one top tier, with untracked steps around it, measures ``C_k`` (the
+   median of the last ``KEEP`` such measurements is the plan's cost). At the step after
+   a tier's first measurement, after a quantity's first ``Needs`` changed its tier, and every
+   ``CHECK`` steps, the budget re-plans: the accounts are set to what has really been earned
+   minus what has really been spent. When the median of the last ``WINDOW`` untracked periods
+   has moved by more than ``DRIFT``× from the calibrated untracked step (a validation phase
+   between steps, a new sequence length, a slower data loader), the plan calibrates again
+   (bare and untracked runs, nothing due meanwhile) and re-plans with the new ``T₀`` and ``u``.
+   Each plan is recorded in the log under ``"budget"`` at the step it was made and governs the
+   steps after it: the schedules are a deterministic function of the recorded plans, and
+   ``Budget(plan=plans(record))`` replays a run's schedules without measuring anything.
 
-Costs are measured once, on one step each: noisy on a busy machine (a negative cost
-counts as zero), and the first step of a kind pays one-off warm-up costs, which errs
-on the sparse side of the budget.
+Under torch.distributed the ranks plan from the mean of their measurements, at the same
+steps (the steps of a re-plan depend only on the plans), so they fix the same schedules.
+
+Limits: the bare steps see no forward pass (a non-finite loss there is not located); a
+data-loader stall next to a tracked step is charged to it (the budget errs on the sparse
+side); the first evaluation of a tier is placed by its prior cost, so a tier dearer than
+its prior overshoots once, until the steps after it have earned it back.
 """
 
 import math
@@ -66,14 +78,40 @@ last, one step per four octaves (``⌊16^j⌋``: 1, 16, 256, 4096, ...), is the 
 TIERS = ("bookkeeping", "per-sample", "curvature")
 """The tiers of work, cheapest first (see the module docstring)."""
 
-FIRST = 3
-"""The first calibration step: every quantity is due (steps 0-2 time the plain step)."""
+SHARES = (0.4, 0.3, 0.3)
+"""Each tier's share of what a step earns (renormalised over the tiers present)."""
 
-SPACING = 3
-"""Steps from one calibration set to the next (due step, its follow-up, a gap)."""
+PRIOR = (2.0, 30.0, 150.0)
+"""The cost (plain steps) a tier is planned with before it has been measured."""
 
-RUN = 6
-"""Steps of the bookkeeping tier's calibration run, and of the untracked run that ends calibration."""
+WARMUP = 10
+"""Untracked steps before the calibration's runs (the first steps of a run are slow)."""
+
+PAIRS = 8
+"""Pairs of a bare and an untracked period in a calibration window (``STEPS``: 4 steps each)."""
+
+STEPS = 4 * PAIRS
+"""Steps of a calibration window: bare, bare, untracked, untracked, ... The first bare step's
+period is bare (its next forward pass without the Cockpit's hooks), the first untracked
+step's is untracked; the other two periods mix them and are not used."""
+
+KEEP = 3
+"""Measurements of a tier's cost whose median is its planned cost."""
+
+CHECK = 100
+"""Steps from one re-plan to the next (the ledger set to what was measured)."""
+
+WINDOW = 16
+"""Untracked periods whose median is compared with the calibrated untracked step."""
+
+DRIFT = 1.3
+"""The change (either way) of the untracked step that calibrates again."""
+
+HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
+"""A module's forward hooks (``unwatch``; the keyword and always-called flags stay keyed by the handle)."""
+
+VERSION = 2
+"""The plan format (older plans fixed one schedule per quantity and do not replay here)."""
 
 
 def tier_of(needs):
@@ -83,6 +121,17 @@ def tier_of(needs):
     if needs.hvp or needs.extensions or needs.diagonals:
         return 2
     return 1 if needs.transforms else 0
+
+
+def expected_tier(quantity):
+    """The tier ``quantity`` is planned in before its first due step (see the module docstring)."""
+    from cockpit_lite.quantities.base import SingleStepQuantity
+
+    if quantity.TIER is not None:
+        return int(quantity.TIER)
+    if isinstance(quantity, SingleStepQuantity) and type(quantity)._needs is SingleStepQuantity._needs:
+        return 1 if quantity.TRANSFORMS else 0
+    return len(TIERS) - 1
 
 
 def octave_steps(per_octave, start, stop):
@@ -97,15 +146,18 @@ def octave_steps(per_octave, start, stop):
         j += 1
 
 
-def _due(rule, step):
-    """Whether a planned schedule ``rule`` (``{"every": 1}`` or ``{"per_octave": m, "from": t}``) is due."""
-    if step < rule["from"]:
-        return False
-    if "every" in rule:
+def _candidate(option, step):
+    """Whether ``step`` is a candidate step of ``option`` (``"every"`` or ``m`` steps per octave)."""
+    if option == "every":
         return True
-    m = rule["per_octave"]
-    j = math.ceil(m * math.log2(step)) if step > 0 else 0
-    return any(int(math.floor(2 ** (k / m))) == step for k in (j - 1, j, j + 1) if k >= 0)
+    j = math.ceil(option * math.log2(step)) if step > 0 else 0
+    return any(int(math.floor(2 ** (k / option))) == step for k in (j - 1, j, j + 1) if k >= 0)
+
+
+def plans(record):
+    """The budget's plans in a record (``Cockpit.get_output()`` or ``log.read``), in step order:
+    what ``Budget(plan=...)`` replays."""
+    return [record[step]["budget"] for step in sorted(record) if "budget" in record[step]]
 
 
 class Budget:
@@ -115,37 +167,84 @@ class Budget:
         """
         Args:
             factor: the allowed average step time, in plain step times (> 1).
-            horizon: the number of steps over which the average is kept.
-            plan: a recorded plan (``record[step]["budget"]``) to replay instead of
-                measuring.
+            horizon: the run length the candidate schedules are first planned for (they are
+                planned again for twice the steps so far as the run goes on); the average
+                holds at every length either way.
+            plan: the recorded plans of a run to replay instead of measuring
+                (``plans(record)``), or one of them (``record[step]["budget"]``: replayed
+                from its step on, the later re-plans of that run left out).
 
         Raises:
-            ValueError: for a factor ≤ 1 or a horizon below 1.
+            ValueError: for a factor ≤ 1, a horizon below 1, or a plan of another format.
         """
-        if plan is not None:
-            factor, horizon = plan["factor"], plan["horizon"]
+        replay = [] if plan is None else [plan] if isinstance(plan, dict) else list(plan)
+        for recorded in replay:
+            if not isinstance(recorded, dict) or recorded.get("version") != VERSION:
+                raise ValueError(
+                    "Budget(plan=...) replays the plans of this version of cockpit-lite's budget "
+                    f"(format {VERSION}), got {recorded!r:.80}. Fix: pass plans(record) of a run "
+                    "recorded with this version, or measure anew (budget=factor)"
+                )
+        if replay:
+            factor, horizon = replay[0]["factor"], replay[0]["horizon"]
         if not factor > 1:
             raise ValueError(f"the budget factor must exceed 1 (it is a multiple of the plain step time), got {factor!r}")
         if int(horizon) != horizon or horizon < 1:
             raise ValueError(f"horizon must be a positive number of steps, got {horizon!r}")
         self.factor, self.horizon = float(factor), int(horizon)
-        self.plan = plan
-        self.names = []
-        self.tiers = dict(plan["tiers"]) if plan is not None else None  # name -> tier, known at origin + FIRST
-        self.origin = plan.get("origin", 0) if plan is not None else None  # the first step entered
-        self._starts = {}  # step -> time.perf_counter() at its cp(step) call
-        self._due_at = {}  # name -> step -> bool, once the plan is fixed
-        self.group = None
+        self._replay = {p["step"]: p for p in replay}
+        self.plan = None  # the plan in force
+        self.names, self.tiers, self.group = [], {}, None
+        self.origin = replay[0]["origin"] if replay else None
+        self._calibration = None  # the calibration window in progress: its first (bare) step
+        self._windows = [self.origin + WARMUP] if replay else []  # every calibration window's first step
+        self._unwatched = None  # the Cockpit's hooks taken off the model for the bare steps
+        self._starts = {}  # step -> time.perf_counter() at its cp(step) call (recent steps only)
+        self._tops = {}  # step -> the top tier due at it (None: nothing), from the plan in force
+        self._state = None  # the simulation's (step, accounts, pending) after its last step
+        self._reset_measurements()
+        if replay and min(self._replay) != replay[0]["step"]:
+            raise ValueError("Budget(plan=...): the plans are not in step order")
+
+    def _reset_measurements(self):
+        self._spent = 0.0  # plain steps really spent since the plan in force was made
+        self._measured = {}  # tier -> its last KEEP measured costs
+        self._untracked = []  # the last WINDOW untracked periods (seconds)
+        self._block = None  # the run of tracked steps being measured: [excess, steps, tiers]
+        self._excess = None  # the excess of the previous period (plain steps)
+        self._replan = False  # a tier changed (``saw``): re-plan at the next step
+
+    # --- the Cockpit's interface -------------------------------------------------------------
+
+    def take_over(self, quantities, group=None):
+        """Give every quantity the budget's schedule (called once by the Cockpit).
+
+        ``group``: under torch.distributed, the Cockpit's ``Group``: the ranks plan from the
+        mean of their measurements, so that every rank fixes the same schedules.
+        """
+        self.names = [q.name for q in quantities]
+        self.group = group
+        self.tiers = {q.name: expected_tier(q) for q in quantities}
+        if self._replay:
+            first = next(iter(self._replay.values()))
+            if sorted(first["tiers"]) != sorted(self.names):
+                raise ValueError(
+                    f"the budget plan schedules {sorted(first['tiers'])} but the Cockpit tracks "
+                    f"{sorted(self.names)}: replay a plan with the quantities of its run"
+                )
+        for quantity in quantities:
+            quantity._track_schedule = self._schedule(quantity.name)
 
     def state_dict(self):
-        """``{"factor", "horizon", "plan"}``: the plan once fixed (plain values), ``None`` during calibration."""
+        """``{"factor", "horizon", "plan"}``: the plan in force (plain values), ``None`` during
+        the first calibration."""
         return {"factor": self.factor, "horizon": self.horizon, "plan": self.plan}
 
     def load_state_dict(self, state):
         """Go on with a saved run's plan: its schedules, no new calibration.
 
-        A state saved during calibration (no plan yet) leaves this budget to calibrate from
-        the first step it sees (the saved run's timings were of another process).
+        A state saved during the first calibration (no plan yet) leaves this budget to calibrate
+        from the first step it sees (the saved run's timings were of another process).
 
         Raises:
             ValueError: for another factor or horizon than this budget's.
@@ -156,197 +255,304 @@ class Budget:
                 f"Cockpit's {self.factor}x over {self.horizon}. Fix: create the resumed Cockpit with "
                 f"budget=Budget({state['factor']}, horizon={state['horizon']})"
             )
-        if state["plan"] is None:
-            return
-        self.plan = state["plan"]
-        self.tiers = dict(self.plan["tiers"])
-        self.origin = self.plan.get("origin", 0)
-        self._fix()
+        if state["plan"] is not None:
+            self.origin = state["plan"]["origin"]
+            self._apply(state["plan"])
 
-    @property
-    def levels(self):
-        """The non-empty tiers, top first: calibration set ``i`` holds the tiers ``≤ levels[i]``."""
-        return sorted(set(self.tiers.values()), reverse=True)
+    def bare(self, step):
+        """Whether ``step`` is a bare step of a calibration (``cp(step)`` does nothing)."""
+        return any(0 <= step - first < STEPS and (step - first) % 4 < 2 for first in self._windows[-2:])
 
-    def calibration(self):
-        """``(sets, untracked)``: ``sets`` lists ``(top tier, due steps)``, top first; ``untracked``
-        the closing run of untracked steps (known from step ``origin + FIRST`` on)."""
-        sets, at = [], self.origin + FIRST
-        for top in self.levels:
-            steps = list(range(at, at + RUN)) if top == 0 else [at]
-            sets.append((top, steps))
-            at += RUN if top == 0 else SPACING
-        return sets, list(range(at, at + RUN))
-
-    @property
-    def start(self):
-        """The first step of the planned schedules (after calibration); ``None`` before step ``origin + FIRST``."""
-        if self.tiers is None:
-            return None
-        return self.calibration()[1][-1] + 1
-
-    def calibration_steps(self, name):
-        """The calibration steps at which quantity ``name`` is due (all of them known from step
-        ``origin + FIRST`` on; none before the first step)."""
-        if self.tiers is None:
-            return [] if self.origin is None else [self.origin + FIRST]
-        return [t for top, steps in self.calibration()[0] if self.tiers[name] <= top for t in steps]
-
-    def take_over(self, quantities, group=None):
-        """Give every quantity the budget's schedule (called once by the Cockpit).
-
-        ``group``: under torch.distributed, the Cockpit's ``Group``. The ranks plan from
-        the mean of their measured periods, so that every rank fixes the same schedules
-        (statistics of the global batch need every rank at the same collectives).
-        """
-        self.names = [q.name for q in quantities]
-        self.group = group
-        if self.plan is not None and sorted(self.plan["schedules"]) != sorted(self.names):
-            raise ValueError(
-                f"the budget plan schedules {sorted(self.plan['schedules'])} but the Cockpit "
-                f"tracks {sorted(self.names)}: replay a plan with the quantities of its run"
-            )
-        for quantity in quantities:
-            quantity._track_schedule = self._schedule(quantity.name)
-        if self.plan is not None:
-            self._fix()
-
-    def _fix(self):
-        """Make every quantity's schedule a cheap test (it runs at every step, due or not)."""
-        for name in self.names:
-            rule = self.plan["schedules"][name]
-            start, calibration = rule["from"], frozenset(self.calibration_steps(name))
-            if "every" in rule:
-                def due(step, start=start, calibration=calibration):
-                    return step >= start or step in calibration
-            else:
-                def due(step, steps=frozenset(octave_steps(rule["per_octave"], start, 2**40)) | calibration):
-                    return step in steps
-            self._due_at[name] = due
-
-    def _schedule(self, name):
-        def schedule(step):
-            due = self._due_at.get(name)
-            if due is None:  # not planned yet: calibration
-                return step in self.calibration_steps(name)
-            return due(step)
-
-        schedule.__doc__ = f"Budget {self.factor}x schedule of {name} (see cockpit_lite.budget)."
-        return schedule
+    def unwatch(self, model, on):
+        """Take the Cockpit's forward hooks off ``model``'s modules (``on``) for the bare steps, or
+        put them back where they were (a hook is the Cockpit's when its function is
+        cockpit-lite's; the user's hooks stay, in their order)."""
+        if on and self._unwatched is None and model is not None:
+            self._unwatched = []
+            for module in model.modules():
+                for name in HOOK_DICTS:
+                    hooks = getattr(module, name, None)
+                    ours = {key: hook for key, hook in (hooks or {}).items()
+                            if getattr(hook, "__module__", "").startswith("cockpit_lite")}
+                    if ours:
+                        self._unwatched.append((hooks, ours, list(hooks)))
+                    for key in ours:
+                        del hooks[key]
+        elif not on and self._unwatched is not None:
+            for hooks, ours, order in self._unwatched:
+                merged = {**hooks, **ours}
+                keys = [key for key in order if key in merged] + [key for key in merged if key not in order]
+                hooks.clear()
+                hooks.update((key, merged[key]) for key in keys)
+            self._unwatched = None
 
     def saw(self, step, due):
-        """Note what the due quantities need at ``step`` (``due``: ``[(quantity, Needs)]``).
-
-        At step ``origin + FIRST``, where every quantity is due, this sorts them into tiers.
-        """
-        if self.plan is not None or self.origin is None or step != self.origin + FIRST:
-            return
-        tiers = {q.name: tier_of(n) for q, n in due}
-        self.tiers = {name: tiers.get(name, 0) for name in self.names}
+        """Note what the due quantities need at ``step`` (``due``: ``[(quantity, Needs)]``): a
+        quantity whose ``Needs`` put it in another tier than planned makes the budget re-plan."""
+        for quantity, needs in due:
+            tier = tier_of(needs)
+            if self.tiers.get(quantity.name) != tier:
+                self.tiers[quantity.name] = tier
+                self._replan = True
 
     def step_started(self, step, now):
-        """Note the time of the ``cp(step)`` call; returns the plan when it is fixed at this step.
+        """Note the time of the ``cp(step)`` call; returns a plan when one is made at this step.
 
         Args:
             step: the global step.
             now: ``time.perf_counter()``.
 
         Returns:
-            The plan (a dict, to be recorded under ``"budget"``) at step ``start − 1``
-            when it was measured here, else ``None``.
+            The plan (a dict, to be recorded under ``"budget"``) made at ``step``, else ``None``.
         """
-        if self.plan is not None or (self.start is not None and step >= self.start):
-            return None
         if self.origin is None:
             self.origin = step
-        if self.tiers is None and step > self.origin + FIRST:
-            raise ValueError(
-                f"the overhead budget calibrates on consecutive steps from the first one "
-                f"({self.origin}), but step {self.origin + FIRST} was never entered (now {step}): "
-                "call cp(step) with consecutive step numbers"
-            )
-        self._starts[step] = now
-        if self.start is None or step != self.start - 1:
+            self._calibration = step + WARMUP
+            self._windows.append(self._calibration)
+        if step in self._replay:
+            return self._apply(self._replay[step])
+        if self._replay and self.plan is None and step < min(self._replay):
+            return None  # a replay's first calibration: nothing due, nothing measured
+        if self._replay:
             return None
-        periods = {t: self._starts[t + 1] - self._starts[t] for t in range(self.origin, step) if t + 1 in self._starts}
-        missing = [t for t in range(self.origin, step) if t not in periods]
+        self._starts[step] = now
+        self._starts.pop(step - STEPS - 2, None)
+        if step - 1 in self._starts:
+            self._period(step - 1, now - self._starts[step - 1])
+        calibrating = self._calibration is not None
+        if calibrating and step == self._calibration + STEPS - 1:
+            return self._calibrated(step)
+        if calibrating or self.plan is None:
+            if self.plan is None and step > self.origin and step - 1 not in self._starts:
+                raise ValueError(
+                    f"the overhead budget calibrates on consecutive steps from the first one "
+                    f"({self.origin}), but step {step - 1} was never entered (now {step}): call cp(step) "
+                    "with consecutive step numbers"
+                )
+            return None
+        if self._replan or step % CHECK == 0:
+            return self._make_plan(step, drifted=step % CHECK == 0 and self._drifted())
+        return None
+
+    # --- measuring ----------------------------------------------------------------------------
+
+    def _period(self, t, seconds):
+        """Account the period of step ``t`` (from ``cp(t)`` to ``cp(t + 1)``)."""
+        if self._calibration is not None:  # (a calibration again: its steps charged as untracked ones)
+            self._spent += self.plan["untracked_cost"] if self.plan is not None else 0.0
+            return
+        plain, u = self.plan["plain_step_s"], self.plan["untracked_cost"]
+        excess = seconds / plain - 1
+        tracked = [self.top(s) is not None for s in (t - 1, t, t + 1)]
+        if any(tracked):
+            self._spent += excess
+        else:
+            self._spent += u
+            self._untracked = (self._untracked + [seconds])[-WINDOW:]
+        top = self.top(t)
+        if top is not None:
+            if self._block is None:
+                self._block = [self._excess if self._excess is not None else excess, [], set()]
+            self._block[0] += excess
+            self._block[1].append(t)
+            self._block[2].add(top)
+        elif self._block is not None:
+            total, steps, tops = self._block
+            self._block = None
+            if len(tops) == 1 and self.top(steps[0] - 2) is None and self.top(t + 1) is None:
+                (k,) = tops
+                cost = max(0.0, (total + excess) / len(steps) - 2 * u / len(steps) - u)
+                self._measured[k] = (self._measured.get(k, []) + [cost])[-KEEP:]
+                if not self.plan["measured"][TIERS[k]]:
+                    self._replan = True
+        self._excess = excess
+
+    def _mean(self, values):
+        """``values`` (floats) averaged over the ranks (as they are, in one process)."""
+        if self.group is None:
+            return values
+        total = self.group.sum([torch.tensor(values, dtype=torch.float64)])[0]
+        return (total / self.group.world).tolist()
+
+    def _calibrated(self, step):
+        """The plan at the end of a calibration window (``step``: its last untracked step)."""
+        a = self._calibration
+        missing = [t for t in range(a, step + 1) if t not in self._starts]
+        if missing and self.plan is not None:  # steps skipped while calibrating again: the old times stay
+            self._calibration = None
+            return self._make_plan(step)
         if missing:
             raise ValueError(
-                f"the overhead budget needs every calibration step {self.origin}..{step}, but the "
-                f"steps {missing[:5]} were never entered: call cp(step) with consecutive step numbers"
+                f"the overhead budget needs every calibration step {a}..{step}, but the steps "
+                f"{missing[:5]} were never entered: call cp(step) with consecutive step numbers"
             )
-        if self.group is not None:
-            steps = sorted(periods)
-            mean = self.group.sum([torch.tensor([periods[t] for t in steps], dtype=torch.float64)])[0] / self.group.world
-            periods = dict(zip(steps, mean.tolist()))
-        self.plan = self.schedule_from(periods)
-        self._fix()
-        return self.plan
+        periods = self._mean([self._starts[t + 1] - self._starts[t] for t in range(a, step)])  # (ranks' mean)
+        bare = periods[0::4]
+        plain = statistics.median(bare)
+        untracked = plain * max(1.0, statistics.median(p / q for p, q in zip(periods[2::4], bare)))
+        self._calibration = None
+        return self._make_plan(step, plain=plain, untracked=untracked)
 
-    def schedule_from(self, periods):
-        """The plan for measured ``periods`` (``{step: seconds}`` of the calibration steps).
+    def _drifted(self):
+        """Whether the untracked step moved by more than ``DRIFT``× since calibration (ranks' mean)."""
+        median = statistics.median(self._untracked) if len(self._untracked) == WINDOW else 0.0
+        full, median = self._mean([float(len(self._untracked) == WINDOW), median])
+        if full < 1:
+            return False
+        ratio = median / self.plan["untracked_s"]
+        return not 1 / DRIFT <= ratio <= DRIFT
 
-        Needs the tiers (``saw`` at step ``origin + FIRST``). Deterministic: the same periods give
-        the same plan.
-        """
-        sets, untracked = self.calibration()
-        plain = statistics.median(periods[t] for t in untracked[1:-1])
-        levels = self.levels
-        measured = [
-            max(0.0, statistics.median(periods[t] for t in steps) / plain - 1) if len(steps) > 1
-            else max(0.0, sum(periods[t] for t in (steps[0] - 1, steps[0], steps[0] + 1)) / plain - 3)
-            for _, steps in sets
-        ]
-        # marginal cost of each non-empty tier: its set's cost minus the set below it
-        marginal = {
-            top: max(0.0, measured[i] - (measured[i + 1] if i + 1 < len(levels) else 0.0))
-            for i, top in enumerate(levels)
-        }
-        spent = sum(cost * len(steps) for cost, (_, steps) in zip(measured, sets))
-        stop = max(self.origin + self.horizon, self.start)  # the horizon counts from the first step
-        options = ("every", *PER_OCTAVE)  # densest first; the last is the floor
-        floor = options[-1]
-        counts = {"every": stop - self.start, **{m: len(octave_steps(m, self.start, stop)) for m in PER_OCTAVE}}
-        available = (self.factor - 1) * self.horizon - spent
-        choice = {tier: len(options) - 1 for tier in marginal}  # index into options
-        left = available - sum(marginal[t] * counts[floor] for t in marginal)
-        feasible = left >= 0
-        densest = 0  # a tier may be no denser than the one below it
-        for tier in sorted(marginal):
-            for index in range(densest, len(options) - 1):
-                extra = marginal[tier] * (counts[options[index]] - counts[floor])
-                if extra <= left:
-                    choice[tier], left = index, left - extra
+    # --- planning -----------------------------------------------------------------------------
+
+    def _make_plan(self, step, plain=None, untracked=None, drifted=False):
+        """A new plan made at ``step`` (governing the steps after it), applied and returned."""
+        old = self.plan
+        if plain is None:
+            plain, untracked = old["plain_step_s"], old["untracked_s"]
+        u = max(0.0, untracked / plain - 1)
+        present = sorted(set(self.tiers.values()))
+        earned = (self.factor - 1) * (step + 1 - self.origin)
+        if old is None:  # the first calibration: its steps charged as untracked ones
+            spent_before, fired = u * (step + 1 - self.origin), {}
+            accounts = None
+        else:
+            self.top(step)  # the simulation up to this step (its accounts after it)
+            _, accounts, _ = self._state
+            spent_before = old["spent"] + self._mean([self._spent])[0]
+            fired = dict(old["fired"])
+            for t in range(old["step"] + 1, step + 1):
+                if self._tops.get(t) is not None:
+                    fired[TIERS[self._tops[t]]] = fired.get(TIERS[self._tops[t]], 0) + 1
+        measured = {TIERS[k]: statistics.median(v) for k, v in self._measured.items() if v}
+        measured = dict(zip(measured, self._mean(list(measured.values()))))
+        costs, known = {}, {}
+        for k in range(len(TIERS)):
+            name = TIERS[k]
+            if name in measured:
+                costs[name], known[name] = measured[name], True
+            elif old is not None and old["measured"][name]:
+                costs[name], known[name] = old["costs"][name], True
+            else:
+                costs[name], known[name] = PRIOR[k], False
+        for k in range(1, len(TIERS)):  # a step of a higher tier runs the lower ones too
+            costs[TIERS[k]] = max(costs[TIERS[k]], costs[TIERS[k - 1]])
+        balance = earned - spent_before
+        shares = {TIERS[k]: SHARES[k] / sum(SHARES[j] for j in present) for k in present}
+        if accounts is None or sum(accounts.values()) == 0 or balance < 0:  # (in debt: no tier spends)
+            accounts = {t: balance * s for t, s in shares.items()}
+        else:  # what the model spent differs from what was measured: the difference shared as held
+            held = {t: max(accounts.get(t, 0.0), 0.0) for t in shares}
+            weights = held if sum(held.values()) > 0 else shares
+            correction = balance - sum(accounts.get(t, 0.0) for t in shares)
+            accounts = {t: accounts.get(t, 0.0) + correction * weights[t] / sum(weights.values()) for t in shares}
+        per_step = self.factor - 1 - u
+        stop = self.origin + max(self.horizon, 2 * (step + 1 - self.origin))
+        options, densest = {}, 0
+        choices = ("every", *PER_OCTAVE)
+        for k in present:
+            name = TIERS[k]
+            room = accounts[name] + shares[name] * per_step * max(stop - step - 1, 0)
+            index = len(choices) - 1
+            for i in range(densest, len(choices) - 1):
+                count = stop - step - 1 if choices[i] == "every" else len(octave_steps(choices[i], step + 1, stop))
+                if count * costs[name] <= room:
+                    index = i
                     break
-            densest = choice[tier]
-        total = spent + sum(marginal[t] * counts[options[choice[t]]] for t in marginal)
-        expected = 1 + total / max(self.horizon, 1)
-        if not feasible:
-            warnings.warn(
-                f"the overhead budget {self.factor}x over {self.horizon} steps cannot be kept: "
-                "calibration and one value per four octaves of steps for every quantity already "
-                f"cost {expected:.2f}x the plain step on average. Track fewer quantities "
-                "(e.g. configuration('business') or drop HessMaxEV), or allow a larger budget "
-                "or horizon.",
-                stacklevel=4,
-            )
-
-        def rule(tier):
-            option = options[choice[tier]]
-            return {"every": 1, "from": self.start} if option == "every" else {"per_octave": option, "from": self.start}
-
-        return {
+            options[name], densest = choices[index], index
+        recalibrate = step + 2 if drifted else None
+        plan = {
+            "version": VERSION,
             "factor": self.factor,
             "horizon": self.horizon,
             "origin": self.origin,
+            "step": step,
             "plain_step_s": plain,
+            "untracked_s": untracked,
+            "untracked_cost": u,
             "tiers": dict(self.tiers),
-            "costs": {TIERS[t]: marginal[t] for t in sorted(marginal)},
-            "calibration_cost": spent,
-            "schedules": {n: rule(self.tiers[n]) for n in self.names},
-            "expected_ratio": expected,
-            "calibrated_at": {n: self.calibration_steps(n) for n in self.names},
+            "costs": costs,
+            "measured": known,
+            "shares": shares,
+            "accounts": accounts,
+            "pending": {TIERS[k]: bool(old is not None and self._state[2].get(TIERS[k], False)) for k in present},
+            "candidates": options,
+            "recalibrate": recalibrate,
+            "spent": spent_before,
+            "average": 1 + spent_before / (step + 1 - self.origin),
+            "fired": fired,
+            "bought": {TIERS[k]: sorted(n for n, t in self.tiers.items() if t == k) for k in present},
         }
+        if per_step <= 0 and (old is None or old["untracked_cost"] < self.factor - 1):
+            warnings.warn(
+                f"the overhead budget {self.factor}x cannot be kept: the Cockpit's untracked steps alone "
+                f"cost {1 + u:.2f}x the plain step (its per-step calls and the diagnosis signals' hooks), "
+                "so nothing is tracked. Allow a larger budget, or diagnose=False on steps this short",
+                stacklevel=4,
+            )
+        return self._apply(plan)
+
+    def _apply(self, plan):
+        """Put ``plan`` in force (made at ``plan["step"]``, governing the steps after it); returns it."""
+        step = plan["step"]
+        self.top(step)  # the steps up to this one keep the schedules of the plan before
+        self.plan = plan
+        self.tiers = dict(plan["tiers"])
+        self._tops = {t: top for t, top in self._tops.items() if t <= step}
+        self._state = (step, dict(plan["accounts"]), dict(plan["pending"]))
+        if plan["recalibrate"] is not None:
+            self._calibration = plan["recalibrate"]
+            self._windows.append(self._calibration)
+        self._spent = 0.0
+        self._replan = False
+        self._measured = {k: v for k, v in self._measured.items() if not plan["measured"][TIERS[k]] or v}
+        return plan
+
+    # --- the schedules ------------------------------------------------------------------------
+
+    def top(self, step):
+        """The top tier due at ``step`` (``None``: nothing), a deterministic function of the plans."""
+        top = self._tops.get(step, False)
+        if top is not False:
+            return top
+        if self.plan is None or step <= self.plan["step"]:
+            return None
+        plan = self.plan
+        t, accounts, pending = self._state
+        present = sorted(TIERS.index(name) for name in plan["shares"])
+        per_step = self.factor - 1 - plan["untracked_cost"]
+        window = plan["recalibrate"]
+        while t < step:
+            t += 1
+            carry = 0.0
+            for k in present:  # earn; what an account cannot hold goes to the tier above
+                name = TIERS[k]
+                accounts[name] += per_step * plan["shares"][name] + carry
+                cap = plan["costs"][name]
+                carry = max(0.0, accounts[name] - cap) if k != present[-1] else 0.0
+                accounts[name] -= carry
+                pending[name] = pending[name] or _candidate(plan["candidates"][name], t)
+            top = None
+            if window is None or not window - 1 <= t < window + STEPS:
+                affordable = [k for k in present if pending[TIERS[k]] and accounts[TIERS[k]] >= plan["costs"][TIERS[k]]]
+                if affordable:
+                    top = affordable[-1]
+                    accounts[TIERS[top]] -= plan["costs"][TIERS[top]]
+                    for k in present:
+                        if k <= top:
+                            pending[TIERS[k]] = False
+            self._tops[t] = top
+        self._state = (t, accounts, pending)
+        return self._tops[step]
+
+    def _schedule(self, name):
+        def schedule(step):
+            top = self._tops.get(step, False)
+            if top is False:
+                top = self.top(step)
+            return top is not None and self.tiers[name] <= top
+
+        schedule.__doc__ = f"Budget {self.factor}x schedule of {name} (see cockpit_lite.budget)."
+        return schedule
 
 
 def as_budget(budget):

@@ -347,6 +347,48 @@ def budget_run(problem, factor, steps, level="full"):
     return plain, tracked, budgeted.cp.get_output()
 
 
+def budget_twin(problem, factor, steps, diagnose, level="full"):
+    """Total time of ``steps`` steps of ``Cockpit(model, configuration(level), budget=factor)`` over
+    that of a plain twin run interleaved with it step by step (a load change hits both alike),
+    and the budgeted record."""
+    budgeted = Runner(problem, lambda m: Cockpit(m, configuration(level), budget=factor, diagnose=diagnose),
+                      backpack=False)
+    plain = Runner(problem)
+    totals = [0.0, 0.0]
+    for _ in range(steps):
+        for i, runner in enumerate((budgeted, plain)):
+            start = time.perf_counter()
+            runner.run_step()
+            totals[i] += time.perf_counter() - start
+    budgeted.cp.close()
+    return totals[0] / totals[1], budgeted.cp.get_output()
+
+
+def print_budget_lengths(factor, lengths, problems, level="full"):
+    """The table of ``budget_twin`` ratios: problems × run lengths, with diagnosis on and off."""
+    from cockpit_lite.budget import plans
+
+    results = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for problem in problems:
+            for diagnose in (True, False):
+                for steps in lengths:  # the median of 3 runs of the short lengths (a few ms each on the MLP)
+                    runs = [budget_twin(problem, factor, steps, diagnose, level) for _ in range(3 if steps <= 300 else 1)]
+                    ratio, record = sorted(runs, key=lambda run: run[0])[len(runs) // 2]
+                    last = plans(record)[-1]
+                    results[(problem, diagnose, steps)] = ratio
+                    print(f"{problem:<12} diagnose={diagnose!s:<6} {steps:>5} steps: {ratio:.2f}x "
+                          f"(u {last['untracked_cost']:.2f}, tiers run {last['fired']})", flush=True)
+    print(f"\nbudget={factor}, configuration({level!r}): total time over an interleaved plain twin, 1 thread, "
+          "batch 64 (diagnosis on / diagnose=False)")
+    print(f"{'problem':<12}" + "".join(f"{n:>14}" for n in lengths))
+    for problem in problems:
+        print(f"{problem:<12}" + "".join(
+            f"{results[(problem, True, n)]:>7.2f}/{results[(problem, False, n)]:.2f}" for n in lengths))
+    return results
+
+
 def print_budget(factor, steps, problems, level="full"):
     results = {}
     with warnings.catch_warnings():
@@ -392,12 +434,17 @@ def main(argv=None):
     parser.add_argument("--budget", type=float, nargs="?", const=1.25, help="the 500-step budget table instead")
     parser.add_argument("--budget-steps", type=int, default=500)
     parser.add_argument("--budget-level", default="full", choices=LEVELS)
+    parser.add_argument("--budget-lengths", type=int, nargs="+",
+                        help="with --budget: the table of run lengths (each against an interleaved plain twin)")
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.steps = 2, 2
     OPTIMIZER = args.optimizer
     torch.set_num_threads(1)
     logging.getLogger("cockpit_lite.diagnosis").setLevel(logging.ERROR)  # findings on random data: not the point
+    if args.budget is not None and args.budget_lengths:
+        print_budget_lengths(args.budget, args.budget_lengths, args.problems, args.budget_level)
+        return
     if args.budget is not None:
         print_budget(args.budget, args.budget_steps, args.problems, args.budget_level)
         return

@@ -90,6 +90,8 @@ class ActivationStats(Quantity):
     input layer once found (or how many passes were searched).
     """
 
+    TIER = 0  # (overhead budget: bookkeeping)
+
     STATE = ("_next", "_first", "_looked")
 
     def __init__(self, track_schedule=None, verbose=False):

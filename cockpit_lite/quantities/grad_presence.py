@@ -46,6 +46,8 @@ ARMED = 8
 class GradPresence(Quantity):
     """``{"before", "after", "stepped", "first_backward", "optimizer", "lr", "momentum"}`` per step."""
 
+    TIER = 0  # (overhead budget: bookkeeping)
+
     SCALED_BACKWARD = True
 
     def __init__(self, track_schedule=None, verbose=False):
