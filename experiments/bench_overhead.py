@@ -3,12 +3,14 @@
 Usage::
 
     python -m experiments.bench_overhead [--repeats 5] [--steps 5] [--quick] [--json PATH]
-        [--problems mlp cnn transformer resnet_bn resnet18] [--configs "lite economy" ...]
+        [--problems mlp cnn transformer gpt resnet_bn resnet18] [--configs "lite economy" ...]
         [--leave-one-out] [--optimizer sgd|adamw]
+    python -m experiments.bench_overhead --budget [FACTOR] [--budget-lengths 100 300 1000 ...]
 
 For each problem (an MLP 784-64-10 and a small CNN on 3×32×32 inputs, a transformer
 encoder classifier: embedding, 2 layers, d=64, 4 heads, sequence 32, and a small ResNet
-with BatchNorm in training mode on 3×32×32; on request, ``resnet18``, a torchvision-style
+with BatchNorm in training mode on 3×32×32; on request, ``gpt``, ``bench_per_sample``'s
+nanoGPT-style GPT with its token loss, and ``resnet18``, a torchvision-style
 ResNet-18 in training mode on 3×32×32; batch 64, cross-entropy, SGD, or with ``--optimizer adamw``
 AdamW) it times, in one
 process with one thread (``--configs``: only the configurations named, and the plain step):
@@ -40,7 +42,11 @@ with ``configuration("full")`` (``--budget-level``) and ``Cockpit(model, ...,
 budget=FACTOR)`` (default 1.25, horizon the number of steps),
 and plain again, none of them BackPACK-extended (BackPACK's hooks alone slow every step
 down), and prints the average step time of the budgeted run over the mean of the two
-plain runs, and the steps at which each quantity was recorded.
+plain runs, and the steps at which each quantity was recorded. With ``--budget-lengths N
+...`` it prints instead the table of problems × run lengths ``N``, with the default
+diagnosis on and with ``diagnose=False``: the time of a budgeted run (a fresh model and
+Cockpit each) over a plain twin's, alternated plain, budgeted, budgeted, plain (three such
+rounds for runs of at most 100 steps, two up to 300), with the steps each tier was recorded at.
 
 Timings are medians over ``--repeats`` interleaved rounds (every configuration runs
 once per round, so a load change on the machine hits all of them alike); a
@@ -68,6 +74,7 @@ from cockpit_lite import Cockpit, configuration, diagnosis, extend, quantities
 from cockpit_lite.quantities.curvature import CurvatureQuantity
 from cockpit_lite.budget import TIERS, Budget
 from cockpit_lite.utils.configuration import quantities_cls_for_configuration
+from instruments.data import budget_bought
 
 BATCH = 64
 OPTIMIZERS = {
@@ -166,11 +173,30 @@ def _images(shape):
     return lambda g: torch.randn(BATCH, *shape, generator=g)
 
 
+def gpt():
+    """``bench_per_sample``'s nanoGPT-style GPT (2 pre-norm blocks, d = 64, T = 32, vocabulary 256, tied head)."""
+    from experiments.bench_per_sample import GPT
+
+    return GPT()
+
+
+class TokenLoss(nn.Module):
+    """Mean cross-entropy over every token of ``[B, T, V]`` logits (a sample is a sequence)."""
+
+    def forward(self, logits, targets):
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def _tokens(vocab):
+    return lambda g: torch.randint(0, vocab, (BATCH, 32), generator=g)
+
+
 PROBLEMS = {
-    # name: (model, inputs, BackPACK supports its curvature)
+    # name: (model, inputs, BackPACK supports its curvature[, loss, targets]; default: cross-entropy, 10 classes)
     "mlp": (mlp, _images((1, 28, 28)), True),
     "cnn": (cnn, _images((3, 32, 32)), True),
-    "transformer": (TransformerClassifier, lambda g: torch.randint(0, 100, (BATCH, 32), generator=g), False),
+    "transformer": (TransformerClassifier, _tokens(100), False),
+    "gpt": (gpt, _tokens(256), False, TokenLoss, _tokens(256)),
     "resnet_bn": (resnet_bn, _images((3, 32, 32)), False),
     "resnet18": (resnet18, _images((3, 32, 32)), False),
 }
@@ -188,16 +214,17 @@ class Runner:
 
     def __init__(self, problem, make_cockpit=None, peer=False, backpack=True, period=1, skip=0):
         """``period``/``skip``: time whole periods of a sparse schedule, after its first ``skip`` steps."""
-        build, inputs, supported = PROBLEMS[problem]
+        build, inputs, supported, loss, targets = (*PROBLEMS[problem], nn.CrossEntropyLoss,
+                                                   lambda g: torch.randint(0, 10, (BATCH,), generator=g))[:5]
         torch.manual_seed(0)
-        self.model, self.lossfunc = build(), nn.CrossEntropyLoss()
+        self.model, self.lossfunc = build(), loss()
         if make_cockpit is not None and supported and backpack:
             self.model, self.lossfunc = extend(self.model), extend(self.lossfunc)
         self.opt = OPTIMIZERS[OPTIMIZER](self.model.parameters())
         self.cp = make_cockpit(self.model) if make_cockpit is not None else None
         self.peer = peer
         g = torch.Generator().manual_seed(1)
-        self.batches = [(inputs(g), torch.randint(0, 10, (BATCH,), generator=g)) for _ in range(4)]
+        self.batches = [(inputs(g), targets(g)) for _ in range(4)]
         self.step = 0
         self.period, self.skip = period, skip
 
@@ -347,21 +374,28 @@ def budget_run(problem, factor, steps, level="full"):
     return plain, tracked, budgeted.cp.get_output()
 
 
-def budget_twin(problem, factor, steps, diagnose, level="full"):
-    """Total time of ``steps`` steps of ``Cockpit(model, configuration(level), budget=factor)`` over
-    that of a plain twin run interleaved with it step by step (a load change hits both alike),
-    and the budgeted record."""
-    budgeted = Runner(problem, lambda m: Cockpit(m, configuration(level), budget=factor, diagnose=diagnose),
-                      backpack=False)
-    plain = Runner(problem)
-    totals = [0.0, 0.0]
-    for _ in range(steps):
-        for i, runner in enumerate((budgeted, plain)):
-            start = time.perf_counter()
+def budget_twin(problem, factor, steps, diagnose, level="full", cycles=1):
+    """Time of ``steps`` steps of ``Cockpit(model, configuration(level), budget=factor)`` over that of a
+    plain twin: ``cycles`` rounds of plain, budgeted, budgeted, plain runs (each budgeted run a fresh
+    model and Cockpit, calibrating anew), so that a load change hits both alike. (Interleaving single
+    steps would put the twin's step inside every period the budget times.) Returns the ratio of the
+    sums and the last budgeted record."""
+    def timed(runner):
+        start = time.perf_counter()
+        for _ in range(steps):
             runner.run_step()
-            totals[i] += time.perf_counter() - start
-    budgeted.cp.close()
-    return totals[0] / totals[1], budgeted.cp.get_output()
+        return time.perf_counter() - start
+
+    totals, record = [0.0, 0.0], None
+    for _ in range(cycles):
+        for budgeted in (False, True, True, False):
+            runner = Runner(problem, lambda m: Cockpit(m, configuration(level), budget=factor, diagnose=diagnose),
+                            backpack=False) if budgeted else Runner(problem)
+            totals[budgeted] += timed(runner)
+            if budgeted:
+                runner.cp.close()
+                record = runner.cp.get_output()
+    return totals[1] / totals[0], record
 
 
 def print_budget_lengths(factor, lengths, problems, level="full"):
@@ -373,14 +407,16 @@ def print_budget_lengths(factor, lengths, problems, level="full"):
         warnings.simplefilter("ignore")
         for problem in problems:
             for diagnose in (True, False):
-                for steps in lengths:  # the median of 3 runs of the short lengths (a few ms each on the MLP)
-                    runs = [budget_twin(problem, factor, steps, diagnose, level) for _ in range(3 if steps <= 300 else 1)]
-                    ratio, record = sorted(runs, key=lambda run: run[0])[len(runs) // 2]
+                for steps in lengths:  # (more rounds of the short runs: a few ms each on the MLP)
+                    ratio, record = budget_twin(problem, factor, steps, diagnose, level,
+                                                cycles=3 if steps <= 100 else 2 if steps <= 300 else 1)
                     last = plans(record)[-1]
                     results[(problem, diagnose, steps)] = ratio
                     print(f"{problem:<12} diagnose={diagnose!s:<6} {steps:>5} steps: {ratio:.2f}x "
-                          f"(u {last['untracked_cost']:.2f}, tiers run {last['fired']})", flush=True)
-    print(f"\nbudget={factor}, configuration({level!r}): total time over an interleaved plain twin, 1 thread, "
+                          f"(plain {last['plain_step_s'] * 1e3:.2f} ms, u {last['untracked_cost']:.2f}, steps recorded: "
+                          + ", ".join(f"{tier} {entry['steps']}" for tier, entry in budget_bought(record)["tiers"].items())
+                          + ")", flush=True)
+    print(f"\nbudget={factor}, configuration({level!r}): time over a plain twin (runs alternated), 1 thread, "
           "batch 64 (diagnosis on / diagnose=False)")
     print(f"{'problem':<12}" + "".join(f"{n:>14}" for n in lengths))
     for problem in problems:
@@ -435,7 +471,7 @@ def main(argv=None):
     parser.add_argument("--budget-steps", type=int, default=500)
     parser.add_argument("--budget-level", default="full", choices=LEVELS)
     parser.add_argument("--budget-lengths", type=int, nargs="+",
-                        help="with --budget: the table of run lengths (each against an interleaved plain twin)")
+                        help="with --budget: the table of run lengths (each against a plain twin, runs alternated)")
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.steps = 2, 2
