@@ -46,8 +46,8 @@ costs ``C_k`` plain steps more than an untracked step (shared work paid once).
    over ``T₀`` minus one is what it really cost (other periods are charged ``u``). A run of
    tracked steps of one top tier, with untracked steps around it, measures ``C_k`` (the
    median of the last ``KEEP`` such measurements is the plan's cost). At the step after
-   a tier's first measurement, after a quantity's first ``Needs`` changed its tier, and every
-   ``CHECK`` steps, the budget re-plans: the accounts are set to what has really been earned
+   a tier's first measurement, after a quantity's first ``Needs`` changed its tier, and once
+   in every ``CHECK`` steps, the budget re-plans: the accounts are set to what has really been earned
    minus what has really been spent. When the median of the last ``WINDOW`` untracked periods
    has moved by more than ``DRIFT``× from the calibrated untracked step (a validation phase
    between steps, a new sequence length, a slower data loader), the plan calibrates again
@@ -95,11 +95,20 @@ STEPS = 4 * PAIRS
 period is bare (its next forward pass without the Cockpit's hooks), the first untracked
 step's is untracked; the other two periods mix them and are not used."""
 
+PROBE = 50
+"""After the first calibration, steps ``t`` with ``t % PROBE`` 0 and 1 are bare and 2 and 3 untracked
+(nothing due from ``t % PROBE == PROBE − 1`` to 3): one more pair of a bare and an untracked period
+every ``PROBE`` steps; the last ``KEPT`` pairs give the plain step and ``u`` at each re-plan."""
+
+KEPT = 16
+"""Pairs of a bare and an untracked period kept (the calibration's and the probes')."""
+
 KEEP = 3
 """Measurements of a tier's cost whose median is its planned cost."""
 
 CHECK = 100
-"""Steps from one re-plan to the next (the ledger set to what was measured)."""
+"""The budget re-plans at the first step it times in each ``CHECK`` steps (the ledger set to what
+was measured, the plain step to the kept pairs')."""
 
 WINDOW = 16
 """Untracked periods whose median is compared with the calibrated untracked step."""
@@ -200,6 +209,7 @@ class Budget:
         self._windows = [self.origin + WARMUP] if replay else []  # every calibration window's first step
         self._unwatched = None  # the Cockpit's hooks taken off the model for the bare steps
         self._starts = {}  # step -> time.perf_counter() at its cp(step) call (recent steps only)
+        self._counted = -1  # the last step whose period has been accounted
         self._tops = {}  # step -> the top tier due at it (None: nothing), from the plan in force
         self._state = None  # the simulation's (step, accounts, pending) after its last step
         self._reset_measurements()
@@ -210,6 +220,9 @@ class Budget:
         self._spent = 0.0  # plain steps really spent since the plan in force was made
         self._measured = {}  # tier -> its last KEEP measured costs
         self._untracked = []  # the last WINDOW untracked periods (seconds)
+        self._pairs = []  # the last KEPT (bare, untracked) periods (seconds)
+        self._early = []  # the periods of the first calibration (seconds)
+        self._probe = None  # the bare period of the probe in progress
         self._block = None  # the run of tracked steps being measured: [excess, steps, tiers]
         self._excess = None  # the excess of the previous period (plain steps)
         self._replan = False  # a tier changed (``saw``): re-plan at the next step
@@ -257,11 +270,17 @@ class Budget:
             )
         if state["plan"] is not None:
             self.origin = state["plan"]["origin"]
+            self._windows = [self.origin + WARMUP]  # (the probes' steps count from its end)
             self._apply(state["plan"])
 
     def bare(self, step):
         """Whether ``step`` is a bare step of a calibration (``cp(step)`` does nothing)."""
-        return any(0 <= step - first < STEPS and (step - first) % 4 < 2 for first in self._windows[-2:])
+        return any(0 <= step - first < STEPS and (step - first) % 4 < 2 for first in self._windows[-2:]) or (
+            self._probing(step) and step % PROBE < 2)
+
+    def _probing(self, step):
+        """Whether ``step`` lies after the first calibration, where the probes are (``PROBE``)."""
+        return bool(self._windows) and step > self._windows[0] + STEPS
 
     def unwatch(self, model, on):
         """Take the Cockpit's forward hooks off ``model``'s modules (``on``) for the bare steps, or
@@ -315,40 +334,54 @@ class Budget:
             return None  # a replay's first calibration: nothing due, nothing measured
         if self._replay:
             return None
+        if self.plan is None and step > self.origin and step - 1 not in self._starts:
+            raise ValueError(
+                f"the overhead budget calibrates on consecutive steps from the first one "
+                f"({self.origin}), but step {step - 1} was never entered (now {step}): call cp(step) "
+                "with consecutive step numbers"
+            )
         self._starts[step] = now
-        self._starts.pop(step - STEPS - 2, None)
-        if step - 1 in self._starts:
-            self._period(step - 1, now - self._starts[step - 1])
+        if self.bare(step):
+            return None  # (nothing more: the period of a bare step is the plain step's)
+        for t in sorted(t for t in self._starts if t < step):  # the periods not accounted yet
+            if t + 1 in self._starts and t > self._counted:
+                self._period(t, self._starts[t + 1] - self._starts[t])
+            if t < step - STEPS - 2:
+                del self._starts[t]
+        self._counted = step - 1
         calibrating = self._calibration is not None
         if calibrating and step == self._calibration + STEPS - 1:
             return self._calibrated(step)
         if calibrating or self.plan is None:
-            if self.plan is None and step > self.origin and step - 1 not in self._starts:
-                raise ValueError(
-                    f"the overhead budget calibrates on consecutive steps from the first one "
-                    f"({self.origin}), but step {step - 1} was never entered (now {step}): call cp(step) "
-                    "with consecutive step numbers"
-                )
             return None
-        if self._replan or step % CHECK == 0:
-            return self._make_plan(step, drifted=step % CHECK == 0 and self._drifted())
+        check = step // CHECK > self.plan["step"] // CHECK
+        if self._replan or check:
+            return self._make_plan(step, drifted=check and self._drifted())
         return None
 
     # --- measuring ----------------------------------------------------------------------------
 
     def _period(self, t, seconds):
         """Account the period of step ``t`` (from ``cp(t)`` to ``cp(t + 1)``)."""
-        if self._calibration is not None:  # (a calibration again: its steps charged as untracked ones)
-            self._spent += self.plan["untracked_cost"] if self.plan is not None else 0.0
+        if self.plan is None:  # the first calibration: charged at its end, once the plain step is known
+            self._early.append(seconds)
             return
         plain, u = self.plan["plain_step_s"], self.plan["untracked_cost"]
         excess = seconds / plain - 1
+        if self._calibration is not None:  # (a calibration again: charged as measured)
+            self._spent += excess
+            return
         tracked = [self.top(s) is not None for s in (t - 1, t, t + 1)]
         if any(tracked):
             self._spent += excess
         else:
             self._spent += u
             self._untracked = (self._untracked + [seconds])[-WINDOW:]
+        if self._probing(t) and t % PROBE == 0:
+            self._probe = seconds
+        elif self._probing(t) and t % PROBE == 2 and self._probe is not None:
+            self._pairs = (self._pairs + [(self._probe, seconds)])[-KEPT:]
+            self._probe = None
         top = self.top(t)
         if top is not None:
             if self._block is None:
@@ -386,12 +419,20 @@ class Budget:
                 f"the overhead budget needs every calibration step {a}..{step}, but the steps "
                 f"{missing[:5]} were never entered: call cp(step) with consecutive step numbers"
             )
-        periods = self._mean([self._starts[t + 1] - self._starts[t] for t in range(a, step)])  # (ranks' mean)
-        bare = periods[0::4]
-        plain = statistics.median(bare)
-        untracked = plain * max(1.0, statistics.median(p / q for p, q in zip(periods[2::4], bare)))
+        periods = [self._starts[t + 1] - self._starts[t] for t in range(a, step)]
+        self._pairs = list(zip(periods[0::4], periods[2::4]))
         self._calibration = None
-        return self._make_plan(step, plain=plain, untracked=untracked)
+        return self._make_plan(step, *self._times())
+
+    def _times(self):
+        """``(plain, untracked)`` step times (s) from the kept pairs (the ranks' mean), or ``(None, None)``
+        with fewer than ``PAIRS`` of them on any rank."""
+        bare = [b for b, _ in self._pairs]
+        enough = len(self._pairs) >= PAIRS
+        plain = statistics.median(bare) if enough else 0.0
+        ratio = max(1.0, statistics.median(u / b for b, u in self._pairs)) if enough else 0.0
+        enough, plain, ratio = self._mean([float(enough), plain, ratio])
+        return (plain, plain * ratio) if enough == 1 else (None, None)
 
     def _drifted(self):
         """Whether the untracked step moved by more than ``DRIFT``× since calibration (ranks' mean)."""
@@ -408,12 +449,14 @@ class Budget:
         """A new plan made at ``step`` (governing the steps after it), applied and returned."""
         old = self.plan
         if plain is None:
+            plain, untracked = self._times()
+        if plain is None:
             plain, untracked = old["plain_step_s"], old["untracked_s"]
         u = max(0.0, untracked / plain - 1)
         present = sorted(set(self.tiers.values()))
         earned = (self.factor - 1) * (step + 1 - self.origin)
-        if old is None:  # the first calibration: its steps charged as untracked ones
-            spent_before, fired = u * (step + 1 - self.origin), {}
+        if old is None:  # the first calibration: its periods charged as measured (the Cockpit's first steps)
+            spent_before, fired = sum(p / plain - 1 for p in self._mean(self._early)) + u, {}
             accounts = None
         else:
             self.top(step)  # the simulation up to this step (its accounts after it)
@@ -499,6 +542,9 @@ class Budget:
         self.tiers = dict(plan["tiers"])
         self._tops = {t: top for t, top in self._tops.items() if t <= step}
         self._state = (step, dict(plan["accounts"]), dict(plan["pending"]))
+        stop = step + 1 + 4 * CHECK  # the candidates as sets (a plan rarely governs longer; beyond, computed)
+        self._sets = {name: (stop, None if option == "every" else frozenset(octave_steps(option, step + 1, stop)))
+                      for name, option in plan["candidates"].items()}
         if plan["recalibrate"] is not None:
             self._calibration = plan["recalibrate"]
             self._windows.append(self._calibration)
@@ -530,9 +576,12 @@ class Budget:
                 cap = plan["costs"][name]
                 carry = max(0.0, accounts[name] - cap) if k != present[-1] else 0.0
                 accounts[name] -= carry
-                pending[name] = pending[name] or _candidate(plan["candidates"][name], t)
+                if not pending[name]:
+                    stop, steps = self._sets[name]
+                    pending[name] = steps is None or (t in steps if t < stop else _candidate(plan["candidates"][name], t))
             top = None
-            if window is None or not window - 1 <= t < window + STEPS:
+            probe = self._probing(t + 1) and (t + 1) % PROBE < 5
+            if not probe and (window is None or not window - 1 <= t < window + STEPS):
                 affordable = [k for k in present if pending[TIERS[k]] and accounts[TIERS[k]] >= plan["costs"][TIERS[k]]]
                 if affordable:
                     top = affordable[-1]

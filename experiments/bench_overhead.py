@@ -37,16 +37,13 @@ process with one thread (``--configs``: only the configurations named, and the p
 - the original Cockpit at each level on the same recipe, when ``cockpit-for-pytorch`` is
   installed (MLP, CNN).
 
-``--budget [FACTOR]`` instead runs 500 steps (``--budget-steps``) of each problem plain,
-with ``configuration("full")`` (``--budget-level``) and ``Cockpit(model, ...,
-budget=FACTOR)`` (default 1.25, horizon the number of steps),
-and plain again, none of them BackPACK-extended (BackPACK's hooks alone slow every step
-down), and prints the average step time of the budgeted run over the mean of the two
-plain runs, and the steps at which each quantity was recorded. With ``--budget-lengths N
-...`` it prints instead the table of problems × run lengths ``N``, with the default
-diagnosis on and with ``diagnose=False``: the time of a budgeted run (a fresh model and
-Cockpit each) over a plain twin's, alternated plain, budgeted, budgeted, plain (three such
-rounds for runs of at most 100 steps, two up to 300), with the steps each tier was recorded at.
+``--budget [FACTOR]`` instead prints the table of problems × run lengths (``--budget-lengths``,
+default 100, 300, 1000 and 3000 steps) of ``Cockpit(model, configuration("full"), budget=FACTOR)``
+(default 1.25; ``--budget-level``), with the default diagnosis on and with ``diagnose=False``,
+not BackPACK-extended (BackPACK's hooks alone slow every step down): the time of a budgeted
+run (a fresh model and Cockpit each) over a plain twin's, alternated plain, budgeted,
+budgeted, plain (three such rounds for runs of at most 100 steps, two up to 300), with the
+steps each tier was recorded at.
 
 Timings are medians over ``--repeats`` interleaved rounds (every configuration runs
 once per round, so a load change on the machine hits all of them alike); a
@@ -72,7 +69,6 @@ from torch import nn
 
 from cockpit_lite import Cockpit, configuration, diagnosis, extend, quantities
 from cockpit_lite.quantities.curvature import CurvatureQuantity
-from cockpit_lite.budget import TIERS, Budget
 from cockpit_lite.utils.configuration import quantities_cls_for_configuration
 from instruments.data import budget_bought
 
@@ -358,22 +354,6 @@ def measure(problem, repeats, steps, with_quantities, with_peer, with_memory=Tru
     return medians, memory
 
 
-def budget_run(problem, factor, steps, level="full"):
-    """Average step times of ``steps`` plain, budgeted ``level`` and plain steps; the budgeted record."""
-    def timed(runner):
-        start = time.perf_counter()
-        for _ in range(steps):
-            runner.run_step()
-        return (time.perf_counter() - start) / steps
-
-    plain = timed(Runner(problem))
-    budgeted = Runner(problem, lambda m: Cockpit(m, configuration(level), budget=Budget(factor, horizon=steps)),
-                      backpack=False)
-    tracked = timed(budgeted)
-    plain = (plain + timed(Runner(problem))) / 2
-    return plain, tracked, budgeted.cp.get_output()
-
-
 def budget_twin(problem, factor, steps, diagnose, level="full", cycles=1):
     """Time of ``steps`` steps of ``Cockpit(model, configuration(level), budget=factor)`` over that of a
     plain twin: ``cycles`` rounds of plain, budgeted, budgeted, plain runs (each budgeted run a fresh
@@ -425,33 +405,6 @@ def print_budget_lengths(factor, lengths, problems, level="full"):
     return results
 
 
-def print_budget(factor, steps, problems, level="full"):
-    results = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for problem in problems:
-            results[problem] = budget_run(problem, factor, steps, level)
-    print(f"budget={factor}: average step time of {steps} steps of configuration({level!r}) / plain "
-          "(mean of a plain run before and after), 1 thread, batch 64")
-    print(f"{'problem':<12}{'plain ms':>10}{'budget ms':>11}{'ratio':>8}{'expected':>10}")
-    for problem, (plain, tracked, record) in results.items():
-        plan = next(entry["budget"] for entry in record.values() if "budget" in entry)
-        print(f"{problem:<12}{plain * 1e3:>10.2f}{tracked * 1e3:>11.2f}{tracked / plain:>7.2f}x"
-              f"{plan['expected_ratio']:>9.2f}x")
-    for problem, (_, _, record) in results.items():
-        plan = next(entry["budget"] for entry in record.values() if "budget" in entry)
-        start = min(rule["from"] for rule in plan["schedules"].values())
-        costs = ", ".join(f"{tier} {cost:.1f}" for tier, cost in plan["costs"].items())
-        print(f"\n{problem}: steps at which each quantity was recorded (calibration 0..{start - 1}, "
-              f"{plan['calibration_cost']:.0f} plain steps; marginal cost per due step, plain steps: {costs})")
-        for name, rule in plan["schedules"].items():
-            recorded = sorted(s for s, entry in record.items() if name in entry)
-            kind = "every step" if "every" in rule else f"{rule['per_octave']}/octave"
-            shown = recorded if len(recorded) <= 14 else recorded[:6] + ["..."] + recorded[-4:]
-            print(f"  {name:<16}{TIERS[plan['tiers'][name]]:<12} {kind:<11} n={len(recorded):<4} {shown}")
-    return results
-
-
 def main(argv=None):
     global OPTIMIZER
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -467,22 +420,18 @@ def main(argv=None):
                         help="also economy with samples=8 without each of its quantities in turn")
     parser.add_argument("--optimizer", default=OPTIMIZER, choices=list(OPTIMIZERS),
                         help="sgd: SGD, lr 0.01; adamw: AdamW, lr 1e-3, weight decay 0.01")
-    parser.add_argument("--budget", type=float, nargs="?", const=1.25, help="the 500-step budget table instead")
-    parser.add_argument("--budget-steps", type=int, default=500)
+    parser.add_argument("--budget", type=float, nargs="?", const=1.25,
+                        help="the budget table instead: problems x run lengths, against a plain twin")
     parser.add_argument("--budget-level", default="full", choices=LEVELS)
-    parser.add_argument("--budget-lengths", type=int, nargs="+",
-                        help="with --budget: the table of run lengths (each against a plain twin, runs alternated)")
+    parser.add_argument("--budget-lengths", type=int, nargs="+", default=[100, 300, 1000, 3000])
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.steps = 2, 2
     OPTIMIZER = args.optimizer
     torch.set_num_threads(1)
     logging.getLogger("cockpit_lite.diagnosis").setLevel(logging.ERROR)  # findings on random data: not the point
-    if args.budget is not None and args.budget_lengths:
-        print_budget_lengths(args.budget, args.budget_lengths, args.problems, args.budget_level)
-        return
     if args.budget is not None:
-        print_budget(args.budget, args.budget_steps, args.problems, args.budget_level)
+        print_budget_lengths(args.budget, args.budget_lengths, args.problems, args.budget_level)
         return
     with_peer = False
     if not args.no_peer:

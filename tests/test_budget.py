@@ -121,14 +121,16 @@ def test_the_tier_a_quantity_is_planned_in_is_the_one_its_needs_show():
 def test_calibration_times_bare_steps_as_the_plain_step_and_counts_the_untracked_overhead():
     budget = _budget()
     clock = Clock(plain=0.01, u=0.2)
-    _, made = clock.run(budget, WARMUP + STEPS)
+    periods, made = clock.run(budget, WARMUP + STEPS)
     bare = [t for t in range(WARMUP + STEPS) if budget.bare(t)]
     assert bare == [WARMUP + i for i in range(STEPS) if i % 4 < 2]
     (plan,) = made
     assert plan["step"] == WARMUP + STEPS - 1
     assert plan["plain_step_s"] == pytest.approx(0.01) and plan["untracked_cost"] == pytest.approx(0.2)
-    # what was earned over the calibration, less its untracked overhead, is in the accounts
-    assert sum(plan["accounts"].values()) == pytest.approx((0.25 - 0.2) * (plan["step"] + 1))
+    # what was earned over the calibration, less what its steps cost (as measured; the plan's own: u)
+    spent = sum(p / 0.01 - 1 for p in periods[:-1]) + 0.2
+    assert spent == pytest.approx(0.2 * (WARMUP + STEPS // 2))  # (the bare steps cost nothing)
+    assert sum(plan["accounts"].values()) == pytest.approx(0.25 * (plan["step"] + 1) - spent)
     assert plan["costs"] == dict(zip(TIERS, PRIOR)) and not any(plan["measured"].values())
 
 
@@ -188,10 +190,11 @@ def test_a_changed_step_time_calibrates_again_and_re_plans():
     budget = _budget()
     _, made = clock.run(budget, 1000)
     again = next(p for p in made if p["recalibrate"] is not None)
-    assert again["step"] % CHECK == 0 and again["step"] > 400
+    assert again["step"] % CHECK == 2 and again["step"] > 400  # (steps 100k and 100k + 1 are a probe's bare ones)
     window = range(again["step"] + 1, again["recalibrate"] + STEPS)
     assert all(budget.top(t) is None for t in window)  # nothing due while it calibrates
-    assert [t for t in window if budget.bare(t)] == [again["recalibrate"] + i for i in range(STEPS) if i % 4 < 2]
+    pattern = [budget.bare(again["recalibrate"] + i) for i in range(STEPS)]
+    assert pattern == [i % 4 < 2 for i in range(STEPS)]  # pairs of bare steps, pairs of untracked ones
     new = next(p for p in made if p["step"] == again["recalibrate"] + STEPS - 1)
     assert new["plain_step_s"] == pytest.approx(0.03) and new["untracked_cost"] == pytest.approx(0.1)
     assert not any(p["recalibrate"] for p in made if p["step"] > new["step"])  # calm again
