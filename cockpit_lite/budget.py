@@ -116,8 +116,9 @@ WINDOW = 16
 DRIFT = 1.3
 """The change (either way) of the untracked step that calibrates again."""
 
-HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
-"""A module's forward hooks (``unwatch``; the keyword and always-called flags stay keyed by the handle)."""
+HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_optimizer_step_pre_hooks", "_optimizer_step_post_hooks")
+"""A module's forward hooks and an optimizer's step hooks (``unwatch``; a module's keyword and
+always-called flags stay keyed by the handle)."""
 
 VERSION = 2
 """The plan format (older plans fixed one schedule per quantity and do not replay here)."""
@@ -206,10 +207,13 @@ class Budget:
         self.names, self.tiers, self.group = [], {}, None
         self.origin = replay[0]["origin"] if replay else None
         self._calibration = None  # the calibration window in progress: its first (bare) step
-        self._windows = [self.origin + WARMUP] if replay else []  # every calibration window's first step
+        self._windows = []  # every calibration window's first step
+        self._bare = set()  # their bare steps
+        if replay:
+            self._window(self.origin + WARMUP)
         self._unwatched = None  # the Cockpit's hooks taken off the model for the bare steps
         self._starts = {}  # step -> time.perf_counter() at its cp(step) call (recent steps only)
-        self._counted = -1  # the last step whose period has been accounted
+        self._periods = []  # (step, seconds): the periods not accounted yet (of bare steps)
         self._tops = {}  # step -> the top tier due at it (None: nothing), from the plan in force
         self._state = None  # the simulation's (step, accounts, pending) after its last step
         self._reset_measurements()
@@ -270,33 +274,36 @@ class Budget:
             )
         if state["plan"] is not None:
             self.origin = state["plan"]["origin"]
-            self._windows = [self.origin + WARMUP]  # (the probes' steps count from its end)
+            self._window(self.origin + WARMUP)  # (the probes' steps count from its end)
             self._apply(state["plan"])
 
     def bare(self, step):
         """Whether ``step`` is a bare step of a calibration (``cp(step)`` does nothing)."""
-        return any(0 <= step - first < STEPS and (step - first) % 4 < 2 for first in self._windows[-2:]) or (
-            self._probing(step) and step % PROBE < 2)
+        return step in self._bare or (self._probing(step) and step % PROBE < 2)
+
+    def _window(self, first):
+        """A calibration window from step ``first`` on."""
+        self._windows.append(first)
+        self._bare.update(first + i for i in range(STEPS) if i % 4 < 2)
 
     def _probing(self, step):
         """Whether ``step`` lies after the first calibration, where the probes are (``PROBE``)."""
         return bool(self._windows) and step > self._windows[0] + STEPS
 
-    def unwatch(self, model, on):
-        """Take the Cockpit's forward hooks off ``model``'s modules (``on``) for the bare steps, or
-        put them back where they were (a hook is the Cockpit's when its function is
-        cockpit-lite's; the user's hooks stay, in their order)."""
-        if on and self._unwatched is None and model is not None:
+    def unwatch(self, model, optimizer, on):
+        """Take the Cockpit's forward hooks off ``model``'s modules and its step hooks off ``optimizer``
+        (``on``) for the bare steps, or put them back where they were (a hook is the Cockpit's
+        when its function is cockpit-lite's; the user's hooks stay, in their order)."""
+        if on and self._unwatched is None:
             self._unwatched = []
-            for module in model.modules():
-                for name in HOOK_DICTS:
-                    hooks = getattr(module, name, None)
-                    ours = {key: hook for key, hook in (hooks or {}).items()
-                            if getattr(hook, "__module__", "").startswith("cockpit_lite")}
-                    if ours:
-                        self._unwatched.append((hooks, ours, list(hooks)))
-                    for key in ours:
-                        del hooks[key]
+            owners = [*(model.modules() if model is not None else ()), optimizer]
+            for hooks in (getattr(owner, name, None) for owner in owners for name in HOOK_DICTS):
+                ours = {key: hook for key, hook in (hooks or {}).items()
+                        if getattr(hook, "__module__", "").startswith("cockpit_lite")}
+                if ours:
+                    self._unwatched.append((hooks, ours, list(hooks)))
+                for key in ours:
+                    del hooks[key]
         elif not on and self._unwatched is not None:
             for hooks, ours, order in self._unwatched:
                 merged = {**hooks, **ours}
@@ -327,7 +334,7 @@ class Budget:
         if self.origin is None:
             self.origin = step
             self._calibration = step + WARMUP
-            self._windows.append(self._calibration)
+            self._window(self._calibration)
         if step in self._replay:
             return self._apply(self._replay[step])
         if self._replay and self.plan is None and step < min(self._replay):
@@ -341,19 +348,21 @@ class Budget:
                 "with consecutive step numbers"
             )
         self._starts[step] = now
+        self._starts.pop(step - STEPS - 2, None)
+        if step - 1 in self._starts:
+            self._periods.append((step - 1, now - self._starts[step - 1]))
         if self.bare(step):
             return None  # (nothing more: the period of a bare step is the plain step's)
-        for t in sorted(t for t in self._starts if t < step):  # the periods not accounted yet
-            if t + 1 in self._starts and t > self._counted:
-                self._period(t, self._starts[t + 1] - self._starts[t])
-            if t < step - STEPS - 2:
-                del self._starts[t]
-        self._counted = step - 1
+        for t, seconds in self._periods:  # (a bare step's period is accounted at the next timed step)
+            self._period(t, seconds)
+        self._periods = []
         calibrating = self._calibration is not None
         if calibrating and step == self._calibration + STEPS - 1:
             return self._calibrated(step)
         if calibrating or self.plan is None:
             return None
+        if self._probing(step) and step % PROBE == 2:
+            return None  # (a probe's untracked period starts: nothing more in it than in any step)
         check = step // CHECK > self.plan["step"] // CHECK
         if self._replan or check:
             return self._make_plan(step, drifted=check and self._drifted())
@@ -547,7 +556,7 @@ class Budget:
                       for name, option in plan["candidates"].items()}
         if plan["recalibrate"] is not None:
             self._calibration = plan["recalibrate"]
-            self._windows.append(self._calibration)
+            self._window(self._calibration)
         self._spent = 0.0
         self._replan = False
         self._measured = {k: v for k, v in self._measured.items() if not plan["measured"][TIERS[k]] or v}

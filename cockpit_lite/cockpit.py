@@ -308,7 +308,7 @@ class Cockpit:
         self._closed = True
         self.engine.arm(False)
         if self.budget is not None:
-            self.budget.unwatch(self.engine.model, False)  # (closed during the budget's bare steps)
+            self.budget.unwatch(None, None, False)  # (closed during the budget's bare steps)
         self._diagnose(final=True)
         for quantity in self.quantities:
             quantity.unbind()
@@ -623,7 +623,7 @@ class _StepContext:
         self.owner = owner  # the first context of this accumulated step, or None (this is the first)
         if last is not None and step > last + 1:
             cockpit._jumped = True  # step numbers are not consecutive: keep watching every forward
-        if cockpit.budget is not None and owner is None and step != last and self._timed(step):
+        if cockpit.budget is not None and owner is None and step != last and self._timed(step, info):
             return  # a bare step: the budget times the plain step
         # the step's own forward calls (given parameters only: the modules that own them, too)
         cockpit.engine.prepare(info.get("loss") if isinstance(info, dict) else None)
@@ -706,15 +706,16 @@ class _StepContext:
                 f"Hessian-vector products: {[q.name for q, n in self.due if n.hvp]}"
             )
 
-    def _timed(self, step):
+    def _timed(self, step, info):
         """The step's period starts now: the budget times it (and records a plan made now). Returns
         whether the step is bare (``cockpit_lite.budget``): then nothing of the Cockpit runs in it,
-        and its hooks are off the model for the next forward pass while that step is bare too."""
+        and its hooks are off the model (and the optimizer) while the next step is bare too."""
         cockpit = self.cockpit
         plan = cockpit.budget.step_started(step, time.perf_counter())
         if plan is not None:
             cockpit._record(step, {_log.BUDGET: plan})
-        cockpit.budget.unwatch(cockpit.engine.model, cockpit.budget.bare(step + 1))
+        optimizer = info.get("optimizer") if isinstance(info, dict) else None
+        cockpit.budget.unwatch(cockpit.engine.model, optimizer, cockpit.budget.bare(step + 1))
         if not cockpit.budget.bare(step):
             return False
         cockpit._last_step = step
