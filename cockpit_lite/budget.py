@@ -3,7 +3,8 @@
 ``Cockpit(model, configuration("full"), budget=1.25)`` keeps the average step time of the
 run, counted from its first step to *any* later step (every prefix of the run, once the
 first calibration has ended), within ``factor`` × the user's plain step time: the same
-training step without a Cockpit. It takes over every quantity's schedule.
+training step without a Cockpit. It takes over every quantity's schedule, and on the steps
+where nothing is due it leaves the training step alone.
 
 Quantities share work: the per-sample pass of the engine serves every first-order
 statistic, one Hutchinson estimate or BackPACK extension serves all curvature quantities,
@@ -19,50 +20,63 @@ their names:
 Before a quantity has been due, its tier is the one it declares (``Quantity.TIER``), or read
 from a ``SingleStepQuantity``'s ``TRANSFORMS``; any other quantity is planned as curvature
 (the dearest) until its first due step shows its ``Needs``, which then decide (a re-plan).
-The schedules are nested: a step whose *top* tier is ``k`` has every tier ``≤ k`` due, and
-costs ``C_k`` plain steps more than an untracked step (shared work paid once).
+The schedules are nested: a step whose *top* tier is ``k`` has every tier ``≤ k`` due.
 
-1. *Calibration* (``WARMUP`` untracked steps from the first step entered, then a window of
-   ``STEPS`` steps: ``PAIRS`` times two *bare* steps and two untracked steps, so that a change
-   of the machine's load hits both alike). A bare step is the user's plain step: ``cp(step)``
-   returns at once and the Cockpit's forward hooks are off the model (``Budget.unwatch``),
-   so the median of the bare periods (a *period* being the time from one ``cp(step)`` call to
-   the next) is the plain step ``T₀``. The median over the pairs of an untracked period over
-   the bare one before it, minus one, is ``u``: what every step with the Cockpit costs
-   although nothing is due (its
-   per-step calls and the diagnosis signals' hooks). The plan is fixed at the last
-   untracked step and governs the steps after it.
-2. *Spend only what has been earned.* Every step earns ``e = factor − 1 − u`` plain steps,
-   shared out among the present tiers by ``SHARES`` (a tier's account holds at most one
-   step of its own; what it cannot hold goes to the tier above). Each tier has logarithmic
-   *candidate* steps ``L(m) = {⌊2^{j/m}⌋ : j ≥ 0}`` (``m`` steps per octave, dense early in
-   training, where things change fastest; or every step), the densest that its share pays
-   for up to ``max(horizon, 2 × steps so far)``, no denser than the tier below. A candidate
-   step makes its tier *pending*; at each step the highest pending tier whose account holds
-   ``C_k`` runs (its lower tiers with it) and pays ``C_k``. No account is ever spent below
-   zero, so the modelled spending never runs ahead of what the steps so far have earned.
-   Costs not yet measured are ``PRIOR`` plain steps.
-3. *Measured, re-planned, recorded.* Every period next to a tracked step is timed: its time
-   over ``T₀`` minus one is what it really cost (other periods are charged ``u``). A run of
-   tracked steps of one top tier, with untracked steps around it, measures ``C_k`` (the
-   median of the last ``KEEP`` such measurements is the plan's cost). At the step after
-   a tier's first measurement, after a quantity's first ``Needs`` changed its tier, and once
-   in every ``CHECK`` steps, the budget re-plans: the accounts are set to what has really been earned
-   minus what has really been spent. When the median of the last ``WINDOW`` untracked periods
-   has moved by more than ``DRIFT``× from the calibrated untracked step (a validation phase
-   between steps, a new sequence length, a slower data loader), the plan calibrates again
-   (bare and untracked runs, nothing due meanwhile) and re-plans with the new ``T₀`` and ``u``.
-   Each plan is recorded in the log under ``"budget"`` at the step it was made and governs the
-   steps after it: the schedules are a deterministic function of the recorded plans, and
-   ``Budget(plan=plans(record))`` replays a run's schedules without measuring anything.
+*Bare steps.* At a bare step ``cp(step)`` returns at once, and the Cockpit's forward hooks
+and optimizer step hooks are off (``Budget.unwatch``; the user's hooks stay): the step is
+the user's plain step. The *period* of a step is the time from its ``cp(step)`` call to the
+next one.
+
+1. *Calibration*: ``WARMUP`` untracked steps from the first step entered, then a window of
+   ``STEPS`` steps, ``PAIRS`` times two bare steps and two untracked ones (a change of the
+   machine's load hits both alike). The median of the bare periods is the plain step
+   ``T₀``; the median over the pairs of an untracked period over the bare one before it,
+   minus one, is ``u``: what a step with the Cockpit costs although nothing is due (its
+   per-step calls, the diagnosis signals' hooks). The first plan is made at the window's
+   last step.
+2. *Idle steps are bare.* After the first calibration, a step is bare when nothing is due at
+   it, at the step after it and at the two before it (those prepare, finish and time a due
+   step), except the *probes*: steps ``t`` with ``t % PROBE`` 0 and 1 are bare, 2 and 3
+   untracked, and nothing is due from ``PROBE − 1`` to 3. Each probe adds a pair of a bare
+   and an untracked period; the last ``KEPT`` pairs give ``T₀`` and ``u`` at every re-plan.
+   So ``u`` is paid on the steps around due ones and on two steps in every ``PROBE``, not on
+   every step.
+3. *Spend only what has been earned.* Every step earns ``factor − 1`` plain steps less the
+   probes' ``2u / PROBE``, shared out among the present tiers by ``SHARES`` (a tier's account
+   holds at most one step of its own; what it cannot hold goes to the tier above). Each tier
+   has logarithmic *candidate* steps ``L(m) = {⌊2^{j/m}⌋ : j ≥ 0}`` (``m`` steps per octave,
+   dense early in training, where things change fastest; or every step), the densest that
+   its share pays for up to ``max(horizon, 2 × steps so far)``, no denser than the tier
+   below. A candidate step makes its tier *pending*; at each step the highest pending tier
+   whose account, and the run's balance as a whole, hold ``C_k`` runs (the tiers below with
+   it) and pays ``C_k``: what such a step and its untracked neighbours cost over bare steps.
+   So the modelled spending never runs ahead of what the steps so far have earned. Costs not
+   yet measured are ``PRIOR`` plain steps.
+4. *Measured, re-planned, recorded.* Every period but a bare one is charged as measured (its
+   time over ``T₀``, minus one); the first calibration's first two periods (the Cockpit's
+   first calls) as measured and its others as ``u`` (the bare ones nothing). Tracked steps
+   closer than 4 apart, with the two periods before and the one after, measure their top
+   tier's ``C_k`` (less the planned costs of the others among them; the median of the last
+   ``KEEP`` measurements is the plan's cost). At the first step timed after a tier's first
+   measurement or after a quantity's ``Needs`` changed its tier, and at the first step timed
+   in every ``CHECK``, the budget re-plans: the accounts are set to what has been earned
+   minus what has been charged. When the median of the last ``WINDOW`` bare periods has
+   moved by more than ``DRIFT``× from ``T₀`` (a new sequence length, a slower data loader),
+   it calibrates again (a window as above, nothing due meanwhile). A plan made at step ``p``
+   governs the steps from ``p + 2`` on (the schedule of ``p + 1`` may have been asked
+   already). Each plan is recorded in the log under ``"budget"`` at its step: the schedules
+   are a deterministic function of the recorded plans, and ``Budget(plan=plans(record))``
+   replays a run's schedules without timing anything.
 
 Under torch.distributed the ranks plan from the mean of their measurements, at the same
 steps (the steps of a re-plan depend only on the plans), so they fix the same schedules.
 
-Limits: the bare steps see no forward pass (a non-finite loss there is not located); a
-data-loader stall next to a tracked step is charged to it (the budget errs on the sparse
-side); the first evaluation of a tier is placed by its prior cost, so a tier dearer than
-its prior overshoots once, until the steps after it have earned it back.
+Limits: a bare step runs nothing of the Cockpit (its ``cp(step)`` call and the schedules'
+look-ups stay: a few microseconds), so at a bare step a non-finite loss is not located, a
+replaced parameter is noticed at the next step that is not bare; a data-loader stall next to
+a tracked step is charged to it (the budget errs on the sparse side); the first evaluation
+of a tier is placed by its prior cost, so a tier dearer than its prior overshoots once, and
+nothing runs until the steps after it have earned it back.
 """
 
 import math
@@ -209,11 +223,11 @@ class Budget:
         self._calibration = None  # the calibration window in progress: its first (bare) step
         self._windows = []  # every calibration window's first step
         self._bare = set()  # their bare steps
+        self._windowed = set()  # all their steps
         if replay:
             self._window(self.origin + WARMUP)
         self._unwatched = None  # the Cockpit's hooks taken off the model for the bare steps
         self._starts = {}  # step -> time.perf_counter() at its cp(step) call (recent steps only)
-        self._periods = []  # (step, seconds): the periods not accounted yet (of bare steps)
         self._tops = {}  # step -> the top tier due at it (None: nothing), from the plan in force
         self._state = None  # the simulation's (step, accounts, pending) after its last step
         self._reset_measurements()
@@ -223,12 +237,12 @@ class Budget:
     def _reset_measurements(self):
         self._spent = 0.0  # plain steps really spent since the plan in force was made
         self._measured = {}  # tier -> its last KEEP measured costs
-        self._untracked = []  # the last WINDOW untracked periods (seconds)
+        self._idle = []  # the last WINDOW bare periods of idle steps (seconds)
         self._pairs = []  # the last KEPT (bare, untracked) periods (seconds)
         self._early = []  # the periods of the first calibration (seconds)
         self._probe = None  # the bare period of the probe in progress
         self._block = None  # the run of tracked steps being measured: [excess, steps, tiers]
-        self._excess = None  # the excess of the previous period (plain steps)
+        self._excess = []  # the excess of the last two periods (plain steps)
         self._replan = False  # a tier changed (``saw``): re-plan at the next step
 
     # --- the Cockpit's interface -------------------------------------------------------------
@@ -278,17 +292,28 @@ class Budget:
             self._apply(state["plan"])
 
     def bare(self, step):
-        """Whether ``step`` is a bare step of a calibration (``cp(step)`` does nothing)."""
-        return step in self._bare or (self._probing(step) and step % PROBE < 2)
+        """Whether ``step`` is bare (``cp(step)`` does nothing, the Cockpit's hooks are off): a
+        calibration's or a probe's bare step, or, after the first calibration, an idle step (nothing
+        due at it, at the step after it and at the two before it: those finish and time a due step)
+        outside the calibrations' and probes' untracked steps."""
+        if step in self._bare:
+            return True
+        if not self._probing(step) or step in self._windowed:
+            return False
+        if step % PROBE < 4:
+            return step % PROBE < 2
+        return all(self.top(t) is None for t in (step - 2, step - 1, step, step + 1))
 
     def _window(self, first):
         """A calibration window from step ``first`` on."""
         self._windows.append(first)
+        self._windowed.update(range(first, first + STEPS))
         self._bare.update(first + i for i in range(STEPS) if i % 4 < 2)
 
     def _probing(self, step):
-        """Whether ``step`` lies after the first calibration, where the probes are (``PROBE``)."""
-        return bool(self._windows) and step > self._windows[0] + STEPS
+        """Whether ``step`` lies after the first calibration (its plan's step), where the probes are
+        (``PROBE``) and idle steps are bare."""
+        return bool(self._windows) and step >= self._windows[0] + STEPS
 
     def unwatch(self, model, optimizer, on):
         """Take the Cockpit's forward hooks off ``model``'s modules and its step hooks off ``optimizer``
@@ -350,12 +375,9 @@ class Budget:
         self._starts[step] = now
         self._starts.pop(step - STEPS - 2, None)
         if step - 1 in self._starts:
-            self._periods.append((step - 1, now - self._starts[step - 1]))
+            self._period(step - 1, now - self._starts[step - 1])
         if self.bare(step):
             return None  # (nothing more: the period of a bare step is the plain step's)
-        for t, seconds in self._periods:  # (a bare step's period is accounted at the next timed step)
-            self._period(t, seconds)
-        self._periods = []
         calibrating = self._calibration is not None
         if calibrating and step == self._calibration + STEPS - 1:
             return self._calibrated(step)
@@ -375,39 +397,43 @@ class Budget:
         if self.plan is None:  # the first calibration: charged at its end, once the plain step is known
             self._early.append(seconds)
             return
-        plain, u = self.plan["plain_step_s"], self.plan["untracked_cost"]
-        excess = seconds / plain - 1
+        excess = seconds / self.plan["plain_step_s"] - 1
         if self._calibration is not None:  # (a calibration again: charged as measured)
             self._spent += excess
             return
-        tracked = [self.top(s) is not None for s in (t - 1, t, t + 1)]
-        if any(tracked):
-            self._spent += excess
-        else:
-            self._spent += u
-            self._untracked = (self._untracked + [seconds])[-WINDOW:]
-        if self._probing(t) and t % PROBE == 0:
-            self._probe = seconds
-        elif self._probing(t) and t % PROBE == 2 and self._probe is not None:
+        if self.bare(t):  # (quick: this runs in the next step, maybe a bare one)
+            self._excess = (self._excess + [excess])[-2:]
+            if self._block is not None:
+                self._block[0] += excess
+            if not self.bare(t + 1):  # (its next forward pass had the hooks back: a part of what is due)
+                self._spent += excess
+            elif t % PROBE:  # a bare period: the plain step's (charged nothing)
+                self._idle.append(seconds)
+                del self._idle[:-WINDOW]
+            else:
+                self._probe = seconds
+            return
+        self._spent += excess
+        if self._probing(t) and t % PROBE == 2 and self._probe is not None:
             self._pairs = (self._pairs + [(self._probe, seconds)])[-KEPT:]
             self._probe = None
         top = self.top(t)
-        if top is not None:
-            if self._block is None:
-                self._block = [self._excess if self._excess is not None else excess, [], set()]
+        if self._block is None and top is not None:  # tracked steps closer than 4 apart, the 2 periods before
+            self._block = [sum(self._excess), []]
+        if self._block is not None:
             self._block[0] += excess
-            self._block[1].append(t)
-            self._block[2].add(top)
-        elif self._block is not None:
-            total, steps, tops = self._block
-            self._block = None
-            if len(tops) == 1 and self.top(steps[0] - 2) is None and self.top(t + 1) is None:
-                (k,) = tops
-                cost = max(0.0, (total + excess) / len(steps) - 2 * u / len(steps) - u)
+            if top is not None:
+                self._block[1].append(top)
+            elif all(self.top(s) is None for s in (t + 1, t + 2, t + 3)):  # (and the one after: it closes)
+                total, tops = self._block
+                self._block = None
+                k = max(tops)  # its top tier's cost: the rest less what the plan says the others cost
+                others = sum(self.plan["costs"][TIERS[j]] for j in tops if j != k)
+                cost = max(0.0, (total - others) / tops.count(k))
                 self._measured[k] = (self._measured.get(k, []) + [cost])[-KEEP:]
                 if not self.plan["measured"][TIERS[k]]:
                     self._replan = True
-        self._excess = excess
+        self._excess = (self._excess + [excess])[-2:]
 
     def _mean(self, values):
         """``values`` (floats) averaged over the ranks (as they are, in one process)."""
@@ -444,18 +470,24 @@ class Budget:
         return (plain, plain * ratio) if enough == 1 else (None, None)
 
     def _drifted(self):
-        """Whether the untracked step moved by more than ``DRIFT``× since calibration (ranks' mean)."""
-        median = statistics.median(self._untracked) if len(self._untracked) == WINDOW else 0.0
-        full, median = self._mean([float(len(self._untracked) == WINDOW), median])
+        """Whether the plain step moved by more than ``DRIFT``× since calibration (ranks' mean)."""
+        median = statistics.median(self._idle) if len(self._idle) == WINDOW else 0.0
+        full, median = self._mean([float(len(self._idle) == WINDOW), median])
         if full < 1:
             return False
-        ratio = median / self.plan["untracked_s"]
+        ratio = median / self.plan["plain_step_s"]
         return not 1 / DRIFT <= ratio <= DRIFT
+
+    def _idle_cost(self, plan=None):
+        """What a step costs on average although nothing is due: the probes' two untracked steps in
+        every ``PROBE`` (idle steps are bare), in plain steps."""
+        return 2 * (plan or self.plan)["untracked_cost"] / PROBE
 
     # --- planning -----------------------------------------------------------------------------
 
     def _make_plan(self, step, plain=None, untracked=None, drifted=False):
-        """A new plan made at ``step`` (governing the steps after it), applied and returned."""
+        """A new plan made at ``step`` (governing the steps from ``step + 2`` on: the schedules of
+        the next step may have been asked already), applied and returned."""
         old = self.plan
         if plain is None:
             plain, untracked = self._times()
@@ -463,18 +495,26 @@ class Budget:
             plain, untracked = old["plain_step_s"], old["untracked_s"]
         u = max(0.0, untracked / plain - 1)
         present = sorted(set(self.tiers.values()))
-        earned = (self.factor - 1) * (step + 1 - self.origin)
-        if old is None:  # the first calibration: its periods charged as measured (the Cockpit's first steps)
-            spent_before, fired = sum(p / plain - 1 for p in self._mean(self._early)) + u, {}
-            accounts = None
+        earned = (self.factor - 1) * (step - self.origin)  # (the periods up to step - 1 are measured)
+        idle = 2 * u / PROBE
+        if old is None:  # the first calibration: its first two periods as measured (the Cockpit's first
+            # steps), the others as what they are (a bare period nothing, another u; not the load's spikes)
+            early = self._mean(self._early)
+            a = self._windows[0] - self.origin
+            spent_before = sum(p / plain - 1 for p in early[:2]) + u * sum(
+                1 for i in range(2, len(early)) if not (i >= a and (i - a) % 4 == 0))
+            fired = {}
+            accounts, ahead = None, 2 * (self.factor - 1 - idle)
         else:
-            self.top(step)  # the simulation up to this step (its accounts after it)
+            self.top(step + 1)  # the simulation up to the steps this plan leaves to the one before
             _, accounts, _ = self._state
             spent_before = old["spent"] + self._mean([self._spent])[0]
             fired = dict(old["fired"])
-            for t in range(old["step"] + 1, step + 1):
+            for t in range(old["step"] + 2, step + 2):
                 if self._tops.get(t) is not None:
                     fired[TIERS[self._tops[t]]] = fired.get(TIERS[self._tops[t]], 0) + 1
+            ahead = sum(self.factor - 1 - self._idle_cost(old) - (
+                old["costs"][TIERS[self._tops[t]]] if self._tops.get(t) is not None else 0.0) for t in (step, step + 1))
         measured = {TIERS[k]: statistics.median(v) for k, v in self._measured.items() if v}
         measured = dict(zip(measured, self._mean(list(measured.values()))))
         costs, known = {}, {}
@@ -488,7 +528,7 @@ class Budget:
                 costs[name], known[name] = PRIOR[k], False
         for k in range(1, len(TIERS)):  # a step of a higher tier runs the lower ones too
             costs[TIERS[k]] = max(costs[TIERS[k]], costs[TIERS[k - 1]])
-        balance = earned - spent_before
+        balance = earned - spent_before + ahead  # (after step + 1, as the simulation's accounts)
         shares = {TIERS[k]: SHARES[k] / sum(SHARES[j] for j in present) for k in present}
         if accounts is None or sum(accounts.values()) == 0 or balance < 0:  # (in debt: no tier spends)
             accounts = {t: balance * s for t, s in shares.items()}
@@ -497,7 +537,7 @@ class Budget:
             weights = held if sum(held.values()) > 0 else shares
             correction = balance - sum(accounts.get(t, 0.0) for t in shares)
             accounts = {t: accounts.get(t, 0.0) + correction * weights[t] / sum(weights.values()) for t in shares}
-        per_step = self.factor - 1 - u
+        per_step = self.factor - 1 - idle
         stop = self.origin + max(self.horizon, 2 * (step + 1 - self.origin))
         options, densest = {}, 0
         choices = ("every", *PER_OCTAVE)
@@ -511,7 +551,7 @@ class Budget:
                     index = i
                     break
             options[name], densest = choices[index], index
-        recalibrate = step + 2 if drifted else None
+        recalibrate = step + 3 if drifted else None  # (step + 1 is the plan before's: maybe due)
         plan = {
             "version": VERSION,
             "factor": self.factor,
@@ -530,27 +570,29 @@ class Budget:
             "candidates": options,
             "recalibrate": recalibrate,
             "spent": spent_before,
-            "average": 1 + spent_before / (step + 1 - self.origin),
+            "average": 1 + spent_before / max(step - self.origin, 1),
             "fired": fired,
             "bought": {TIERS[k]: sorted(n for n, t in self.tiers.items() if t == k) for k in present},
         }
-        if per_step <= 0 and (old is None or old["untracked_cost"] < self.factor - 1):
+        if per_step <= 0 and (old is None or self.factor - 1 - self._idle_cost(old) > 0):
             warnings.warn(
-                f"the overhead budget {self.factor}x cannot be kept: the Cockpit's untracked steps alone "
-                f"cost {1 + u:.2f}x the plain step (its per-step calls and the diagnosis signals' hooks), "
-                "so nothing is tracked. Allow a larger budget, or diagnose=False on steps this short",
+                f"the overhead budget {self.factor}x cannot be kept: the Cockpit's untracked steps cost "
+                f"{1 + u:.2f}x the plain step (its per-step calls and the diagnosis signals' hooks), and even "
+                f"the two of every {PROBE} that time them cost more than the budget, so nothing is tracked. "
+                "Allow a larger budget",
                 stacklevel=4,
             )
         return self._apply(plan)
 
     def _apply(self, plan):
-        """Put ``plan`` in force (made at ``plan["step"]``, governing the steps after it); returns it."""
+        """Put ``plan`` in force (made at ``plan["step"]``, governing the steps from the one after the
+        next on); returns it."""
         step = plan["step"]
-        self.top(step)  # the steps up to this one keep the schedules of the plan before
+        self.top(step + 1)  # the steps up to the next keep the schedules of the plan before (asked ahead)
         self.plan = plan
         self.tiers = dict(plan["tiers"])
-        self._tops = {t: top for t, top in self._tops.items() if t <= step}
-        self._state = (step, dict(plan["accounts"]), dict(plan["pending"]))
+        self._tops = {t: top for t, top in self._tops.items() if t <= step + 1}
+        self._state = (step + 1, dict(plan["accounts"]), dict(plan["pending"]))
         stop = step + 1 + 4 * CHECK  # the candidates as sets (a plan rarely governs longer; beyond, computed)
         self._sets = {name: (stop, None if option == "every" else frozenset(octave_steps(option, step + 1, stop)))
                       for name, option in plan["candidates"].items()}
@@ -569,12 +611,12 @@ class Budget:
         top = self._tops.get(step, False)
         if top is not False:
             return top
-        if self.plan is None or step <= self.plan["step"]:
+        if self.plan is None or step <= self._state[0]:
             return None
         plan = self.plan
         t, accounts, pending = self._state
         present = sorted(TIERS.index(name) for name in plan["shares"])
-        per_step = self.factor - 1 - plan["untracked_cost"]
+        per_step = self.factor - 1 - self._idle_cost(plan)
         window = plan["recalibrate"]
         while t < step:
             t += 1
@@ -591,7 +633,9 @@ class Budget:
             top = None
             probe = self._probing(t + 1) and (t + 1) % PROBE < 5
             if not probe and (window is None or not window - 1 <= t < window + STEPS):
-                affordable = [k for k in present if pending[TIERS[k]] and accounts[TIERS[k]] >= plan["costs"][TIERS[k]]]
+                total = sum(accounts.values())  # (no tier spends while the run as a whole is in debt)
+                affordable = [k for k in present if pending[TIERS[k]]
+                              and min(accounts[TIERS[k]], total) >= plan["costs"][TIERS[k]]]
                 if affordable:
                     top = affordable[-1]
                     accounts[TIERS[top]] -= plan["costs"][TIERS[top]]

@@ -709,15 +709,16 @@ class _StepContext:
     def _timed(self, step, info):
         """The step's period starts now: the budget times it (and records a plan made now). Returns
         whether the step is bare (``cockpit_lite.budget``): then nothing of the Cockpit runs in it,
-        and its hooks are off the model (and the optimizer) while the next step is bare too."""
+        and its hooks stay off the model and the optimizer while the next step is bare too."""
         cockpit = self.cockpit
         plan = cockpit.budget.step_started(step, time.perf_counter())
         if plan is not None:
             cockpit._record(step, {_log.BUDGET: plan})
+        if not cockpit.budget.bare(step):
+            cockpit.budget.unwatch(None, None, False)  # (after steps skipped past bare ones)
+            return False
         optimizer = info.get("optimizer") if isinstance(info, dict) else None
         cockpit.budget.unwatch(cockpit.engine.model, optimizer, cockpit.budget.bare(step + 1))
-        if not cockpit.budget.bare(step):
-            return False
         cockpit._last_step = step
         self.idle, self.bare, self.due = True, True, []
         return True
@@ -904,6 +905,8 @@ class _StepContext:
         cockpit.engine.arm(
             cockpit._jumped or cockpit._accumulating is not None or any(q.observes(nxt) for q in cockpit.quantities)
         )
+        if cockpit.budget is not None and cockpit.budget.bare(nxt):  # the budget's: its hooks off till then
+            cockpit.budget.unwatch(cockpit.engine.model, self.info.get("optimizer"), True)
 
     def _end_pass(self, owner):
         """After one backward pass: check it; keep its info and the gradient it left."""

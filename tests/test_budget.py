@@ -14,7 +14,7 @@ import torch
 import problems
 from cockpit_lite import Cockpit, configuration, diagnosis
 from cockpit_lite.budget import (
-    CHECK, PER_OCTAVE, PRIOR, STEPS, TIERS, WARMUP, Budget, _candidate, expected_tier, octave_steps, plans, tier_of,
+    CHECK, PAIRS, PER_OCTAVE, PRIOR, PROBE, STEPS, TIERS, WARMUP, Budget, _candidate, expected_tier, octave_steps, plans, tier_of,
 )
 from cockpit_lite.quantities.base import Needs
 from cockpit_lite.transforms import SumGradSquared
@@ -127,10 +127,12 @@ def test_calibration_times_bare_steps_as_the_plain_step_and_counts_the_untracked
     (plan,) = made
     assert plan["step"] == WARMUP + STEPS - 1
     assert plan["plain_step_s"] == pytest.approx(0.01) and plan["untracked_cost"] == pytest.approx(0.2)
-    # what was earned over the calibration, less what its steps cost (as measured; the plan's own: u)
-    spent = sum(p / 0.01 - 1 for p in periods[:-1]) + 0.2
-    assert spent == pytest.approx(0.2 * (WARMUP + STEPS // 2))  # (the bare steps cost nothing)
-    assert sum(plan["accounts"].values()) == pytest.approx(0.25 * (plan["step"] + 1) - spent)
+    # what was earned over the calibration, less what its periods are charged (the first two as
+    # measured, the bare ones nothing, the others u), and what the two steps before the plan governs
+    # earn (idle steps are bare: only the probes' untracked ones cost u)
+    charged = 0.2 * (len(periods) - 1 - PAIRS)
+    ahead = 2 * (0.25 - 2 * 0.2 / PROBE)
+    assert sum(plan["accounts"].values()) == pytest.approx(0.25 * plan["step"] - charged + ahead)
     assert plan["costs"] == dict(zip(TIERS, PRIOR)) and not any(plan["measured"].values())
 
 
@@ -146,7 +148,7 @@ def test_the_average_holds_over_every_prefix_when_the_costs_are_known(seed):
     periods, made = clock.run(budget, 3000)
     averages = _averages(periods, 0.004)
     assert max(averages[made[0]["step"]:]) <= factor + 1e-9
-    assert averages[-1] > 1 + 0.5 * (factor - 1)  # and the budget is used, not left idle
+    assert averages[-1] > 1 + 0.3 * (factor - 1)  # and the budget is used, not left idle
 
 
 def test_a_tier_dearer_than_its_prior_overshoots_once_then_waits_until_it_is_earned_back():
@@ -160,19 +162,29 @@ def test_a_tier_dearer_than_its_prior_overshoots_once_then_waits_until_it_is_ear
     first = curvature[0]
     assert averages[first] > 1.5  # the prior was too low
     repaid = next(n for n in range(first, 4000) if averages[n] <= 1.5)
-    replan = next(p["step"] for p in made if p["step"] > first)  # (the step after its measurement)
-    assert replan == first + 2 and repaid > replan + 100
-    assert all(budget.top(t) is None for t in range(replan + 1, repaid - 1))  # nothing ran meanwhile
+    replan = next(p["step"] for p in made if p["step"] > first)  # (the step its measurement ends)
+    assert first < replan <= first + PROBE and repaid > replan + 100  # (a probe may come first)
+    assert all(budget.top(t) is None for t in range(replan + 2, repaid - 1))  # nothing ran meanwhile
     assert max(averages[curvature[1] - 1:]) <= 1.5 + 1e-9  # measured since: planned as it is
     measured = next(p for p in made if p["measured"]["curvature"])
-    assert measured["costs"]["curvature"] == pytest.approx(costs[2])
+    assert measured["costs"]["curvature"] == pytest.approx(costs[2], abs=4 * 0.05)  # (and its untracked neighbours)
 
 
-def test_untracked_overhead_beyond_the_budget_tracks_nothing_and_warns():
+def test_idle_steps_are_bare_so_an_untracked_overhead_beyond_the_budget_is_not_paid_on_them():
     budget = _budget(1.25)
-    with pytest.warns(UserWarning, match="untracked steps alone cost 1.30x"):
-        periods, _ = Clock(u=0.3).run(budget, 600)
-    assert all(budget.top(t) is None for t in range(600))
+    periods, made = Clock(u=0.4, costs=(0.5, 6.0, 40.0)).run(budget, 2000)
+    averages = _averages(periods, 0.01)
+    assert max(averages[made[0]["step"]:]) <= 1.25 + 1e-9
+    assert any(budget.top(t) == 2 for t in range(2000))
+    idle = [t for t in range(made[0]["step"] + 2, 2000) if all(budget.top(s) is None for s in range(t - 2, t + 2))]
+    assert all(budget.bare(t) for t in idle if t % PROBE >= 4)
+
+
+def test_an_untracked_overhead_the_probes_alone_exceed_warns_and_tracks_nothing():
+    budget = _budget(1.25)
+    with pytest.warns(UserWarning, match="untracked steps cost 8.00x"):
+        Clock(u=7.0).run(budget, 300)
+    assert all(budget.top(t) is None for t in range(300))
 
 
 def test_a_quantity_whose_needs_show_another_tier_is_re_planned():
@@ -191,7 +203,7 @@ def test_a_changed_step_time_calibrates_again_and_re_plans():
     _, made = clock.run(budget, 1000)
     again = next(p for p in made if p["recalibrate"] is not None)
     assert again["step"] % CHECK == 3 and again["step"] > 400  # (100k, 100k + 1: a probe's bare steps; 100k + 2 its untracked one)
-    window = range(again["step"] + 1, again["recalibrate"] + STEPS)
+    window = range(again["step"] + 2, again["recalibrate"] + STEPS)
     assert all(budget.top(t) is None for t in window)  # nothing due while it calibrates
     pattern = [budget.bare(again["recalibrate"] + i) for i in range(STEPS)]
     assert pattern == [i % 4 < 2 for i in range(STEPS)]  # pairs of bare steps, pairs of untracked ones
@@ -246,7 +258,7 @@ def _steps_of(record):
 def test_plans_are_recorded_in_the_log_and_replay_the_run(tmp_path):
     problem = problems.make("mlp", 4, steps=1)
     path = tmp_path / "run.jsonl"
-    cp = _run(problem, 120, Budget(1.5, horizon=200), log=path)
+    cp = _run(problem, 120, Budget(50.0, horizon=200), log=path)  # (a budget any machine keeps buying with)
     lines = [json.loads(line) for line in path.read_text().splitlines()[1:]]
     logged = [line["budget"] for line in lines if "budget" in line]
     assert logged[0]["step"] == WARMUP + STEPS - 1 and logged == plans(cp.get_output())
