@@ -42,8 +42,8 @@ default 100, 300, 1000 and 3000 steps) of ``Cockpit(model, configuration("full")
 (default 1.25; ``--budget-level``), with the default diagnosis on and with ``diagnose=False``,
 not BackPACK-extended (BackPACK's hooks alone slow every step down): the time of a budgeted
 run (a fresh model and Cockpit each) over a plain twin's, alternated plain, budgeted,
-budgeted, plain (three such rounds for runs of at most 100 steps, two up to 300), with the
-steps each tier was recorded at.
+budgeted, plain (rounds enough for 3 s of plain steps, at most 40: a load spike of the
+machine lasts milliseconds), with the steps each tier was recorded at.
 
 Timings are medians over ``--repeats`` interleaved rounds (every configuration runs
 once per round, so a load change on the machine hits all of them alike); a
@@ -354,6 +354,11 @@ def measure(problem, repeats, steps, with_quantities, with_peer, with_memory=Tru
     return medians, memory
 
 
+ROUNDS_S = 3.0
+"""``--budget``: the plain steps' time each run length is measured over, at least (in rounds)."""
+MAX_ROUNDS = 40
+
+
 def budget_twin(problem, factor, steps, diagnose, level="full", cycles=1):
     """Time of ``steps`` steps of ``Cockpit(model, configuration(level), budget=factor)`` over that of a
     plain twin: ``cycles`` rounds of plain, budgeted, budgeted, plain runs (each budgeted run a fresh
@@ -387,12 +392,15 @@ def print_budget_lengths(factor, lengths, problems, level="full"):
         warnings.simplefilter("ignore")
         for problem in problems:
             for diagnose in (True, False):
-                for steps in lengths:  # (more rounds of the short runs: a few ms each on the MLP)
-                    ratio, record = budget_twin(problem, factor, steps, diagnose, level,
-                                                cycles=3 if steps <= 100 else 2 if steps <= 300 else 1)
+                plain = Runner(problem)
+                plain.time_steps(5)  # (warm-up)
+                step_s = plain.time_steps(20)
+                for steps in lengths:  # rounds enough for ``ROUNDS_S`` of plain steps (a load spike is ms)
+                    cycles = max(1, min(MAX_ROUNDS, round(ROUNDS_S / (steps * step_s))))
+                    ratio, record = budget_twin(problem, factor, steps, diagnose, level, cycles=cycles)
                     last = plans(record)[-1]
                     results[(problem, diagnose, steps)] = ratio
-                    print(f"{problem:<12} diagnose={diagnose!s:<6} {steps:>5} steps: {ratio:.2f}x "
+                    print(f"{problem:<12} diagnose={diagnose!s:<6} {steps:>5} steps x {cycles:>2} rounds: {ratio:.2f}x "
                           f"(plain {last['plain_step_s'] * 1e3:.2f} ms, u {last['untracked_cost']:.2f}, steps recorded: "
                           + ", ".join(f"{tier} {entry['steps']}" for tier, entry in budget_bought(record)["tiers"].items())
                           + ")", flush=True)
