@@ -230,20 +230,15 @@ class Budget:
         self._starts = {}  # step -> time.perf_counter() at its cp(step) call (recent steps only)
         self._tops = {}  # step -> the top tier due at it (None: nothing), from the plan in force
         self._state = None  # the simulation's (step, accounts, pending) after its last step
-        self._reset_measurements()
-        if replay and min(self._replay) != replay[0]["step"]:
-            raise ValueError("Budget(plan=...): the plans are not in step order")
-
-    def _reset_measurements(self):
         self._spent = 0.0  # plain steps really spent since the plan in force was made
         self._measured = {}  # tier -> its last KEEP measured costs
         self._idle = []  # the last WINDOW bare periods of idle steps (seconds)
         self._pairs = []  # the last KEPT (bare, untracked) periods (seconds)
         self._early = []  # the periods of the first calibration (seconds)
         self._probe = None  # the bare period of the probe in progress
-        self._block = None  # the run of tracked steps being measured: [excess, steps, tiers]
+        self._block = None  # the tracked steps being measured: [their periods' excess, their top tiers]
         self._excess = []  # the excess of the last two periods (plain steps)
-        self._replan = False  # a tier changed (``saw``): re-plan at the next step
+        self._replan = False  # a tier measured first, or changed (``saw``): re-plan at the next timed step
 
     # --- the Cockpit's interface -------------------------------------------------------------
 
