@@ -623,8 +623,10 @@ class _StepContext:
         self.owner = owner  # the first context of this accumulated step, or None (this is the first)
         if last is not None and step > last + 1:
             cockpit._jumped = True  # step numbers are not consecutive: keep watching every forward
-        if cockpit.budget is not None and owner is None and step != last and self._timed(step, info):
-            return  # a bare step: the budget times the plain step
+        if cockpit.budget is not None and owner is None and (
+                self._timed(step, info) if step != last else cockpit.budget.bare(step)):
+            self.idle, self.bare, self.due = True, True, []  # a bare step (its every micro-batch)
+            return
         # the step's own forward calls (given parameters only: the modules that own them, too)
         cockpit.engine.prepare(info.get("loss") if isinstance(info, dict) else None)
         cockpit._watch_found_model()
@@ -720,7 +722,6 @@ class _StepContext:
         optimizer = info.get("optimizer") if isinstance(info, dict) else None
         cockpit.budget.unwatch(cockpit.engine.model, optimizer, cockpit.budget.bare(step + 1))
         cockpit._last_step = step
-        self.idle, self.bare, self.due = True, True, []
         return True
 
     def _subsample(self, k):
@@ -905,8 +906,8 @@ class _StepContext:
         cockpit.engine.arm(
             cockpit._jumped or cockpit._accumulating is not None or any(q.observes(nxt) for q in cockpit.quantities)
         )
-        if cockpit.budget is not None and cockpit.budget.bare(nxt):  # the budget's: its hooks off till then
-            cockpit.budget.unwatch(cockpit.engine.model, self.info.get("optimizer"), True)
+        if cockpit.budget is not None and cockpit._accumulating is None and cockpit.budget.bare(nxt):
+            cockpit.budget.unwatch(cockpit.engine.model, self.info.get("optimizer"), True)  # (the budget's)
 
     def _end_pass(self, owner):
         """After one backward pass: check it; keep its info and the gradient it left."""

@@ -324,3 +324,29 @@ def test_the_diagnosis_signals_are_budgeted_too():
     cp = _run(problems.make("mlp", 4, steps=1), WARMUP + STEPS, Budget(1.5), diagnose=True)
     signals = {name for name in diagnosis.SIGNALS if name in cp.budget.tiers}
     assert signals and all(cp.budget.tiers[name] == 0 for name in signals)
+
+
+@pytest.mark.parametrize("kind", ["parameters", "accumulate"])
+def test_bare_steps_with_parameters_only_and_under_gradient_accumulation(kind):
+    """Every micro-batch of a bare step is bare; a Cockpit given parameters finds its model at a
+    step that is not bare. Training is untouched, and no hook of the Cockpit stays after close."""
+    problem, twin = problems.make("mlp", 4, steps=1), problems.make("mlp", 4, steps=1)
+    opt, twin_opt = (torch.optim.SGD(p.model.parameters(), lr=0.01) for p in (problem, twin))
+    cp = (Cockpit(problem.model.parameters(), configuration("full"), budget=Budget(20.0)) if kind == "parameters"
+          else Cockpit(problem.model, configuration("full"), budget=Budget(20.0), accumulate=True))
+    x, y = problem.batches[0]
+    for step in range(WARMUP + STEPS + 2 * PROBE):
+        opt.zero_grad()
+        twin_opt.zero_grad()
+        for part in ((slice(0, 2), slice(2, 4)) if kind == "accumulate" else (slice(0, 4),)):
+            loss = problem.lossfunc(problem.model(x[part]), y[part])
+            with cp(step, info={"loss": loss, "optimizer": opt}):
+                loss.backward()
+            twin.lossfunc(twin.model(x[part]), y[part]).backward()
+        opt.step()
+        twin_opt.step()
+    cp.close()
+    assert all(torch.equal(a, b) for a, b in zip(problem.model.parameters(), twin.model.parameters()))
+    assert any(cp.budget.bare(t) for t in range(WARMUP + STEPS, step))
+    assert not [h for m in problem.model.modules() for h in (*m._forward_pre_hooks.values(), *m._forward_hooks.values())
+                if h.__module__.startswith("cockpit_lite")] and not opt._optimizer_step_post_hooks
