@@ -95,7 +95,7 @@ TIERS = ("bookkeeping", "per-sample", "curvature")
 SHARES = (0.4, 0.3, 0.3)
 """Each tier's share of what a step earns (renormalised over the tiers present)."""
 
-PRIOR = (2.0, 30.0, 150.0)
+PRIOR = (2.0, 60.0, 200.0)
 """The cost (plain steps) a tier is planned with before it has been measured."""
 
 WARMUP = 10

@@ -152,7 +152,7 @@ def test_the_average_holds_over_every_prefix_when_the_costs_are_known(seed):
 
 
 def test_a_tier_dearer_than_its_prior_overshoots_once_then_waits_until_it_is_earned_back():
-    costs = (0.5, 6.0, 3 * PRIOR[2])
+    costs = (0.5, 6.0, 2 * PRIOR[2])
     clock = Clock(plain=0.01, u=0.05, costs=costs)
     budget = _budget(1.5)
     periods, made = clock.run(budget, 4000)
