@@ -287,6 +287,7 @@ def test_bare_steps_take_the_cockpits_hooks_off_and_put_them_back_in_order():
         assert orders[WARMUP + i - 1] == ([[h for h in hooks if not h[1]] for hooks in before] if bare else before)
 
 
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 def test_parameters_are_those_without_a_cockpit_bit_for_bit():
     problem, twin = problems.make("mlp", 4, steps=1), problems.make("mlp", 4, steps=1)
     _run(problem, 60, Budget(1.5), diagnose=True)
@@ -326,6 +327,7 @@ def test_the_diagnosis_signals_are_budgeted_too():
     assert signals and all(cp.budget.tiers[name] == 0 for name in signals)
 
 
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")  # (BackPACK's, on the twin: the problems are extended)
 @pytest.mark.parametrize("kind", ["parameters", "accumulate"])
 def test_bare_steps_with_parameters_only_and_under_gradient_accumulation(kind):
     """Every micro-batch of a bare step is bare; a Cockpit given parameters finds its model at a
