@@ -3,12 +3,14 @@
 Usage::
 
     python -m benchmarks.bench_overhead [--repeats 5] [--steps 5] [--quick] [--json PATH]
-        [--problems mlp cnn transformer resnet_bn resnet18] [--configs "lite economy" ...]
+        [--problems mlp cnn transformer gpt resnet_bn resnet18] [--configs "lite economy" ...]
         [--leave-one-out] [--optimizer sgd|adamw]
+    python -m benchmarks.bench_overhead --budget [FACTOR] [--budget-lengths 100 300 1000 ...]
 
 For each problem (an MLP 784-64-10 and a small CNN on 3×32×32 inputs, a transformer
 encoder classifier: embedding, 2 layers, d=64, 4 heads, sequence 32, and a small ResNet
-with BatchNorm in training mode on 3×32×32; on request, ``resnet18``, a torchvision-style
+with BatchNorm in training mode on 3×32×32; on request, ``gpt``, ``bench_per_sample``'s
+nanoGPT-style GPT with its token loss, and ``resnet18``, a torchvision-style
 ResNet-18 in training mode on 3×32×32; batch 64, cross-entropy, SGD, or with ``--optimizer adamw``
 AdamW) it times, in one
 process with one thread (``--configs``: only the configurations named, and the plain step):
@@ -35,12 +37,13 @@ process with one thread (``--configs``: only the configurations named, and the p
 - the original Cockpit at each level on the same recipe, when ``cockpit-for-pytorch`` is
   installed (MLP, CNN).
 
-``--budget [FACTOR]`` instead runs 500 steps (``--budget-steps``) of each problem plain,
-with ``configuration("full")`` (``--budget-level``) and ``Cockpit(model, ...,
-budget=FACTOR)`` (default 1.25, horizon the number of steps),
-and plain again, none of them BackPACK-extended (BackPACK's hooks alone slow every step
-down), and prints the average step time of the budgeted run over the mean of the two
-plain runs, and the steps at which each quantity was recorded.
+``--budget [FACTOR]`` instead prints the table of problems × run lengths (``--budget-lengths``,
+default 100, 300, 1000 and 3000 steps) of ``Cockpit(model, configuration("full"), budget=FACTOR)``
+(default 1.25; ``--budget-level``), with the default diagnosis on and with ``diagnose=False``,
+not BackPACK-extended (BackPACK's hooks alone slow every step down): the time of a budgeted
+run (a fresh model and Cockpit each) over a plain twin's, alternated plain, budgeted,
+budgeted, plain (rounds enough for 3 s of plain steps, at most 40: a load spike of the
+machine lasts milliseconds), with the steps each tier was recorded at.
 
 Timings are medians over ``--repeats`` interleaved rounds (every configuration runs
 once per round, so a load change on the machine hits all of them alike); a
@@ -66,8 +69,8 @@ from torch import nn
 
 from cockpit_lite import Cockpit, configuration, diagnosis, extend, quantities
 from cockpit_lite.quantities.curvature import CurvatureQuantity
-from cockpit_lite.budget import TIERS, Budget
 from cockpit_lite.utils.configuration import quantities_cls_for_configuration
+from instruments.data import budget_bought
 
 BATCH = 64
 OPTIMIZERS = {
@@ -166,11 +169,30 @@ def _images(shape):
     return lambda g: torch.randn(BATCH, *shape, generator=g)
 
 
+def gpt():
+    """``bench_per_sample``'s nanoGPT-style GPT (2 pre-norm blocks, d = 64, T = 32, vocabulary 256, tied head)."""
+    from benchmarks.bench_per_sample import GPT
+
+    return GPT()
+
+
+class TokenLoss(nn.Module):
+    """Mean cross-entropy over every token of ``[B, T, V]`` logits (a sample is a sequence)."""
+
+    def forward(self, logits, targets):
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def _tokens(vocab):
+    return lambda g: torch.randint(0, vocab, (BATCH, 32), generator=g)
+
+
 PROBLEMS = {
-    # name: (model, inputs, BackPACK supports its curvature)
+    # name: (model, inputs, BackPACK supports its curvature[, loss, targets]; default: cross-entropy, 10 classes)
     "mlp": (mlp, _images((1, 28, 28)), True),
     "cnn": (cnn, _images((3, 32, 32)), True),
-    "transformer": (TransformerClassifier, lambda g: torch.randint(0, 100, (BATCH, 32), generator=g), False),
+    "transformer": (TransformerClassifier, _tokens(100), False),
+    "gpt": (gpt, _tokens(256), False, TokenLoss, _tokens(256)),
     "resnet_bn": (resnet_bn, _images((3, 32, 32)), False),
     "resnet18": (resnet18, _images((3, 32, 32)), False),
 }
@@ -188,16 +210,17 @@ class Runner:
 
     def __init__(self, problem, make_cockpit=None, peer=False, backpack=True, period=1, skip=0):
         """``period``/``skip``: time whole periods of a sparse schedule, after its first ``skip`` steps."""
-        build, inputs, supported = PROBLEMS[problem]
+        build, inputs, supported, loss, targets = (*PROBLEMS[problem], nn.CrossEntropyLoss,
+                                                   lambda g: torch.randint(0, 10, (BATCH,), generator=g))[:5]
         torch.manual_seed(0)
-        self.model, self.lossfunc = build(), nn.CrossEntropyLoss()
+        self.model, self.lossfunc = build(), loss()
         if make_cockpit is not None and supported and backpack:
             self.model, self.lossfunc = extend(self.model), extend(self.lossfunc)
         self.opt = OPTIMIZERS[OPTIMIZER](self.model.parameters())
         self.cp = make_cockpit(self.model) if make_cockpit is not None else None
         self.peer = peer
         g = torch.Generator().manual_seed(1)
-        self.batches = [(inputs(g), torch.randint(0, 10, (BATCH,), generator=g)) for _ in range(4)]
+        self.batches = [(inputs(g), targets(g)) for _ in range(4)]
         self.step = 0
         self.period, self.skip = period, skip
 
@@ -331,46 +354,62 @@ def measure(problem, repeats, steps, with_quantities, with_peer, with_memory=Tru
     return medians, memory
 
 
-def budget_run(problem, factor, steps, level="full"):
-    """Average step times of ``steps`` plain, budgeted ``level`` and plain steps; the budgeted record."""
+ROUNDS_S = 3.0
+"""``--budget``: the plain steps' time each run length is measured over, at least (in rounds)."""
+MAX_ROUNDS = 40
+
+
+def budget_twin(problem, factor, steps, diagnose, level="full", cycles=1):
+    """Time of ``steps`` steps of ``Cockpit(model, configuration(level), budget=factor)`` over that of a
+    plain twin: ``cycles`` rounds of plain, budgeted, budgeted, plain runs (each budgeted run a fresh
+    model and Cockpit, calibrating anew), so that a load change hits both alike. (Interleaving single
+    steps would put the twin's step inside every period the budget times.) Returns the ratio of the
+    sums and the last budgeted record."""
     def timed(runner):
         start = time.perf_counter()
         for _ in range(steps):
             runner.run_step()
-        return (time.perf_counter() - start) / steps
+        return time.perf_counter() - start
 
-    plain = timed(Runner(problem))
-    budgeted = Runner(problem, lambda m: Cockpit(m, configuration(level), budget=Budget(factor, horizon=steps)),
-                      backpack=False)
-    tracked = timed(budgeted)
-    plain = (plain + timed(Runner(problem))) / 2
-    return plain, tracked, budgeted.cp.get_output()
+    totals, record = [0.0, 0.0], None
+    for _ in range(cycles):
+        for budgeted in (False, True, True, False):
+            runner = Runner(problem, lambda m: Cockpit(m, configuration(level), budget=factor, diagnose=diagnose),
+                            backpack=False) if budgeted else Runner(problem)
+            totals[budgeted] += timed(runner)
+            if budgeted:
+                runner.cp.close()
+                record = runner.cp.get_output()
+    return totals[1] / totals[0], record
 
 
-def print_budget(factor, steps, problems, level="full"):
+def print_budget_lengths(factor, lengths, problems, level="full"):
+    """The table of ``budget_twin`` ratios: problems × run lengths, with diagnosis on and off."""
+    from cockpit_lite.budget import plans
+
     results = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for problem in problems:
-            results[problem] = budget_run(problem, factor, steps, level)
-    print(f"budget={factor}: average step time of {steps} steps of configuration({level!r}) / plain "
-          "(mean of a plain run before and after), 1 thread, batch 64")
-    print(f"{'problem':<12}{'plain ms':>10}{'budget ms':>11}{'ratio':>8}{'expected':>10}")
-    for problem, (plain, tracked, record) in results.items():
-        plan = next(entry["budget"] for entry in record.values() if "budget" in entry)
-        print(f"{problem:<12}{plain * 1e3:>10.2f}{tracked * 1e3:>11.2f}{tracked / plain:>7.2f}x"
-              f"{plan['expected_ratio']:>9.2f}x")
-    for problem, (_, _, record) in results.items():
-        plan = next(entry["budget"] for entry in record.values() if "budget" in entry)
-        start = min(rule["from"] for rule in plan["schedules"].values())
-        costs = ", ".join(f"{tier} {cost:.1f}" for tier, cost in plan["costs"].items())
-        print(f"\n{problem}: steps at which each quantity was recorded (calibration 0..{start - 1}, "
-              f"{plan['calibration_cost']:.0f} plain steps; marginal cost per due step, plain steps: {costs})")
-        for name, rule in plan["schedules"].items():
-            recorded = sorted(s for s, entry in record.items() if name in entry)
-            kind = "every step" if "every" in rule else f"{rule['per_octave']}/octave"
-            shown = recorded if len(recorded) <= 14 else recorded[:6] + ["..."] + recorded[-4:]
-            print(f"  {name:<16}{TIERS[plan['tiers'][name]]:<12} {kind:<11} n={len(recorded):<4} {shown}")
+            for diagnose in (True, False):
+                plain = Runner(problem)
+                plain.time_steps(5)  # (warm-up)
+                step_s = plain.time_steps(20)
+                for steps in lengths:  # rounds enough for ``ROUNDS_S`` of plain steps (a load spike is ms)
+                    cycles = max(1, min(MAX_ROUNDS, round(ROUNDS_S / (steps * step_s))))
+                    ratio, record = budget_twin(problem, factor, steps, diagnose, level, cycles=cycles)
+                    last = plans(record)[-1]
+                    results[(problem, diagnose, steps)] = ratio
+                    print(f"{problem:<12} diagnose={diagnose!s:<6} {steps:>5} steps x {cycles:>2} rounds: {ratio:.2f}x "
+                          f"(plain {last['plain_step_s'] * 1e3:.2f} ms, u {last['untracked_cost']:.2f}, steps recorded: "
+                          + ", ".join(f"{tier} {entry['steps']}" for tier, entry in budget_bought(record)["tiers"].items())
+                          + ")", flush=True)
+    print(f"\nbudget={factor}, configuration({level!r}): time over a plain twin (runs alternated), 1 thread, "
+          "batch 64 (diagnosis on / diagnose=False)")
+    print(f"{'problem':<12}" + "".join(f"{n:>14}" for n in lengths))
+    for problem in problems:
+        print(f"{problem:<12}" + "".join(
+            f"{results[(problem, True, n)]:>7.2f}/{results[(problem, False, n)]:.2f}" for n in lengths))
     return results
 
 
@@ -389,9 +428,10 @@ def main(argv=None):
                         help="also economy with samples=8 without each of its quantities in turn")
     parser.add_argument("--optimizer", default=OPTIMIZER, choices=list(OPTIMIZERS),
                         help="sgd: SGD, lr 0.01; adamw: AdamW, lr 1e-3, weight decay 0.01")
-    parser.add_argument("--budget", type=float, nargs="?", const=1.25, help="the 500-step budget table instead")
-    parser.add_argument("--budget-steps", type=int, default=500)
+    parser.add_argument("--budget", type=float, nargs="?", const=1.25,
+                        help="the budget table instead: problems x run lengths, against a plain twin")
     parser.add_argument("--budget-level", default="full", choices=LEVELS)
+    parser.add_argument("--budget-lengths", type=int, nargs="+", default=[100, 300, 1000, 3000])
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.steps = 2, 2
@@ -399,7 +439,7 @@ def main(argv=None):
     torch.set_num_threads(1)
     logging.getLogger("cockpit_lite.diagnosis").setLevel(logging.ERROR)  # findings on random data: not the point
     if args.budget is not None:
-        print_budget(args.budget, args.budget_steps, args.problems, args.budget_level)
+        print_budget_lengths(args.budget, args.budget_lengths, args.problems, args.budget_level)
         return
     with_peer = False
     if not args.no_peer:

@@ -1,56 +1,82 @@
 """An overhead budget: spacing out the expensive quantities so that a run stays cheap.
 
-``Cockpit(model, configuration("full"), budget=1.25)`` keeps the *average* step time over
-the first ``horizon`` steps (and, since the spaced schedules only get sparser, over any
-longer run) within ``factor`` × the plain step time. It takes over every quantity's
-schedule.
+``Cockpit(model, configuration("full"), budget=1.25)`` keeps the average step time of the
+run, counted from its first step to *any* later step (every prefix of the run, once the
+first calibration has ended), within ``factor`` × the user's plain step time: the same
+training step without a Cockpit. It takes over every quantity's schedule, and on the steps
+where nothing is due it leaves the training step alone.
 
 Quantities share work: the per-sample pass of the engine serves every first-order
-statistic, one Hutchinson estimate or BackPACK extension serves all curvature
-quantities, and a step with anything due pays a fixed bookkeeping cost. The budget
-therefore schedules *tiers* of quantities, read from what each declares it needs
-(``Needs``) at the first calibration step, and never from their names:
+statistic, one Hutchinson estimate or BackPACK extension serves all curvature quantities,
+and a step with anything due pays a fixed bookkeeping cost. The budget therefore schedules
+*tiers* of quantities, read from what each declares it needs (``Needs``), never from
+their names:
 
 - tier 0, *bookkeeping*: no per-sample transform, no BackPACK extension, no Hessian-vector product;
 - tier 1, *per-sample*: per-sample transforms only;
 - tier 2, *curvature*: Hessian-vector products (``Needs.hvp``), an extension, or a diagonal the
   engine computes by its own backward passes (``Needs.diagonals``: the exact GGN's, one per class).
 
-The schedules are nested (a step where a tier is due has every lower tier due too), so a
-step where tiers ``0..k`` are due costs ``C_k``, the cost of all of them together,
-measured as such.
+Before a quantity has been due, its tier is the one it declares (``Quantity.TIER``), or read
+from a ``SingleStepQuantity``'s ``TRANSFORMS``; any other quantity is planned as curvature
+(the dearest) until its first due step shows its ``Needs``, which then decide (a re-plan).
+The schedules are nested: a step whose *top* tier is ``k`` has every tier ``≤ k`` due.
 
-1. *Calibration* (steps ``0 .. start − 1``; ``start`` = 21 at ``full``; counted from the
-   first step entered, so a run resumed without the saved state calibrates where it
-   resumes, while the planned schedules below are logarithmic in the global step; one
-   resumed with ``Cockpit.load_state_dict`` keeps the saved plan): steps 0-2 track nothing
-   (warm-up). At step 3 every quantity is due (its first recorded value; its
-   ``Needs`` give its tier), at step 6 every quantity of the tiers below the top one,
-   and so on, one set every third step; the bookkeeping tier, cheap enough to go every
-   step, is due on a run of ``RUN`` consecutive steps. A closing run of ``RUN``
-   untracked steps times the plain step ``T₀`` (the median of its inner periods, a
-   period being the time from one ``cp(step)`` call to the next). The cost of a set due
-   at step ``s`` is ``C = (P_{s−1} + P_s + P_{s+1}) / T₀ − 3`` plain steps: the watched
-   forward pass, the backward pass and the computation, and what a quantity finishes at
-   the next step (``Alpha``, ``UpdateSize``); the bookkeeping run's cost per step is the
-   median of its periods over ``T₀``, minus one.
-2. *Plan* (at step ``start − 1``, recorded in the log under ``"budget"``): with
-   ``A = (factor − 1) · horizon`` plain steps to spend, of which calibration took
-   ``Σ C``, every tier starts on the sparsest schedule, one step per four octaves
-   (``L(1/4)`` below), and then, lowest tier first, each takes the densest schedule
-   that the rest of ``A`` pays for and that is no denser than the tier below: every
-   step, or ``L(m)`` for ``m`` = 32, 16, 8, 4, 2, 1, 1/2 steps per octave, where
-   ``L(m) = {⌊2^{j/m}⌋ : j ≥ 0}`` (logarithmic: dense early in training, where things
-   change fastest; ``L(1/4) ⊂ L(1/2) ⊂ … ⊂ L(32)``). A tier's marginal cost is
-   ``C_k − C_{k−1}``; counting is exact over the steps ``[start, horizon)``. If even the
-   floor does not fit, every tier keeps it and a warning gives the expected average.
-3. From step ``start`` on the schedules are fixed: deterministic given the measured
-   costs, and recorded, so ``Budget(plan=record[step]["budget"])`` replays a run's
-   schedules (calibration steps included) without measuring anything.
+*Bare steps.* At a bare step ``cp(step)`` returns at once, and the Cockpit's forward hooks
+and optimizer step hooks are off (``Budget.unwatch``; the user's hooks stay): the step is
+the user's plain step. The *period* of a step is the time from its ``cp(step)`` call to the
+next one.
 
-Costs are measured once, on one step each: noisy on a busy machine (a negative cost
-counts as zero), and the first step of a kind pays one-off warm-up costs, which errs
-on the sparse side of the budget.
+1. *Calibration*: ``WARMUP`` untracked steps from the first step entered, then a window of
+   ``STEPS`` steps, ``PAIRS`` times two bare steps and two untracked ones (a change of the
+   machine's load hits both alike). The median of the bare periods is the plain step
+   ``T₀``; the median over the pairs of an untracked period over the bare one before it,
+   minus one, is ``u``: what a step with the Cockpit costs although nothing is due (its
+   per-step calls, the diagnosis signals' hooks). The first plan is made at the window's
+   last step.
+2. *Idle steps are bare.* After the first calibration, a step is bare when nothing is due at
+   it, at the step after it and at the two before it (those prepare, finish and time a due
+   step), except the *probes*: steps ``t`` with ``t % PROBE`` 0 and 1 are bare, 2 and 3
+   untracked, and nothing is due from ``PROBE − 1`` to 3. Each probe adds a pair of a bare
+   and an untracked period; the last ``KEPT`` pairs give ``T₀`` and ``u`` at every re-plan.
+   So ``u`` is paid on the steps around due ones and on two steps in every ``PROBE``, not on
+   every step.
+3. *Spend only what has been earned.* Every step earns ``factor − 1`` plain steps less the
+   probes' ``2u / PROBE``, shared out among the present tiers by ``SHARES`` (a tier's account
+   holds at most one step of its own; what it cannot hold goes to the tier above). Each tier
+   has logarithmic *candidate* steps ``L(m) = {⌊2^{j/m}⌋ : j ≥ 0}`` (``m`` steps per octave,
+   dense early in training, where things change fastest; or every step), the densest that
+   its share pays for up to ``max(horizon, 2 × steps so far)``, no denser than the tier
+   below. A candidate step makes its tier *pending*; at each step the highest pending tier
+   whose account, and the run's balance as a whole, hold ``C_k`` runs (the tiers below with
+   it) and pays ``C_k``: what such a step and its untracked neighbours cost over bare steps.
+   So the modelled spending never runs ahead of what the steps so far have earned. Costs not
+   yet measured are ``PRIOR`` plain steps.
+4. *Measured, re-planned, recorded.* Every period but a bare one is charged as measured (its
+   time over ``T₀``, minus one); the first calibration's first two periods (the Cockpit's
+   first calls) as measured and its others as ``u`` (the bare ones nothing). Tracked steps
+   closer than 4 apart, with the two periods before and the one after, measure their top
+   tier's ``C_k`` (less the planned costs of the others among them; the median of the last
+   ``KEEP`` measurements is the plan's cost). At the first step timed after a tier's first
+   measurement or after a quantity's ``Needs`` changed its tier, and at the first step timed
+   in every ``CHECK``, the budget re-plans: the accounts are set to what has been earned
+   minus what has been charged. When the median of the last ``WINDOW`` bare periods has
+   moved by more than ``DRIFT``× from ``T₀`` (a new sequence length, a slower data loader),
+   it calibrates again (a window as above, nothing due meanwhile). A plan made at step ``p``
+   governs the steps from ``p + 2`` on (the schedule of ``p + 1`` may have been asked
+   already). Each plan is recorded in the log under ``"budget"`` at its step: the schedules
+   are a deterministic function of the recorded plans, and ``Budget(plan=plans(record))``
+   replays a run's schedules without timing anything.
+
+Under torch.distributed the ranks plan from the mean of their measurements, at the same
+steps (the steps of a re-plan depend only on the plans), so they fix the same schedules.
+
+Limits: a bare step runs nothing of the Cockpit (its ``cp(step)`` call and the schedules'
+look-ups stay: a few microseconds), so at a bare step a non-finite loss is not located, a
+replaced parameter is noticed at the next step that is not bare; a data-loader stall next to
+a tracked step is charged to it (the budget errs on the sparse side); the first evaluation
+of a tier is placed by its prior cost, so a tier dearer than its prior overshoots once, and
+nothing runs until the steps after it have earned it back.
 """
 
 import math
@@ -66,14 +92,50 @@ last, one step per four octaves (``⌊16^j⌋``: 1, 16, 256, 4096, ...), is the 
 TIERS = ("bookkeeping", "per-sample", "curvature")
 """The tiers of work, cheapest first (see the module docstring)."""
 
-FIRST = 3
-"""The first calibration step: every quantity is due (steps 0-2 time the plain step)."""
+SHARES = (0.4, 0.3, 0.3)
+"""Each tier's share of what a step earns (renormalised over the tiers present)."""
 
-SPACING = 3
-"""Steps from one calibration set to the next (due step, its follow-up, a gap)."""
+PRIOR = (2.0, 60.0, 200.0)
+"""The cost (plain steps) a tier is planned with before it has been measured."""
 
-RUN = 6
-"""Steps of the bookkeeping tier's calibration run, and of the untracked run that ends calibration."""
+WARMUP = 10
+"""Untracked steps before the calibration's runs (the first steps of a run are slow)."""
+
+PAIRS = 8
+"""Pairs of a bare and an untracked period in a calibration window (``STEPS``: 4 steps each)."""
+
+STEPS = 4 * PAIRS
+"""Steps of a calibration window: bare, bare, untracked, untracked, ... The first bare step's
+period is bare (its next forward pass without the Cockpit's hooks), the first untracked
+step's is untracked; the other two periods mix them and are not used."""
+
+PROBE = 50
+"""After the first calibration, steps ``t`` with ``t % PROBE`` 0 and 1 are bare and 2 and 3 untracked
+(nothing due from ``t % PROBE == PROBE − 1`` to 3): one more pair of a bare and an untracked period
+every ``PROBE`` steps; the last ``KEPT`` pairs give the plain step and ``u`` at each re-plan."""
+
+KEPT = 16
+"""Pairs of a bare and an untracked period kept (the calibration's and the probes')."""
+
+KEEP = 3
+"""Measurements of a tier's cost whose median is its planned cost."""
+
+CHECK = 100
+"""The budget re-plans at the first step it times in each ``CHECK`` steps (the ledger set to what
+was measured, the plain step to the kept pairs')."""
+
+WINDOW = 16
+"""Untracked periods whose median is compared with the calibrated untracked step."""
+
+DRIFT = 1.3
+"""The change (either way) of the untracked step that calibrates again."""
+
+HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_optimizer_step_pre_hooks", "_optimizer_step_post_hooks")
+"""A module's forward hooks and an optimizer's step hooks (``unwatch``; a module's keyword and
+always-called flags stay keyed by the handle)."""
+
+VERSION = 2
+"""The plan format (older plans fixed one schedule per quantity and do not replay here)."""
 
 
 def tier_of(needs):
@@ -83,6 +145,17 @@ def tier_of(needs):
     if needs.hvp or needs.extensions or needs.diagonals:
         return 2
     return 1 if needs.transforms else 0
+
+
+def expected_tier(quantity):
+    """The tier ``quantity`` is planned in before its first due step (see the module docstring)."""
+    from cockpit_lite.quantities.base import SingleStepQuantity
+
+    if quantity.TIER is not None:
+        return int(quantity.TIER)
+    if isinstance(quantity, SingleStepQuantity) and type(quantity)._needs is SingleStepQuantity._needs:
+        return 1 if quantity.TRANSFORMS else 0
+    return len(TIERS) - 1
 
 
 def octave_steps(per_octave, start, stop):
@@ -97,15 +170,18 @@ def octave_steps(per_octave, start, stop):
         j += 1
 
 
-def _due(rule, step):
-    """Whether a planned schedule ``rule`` (``{"every": 1}`` or ``{"per_octave": m, "from": t}``) is due."""
-    if step < rule["from"]:
-        return False
-    if "every" in rule:
+def _candidate(option, step):
+    """Whether ``step`` is a candidate step of ``option`` (``"every"`` or ``m`` steps per octave)."""
+    if option == "every":
         return True
-    m = rule["per_octave"]
-    j = math.ceil(m * math.log2(step)) if step > 0 else 0
-    return any(int(math.floor(2 ** (k / m))) == step for k in (j - 1, j, j + 1) if k >= 0)
+    j = math.ceil(option * math.log2(step)) if step > 0 else 0
+    return any(int(math.floor(2 ** (k / option))) == step for k in (j - 1, j, j + 1) if k >= 0)
+
+
+def plans(record):
+    """The budget's plans in a record (``Cockpit.get_output()`` or ``log.read``), in step order:
+    what ``Budget(plan=...)`` replays."""
+    return [record[step]["budget"] for step in sorted(record) if "budget" in record[step]]
 
 
 class Budget:
@@ -115,37 +191,86 @@ class Budget:
         """
         Args:
             factor: the allowed average step time, in plain step times (> 1).
-            horizon: the number of steps over which the average is kept.
-            plan: a recorded plan (``record[step]["budget"]``) to replay instead of
-                measuring.
+            horizon: the run length the candidate schedules are first planned for (they are
+                planned again for twice the steps so far as the run goes on); the average
+                holds at every length either way.
+            plan: the recorded plans of a run to replay instead of measuring
+                (``plans(record)``), or one of them (``record[step]["budget"]``: replayed
+                from its step on, the later re-plans of that run left out).
 
         Raises:
-            ValueError: for a factor ≤ 1 or a horizon below 1.
+            ValueError: for a factor ≤ 1, a horizon below 1, or a plan of another format.
         """
-        if plan is not None:
-            factor, horizon = plan["factor"], plan["horizon"]
+        replay = [] if plan is None else [plan] if isinstance(plan, dict) else list(plan)
+        for recorded in replay:
+            if not isinstance(recorded, dict) or recorded.get("version") != VERSION:
+                raise ValueError(
+                    "Budget(plan=...) replays the plans of this version of cockpit-lite's budget "
+                    f"(format {VERSION}), got {recorded!r:.80}. Fix: pass plans(record) of a run "
+                    "recorded with this version, or measure anew (budget=factor)"
+                )
+        if replay:
+            factor, horizon = replay[0]["factor"], replay[0]["horizon"]
         if not factor > 1:
             raise ValueError(f"the budget factor must exceed 1 (it is a multiple of the plain step time), got {factor!r}")
         if int(horizon) != horizon or horizon < 1:
             raise ValueError(f"horizon must be a positive number of steps, got {horizon!r}")
         self.factor, self.horizon = float(factor), int(horizon)
-        self.plan = plan
-        self.names = []
-        self.tiers = dict(plan["tiers"]) if plan is not None else None  # name -> tier, known at origin + FIRST
-        self.origin = plan.get("origin", 0) if plan is not None else None  # the first step entered
-        self._starts = {}  # step -> time.perf_counter() at its cp(step) call
-        self._due_at = {}  # name -> step -> bool, once the plan is fixed
-        self.group = None
+        self._replay = {p["step"]: p for p in replay}
+        self.plan = None  # the plan in force
+        self.names, self.tiers, self.group = [], {}, None
+        self.origin = replay[0]["origin"] if replay else None
+        self._calibration = None  # the calibration window in progress: its first (bare) step
+        self._windows = []  # every calibration window's first step
+        self._bare = set()  # their bare steps
+        self._windowed = set()  # all their steps
+        if replay:
+            self._window(self.origin + WARMUP)
+        self._unwatched = None  # the Cockpit's hooks taken off the model for the bare steps
+        self._starts = {}  # step -> time.perf_counter() at its cp(step) call (recent steps only)
+        self._tops = {}  # step -> the top tier due at it (None: nothing), from the plan in force
+        self._state = None  # the simulation's (step, accounts, pending) after its last step
+        self._spent = 0.0  # plain steps really spent since the plan in force was made
+        self._measured = {}  # tier -> its last KEEP measured costs
+        self._idle = []  # the last WINDOW bare periods of idle steps (seconds)
+        self._pairs = []  # the last KEPT (bare, untracked) periods (seconds)
+        self._early = []  # the periods of the first calibration (seconds)
+        self._probe = None  # the bare period of the probe in progress
+        self._block = None  # the tracked steps being measured: [their periods' excess, their top tiers]
+        self._excess = []  # the excess of the last two periods (plain steps)
+        self._replan = False  # a tier measured first, or changed (``saw``): re-plan at the next timed step
+
+    # --- the Cockpit's interface -------------------------------------------------------------
+
+    def take_over(self, quantities, group=None):
+        """Give every quantity the budget's schedule (called once by the Cockpit).
+
+        ``group``: under torch.distributed, the Cockpit's ``Group``: the ranks plan from the
+        mean of their measurements, so that every rank fixes the same schedules.
+        """
+        self.names = [q.name for q in quantities]
+        self.group = group
+        self.tiers = {q.name: expected_tier(q) for q in quantities}
+        if self._replay:
+            first = next(iter(self._replay.values()))
+            if sorted(first["tiers"]) != sorted(self.names):
+                raise ValueError(
+                    f"the budget plan schedules {sorted(first['tiers'])} but the Cockpit tracks "
+                    f"{sorted(self.names)}: replay a plan with the quantities of its run"
+                )
+        for quantity in quantities:
+            quantity._track_schedule = self._schedule(quantity.name)
 
     def state_dict(self):
-        """``{"factor", "horizon", "plan"}``: the plan once fixed (plain values), ``None`` during calibration."""
+        """``{"factor", "horizon", "plan"}``: the plan in force (plain values), ``None`` during
+        the first calibration."""
         return {"factor": self.factor, "horizon": self.horizon, "plan": self.plan}
 
     def load_state_dict(self, state):
         """Go on with a saved run's plan: its schedules, no new calibration.
 
-        A state saved during calibration (no plan yet) leaves this budget to calibrate from
-        the first step it sees (the saved run's timings were of another process).
+        A state saved during the first calibration (no plan yet) leaves this budget to calibrate
+        from the first step it sees (the saved run's timings were of another process).
 
         Raises:
             ValueError: for another factor or horizon than this budget's.
@@ -156,197 +281,375 @@ class Budget:
                 f"Cockpit's {self.factor}x over {self.horizon}. Fix: create the resumed Cockpit with "
                 f"budget=Budget({state['factor']}, horizon={state['horizon']})"
             )
-        if state["plan"] is None:
-            return
-        self.plan = state["plan"]
-        self.tiers = dict(self.plan["tiers"])
-        self.origin = self.plan.get("origin", 0)
-        self._fix()
+        if state["plan"] is not None:
+            self.origin = state["plan"]["origin"]
+            self._window(self.origin + WARMUP)  # (the probes' steps count from its end)
+            self._apply(state["plan"])
 
-    @property
-    def levels(self):
-        """The non-empty tiers, top first: calibration set ``i`` holds the tiers ``≤ levels[i]``."""
-        return sorted(set(self.tiers.values()), reverse=True)
+    def bare(self, step):
+        """Whether ``step`` is bare (``cp(step)`` does nothing, the Cockpit's hooks are off): a
+        calibration's or a probe's bare step, or, after the first calibration, an idle step (nothing
+        due at it, at the step after it and at the two before it: those finish and time a due step)
+        outside the calibrations' and probes' untracked steps."""
+        if step in self._bare:
+            return True
+        if not self._probing(step) or step in self._windowed:
+            return False
+        if step % PROBE < 4:
+            return step % PROBE < 2
+        return all(self.top(t) is None for t in (step - 2, step - 1, step, step + 1))
 
-    def calibration(self):
-        """``(sets, untracked)``: ``sets`` lists ``(top tier, due steps)``, top first; ``untracked``
-        the closing run of untracked steps (known from step ``origin + FIRST`` on)."""
-        sets, at = [], self.origin + FIRST
-        for top in self.levels:
-            steps = list(range(at, at + RUN)) if top == 0 else [at]
-            sets.append((top, steps))
-            at += RUN if top == 0 else SPACING
-        return sets, list(range(at, at + RUN))
+    def _window(self, first):
+        """A calibration window from step ``first`` on."""
+        self._windows.append(first)
+        self._windowed.update(range(first, first + STEPS))
+        self._bare.update(first + i for i in range(STEPS) if i % 4 < 2)
 
-    @property
-    def start(self):
-        """The first step of the planned schedules (after calibration); ``None`` before step ``origin + FIRST``."""
-        if self.tiers is None:
-            return None
-        return self.calibration()[1][-1] + 1
+    def _probing(self, step):
+        """Whether ``step`` lies after the first calibration (its plan's step), where the probes are
+        (``PROBE``) and idle steps are bare."""
+        return bool(self._windows) and step >= self._windows[0] + STEPS
 
-    def calibration_steps(self, name):
-        """The calibration steps at which quantity ``name`` is due (all of them known from step
-        ``origin + FIRST`` on; none before the first step)."""
-        if self.tiers is None:
-            return [] if self.origin is None else [self.origin + FIRST]
-        return [t for top, steps in self.calibration()[0] if self.tiers[name] <= top for t in steps]
-
-    def take_over(self, quantities, group=None):
-        """Give every quantity the budget's schedule (called once by the Cockpit).
-
-        ``group``: under torch.distributed, the Cockpit's ``Group``. The ranks plan from
-        the mean of their measured periods, so that every rank fixes the same schedules
-        (statistics of the global batch need every rank at the same collectives).
-        """
-        self.names = [q.name for q in quantities]
-        self.group = group
-        if self.plan is not None and sorted(self.plan["schedules"]) != sorted(self.names):
-            raise ValueError(
-                f"the budget plan schedules {sorted(self.plan['schedules'])} but the Cockpit "
-                f"tracks {sorted(self.names)}: replay a plan with the quantities of its run"
-            )
-        for quantity in quantities:
-            quantity._track_schedule = self._schedule(quantity.name)
-        if self.plan is not None:
-            self._fix()
-
-    def _fix(self):
-        """Make every quantity's schedule a cheap test (it runs at every step, due or not)."""
-        for name in self.names:
-            rule = self.plan["schedules"][name]
-            start, calibration = rule["from"], frozenset(self.calibration_steps(name))
-            if "every" in rule:
-                def due(step, start=start, calibration=calibration):
-                    return step >= start or step in calibration
-            else:
-                def due(step, steps=frozenset(octave_steps(rule["per_octave"], start, 2**40)) | calibration):
-                    return step in steps
-            self._due_at[name] = due
-
-    def _schedule(self, name):
-        def schedule(step):
-            due = self._due_at.get(name)
-            if due is None:  # not planned yet: calibration
-                return step in self.calibration_steps(name)
-            return due(step)
-
-        schedule.__doc__ = f"Budget {self.factor}x schedule of {name} (see cockpit_lite.budget)."
-        return schedule
+    def unwatch(self, model, optimizer, on):
+        """Take the Cockpit's forward hooks off ``model``'s modules and its step hooks off ``optimizer``
+        (``on``) for the bare steps, or put them back where they were (a hook is the Cockpit's
+        when its function is cockpit-lite's; the user's hooks stay, in their order)."""
+        if on and self._unwatched is None:
+            self._unwatched = []
+            owners = [*(model.modules() if model is not None else ()), optimizer]
+            for hooks in (getattr(owner, name, None) for owner in owners for name in HOOK_DICTS):
+                ours = {key: hook for key, hook in (hooks or {}).items()
+                        if getattr(hook, "__module__", "").startswith("cockpit_lite")}
+                if ours:
+                    self._unwatched.append((hooks, ours, list(hooks)))
+                for key in ours:
+                    del hooks[key]
+        elif not on and self._unwatched is not None:
+            for hooks, ours, order in self._unwatched:
+                merged = {**hooks, **ours}
+                keys = [key for key in order if key in merged] + [key for key in merged if key not in order]
+                hooks.clear()
+                hooks.update((key, merged[key]) for key in keys)
+            self._unwatched = None
 
     def saw(self, step, due):
-        """Note what the due quantities need at ``step`` (``due``: ``[(quantity, Needs)]``).
-
-        At step ``origin + FIRST``, where every quantity is due, this sorts them into tiers.
-        """
-        if self.plan is not None or self.origin is None or step != self.origin + FIRST:
-            return
-        tiers = {q.name: tier_of(n) for q, n in due}
-        self.tiers = {name: tiers.get(name, 0) for name in self.names}
+        """Note what the due quantities need at ``step`` (``due``: ``[(quantity, Needs)]``): a
+        quantity whose ``Needs`` put it in another tier than planned makes the budget re-plan."""
+        for quantity, needs in due:
+            tier = tier_of(needs)
+            if self.tiers.get(quantity.name) != tier:
+                self.tiers[quantity.name] = tier
+                self._replan = True
 
     def step_started(self, step, now):
-        """Note the time of the ``cp(step)`` call; returns the plan when it is fixed at this step.
+        """Note the time of the ``cp(step)`` call; returns a plan when one is made at this step.
 
         Args:
             step: the global step.
             now: ``time.perf_counter()``.
 
         Returns:
-            The plan (a dict, to be recorded under ``"budget"``) at step ``start − 1``
-            when it was measured here, else ``None``.
+            The plan (a dict, to be recorded under ``"budget"``) made at ``step``, else ``None``.
         """
-        if self.plan is not None or (self.start is not None and step >= self.start):
-            return None
         if self.origin is None:
             self.origin = step
-        if self.tiers is None and step > self.origin + FIRST:
+            self._calibration = step + WARMUP
+            self._window(self._calibration)
+        if step in self._replay:
+            return self._apply(self._replay[step])
+        if self._replay and self.plan is None and step < min(self._replay):
+            return None  # a replay's first calibration: nothing due, nothing measured
+        if self._replay:
+            return None
+        if self.plan is None and step > self.origin and step - 1 not in self._starts:
             raise ValueError(
                 f"the overhead budget calibrates on consecutive steps from the first one "
-                f"({self.origin}), but step {self.origin + FIRST} was never entered (now {step}): "
-                "call cp(step) with consecutive step numbers"
+                f"({self.origin}), but step {step - 1} was never entered (now {step}): call cp(step) "
+                "with consecutive step numbers"
             )
         self._starts[step] = now
-        if self.start is None or step != self.start - 1:
+        self._starts.pop(step - STEPS - 2, None)
+        if step - 1 in self._starts:
+            self._period(step - 1, now - self._starts[step - 1])
+        if self.bare(step):
+            return None  # (nothing more: the period of a bare step is the plain step's)
+        calibrating = self._calibration is not None
+        if calibrating and step == self._calibration + STEPS - 1:
+            return self._calibrated(step)
+        if calibrating or self.plan is None:
             return None
-        periods = {t: self._starts[t + 1] - self._starts[t] for t in range(self.origin, step) if t + 1 in self._starts}
-        missing = [t for t in range(self.origin, step) if t not in periods]
+        if self._probing(step) and step % PROBE == 2:
+            return None  # (a probe's untracked period starts: nothing more in it than in any step)
+        check = step // CHECK > self.plan["step"] // CHECK
+        if self._replan or check:
+            return self._make_plan(step, drifted=check and self._drifted())
+        return None
+
+    # --- measuring ----------------------------------------------------------------------------
+
+    def _period(self, t, seconds):
+        """Account the period of step ``t`` (from ``cp(t)`` to ``cp(t + 1)``)."""
+        if self.plan is None:  # the first calibration: charged at its end, once the plain step is known
+            self._early.append(seconds)
+            return
+        excess = seconds / self.plan["plain_step_s"] - 1
+        if self._calibration is not None:  # (a calibration again: charged as measured)
+            self._spent += excess
+            return
+        if self.bare(t):  # (quick: this runs in the next step, maybe a bare one)
+            self._excess = (self._excess + [excess])[-2:]
+            if self._block is not None:
+                self._block[0] += excess
+            if not self.bare(t + 1):  # (its next forward pass had the hooks back: a part of what is due)
+                self._spent += excess
+            elif t % PROBE:  # a bare period: the plain step's (charged nothing)
+                self._idle.append(seconds)
+                del self._idle[:-WINDOW]
+            else:
+                self._probe = seconds
+            return
+        self._spent += excess
+        if self._probing(t) and t % PROBE == 2 and self._probe is not None:
+            self._pairs = (self._pairs + [(self._probe, seconds)])[-KEPT:]
+            self._probe = None
+        top = self.top(t)
+        if self._block is None and top is not None:  # tracked steps closer than 4 apart, the 2 periods before
+            self._block = [sum(self._excess), []]
+        if self._block is not None:
+            self._block[0] += excess
+            if top is not None:
+                self._block[1].append(top)
+            elif all(self.top(s) is None for s in (t + 1, t + 2, t + 3)):  # (and the one after: it closes)
+                total, tops = self._block
+                self._block = None
+                k = max(tops)  # its top tier's cost: the rest less what the plan says the others cost
+                others = sum(self.plan["costs"][TIERS[j]] for j in tops if j != k)
+                cost = max(0.0, (total - others) / tops.count(k))
+                self._measured[k] = (self._measured.get(k, []) + [cost])[-KEEP:]
+                if not self.plan["measured"][TIERS[k]]:
+                    self._replan = True
+        self._excess = (self._excess + [excess])[-2:]
+
+    def _mean(self, values):
+        """``values`` (floats) averaged over the ranks (as they are, in one process)."""
+        if self.group is None:
+            return values
+        total = self.group.sum([torch.tensor(values, dtype=torch.float64)])[0]
+        return (total / self.group.world).tolist()
+
+    def _calibrated(self, step):
+        """The plan at the end of a calibration window (``step``: its last untracked step)."""
+        a = self._calibration
+        missing = [t for t in range(a, step + 1) if t not in self._starts]
+        if missing and self.plan is not None:  # steps skipped while calibrating again: the old times stay
+            self._calibration = None
+            return self._make_plan(step)
         if missing:
             raise ValueError(
-                f"the overhead budget needs every calibration step {self.origin}..{step}, but the "
-                f"steps {missing[:5]} were never entered: call cp(step) with consecutive step numbers"
+                f"the overhead budget needs every calibration step {a}..{step}, but the steps "
+                f"{missing[:5]} were never entered: call cp(step) with consecutive step numbers"
             )
-        if self.group is not None:
-            steps = sorted(periods)
-            mean = self.group.sum([torch.tensor([periods[t] for t in steps], dtype=torch.float64)])[0] / self.group.world
-            periods = dict(zip(steps, mean.tolist()))
-        self.plan = self.schedule_from(periods)
-        self._fix()
-        return self.plan
+        periods = [self._starts[t + 1] - self._starts[t] for t in range(a, step)]
+        self._pairs = list(zip(periods[0::4], periods[2::4]))
+        self._calibration = None
+        return self._make_plan(step, *self._times())
 
-    def schedule_from(self, periods):
-        """The plan for measured ``periods`` (``{step: seconds}`` of the calibration steps).
+    def _times(self):
+        """``(plain, untracked)`` step times (s) from the kept pairs (the ranks' mean), or ``(None, None)``
+        with fewer than ``PAIRS`` of them on any rank."""
+        bare = [b for b, _ in self._pairs]
+        enough = len(self._pairs) >= PAIRS
+        plain = statistics.median(bare) if enough else 0.0
+        ratio = max(1.0, statistics.median(u / b for b, u in self._pairs)) if enough else 0.0
+        enough, plain, ratio = self._mean([float(enough), plain, ratio])
+        return (plain, plain * ratio) if enough == 1 else (None, None)
 
-        Needs the tiers (``saw`` at step ``origin + FIRST``). Deterministic: the same periods give
-        the same plan.
-        """
-        sets, untracked = self.calibration()
-        plain = statistics.median(periods[t] for t in untracked[1:-1])
-        levels = self.levels
-        measured = [
-            max(0.0, statistics.median(periods[t] for t in steps) / plain - 1) if len(steps) > 1
-            else max(0.0, sum(periods[t] for t in (steps[0] - 1, steps[0], steps[0] + 1)) / plain - 3)
-            for _, steps in sets
-        ]
-        # marginal cost of each non-empty tier: its set's cost minus the set below it
-        marginal = {
-            top: max(0.0, measured[i] - (measured[i + 1] if i + 1 < len(levels) else 0.0))
-            for i, top in enumerate(levels)
-        }
-        spent = sum(cost * len(steps) for cost, (_, steps) in zip(measured, sets))
-        stop = max(self.origin + self.horizon, self.start)  # the horizon counts from the first step
-        options = ("every", *PER_OCTAVE)  # densest first; the last is the floor
-        floor = options[-1]
-        counts = {"every": stop - self.start, **{m: len(octave_steps(m, self.start, stop)) for m in PER_OCTAVE}}
-        available = (self.factor - 1) * self.horizon - spent
-        choice = {tier: len(options) - 1 for tier in marginal}  # index into options
-        left = available - sum(marginal[t] * counts[floor] for t in marginal)
-        feasible = left >= 0
-        densest = 0  # a tier may be no denser than the one below it
-        for tier in sorted(marginal):
-            for index in range(densest, len(options) - 1):
-                extra = marginal[tier] * (counts[options[index]] - counts[floor])
-                if extra <= left:
-                    choice[tier], left = index, left - extra
+    def _drifted(self):
+        """Whether the plain step moved by more than ``DRIFT``× since calibration (ranks' mean)."""
+        median = statistics.median(self._idle) if len(self._idle) == WINDOW else 0.0
+        full, median = self._mean([float(len(self._idle) == WINDOW), median])
+        if full < 1:
+            return False
+        ratio = median / self.plan["plain_step_s"]
+        return not 1 / DRIFT <= ratio <= DRIFT
+
+    def _idle_cost(self, plan=None):
+        """What a step costs on average although nothing is due: the probes' two untracked steps in
+        every ``PROBE`` (idle steps are bare), in plain steps."""
+        return 2 * (plan or self.plan)["untracked_cost"] / PROBE
+
+    # --- planning -----------------------------------------------------------------------------
+
+    def _make_plan(self, step, plain=None, untracked=None, drifted=False):
+        """A new plan made at ``step`` (governing the steps from ``step + 2`` on: the schedules of
+        the next step may have been asked already), applied and returned."""
+        old = self.plan
+        if plain is None:
+            plain, untracked = self._times()
+        if plain is None:
+            plain, untracked = old["plain_step_s"], old["untracked_s"]
+        u = max(0.0, untracked / plain - 1)
+        present = sorted(set(self.tiers.values()))
+        earned = (self.factor - 1) * (step - self.origin)  # (the periods up to step - 1 are measured)
+        idle = 2 * u / PROBE
+        if old is None:  # the first calibration: its first two periods as measured (the Cockpit's first
+            # steps), the others as what they are (a bare period nothing, another u; not the load's spikes)
+            early = self._mean(self._early)
+            a = self._windows[0] - self.origin
+            spent_before = sum(p / plain - 1 for p in early[:2]) + u * sum(
+                1 for i in range(2, len(early)) if not (i >= a and (i - a) % 4 == 0))
+            fired = {}
+            accounts, ahead = None, 2 * (self.factor - 1 - idle)
+        else:
+            self.top(step + 1)  # the simulation up to the steps this plan leaves to the one before
+            _, accounts, _ = self._state
+            spent_before = old["spent"] + self._mean([self._spent])[0]
+            fired = dict(old["fired"])
+            for t in range(old["step"] + 2, step + 2):
+                if self._tops.get(t) is not None:
+                    fired[TIERS[self._tops[t]]] = fired.get(TIERS[self._tops[t]], 0) + 1
+            ahead = sum(self.factor - 1 - self._idle_cost(old) - (
+                old["costs"][TIERS[self._tops[t]]] if self._tops.get(t) is not None else 0.0) for t in (step, step + 1))
+        measured = {TIERS[k]: statistics.median(v) for k, v in self._measured.items() if v}
+        measured = dict(zip(measured, self._mean(list(measured.values()))))
+        costs, known = {}, {}
+        for k in range(len(TIERS)):
+            name = TIERS[k]
+            if name in measured:
+                costs[name], known[name] = measured[name], True
+            elif old is not None and old["measured"][name]:
+                costs[name], known[name] = old["costs"][name], True
+            else:
+                costs[name], known[name] = PRIOR[k], False
+        for k in range(1, len(TIERS)):  # a step of a higher tier runs the lower ones too
+            costs[TIERS[k]] = max(costs[TIERS[k]], costs[TIERS[k - 1]])
+        balance = earned - spent_before + ahead  # (after step + 1, as the simulation's accounts)
+        shares = {TIERS[k]: SHARES[k] / sum(SHARES[j] for j in present) for k in present}
+        if accounts is None or sum(accounts.values()) == 0 or balance < 0:  # (in debt: no tier spends)
+            accounts = {t: balance * s for t, s in shares.items()}
+        else:  # what the model spent differs from what was measured: the difference shared as held
+            held = {t: max(accounts.get(t, 0.0), 0.0) for t in shares}
+            weights = held if sum(held.values()) > 0 else shares
+            correction = balance - sum(accounts.get(t, 0.0) for t in shares)
+            accounts = {t: accounts.get(t, 0.0) + correction * weights[t] / sum(weights.values()) for t in shares}
+        per_step = self.factor - 1 - idle
+        stop = self.origin + max(self.horizon, 2 * (step + 1 - self.origin))
+        options, densest = {}, 0
+        choices = ("every", *PER_OCTAVE)
+        for k in present:
+            name = TIERS[k]
+            room = accounts[name] + shares[name] * per_step * max(stop - step - 1, 0)
+            index = len(choices) - 1
+            for i in range(densest, len(choices) - 1):
+                count = stop - step - 1 if choices[i] == "every" else len(octave_steps(choices[i], step + 1, stop))
+                if count * costs[name] <= room:
+                    index = i
                     break
-            densest = choice[tier]
-        total = spent + sum(marginal[t] * counts[options[choice[t]]] for t in marginal)
-        expected = 1 + total / max(self.horizon, 1)
-        if not feasible:
-            warnings.warn(
-                f"the overhead budget {self.factor}x over {self.horizon} steps cannot be kept: "
-                "calibration and one value per four octaves of steps for every quantity already "
-                f"cost {expected:.2f}x the plain step on average. Track fewer quantities "
-                "(e.g. configuration('business') or drop HessMaxEV), or allow a larger budget "
-                "or horizon.",
-                stacklevel=4,
-            )
-
-        def rule(tier):
-            option = options[choice[tier]]
-            return {"every": 1, "from": self.start} if option == "every" else {"per_octave": option, "from": self.start}
-
-        return {
+            options[name], densest = choices[index], index
+        recalibrate = step + 3 if drifted else None  # (step + 1 is the plan before's: maybe due)
+        plan = {
+            "version": VERSION,
             "factor": self.factor,
             "horizon": self.horizon,
             "origin": self.origin,
+            "step": step,
             "plain_step_s": plain,
+            "untracked_s": untracked,
+            "untracked_cost": u,
             "tiers": dict(self.tiers),
-            "costs": {TIERS[t]: marginal[t] for t in sorted(marginal)},
-            "calibration_cost": spent,
-            "schedules": {n: rule(self.tiers[n]) for n in self.names},
-            "expected_ratio": expected,
-            "calibrated_at": {n: self.calibration_steps(n) for n in self.names},
+            "costs": costs,
+            "measured": known,
+            "shares": shares,
+            "accounts": accounts,
+            "pending": {TIERS[k]: bool(old is not None and self._state[2].get(TIERS[k], False)) for k in present},
+            "candidates": options,
+            "recalibrate": recalibrate,
+            "spent": spent_before,
+            "average": 1 + spent_before / max(step - self.origin, 1),
+            "fired": fired,
+            "bought": {TIERS[k]: sorted(n for n, t in self.tiers.items() if t == k) for k in present},
         }
+        if per_step <= 0 and (old is None or self.factor - 1 - self._idle_cost(old) > 0):
+            warnings.warn(
+                f"the overhead budget {self.factor}x cannot be kept: the Cockpit's untracked steps cost "
+                f"{1 + u:.2f}x the plain step (its per-step calls and the diagnosis signals' hooks), and even "
+                f"the two of every {PROBE} that time them cost more than the budget, so nothing is tracked. "
+                "Allow a larger budget",
+                stacklevel=4,
+            )
+        return self._apply(plan)
+
+    def _apply(self, plan):
+        """Put ``plan`` in force (made at ``plan["step"]``, governing the steps from the one after the
+        next on); returns it."""
+        step = plan["step"]
+        self.top(step + 1)  # the steps up to the next keep the schedules of the plan before (asked ahead)
+        self.plan = plan
+        self.tiers = dict(plan["tiers"])
+        self._tops = {t: top for t, top in self._tops.items() if t <= step + 1}
+        self._state = (step + 1, dict(plan["accounts"]), dict(plan["pending"]))
+        stop = step + 1 + 4 * CHECK  # the candidates as sets (a plan rarely governs longer; beyond, computed)
+        self._sets = {name: (stop, None if option == "every" else frozenset(octave_steps(option, step + 1, stop)))
+                      for name, option in plan["candidates"].items()}
+        if plan["recalibrate"] is not None:
+            self._calibration = plan["recalibrate"]
+            self._window(self._calibration)
+        self._spent = 0.0
+        self._replan = False
+        self._measured = {k: v for k, v in self._measured.items() if not plan["measured"][TIERS[k]] or v}
+        return plan
+
+    # --- the schedules ------------------------------------------------------------------------
+
+    def top(self, step):
+        """The top tier due at ``step`` (``None``: nothing), a deterministic function of the plans."""
+        top = self._tops.get(step, False)
+        if top is not False:
+            return top
+        if self.plan is None or step <= self._state[0]:
+            return None
+        plan = self.plan
+        t, accounts, pending = self._state
+        present = sorted(TIERS.index(name) for name in plan["shares"])
+        per_step = self.factor - 1 - self._idle_cost(plan)
+        window = plan["recalibrate"]
+        while t < step:
+            t += 1
+            carry = 0.0
+            for k in present:  # earn; what an account cannot hold goes to the tier above
+                name = TIERS[k]
+                accounts[name] += per_step * plan["shares"][name] + carry
+                cap = plan["costs"][name]
+                carry = max(0.0, accounts[name] - cap) if k != present[-1] else 0.0
+                accounts[name] -= carry
+                if not pending[name]:
+                    stop, steps = self._sets[name]
+                    pending[name] = steps is None or (t in steps if t < stop else _candidate(plan["candidates"][name], t))
+            top = None
+            probe = self._probing(t + 1) and (t + 1) % PROBE < 5
+            if not probe and (window is None or not window - 1 <= t < window + STEPS):
+                total = sum(accounts.values())  # (no tier spends while the run as a whole is in debt)
+                affordable = [k for k in present if pending[TIERS[k]]
+                              and min(accounts[TIERS[k]], total) >= plan["costs"][TIERS[k]]]
+                if affordable:
+                    top = affordable[-1]
+                    accounts[TIERS[top]] -= plan["costs"][TIERS[top]]
+                    for k in present:
+                        if k <= top:
+                            pending[TIERS[k]] = False
+            self._tops[t] = top
+        self._state = (t, accounts, pending)
+        return self._tops[step]
+
+    def _schedule(self, name):
+        def schedule(step):
+            top = self._tops.get(step, False)
+            if top is False:
+                top = self.top(step)
+            return top is not None and self.tiers[name] <= top
+
+        schedule.__doc__ = f"Budget {self.factor}x schedule of {name} (see cockpit_lite.budget)."
+        return schedule
 
 
 def as_budget(budget):

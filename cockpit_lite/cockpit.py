@@ -307,6 +307,8 @@ class Cockpit:
         self.complete_step()
         self._closed = True
         self.engine.arm(False)
+        if self.budget is not None:
+            self.budget.unwatch(None, None, False)  # (closed during the budget's bare steps)
         self._diagnose(final=True)
         for quantity in self.quantities:
             quantity.unbind()
@@ -578,6 +580,8 @@ class _StepContext:
     is complete (``complete``: the optimizer's step pre-hook, the next step, ``close``).
     """
 
+    bare = False  # a bare step of the overhead budget's calibration: nothing of the Cockpit runs
+
     def __init__(self, cockpit, step, extensions, info, debug=False):
         if not isinstance(step, numbers.Integral) or isinstance(step, bool):
             raise ValueError(f"global_step must be an integer, got {step!r}")
@@ -619,6 +623,10 @@ class _StepContext:
         self.owner = owner  # the first context of this accumulated step, or None (this is the first)
         if last is not None and step > last + 1:
             cockpit._jumped = True  # step numbers are not consecutive: keep watching every forward
+        if cockpit.budget is not None and owner is None and (
+                self._timed(step, info) if step != last else cockpit.budget.bare(step)):
+            self.idle, self.bare, self.due = True, True, []  # a bare step (its every micro-batch)
+            return
         # the step's own forward calls (given parameters only: the modules that own them, too)
         cockpit.engine.prepare(info.get("loss") if isinstance(info, dict) else None)
         cockpit._watch_found_model()
@@ -642,10 +650,6 @@ class _StepContext:
         if owner is not None:
             self._join(owner)
             return
-        if cockpit.budget is not None and step != last:  # the step's period starts now: the budget times it
-            plan = cockpit.budget.step_started(step, time.perf_counter())
-            if plan is not None:
-                cockpit._record(step, {_log.BUDGET: plan})
         self.due = [(q, n) for q in cockpit.quantities if (n := q.needs(step, self.info))] if step != last else []
         self.unsampled = set()  # due quantities without an estimate from this step's subsample: NaN
         if self.info.subset is not None:
@@ -703,6 +707,22 @@ class _StepContext:
                 f"{[t.key for t in self.transforms]}; extensions: {[type(e).__name__ for e in self.extensions]}; "
                 f"Hessian-vector products: {[q.name for q, n in self.due if n.hvp]}"
             )
+
+    def _timed(self, step, info):
+        """The step's period starts now: the budget times it (and records a plan made now). Returns
+        whether the step is bare (``cockpit_lite.budget``): then nothing of the Cockpit runs in it,
+        and its hooks stay off the model and the optimizer while the next step is bare too."""
+        cockpit = self.cockpit
+        plan = cockpit.budget.step_started(step, time.perf_counter())
+        if plan is not None:
+            cockpit._record(step, {_log.BUDGET: plan})
+        if not cockpit.budget.bare(step):
+            cockpit.budget.unwatch(None, None, False)  # (after steps skipped past bare ones)
+            return False
+        optimizer = info.get("optimizer") if isinstance(info, dict) else None
+        cockpit.budget.unwatch(cockpit.engine.model, optimizer, cockpit.budget.bare(step + 1))
+        cockpit._last_step = step
+        return True
 
     def _subsample(self, k):
         """Draw the step's subsample (``info.subset``) when its batch holds more than ``k`` samples (FSDP2:
@@ -837,8 +857,9 @@ class _StepContext:
         cockpit = self.cockpit
         cockpit._open_step = None
         if self.idle:
-            cockpit.engine.forget()
-            self._arm()
+            if not self.bare:
+                cockpit.engine.forget()
+                self._arm()
             return False
         owner = self.owner or self
         if self._backpack is not None:  # leave BackPACK before computing (HVPs must not trigger it)
@@ -885,6 +906,8 @@ class _StepContext:
         cockpit.engine.arm(
             cockpit._jumped or cockpit._accumulating is not None or any(q.observes(nxt) for q in cockpit.quantities)
         )
+        if cockpit.budget is not None and cockpit._accumulating is None and cockpit.budget.bare(nxt):
+            cockpit.budget.unwatch(cockpit.engine.model, self.info.get("optimizer"), True)  # (the budget's)
 
     def _end_pass(self, owner):
         """After one backward pass: check it; keep its info and the gradient it left."""

@@ -94,6 +94,10 @@ def _suptitle(run, title):
     seconds = data.wall_time(record)
     if math.isfinite(seconds) and seconds > 0:
         parts.append(f"{seconds:.1f} s wall, {(last - first) / seconds:.2f} steps/s")
+    bought = data.budget_bought(record)
+    if bought is not None:  # what the overhead budget bought: each tier's recorded steps
+        parts.append(f"budget {bought['factor']:g}×: " + ", ".join(
+            f"{tier} {entry['steps']} steps" for tier, entry in bought["tiers"].items()))
     return "   ·   ".join(parts)
 
 

@@ -470,3 +470,25 @@ def wall_time(record):
     if len(ys) < 2:
         return math.nan
     return float(ys[-1] - ys[0])
+
+
+TIER_NAMES = ("bookkeeping", "per-sample", "curvature")
+"""The overhead budget's tiers, cheapest first (``cockpit_lite.budget.TIERS``)."""
+
+
+def budget_bought(record):
+    """What an overhead budget bought in ``record``: ``None`` without a budget, else ``{"factor",
+    "average": the run's average step time over the plain step at its last plan (the budget's own
+    account), "tiers": {tier: {"quantities": [names], "steps": how many steps recorded any of
+    them, "last": the last such step}}}``, from the tiers of the last plan (``log.BUDGET``)."""
+    plans = [record[step][log.BUDGET] for step in sorted(record) if log.BUDGET in record[step]]
+    if not plans:
+        return None
+    last = plans[-1]
+    tiers = {}
+    for index, name in enumerate(TIER_NAMES):
+        names = sorted(q for q, tier in last.get("tiers", {}).items() if tier == index)
+        if names:
+            steps = [step for step, entry in record.items() if any(q in entry for q in names)]
+            tiers[name] = {"quantities": names, "steps": len(steps), "last": max(steps, default=None)}
+    return {"factor": last.get("factor"), "average": last.get("average"), "tiers": tiers}

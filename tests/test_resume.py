@@ -132,7 +132,7 @@ def test_the_diagnosis_goes_on_where_it_was_and_reports_no_finding_twice():
 
 
 def test_the_budget_keeps_its_plan(tmp_path):
-    batches = _batches(40, batch=4)
+    batches = _batches(60, batch=4)
 
     def fresh():
         model = _model()

@@ -45,12 +45,12 @@ A record is ``{step: {key: value}}`` with integer steps. Keys are
   and ``"total_se"`` that of the sum; histograms: ``"se": None``; ``Alpha``: its own
   ``"interval": [low, high]`` at ``"coverage"``, and Welch-Satterthwaite ``"df"``; older
   logs have no ``"df"``);
-- ``"budget"``: at the step where an overhead budget fixed the schedules (see
-  ``cockpit_lite.budget``): ``{"factor", "horizon", "plain_step_s", "tiers": {name:
-  0 | 1 | 2}, "costs": {tier: marginal cost in plain steps}, "calibration_cost",
-  "schedules": {name: {"every": 1, "from": t} | {"per_octave": m, "from": t}},
-  "expected_ratio", "calibrated_at": {name: [steps]}}``; enough to replay the run's
-  schedule (``Budget(plan=...)``);
+- ``"budget"``: at each step where an overhead budget made a plan (see ``cockpit_lite.budget``):
+  ``{"version": 2, "factor", "horizon", "origin", "step", "plain_step_s", "untracked_s",
+  "untracked_cost", "tiers": {name: 0 | 1 | 2}, "costs": {tier: plain steps}, "measured":
+  {tier: bool}, "shares", "accounts", "pending", "candidates": {tier: "every" | m},
+  "recalibrate": step | None, "spent", "average", "fired": {tier: steps}, "bought": {tier:
+  [names]}}``; the plans of a run replay its schedules (``Budget(plan=budget.plans(record))``);
 - ``"findings"``: a list of dicts (``cockpit_lite.diagnosis.Finding.to_dict()``: kind,
   layer, step, severity, message, suggestion, evidence), at the step where each finding
   was first seen, written by the live diagnosis (``diagnose=True``);

@@ -90,6 +90,8 @@ class ActivationStats(Quantity):
     input layer once found (or how many passes were searched).
     """
 
+    TIER = 0  # (overhead budget: bookkeeping)
+
     STATE = ("_next", "_first", "_looked")
 
     def __init__(self, track_schedule=None, verbose=False):
@@ -213,6 +215,8 @@ class ActivationStats(Quantity):
         return combined
 
     def needs(self, step, info):
+        if self._finding and (self._first is not None or self._looked >= LOOK):
+            self._stop_looking()  # (at every step: a step far from the next due one pays no hook on each leaf)
         self._next = step + 1
         self._arm(self.is_due(self._next))
         if not self.is_due(step):
@@ -222,8 +226,6 @@ class ActivationStats(Quantity):
 
     def compute(self, step, data):
         sums, self._sums = self._sums, {}
-        if self._finding and (self._first is not None or self._looked >= LOOK):
-            self._stop_looking()
         meta = {"input_layer": dict(self._first)} if self._first is not None else None
         if self._group is not None:
             sums = self._combined(sums)

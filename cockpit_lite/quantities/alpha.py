@@ -118,6 +118,8 @@ class Alpha(Quantity):
     of the log of the leave-one-out variances), from 3 or 9 more fits.
     """
 
+    TIER = 1  # (overhead budget: per-sample)
+
     SUBSAMPLE = True
 
     STATE = ("_start", "_keep", "_probed")  # the pending step's half of the fit (resumed runs finish it); whether to keep

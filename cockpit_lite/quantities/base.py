@@ -103,6 +103,13 @@ class Quantity:
     ``meta``. At such a step a quantity that needs per-sample transforms and does not is
     NaN with a flag (and its transforms are not run)."""
 
+    TIER = None
+    """The overhead budget's tier this quantity is expected to fall in before its first due step
+    shows its ``Needs`` (an index into ``cockpit_lite.budget.TIERS``: 0 bookkeeping, 1
+    per-sample, 2 curvature). ``None``: a ``SingleStepQuantity`` that keeps the base ``_needs``
+    is read from its ``TRANSFORMS``; any other is planned as curvature until it has been seen
+    (``cockpit_lite.budget.expected_tier``)."""
+
     STATE = ()
     """The attributes that carry from one step to the next (``θ₀``, the first half of a
     two-step value, a warm start): what ``state_dict`` saves and ``load_state_dict``

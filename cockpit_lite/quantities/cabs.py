@@ -23,6 +23,8 @@ class CABS(SingleStepQuantity):
     (``"scale": "log"``, ``cockpit_lite.intervals``).
     """
 
+    TIER = 1  # (overhead budget: per-sample)
+
     SCALED_BACKWARD = True
 
     INFO = ("optimizer", "loss")

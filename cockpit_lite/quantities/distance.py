@@ -13,6 +13,8 @@ class Distance(Quantity):
     measures from the same ``θ_0``.
     """
 
+    TIER = 0  # (overhead budget: bookkeeping)
+
     NEEDS_BACKWARD = False
     STATE = ("_initial",)
 

@@ -18,6 +18,8 @@ class EarlyStopping(SingleStepQuantity):
     Defined for plain SGD (as in Cockpit). Per layer: the mean over one parameter tensor.
     """
 
+    TIER = 1  # (overhead budget: per-sample)
+
     SCALED_BACKWARD = True
 
     MIN_BATCH_SIZE = 2  # a variance across samples

@@ -22,6 +22,8 @@ class GradHistogram(SingleStepQuantity):
     error per bin.
     """
 
+    TIER = 1  # (overhead budget: per-sample)
+
     SCALED_BACKWARD = True
 
     SUBSAMPLE = True

@@ -46,6 +46,8 @@ ARMED = 8
 class GradPresence(Quantity):
     """``{"before", "after", "stepped", "first_backward", "optimizer", "lr", "momentum"}`` per step."""
 
+    TIER = 0  # (overhead budget: bookkeeping)
+
     SCALED_BACKWARD = True
 
     def __init__(self, track_schedule=None, verbose=False):
@@ -59,8 +61,7 @@ class GradPresence(Quantity):
         self._windows = 0  # optimizer steps ever seen: names the window a hook was armed in
         self._params = []  # the Cockpit's tracked parameters
         self._continued = None  # a resumed run: the saved count, for the first optimizer seen
-        self._last = None  # the step of the latest cp(step)
-        self._skipped = False  # whether the step numbers ever skipped one (then the next step is unknown)
+        self._steps_seen = lambda: (None, False)  # (the latest cp(step), whether the step numbers ever skipped one)
         self._stand_ins = lambda: {}  # FSDP2: the tensors autograd reaches instead of the (sharded) parameters
 
     def bind(self, cockpit):
@@ -68,6 +69,9 @@ class GradPresence(Quantity):
         by FSDP2, where its parameters' gradients arrive (its unsharded parameters: FSDP2 sets the
         sharded ones' gradients itself, autograd never reaches them)."""
         self._params = cockpit.params
+        # the Cockpit's count (saved with its state; it sees the overhead budget's bare steps, whose
+        # needs are never asked): after a skip the next step is unknown
+        self._steps_seen = lambda: (cockpit._last_step, cockpit._jumped)
         group = cockpit.group
         if group is not None and group.sharded:
             self._stand_ins = lambda: {id(p): u for u, p in group.stand_ins(cockpit.model)}
@@ -102,7 +106,8 @@ class GradPresence(Quantity):
         self._windows += 1
         self._disarm()
         self._first = None  # a new window: unknown until its first backward pass
-        if self._last is None or self._skipped or self.is_due(self._last + 1):
+        last, skipped = self._steps_seen()
+        if last is None or skipped or self.is_due(last + 1):
             self._arm([p for group in optimizer.param_groups for p in group["params"]
                        if p.requires_grad and p.grad is not None])
 
@@ -129,8 +134,6 @@ class GradPresence(Quantity):
         return hook
 
     def needs(self, step, info):
-        self._skipped = self._skipped or (self._last is not None and step > self._last + 1)
-        self._last = step
         optimizer = info.get("optimizer")
         stepped = None
         if isinstance(optimizer, torch.optim.Optimizer):  # counted at every step, due or not

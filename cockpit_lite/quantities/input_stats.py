@@ -28,6 +28,8 @@ SUB_BATCH = 16
 class InputStats(Quantity):
     """``{"mean", "std", "min", "max", "nonfinite"}`` of the model's first input."""
 
+    TIER = 0  # (overhead budget: bookkeeping)
+
     NEEDS_BACKWARD = False
     STATE = ("_next",)  # the next step's number, which the forward pre-hook reads
 

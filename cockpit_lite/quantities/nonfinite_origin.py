@@ -78,6 +78,8 @@ class NonfiniteOrigin(Quantity):
     Saved state (``STATE``): how many graph walks were spent (of ``MAX_ANALYSED``).
     """
 
+    TIER = 0  # (overhead budget: bookkeeping)
+
     STATE = ("_analysed",)
 
     def __init__(self, track_schedule=None, verbose=False):

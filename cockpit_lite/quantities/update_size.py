@@ -13,6 +13,8 @@ class UpdateSize(Quantity):
     state (``STATE``): a run resumed after step ``t`` records the value of step ``t``.
     """
 
+    TIER = 0  # (overhead budget: bookkeeping)
+
     NEEDS_BACKWARD = False
     STATE = ("_start",)
 

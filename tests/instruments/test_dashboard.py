@@ -271,3 +271,24 @@ def test_draw_into_a_given_figure(economy_record):
     fig = Figure(figsize=(16, 10))  # no layout engine: the dashboard sets constrained layout
     assert Dashboard().draw(economy_record, fig=fig) is fig
     assert fig.get_layout_engine() is not None
+
+
+def test_the_title_says_what_an_overhead_budget_bought(economy_record):
+    """From the record only: the tiers of the last plan, and the steps any of a tier's quantities
+    was recorded at."""
+    from instruments import data
+
+    record = {step: dict(entry) for step, entry in economy_record.items()}
+    steps = sorted(record)
+    plan = {"factor": 1.25, "average": 1.2, "tiers": {"Loss": 0, "GradNorm": 0, "NormTest": 1, "HessMaxEV": 2}}
+    record[steps[0]]["budget"] = {**plan, "tiers": {"Loss": 0}}  # (an earlier plan: the last one counts)
+    record[steps[-1]]["budget"] = plan
+    bought = data.budget_bought(record)
+    loss = [s for s in steps if "Loss" in record[s] or "GradNorm" in record[s]]
+    assert bought["factor"] == 1.25 and bought["tiers"]["bookkeeping"] == {
+        "quantities": ["GradNorm", "Loss"], "steps": len(loss), "last": loss[-1]}
+    assert bought["tiers"]["curvature"]["steps"] == 0 and data.budget_bought(economy_record) is None
+    dashboard = Dashboard(**FAST)
+    dashboard.draw(record)
+    title = dashboard.figure._suptitle.get_text()
+    assert f"budget 1.25×: bookkeeping {len(loss)} steps, per-sample " in title and "curvature 0 steps" in title
