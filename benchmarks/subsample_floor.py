@@ -30,7 +30,7 @@ cross-entropy, SGD):
 - after ``optimizer.step()``: the update, ``UpdateSize``, ``Alpha``'s slopes of the drawn
   samples along it, and at the next step the new draw's slopes along it and the parabola fit
   of both ends (``quantities.alpha.fit_quadratic``);
-- every value moved to the host in one transfer per dtype (``cockpit_lite.cockpit._to_host``).
+- every value moved to the host in one transfer per dtype (``cockpit_lite.step_context._to_host``).
 
 So a ``Floor`` over the plain step is what those quantities cost without the library's
 generality (routes, rules for every layer type, schedules, records). ``agreement`` first checks
@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cockpit_lite import Cockpit, configuration, subsample
-from cockpit_lite.cockpit import _to_host
+from cockpit_lite.step_context import _to_host
 from cockpit_lite.engine import GRAD_CHECK_RTOL
 from cockpit_lite.engine.rules.conv import _weight_grads
 from cockpit_lite.histogram import histogram1d

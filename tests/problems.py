@@ -386,7 +386,7 @@ def assert_prints_only_when_verbose(quantity_class, capsys, **kwargs):
 
 def products_made(monkeypatch):
     """The steps at which the Cockpit takes Hessian-vector products from now on (recorded, not changed)."""
-    import cockpit_lite.cockpit
+    import cockpit_lite.step_context
     from cockpit_lite.curvature.hvp import HessianVectorProducts
 
     made = []
@@ -396,7 +396,7 @@ def products_made(monkeypatch):
             super().__init__(loss, params, step, *rest)
             made.append(step)
 
-    monkeypatch.setattr(cockpit_lite.cockpit, "HessianVectorProducts", Recorded)
+    monkeypatch.setattr(cockpit_lite.step_context, "HessianVectorProducts", Recorded)
     return made
 
 

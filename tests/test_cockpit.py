@@ -230,10 +230,10 @@ def test_user_extensions_are_computed_and_left_on_the_parameters():
 
 
 def test_nothing_due_means_no_backpack(monkeypatch):
-    import cockpit_lite.cockpit
+    import cockpit_lite.step_context
 
     entered = []
-    monkeypatch.setattr(cockpit_lite.cockpit, "backpack", lambda *exts: entered.append(exts))
+    monkeypatch.setattr(cockpit_lite.step_context, "backpack", lambda *exts: entered.append(exts))
     problem = problems.make("mlp", 3, steps=2)
     cp, _ = problems.run(problem, [quantities.NormTest(track_schedule=schedules.linear(5, offset=2))])
     assert cp.get_output() == {} and entered == []
