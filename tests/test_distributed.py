@@ -276,15 +276,30 @@ def test_a_process_group_without_ddp_names_the_fix(tmp_path):
 BUDGET_STEPS = 80
 
 
-def _budget_worker(rank, path):
-    import time
+class _StepClock:
+    """A ``time`` stand-in for the step context: every ``cp(step)`` call is 10 ms after the one before, plus what
+    ``spend`` adds (the budget then sees the same periods whatever the machine's load)."""
 
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        self.now += 0.01
+        return self.now
+
+    def spend(self, seconds):
+        self.now += seconds
+
+
+def _budget_worker(rank, path):
+    from cockpit_lite import step_context
     from cockpit_lite.budget import Budget
 
     dist.init_process_group("gloo", init_method=f"file://{path}.pg", rank=rank, world_size=WORLD)
     try:
         torch.set_num_threads(1)
         torch.manual_seed(0)
+        clock = step_context.time = _StepClock()  # (this worker process only)
         model = torch.nn.parallel.DistributedDataParallel(problems.BUILDERS["mlp"][0]().double())
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         cp = Cockpit(model, configuration("economy"), diagnose=False, budget=Budget(1.5, horizon=100))
@@ -295,7 +310,7 @@ def _budget_worker(rank, path):
             with cp(step, info={"loss": loss, "optimizer": opt}):
                 loss.backward()
             if rank == 1 and cp.budget.top(step) is not None:
-                time.sleep(0.01)  # this rank measures far dearer tiers
+                clock.spend(0.05)  # this rank measures far dearer tiers
             opt.step()
         with open(f"{path}.{rank}", "wb") as file:
             pickle.dump((cp.budget.plan, cp.get_output(), [t for t in range(BUDGET_STEPS) if cp.budget.top(t) is not None]),
