@@ -27,6 +27,7 @@ gives the same sample). The scores and the equivalent mutants are in docs/develo
 import argparse
 import ast
 import collections
+import fnmatch
 import glob
 import os
 import random
@@ -145,15 +146,16 @@ def results(workdir, wording=(), chosen=None, survivors=False):
     return list(table.pop("survivors", ())) if survivors else table
 
 
-def sample(workdir, per_module, seed=0):
-    """A seeded sample of at most ``per_module`` mutants of each module, wording mutants left out."""
+def sample(workdir, per_module, patterns=(), seed=0):
+    """A seeded sample of at most ``per_module`` mutants of each module (of those matching one of
+    the glob ``patterns``, if any), wording mutants left out."""
     wording = wording_mutants(workdir)
     out = subprocess.run([os.path.join(workdir, ".venv", "bin", "mutmut"), "results", "--all", "true"],
                          cwd=workdir, capture_output=True, text=True, check=True).stdout
     modules = collections.defaultdict(list)
     for line in out.splitlines():
         name = line.strip().rpartition(": ")[0]
-        if name and name not in wording:
+        if name and name not in wording and (not patterns or any(fnmatch.fnmatch(name, p) for p in patterns)):
             modules[re.split(r"\.x_|\.xǁ", name)[0]].append(name)
     rng = random.Random(seed)
     return sorted(name for names in modules.values()
@@ -167,7 +169,8 @@ def main(argv=None):
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "cockpit-lite-mutation"))
     parser.add_argument("--results", action="store_true", help="only print the last run's results")
     parser.add_argument("--sample", type=int, metavar="K",
-                        help="run and count only a seeded sample of K mutants per module (not its wording mutants)")
+                        help="run and count only a seeded sample of K mutants per module (not its wording mutants; "
+                             "of the MUTANT globs' if given)")
     parser.add_argument("--survivors", action="store_true", help="also list the surviving mutants")
     args = parser.parse_args(argv)
     workdir = os.path.join(args.workdir, args.group)
@@ -178,9 +181,9 @@ def main(argv=None):
         copy_clone(workdir, args.group)
         if args.sample and not os.path.isdir(os.path.join(workdir, "mutants")):
             subprocess.run([mutmut, "run", "--max-children", "1", "no-such-mutant"], cwd=workdir, check=False)
-    chosen = sample(workdir, args.sample) if args.sample else None
+    chosen = sample(workdir, args.sample, args.mutants) if args.sample else None
     if not args.results:
-        subprocess.run([mutmut, "run", "--max-children", "1", *(args.mutants or chosen or [])],
+        subprocess.run([mutmut, "run", "--max-children", "1", *(chosen or args.mutants)],
                        cwd=workdir, check=False)
     wording = wording_mutants(workdir)
     table = results(workdir, wording, chosen)
