@@ -64,16 +64,18 @@ def test_both_tensors_at_the_input_end_fire():
 
 
 def test_records_without_gradient_or_parameter_norms_before_the_streak_do_not_stop_it():
-    """Step 0 has no GradNorm, step 1 no ParamNorm (no relative gradients); from step 2 on the input end is
-    8.43 / 0.15 = 56.2x the output end's: found at step 2, the factor quoted to 2 digits."""
-    records = [entry(s, 0.5, _relative_gradients(30.0, 8.43)) for s in range(8)]
+    """Step 0 has no GradNorm, step 1 no ParamNorm (no relative gradients), step 2 ordinary ones (0.83x); from
+    step 3 on the input end is 8.43 / 0.15 = 56.2x the output end's: found at step 3, the factor quoted to 2
+    digits."""
+    records = [entry(s, 0.5, _relative_gradients(30.0, 8.43)) for s in range(9)]
     del records[0]["GradNorm"], records[1]["ParamNorm"]
+    records[2] = entry(2, 0.5, _relative_gradients(0.125, 0.125))
     diagnosis = Diagnosis(names=NAMES, shapes=SHAPES)
     for step, record in enumerate(records):
         diagnosis.feed(step, record)
     hits = [f for f in diagnosis.findings if f.kind == "exploding_gradients"]
-    assert diagnosis.failures == [] and len(hits) == 1 and hits[0].step == 2, diagnosis.findings
-    assert "are 56x those at the output end at step 2 (56x at step 4)" in hits[0].message, hits[0].message
+    assert diagnosis.failures == [] and len(hits) == 1 and hits[0].step == 3, diagnosis.findings
+    assert "are 56x those at the output end at step 3 (56x at step 5)" in hits[0].message, hits[0].message
 
 
 def test_growth_over_the_early_level_is_found_while_the_loss_spikes_and_the_spike_is_not_lr_too_high():
