@@ -11,7 +11,8 @@ def _result(case):
 
 
 def test_ignoring_the_input_gives_a_ratio_of_one():
-    assert _result(BROKEN["ignores_input"]()).value == 1.0
+    result = _result(BROKEN["ignores_input"]())
+    assert result.value == 1.0 and result.passed is False and "does not use its input" in result.fix
 
 
 def test_token_and_regression_models_beat_zeroed_inputs():
