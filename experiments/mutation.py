@@ -48,9 +48,11 @@ GROUPS = {
         ["cockpit_lite/subsample.py", "cockpit_lite/histogram.py", "cockpit_lite/log.py"],
         ["tests/test_subsample.py", "tests/test_histogram.py", "tests/test_histogram_properties.py",
          "tests/test_log.py", "tests/instruments/test_readers.py"], [], []),
-    "quantities": (["cockpit_lite/quantities/*"], ["tests/quantities/"], [],
+    # the quantities' subsampled estimators are tested against their brute force in tests/test_subsample.py
+    "quantities": (["cockpit_lite/quantities/*"], ["tests/quantities/", "tests/test_subsample.py"], [],
                    [f"cockpit_lite/quantities/{name}" for name in CURVATURE]),
-    "quantities_curvature": ([f"cockpit_lite/quantities/{name}" for name in CURVATURE], ["tests/quantities/"], [], []),
+    "quantities_curvature": ([f"cockpit_lite/quantities/{name}" for name in CURVATURE],
+                             ["tests/quantities/", "tests/test_subsample.py"], [], []),
     "checks": (["cockpit_lite/checks/*"], ["tests/checks/"], [], []),
     # one torch thread: the diagnosis tests' two-thread runs repeat the same findings
     "diagnosis_rules": (["cockpit_lite/diagnosis/rules/*"], ["tests/diagnosis/"], ["-k", "not 2threads"], []),
