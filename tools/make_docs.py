@@ -102,6 +102,7 @@ TABLES = {
     "sharpness_cost": _measured("sharpness_cost"),
     "preflight_spread": _measured("preflight_spread"),
     "fsdp_curvature": _measured("fsdp_curvature"),
+    "mutation": _measured("mutation"),
     "lr_comparison": _lr_table,
     "demo_last_epoch": _demo_summary,
 }

@@ -1,25 +1,36 @@
 """Mutation testing of one group of modules with mutmut (not part of CI: hours on 2 cores).
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m tools.mutation GROUP [--workdir DIR] [MUTANT ...]
-    .venv/bin/python -m tools.mutation GROUP --results [--workdir DIR]
+    OMP_NUM_THREADS=1 .venv/bin/python -m tools.mutation GROUP [--workdir DIR] [--sample K] [MUTANT ...]
+    .venv/bin/python -m tools.mutation GROUP --results [--survivors] [--workdir DIR] [--sample K]
 
 copies the files git tracks (and untracked ones it does not ignore) into ``DIR/GROUP``
 (default: ``cockpit-lite-mutation`` in the temporary directory), links the clone's ``.venv``
 there, narrows the copy's ``[tool.mutmut]`` (``pyproject.toml``) to the group's modules and
 the tests that mirror them (``GROUPS``), runs ``mutmut run --max-children 1`` in the copy
 and prints, per module, how many mutants were killed, survived, had no test, ...
-(``--results``: only that, from the copy's last run). A mutant's test run is then the
-group's tests that reach the mutated function, a few seconds. mutmut's working directory
-(``mutants/``) stays in the copy and keeps its results: a run without ``MUTANT`` names
-skips the mutants it has a result for, a run with names (or globs: survivors again after
-a new test) runs those; delete ``DIR/GROUP`` for a fresh start. ``OMP_NUM_THREADS=1`` is
-required (see the comment above ``[tool.mutmut]``). The scores and the equivalent mutants
-are in docs/mutation.md.
+(``--results``: only that, from the copy's last run; ``--survivors``: and the survivors'
+names, for ``mutmut show``). A mutant's test run is then the group's tests that reach the
+mutated function, a few seconds. mutmut's working directory (``mutants/``) stays in the copy
+and keeps its results: a run without ``MUTANT`` names skips the mutants it has a result
+for, a run with names (or globs: survivors again after a new test) runs those; delete
+``DIR/GROUP`` for a fresh start. ``OMP_NUM_THREADS=1`` is required (see the comment above
+``[tool.mutmut]``).
+
+Mutants that only change the words of a message (a string constant with a space in it:
+record keys, severities and modes have none) are counted as ``wording``, not scored, as
+the configuration already leaves error messages and warnings out. A whole group takes
+hours (2,181 mutants of ``diagnosis_rules`` at 3-8 s each on a loaded 2-core machine):
+``--sample K`` runs and counts a seeded sample of K mutants of each module (the same K
+gives the same sample). The scores and the equivalent mutants are in docs/development.md.
 """
 
 import argparse
+import ast
 import collections
+import fnmatch
+import glob
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -37,9 +48,11 @@ GROUPS = {
         ["cockpit_lite/subsample.py", "cockpit_lite/histogram.py", "cockpit_lite/log/*"],
         ["tests/test_subsample.py", "tests/test_histogram.py", "tests/test_histogram_properties.py",
          "tests/test_log.py", "tests/instruments/test_readers.py"], [], []),
-    "quantities": (["cockpit_lite/quantities/*"], ["tests/quantities/"], [],
+    # the quantities' subsampled estimators are tested against their brute force in tests/test_subsample.py
+    "quantities": (["cockpit_lite/quantities/*"], ["tests/quantities/", "tests/test_subsample.py"], [],
                    [f"cockpit_lite/quantities/{name}" for name in CURVATURE]),
-    "quantities_curvature": ([f"cockpit_lite/quantities/{name}" for name in CURVATURE], ["tests/quantities/"], [], []),
+    "quantities_curvature": ([f"cockpit_lite/quantities/{name}" for name in CURVATURE],
+                             ["tests/quantities/", "tests/test_subsample.py"], [], []),
     "checks": (["cockpit_lite/checks/*"], ["tests/checks/"], [], []),
     # one torch thread: the diagnosis tests' two-thread runs repeat the same findings
     "diagnosis_rules": (["cockpit_lite/diagnosis/rules/*"], ["tests/diagnosis/"], ["-k", "not 2threads"], []),
@@ -85,16 +98,70 @@ def copy_clone(destination, group):
         file.write(narrowed(config, group))
 
 
-def results(workdir):
-    """``{module: Counter(status)}`` of the last run in ``workdir``."""
+def _prose(node):
+    return isinstance(node, ast.Constant) and isinstance(node.value, str) and any(c.isspace() for c in node.value)
+
+
+def _wording_only(a, b):
+    """Whether the trees ``a`` and ``b`` differ at most in string constants holding a space
+    (message prose; a record key, a severity or a mode has none)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, ast.Constant):
+        return a.value == b.value or (_prose(a) and isinstance(b.value, str))
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_wording_only(x, y) for x, y in zip(a, b))
+    if not isinstance(a, ast.AST):
+        return a == b
+    return all(_wording_only(getattr(a, f, None), getattr(b, f, None)) for f in a._fields
+               if f not in ("name", "type_comment"))
+
+
+def wording_mutants(workdir):
+    """Names of the mutants in ``workdir``'s ``mutants/`` that change only a message's words."""
+    names = set()
+    for path in glob.glob(os.path.join(workdir, "mutants", "cockpit_lite", "**", "*.py"), recursive=True):
+        module = os.path.relpath(path, os.path.join(workdir, "mutants"))[:-3].replace(os.sep, ".")
+        with open(path, encoding="utf-8") as file:
+            functions = [n for n in ast.walk(ast.parse(file.read())) if isinstance(n, ast.FunctionDef)]
+        originals = {n.name[:-len("_mutmut_orig")]: n for n in functions if n.name.endswith("__mutmut_orig")}
+        for node in functions:
+            stem, _, number = node.name.rpartition("_mutmut_")
+            if number.isdigit() and stem in originals and _wording_only(originals[stem], node):
+                names.add(f"{module}.{node.name}")
+    return names
+
+
+def results(workdir, wording=(), chosen=None, survivors=False):
+    """``{module: Counter(status)}`` of the last run in ``workdir`` (of the ``chosen`` mutants
+    only, if given); the mutants named in ``wording`` are counted as such, whatever their
+    status. ``survivors``: the names of the surviving mutants instead."""
     out = subprocess.run([os.path.join(workdir, ".venv", "bin", "mutmut"), "results", "--all", "true"],
                          cwd=workdir, capture_output=True, text=True, check=True).stdout
     table = collections.defaultdict(collections.Counter)
     for line in out.splitlines():
         name, _, status = line.strip().rpartition(": ")
-        if name:
-            table[re.split(r"\.x_|\.xǁ", name)[0]][status] += 1
-    return table
+        if name and (chosen is None or name in chosen):
+            table[re.split(r"\.x_|\.xǁ", name)[0]]["wording" if name in wording else status] += 1
+            if survivors and status == "survived" and name not in wording:
+                table["survivors"][name] += 1
+    return list(table.pop("survivors", ())) if survivors else table
+
+
+def sample(workdir, per_module, patterns=(), seed=0):
+    """A seeded sample of at most ``per_module`` mutants of each module (of those matching one of
+    the glob ``patterns``, if any), wording mutants left out."""
+    wording = wording_mutants(workdir)
+    out = subprocess.run([os.path.join(workdir, ".venv", "bin", "mutmut"), "results", "--all", "true"],
+                         cwd=workdir, capture_output=True, text=True, check=True).stdout
+    modules = collections.defaultdict(list)
+    for line in out.splitlines():
+        name = line.strip().rpartition(": ")[0]
+        if name and name not in wording and (not patterns or any(fnmatch.fnmatch(name, p) for p in patterns)):
+            modules[re.split(r"\.x_|\.xǁ", name)[0]].append(name)
+    rng = random.Random(seed)
+    return sorted(name for names in modules.values()
+                  for name in rng.sample(sorted(names), min(per_module, len(names))))
 
 
 def main(argv=None):
@@ -103,16 +170,29 @@ def main(argv=None):
     parser.add_argument("mutants", nargs="*", help="mutant names or globs (default: all of the group)")
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "cockpit-lite-mutation"))
     parser.add_argument("--results", action="store_true", help="only print the last run's results")
+    parser.add_argument("--sample", type=int, metavar="K",
+                        help="run and count only a seeded sample of K mutants per module (not its wording mutants; "
+                             "of the MUTANT globs' if given)")
+    parser.add_argument("--survivors", action="store_true", help="also list the surviving mutants")
     args = parser.parse_args(argv)
     workdir = os.path.join(args.workdir, args.group)
+    mutmut = os.path.join(workdir, ".venv", "bin", "mutmut")
     if not args.results:
         if os.environ.get("OMP_NUM_THREADS") != "1":
             sys.exit("set OMP_NUM_THREADS=1 (forked mutant runs deadlock in OpenMP's thread pool)")
         copy_clone(workdir, args.group)
-        subprocess.run([os.path.join(workdir, ".venv", "bin", "mutmut"), "run", "--max-children", "1", *args.mutants],
+        if args.sample and not os.path.isdir(os.path.join(workdir, "mutants")):
+            subprocess.run([mutmut, "run", "--max-children", "1", "no-such-mutant"], cwd=workdir, check=False)
+    chosen = sample(workdir, args.sample, args.mutants) if args.sample else None
+    if not args.results:
+        subprocess.run([mutmut, "run", "--max-children", "1", *(chosen or args.mutants)],
                        cwd=workdir, check=False)
-    for module, counts in sorted(results(workdir).items()):
+    wording = wording_mutants(workdir)
+    table = results(workdir, wording, chosen)
+    for module, counts in sorted(table.items()):
         print(f"{module:<45} {sum(counts.values()):>5}  " + "  ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    if args.survivors:
+        print("\n".join(results(workdir, wording, chosen, survivors=True)))
 
 
 if __name__ == "__main__":

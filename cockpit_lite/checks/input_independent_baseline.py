@@ -14,7 +14,7 @@ inputs and one on zeros, and compared twice:
 - on held-out samples (classification and regression; a language model's targets are
   its inputs shifted, they cannot be shuffled apart): two more copies are trained on
   the whole batch and evaluated (eval mode) on up to ``HELD = 128`` samples of
-  ``data=``'s test split (else of the train split; without ``data=``, the batch is
+  ``data=``'s test split (else the last of the train split; without ``data=``, the batch is
   split in halves, trained on the first). A model trained on real inputs memorises
   labels shuffled apart from their inputs, so only held-out samples tell: it must
   beat the zero-input model there. Classification: its held-out accuracy must exceed the
@@ -69,10 +69,10 @@ def _held_out_split(problem):
     data = given(problem, "x_test", "y_test", "x_train", "y_train")
     for key in ("test", "train"):
         if f"x_{key}" in data and f"y_{key}" in data:
-            x = torch.as_tensor(data[f"x_{key}"])[:HELD].to(problem.x.dtype)
-            y = torch.as_tensor(data[f"y_{key}"])[:HELD].to(problem.y.dtype)
-            if key == "train":  # the batch may come from the train split: held-out means not in it
-                x, y = x[-HELD:], y[-HELD:]
+            # the batch may come from the start of the train split: held-out means not in it, so its end
+            kept = slice(-HELD, None) if key == "train" else slice(HELD)
+            x = torch.as_tensor(data[f"x_{key}"])[kept].to(problem.x.dtype)
+            y = torch.as_tensor(data[f"y_{key}"])[kept].to(problem.y.dtype)
             return problem.x, problem.y, x, y, f"{len(x)} samples of data['{key}']", False
     half = problem.batch_size // 2
     if half < 8:

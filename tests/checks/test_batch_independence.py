@@ -51,3 +51,40 @@ def test_integer_inputs_without_embedding_skip_the_backward_check():
     report = checks.run(Lookup(), torch.nn.CrossEntropyLoss(), (ids, ids % 3), checks=NAMES)
     assert report.passed == ["batch_independence_forward"]
     assert "no nn.Embedding" in report["batch_independence_backward"].message
+
+
+class _LastSampleLeaks(torch.nn.Module):
+    """Every sample's output also gets the last sample's (a leak from one sample only)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        out = self.linear(x.flatten(1))
+        return out + 0.5 * out[-1:]
+
+
+def test_a_leak_from_the_last_sample_only_is_found():
+    case = CASES["digits_mlp"]()
+    torch.manual_seed(0)
+    report = checks.run(_LastSampleLeaks(), case.loss_fn, case.batch, checks=NAMES)
+    assert report.failed == NAMES, report
+
+
+class _OutputsOfTheNextSample(torch.nn.Module):
+    """Each sample's output is computed from the next sample's input only: no gradient w.r.t. its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.linear(x.flatten(1).roll(1, 0))
+
+
+def test_outputs_with_no_gradient_of_their_own_input_leak_infinitely():
+    case = CASES["digits_mlp"]()
+    torch.manual_seed(0)
+    report = checks.run(_OutputsOfTheNextSample(), case.loss_fn, case.batch, checks=NAMES)
+    assert report.failed == NAMES and report["batch_independence_backward"].value == float("inf"), report

@@ -22,7 +22,10 @@ def test_a_sequence_classifier_is_skipped_not_passed():
 
 
 def test_causal_models_pass_and_leaks_fail_with_the_mask_fix():
-    assert _run(CASES["causal_transformer"]()).passed == NAMES
+    report = _run(CASES["causal_transformer"]())
+    assert report.passed == NAMES
+    assert "changing later positions leaves earlier outputs unchanged" in report["causal_forward"].message
     assert _run(CASES["lstm_lm"]()).passed == NAMES
     report = _run(BROKEN["mask_off_by_one"]())
     assert report.failed == NAMES and "causal attention mask" in report["causal_forward"].fix
+    assert "changing later positions moves earlier outputs" in report["causal_forward"].message

@@ -22,3 +22,25 @@ def test_percentile_of_observed_norms():
     assert float(suggestion) == pytest.approx(float(np.percentile(manual, 90)), rel=1e-5)
     assert "90th percentile of 10" in str(suggestion)
     assert all(p.grad is None for p in case.model.parameters())
+
+
+def test_at_most_max_batches_and_a_parameter_the_loss_does_not_use():
+    """25 batches, the default ``max_batches`` 20: the first 20 norms; a parameter outside the forward pass
+    has no gradient and adds nothing (the norms are those of the used parameters, by hand)."""
+    class WithSpare(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.spare = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.used(x)
+
+    torch.manual_seed(0)
+    model, loss_fn = WithSpare(), torch.nn.functional.cross_entropy
+    batches = [(torch.randn(8, 4), torch.randint(0, 3, (8,))) for _ in range(25)]
+    suggestion = checks.suggest_clip_value(model, loss_fn, batches)
+    manual = []
+    for x, y in batches[:20]:
+        grads = torch.autograd.grad(loss_fn(model(x), y), list(model.used.parameters()))
+        manual.append(float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads))))
+    np.testing.assert_allclose(suggestion.norms, manual, rtol=1e-5)

@@ -25,6 +25,19 @@ def test_near_exact_duplicates_are_found():
     assert result.value == 3 and "test indices [0, 1, 2]" in result.message
 
 
+def test_more_than_five_duplicates_are_elided_and_repeats_within_the_training_split_counted():
+    """Seven test rows copied from the training split (the message lists five, then "..."); two training rows
+    repeated within it."""
+    case = CASES["regression_mlp"]()
+    data = dict(case.options["data"])
+    data["x_train"], data["x_test"] = data["x_train"].clone(), data["x_test"].clone()
+    data["x_train"][1], data["x_train"][3] = data["x_train"][0], data["x_train"][2]
+    data["x_test"][:7] = data["x_train"][10:17]
+    result = _report(case, data)["data_duplicates"]
+    assert result.value == 7 and "(test indices [0, 1, 2, 3, 4] ...)" in result.message, result.message
+    assert result.message.endswith("; 2 repeated rows within the training split"), result.message
+
+
 def test_without_data_two_checks_look_at_the_batch_and_two_are_inconclusive():
     case = CASES["digits_mlp"]()
     report = _report(case, data={})
@@ -49,6 +62,15 @@ def test_too_few_labels_per_class_are_inconclusive():
     small = CASES["small_data"]()  # 48 labels of 10 classes
     result = _report(small, small.options["data"])["data_imbalance"]
     assert result.status == "inconclusive" and "fewer than 5 labels per class" in result.message
+    assert result.threshold == "<= 10"
+
+
+def test_five_labels_per_class_are_enough():
+    """10 classes, 5 labels each: the fewest that decide (balanced: passes at ratio 1)."""
+    case = CASES["digits_mlp"]()
+    data = dict(case.options["data"], x_train=case.options["data"]["x_train"][:50], y_train=torch.arange(10).repeat(5))
+    result = _report(case, data)["data_imbalance"]
+    assert result.passed and result.value == 1.0
 
 
 def test_imbalance_ratio_and_a_missing_class():

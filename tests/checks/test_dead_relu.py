@@ -40,11 +40,26 @@ def test_dead_units_are_revived_and_the_network_learns_again():
     assert _train(revived, x, y) < 0.5 * stuck
 
 
-def test_only_dead_rows_change():
+def _fired(model, x):
+    """Per hidden ReLU (after model[1] and model[3]): which of its units fire on some sample, by a plain forward."""
+    with torch.no_grad():
+        h1 = torch.relu(model[1](model[0](x)))
+        h2 = torch.relu(model[3](h1))
+    return [(h1 > 0).any(0), (h2 > 0).any(0)]
+
+
+def test_only_dead_rows_change_to_kaiming_uniform_draws_and_the_count_is_of_revived_units():
     model = _dead_net()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     (x, _), _ = digits()
-    checks.reinit_dead_relus(model, x[:256])
+    dead = [~fired for fired in _fired(model, x[:256])]
+    count = checks.reinit_dead_relus(model, x[:256])
     assert torch.equal(model[1].weight[56:], before["1.weight"][56:])
     assert torch.equal(model[5].weight, before["5.weight"])
     assert not torch.equal(model[1].weight[:56], before["1.weight"][:56])
+    # U(-b, b), b = sqrt(6 / fan_in), fan_in 64: 56 x 64 draws fill the interval
+    drawn = model[1].weight[dead[0]].abs()
+    assert drawn.max() <= (6.0 / 64) ** 0.5 and drawn.max() > 0.95 * (6.0 / 64) ** 0.5
+    assert torch.all(model[1].bias[dead[0]] == 0.0)
+    revived = sum(int((was & now).sum()) for was, now in zip(dead, _fired(model, x[:256])))
+    assert count == revived and 0 < revived < int(dead[0].sum() + dead[1].sum())

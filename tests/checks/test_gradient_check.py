@@ -19,6 +19,7 @@ def test_relu_maxpool_batchnorm_and_attention_agree():
     for name in ("bn_cnn", "causal_transformer", "lstm_classifier"):
         result = _result(CASES[name]())
         assert result.passed and result.value < 1e-5, result.message
+        assert "parameter tensors agree (largest error" in result.message
 
 
 class _DetachedBranch(__import__("torch").nn.Module):
@@ -64,3 +65,28 @@ def test_a_detached_layer_without_any_gradient_fails_and_says_the_graph_is_cut()
 def test_frozen_parameters_are_not_checked():
     result = _result(CASES["frozen_mlp"]()) if "frozen_mlp" in CASES else _result(BROKEN["frozen_layer"]())
     assert result.passed, result.message
+
+
+class _NonContiguousFirst(__import__("torch").nn.Module):
+    """A non-contiguous parameter first (not checked: perturbing ``view(-1)`` needs contiguous memory), then a
+    layer whose output is detached: its parameters get no gradient although the loss depends on them."""
+
+    def __init__(self):
+        import torch
+
+        super().__init__()
+        self.first = torch.nn.Parameter(0.1 * torch.randn(10, 64).t())
+        self.cut = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = x.flatten(1)
+        return x @ self.first + self.cut(x).detach() ** 2
+
+
+def test_the_parameters_after_a_non_contiguous_one_are_checked():
+    import torch
+
+    torch.manual_seed(0)
+    result = checks.run(_NonContiguousFirst(), torch.nn.functional.cross_entropy, _digits_batch(),
+                        checks=["gradient_check"])["gradient_check"]
+    assert result.passed is False and "autograd gives `cut." in result.message, result.message

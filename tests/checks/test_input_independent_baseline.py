@@ -11,7 +11,8 @@ def _result(case):
 
 
 def test_ignoring_the_input_gives_a_ratio_of_one():
-    assert _result(BROKEN["ignores_input"]()).value == 1.0
+    result = _result(BROKEN["ignores_input"]())
+    assert result.value == 1.0 and result.passed is False and "does not use its input" in result.fix
 
 
 def test_token_and_regression_models_beat_zeroed_inputs():
@@ -123,3 +124,23 @@ def test_a_large_batch_without_data_is_still_only_the_batch():
     result = checks.run(case.model, case.loss_fn, (x, permuted), **options,
                         checks=["input_independent_baseline"])["input_independent_baseline"]
     assert result.status == "inconclusive" and "split from the batch" in result.message, result
+
+
+def test_the_held_out_samples_are_the_test_split_else_the_end_of_the_train_split():
+    """With a test split: its first ``HELD`` samples. With a train split only: its last ``HELD`` samples,
+    not its first, where the batch usually comes from (held out means not in the batch)."""
+    import torch
+
+    from cockpit_lite.checks.input_independent_baseline import HELD, _held_out_split
+    from cockpit_lite.checks.problem import Problem
+
+    x, y = torch.arange(700 * 4, dtype=torch.float32).reshape(700, 4), torch.arange(700) % 3
+    model, batch = torch.nn.Linear(4, 3), (x[:32], y[:32])
+    split = {"x_train": x[:100], "y_train": y[:100], "x_test": x[100:], "y_test": y[100:]}
+    *_, xh, yh, where, from_batch = _held_out_split(Problem(model, torch.nn.functional.cross_entropy, batch,
+                                                            data=split))
+    assert torch.equal(xh, x[100:100 + HELD]) and torch.equal(yh, y[100:100 + HELD]) and not from_batch
+    assert where == f"{HELD} samples of data['test']"
+    *_, xh, yh, where, _ = _held_out_split(Problem(model, torch.nn.functional.cross_entropy, batch,
+                                                   data={"x_train": x, "y_train": y}))
+    assert torch.equal(xh, x[-HELD:]) and torch.equal(yh, y[-HELD:]) and where == f"{HELD} samples of data['train']"

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import cockpit_lite
+from cockpit_lite.diagnosis import Diagnosis
 
 logging.getLogger("cockpit_lite.diagnosis").setLevel(logging.CRITICAL)
 
@@ -39,3 +40,12 @@ def test_a_healthy_relu_layer_at_a_tiny_batch_is_not_dead(batch):
 
 def test_dead_units_are_still_found_at_an_ordinary_batch():
     assert "dead_relu" in findings(32, bias=-4.0)
+
+
+def test_the_message_quotes_the_dead_share_of_the_named_step():
+    """Hand-made records: 60 %, 70 %, 80 % dead; the finding names step 0 and its 60 %."""
+    diagnosis = Diagnosis()
+    for step, dead in enumerate([0.6, 0.7, 0.8]):
+        diagnosis.feed(step, {"ActivationStats": {"act": {"dead": dead, "type": "ReLU"}}})
+    (finding,) = [f for f in diagnosis.findings if f.kind == "dead_relu"]
+    assert finding.step == 0 and "'act' (ReLU): 60% of its units" in finding.message, finding.message

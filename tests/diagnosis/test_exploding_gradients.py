@@ -63,6 +63,21 @@ def test_both_tensors_at_the_input_end_fire():
     assert hits[0].evidence["largest"] == pytest.approx(30.0, rel=1e-3)
 
 
+def test_records_without_gradient_or_parameter_norms_before_the_streak_do_not_stop_it():
+    """Step 0 has no GradNorm, step 1 no ParamNorm (no relative gradients), step 2 ordinary ones (0.83x); from
+    step 3 on the input end is 8.43 / 0.15 = 56.2x the output end's: found at step 3, the factor quoted to 2
+    digits."""
+    records = [entry(s, 0.5, _relative_gradients(30.0, 8.43)) for s in range(9)]
+    del records[0]["GradNorm"], records[1]["ParamNorm"]
+    records[2] = entry(2, 0.5, _relative_gradients(0.125, 0.125))
+    diagnosis = Diagnosis(names=NAMES, shapes=SHAPES)
+    for step, record in enumerate(records):
+        diagnosis.feed(step, record)
+    hits = [f for f in diagnosis.findings if f.kind == "exploding_gradients"]
+    assert diagnosis.failures == [] and len(hits) == 1 and hits[0].step == 3, diagnosis.findings
+    assert "are 56x those at the output end at step 3 (56x at step 5)" in hits[0].message, hits[0].message
+
+
 def test_growth_over_the_early_level_is_found_while_the_loss_spikes_and_the_spike_is_not_lr_too_high():
     """The loss spikes after updates of 1e-3 of the weights: the gradients exploded, the step size did not
     overshoot; one kind, exploding_gradients, in the tensor with the largest ||g||/||w||."""
@@ -74,6 +89,9 @@ def test_growth_over_the_early_level_is_found_while_the_loss_spikes_and_the_spik
     found = kinds(entries)
     assert [f.kind for f in found] == ["exploding_gradients"], found
     assert found[0].layer == "block" and found[0].step == 4
+    # block.weight's gradient 0.4 -> 1.6e4 (its own early norm 0.4 x 4e4), against its weights 1.6e4 / 3
+    assert found[0].evidence["layer_growth"] == pytest.approx(4e4, rel=1e-3)
+    assert found[0].evidence["relative"] == pytest.approx(1.6e4 / 3.0, rel=1e-3)
 
 
 def test_a_loss_spike_after_a_large_update_is_lr_too_high():
@@ -145,3 +163,7 @@ def test_activations_growing_through_the_layers_at_initialisation(rms, found):
     if found:
         assert hits[0].layer is None and hits[0].step == 0 and hits[0].evidence["gain"] == pytest.approx(
             (260.0 / 4.2) ** 0.5, rel=1e-3)
+        # RMS = sqrt(mean^2 + std^2) = 1.25^0.5 mean, of the first and the last module
+        assert hits[0].evidence["rms_first"] == pytest.approx(4.2 * 1.25 ** 0.5, rel=1e-3)
+        assert hits[0].evidence["rms_last"] == pytest.approx(260.0 * 1.25 ** 0.5, rel=1e-3)
+        assert hits[0].evidence["modules"] == 3

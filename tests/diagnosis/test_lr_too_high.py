@@ -51,6 +51,16 @@ def test_a_collapse_the_held_out_loss_confirms_is_found():
     assert found and {f.kind for f in found} == {"lr_too_high"} and "held-out loss" in found[0].message
 
 
+def test_a_collapse_needs_the_held_out_loss_back_more_than_60_percent_of_the_way():
+    """The held-out loss 1 at first, 0.375 at best, then back to 0.75: exactly 0.375 + 0.6 (1 - 0.375), not
+    more (all exact in binary): no collapse; back to 0.9: a collapse, quoting first -> best -> last."""
+    def held(last):
+        return lambda s: 1.0 if s == 0 else 0.375 if s < 30 else last
+    assert _findings(noisy_run(held(0.75))) == []
+    found = _findings(noisy_run(held(0.9)))
+    assert found and "the held-out loss went 1 -> 0.375 -> 0.9" in found[0].message, found
+
+
 def overshoot(losses, update=0.3):
     return _findings([(s, {"Loss": loss, "ParamNorm": [10.0, 1.0], "UpdateSize": [10.0 * update, update]})
                       for s, loss in enumerate(losses)])
@@ -82,3 +92,15 @@ def test_a_loss_above_twice_its_start_after_small_updates_is_not_a_divergence():
 def test_the_same_losses_after_large_updates_are():
     found = heavy_tailed(0.1)  # the rule itself, without the Diagnosis' once-per-kind: a finding per record
     assert found and found[0].step == 6 and "rose from" in found[0].message
+    # L0 = median(0.297, 3.46, 0.241); the 7 records' median 0.679 = 2.29 L0
+    assert found[0].evidence == {"loss_ref": 0.297, "loss": 0.679, "ratio": round(0.679 / 0.297, 3),
+                                 "lr_divisor": 3.3}
+    assert "2.3x its initial value" in found[0].message
+
+
+def test_updates_of_half_the_weights_on_a_flat_loss_are_found_from_the_third_update_on():
+    """The first record has no update; updates of 0.6 of the weights' norm at steps 1-3 on a loss flat at 2.3:
+    found at step 3 (the median of 3 updates), naming step 1."""
+    moves = {"ParamNorm": [10.0, 1.0], "UpdateSize": [6.0, 0.6]}
+    found = _findings([(0, {"Loss": 2.3})] + [(s, {"Loss": 2.3, **moves}) for s in (1, 2, 3)])
+    assert len(found) == 1 and found[0].step == 1 and found[0].evidence["update_ratio"] == 0.6

@@ -126,3 +126,35 @@ def test_after_a_warm_restart_a_later_collapse_is_named_at_its_own_step():
     findings, raised = synthetic(lrs)
     hits = [f for f in findings if f.kind == "lr_too_low"]
     assert hits and hits[0].step == 250 and raised["lr_too_low"] <= 250 + 30, findings
+
+
+def _late(lrs):
+    hits = [f for f in synthetic(lrs)[0] if f.kind == "lr_too_low"]
+    return [(f.step, f.evidence["how"]) for f in hits]
+
+
+def test_step_decays_exactly_close_enough_together_are_found():
+    """8x at step 20, 8x again at 30 (1/64 of the peak, below 1/30): 30 - 20 = 0.5 * 20, on the bound
+    (``CLOSE_STEPS``, included); the updates (0.1 lr) fall 64x."""
+    assert _late(lambda s: 1.0 if s < 20 else 0.125 if s < 30 else 1 / 64) == [(30, "in step decays at steps 20 and 30")]
+
+
+def test_a_smooth_decay_counts_the_five_records_up_to_its_end_only():
+    """The rate halves on each of the 5 records 40..80 (1/32 at 80, below 1/30 of the peak), after a flat
+    start; found once the run went on 0.25 * 80 steps at the updates of 1/32."""
+    assert _late(lambda s: 1.0 if s < 40 else 2.0 ** -min((s - 30) // 10, 5)) == [(80, "smoothly")]
+
+
+def test_a_collapse_after_three_records_is_found():
+    """The rate falls 64x at step 3: three records of updates before it, the fewest that tell the usual size."""
+    assert _late(lambda s: 1.0 if s < 3 else 1 / 64) == [(3, "in one step")]
+
+
+def test_a_flat_loss_at_tiny_updates_from_the_start_quotes_them():
+    """Loss 2.3 throughout, updates 1e-4 of the weights (below ``LOW_RATIO`` 3e-4): found after ``MIN_STEPS``
+    (10) records, at step 9, with the numbers of the record."""
+    findings, _ = synthetic(lambda s: 1e-3, loss=lambda s: 2.3)
+    (finding,) = findings
+    assert finding.kind == "lr_too_low" and finding.step == 9
+    assert finding.evidence["update_ratio"] == pytest.approx(1e-4, rel=1e-9)
+    assert finding.evidence["loss_ref"] == 2.3 and finding.evidence["loss"] == 2.3

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import cockpit_lite
+from cockpit_lite.diagnosis import Diagnosis
 
 logging.getLogger("cockpit_lite.diagnosis").setLevel(logging.CRITICAL)
 
@@ -65,3 +66,28 @@ def test_no_accumulation_without_zero_grad_is_found_at_the_first_update():
     cp.close()
     found = [f for f in cp.findings if f.kind == "missing_zero_grad"]
     assert [f.step for f in found] == [1]
+
+
+def _found(presences):
+    diagnosis = Diagnosis()
+    for step, presence in enumerate(presences):
+        diagnosis.feed(step, {"GradPresence": presence})
+    return [f for f in diagnosis.findings if f.kind == "missing_zero_grad"]
+
+
+def test_hand_made_records_quote_the_gradients_the_first_backward_found():
+    (finding,) = _found([{"first_backward": 0.7, "before": 0.2, "after": 0.9, "stepped": 1}] * 2)
+    assert finding.step == 0
+    assert finding.evidence == {"held": 0.7, "before": 0.2, "after": 0.9, "stepped": 1}
+
+
+@pytest.mark.parametrize("before, stepped, found", [
+    (0.5, 1, True),    # gradients held across an optimizer step
+    (0.5, 0, False),   # no optimizer step since the previous context: accumulation
+    (0.0, 1, False),   # zeroed
+])
+def test_logs_without_first_backward_fall_back_on_before_and_a_step(before, stepped, found):
+    hits = _found([{"before": before, "after": before + 1.0, "stepped": stepped}] * 3)
+    assert bool(hits) is found
+    if found:
+        assert hits[0].step == 0 and hits[0].evidence["held"] == before and hits[0].evidence["after"] == 1.5

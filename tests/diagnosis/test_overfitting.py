@@ -2,6 +2,8 @@
 rise while the training loss falls far below it is found a few logs after it begins; one noisy
 evaluation never decides."""
 
+import pytest
+
 from cockpit_lite.diagnosis import Diagnosis
 
 
@@ -65,3 +67,23 @@ def test_both_losses_rising_is_not_overfitting():
     held = [2.3 * 0.86 ** i for i in range(9)] + [0.7 * 1.05 ** k for k in range(1, 20)]
     train = FALLING[:9] + [FALLING[8] * 1.05 ** k for k in range(1, 20)]
     assert run(held, train) == []
+
+
+def test_a_log_of_epoch_losses_alone_is_read_and_quoted():
+    """Only ``cp.log``'s epoch losses, no mini-batch losses (train_loss is the training loss). Medians of 3 logs:
+    held-out 1.0 (best, log 2), 1.1, then 2.5 at log 4; training 1.0, then 0.8 at log 4, exactly 1 - 0.2 of it
+    (the fall's bound, included) and 2.5 / 0.8 = 3.1x below the held-out level. The held-out loss's steps
+    |diff| 0.1, 0.1, 1.5, 0.1 (median 0.1) give the noise 1.4826 * 0.1 / sqrt(2) = 0.1048: a rise of 14x it."""
+    diagnosis = Diagnosis()
+    held, train = [1.0, 1.1, 1.0, 2.5, 2.6, 2.5], [1.0, 1.0, 1.0, 0.8, 0.8, 0.8]
+    found = []
+    for i, (h, t) in enumerate(zip(held, train)):
+        found += [(f, 10 * i) for f in diagnosis.feed(10 * i, {"valid_loss": h, "train_loss": t})[0]
+                  if f.kind == "overfitting"]
+    (finding, seen), = found
+    assert finding.step == 20 and seen == 40
+    noise = 1.4826 * 0.1 / 2 ** 0.5
+    assert finding.evidence["held_out"] == 2.5 and finding.evidence["held_out_min"] == 1.0
+    assert finding.evidence["train"] == 0.8 and finding.evidence["train_then"] == 1.0
+    assert finding.evidence["noise"] == pytest.approx(noise, rel=1e-3)
+    assert "14x its noise" in finding.message and "3.1x below it" in finding.message, finding.message

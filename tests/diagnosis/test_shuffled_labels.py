@@ -2,22 +2,24 @@
 L0; not while the training loss learns (a train/eval gap such as lagging BatchNorm statistics), nor while the
 activations fade through the layers (a deep net's plateau at initialisation)."""
 
+import math
+
 from cockpit_lite.diagnosis import Diagnosis
 
 
-def run(accuracy, loss=lambda s: 2.3, activations=None):
-    """Kinds found on a run logging held-out ``accuracy(step)`` every 10 steps; ``activations``: RMS of each
-    ReLU module (``ActivationStats``)."""
+def run(accuracy, loss=lambda s: 2.3, activations=None, grads=(0.5, 0.1, 0.4, 0.1)):
+    """``{kind: finding}`` of a run logging held-out ``accuracy(step)`` every 10 steps; ``activations``: RMS of each
+    ReLU module (``ActivationStats``); ``grads``: GradNorm (the weights' norms are 5 and 3)."""
     diagnosis = Diagnosis(names=["0.weight", "0.bias", "2.weight", "2.bias"], shapes=[(8, 4), (8,), (3, 8), (3,)])
     for step in range(61):
         entry = {"Loss": loss(step), "ParamNorm": [5.0, 1.0, 3.0, 0.5], "UpdateSize": [0.05, 0.01, 0.03, 0.005],
-                 "GradNorm": [0.5, 0.1, 0.4, 0.1]}
+                 "GradNorm": list(grads)}
         if activations is not None:
             entry["ActivationStats"] = {str(i): {"type": "ReLU", "mean": a, "std": 0.0} for i, a in enumerate(activations)}
         if step % 10 == 0:
             entry.update(valid_loss=2.3, valid_accuracy=accuracy(step))
         diagnosis.feed(step, entry)
-    return {f.kind for f in diagnosis.findings}
+    return {f.kind: f for f in diagnosis.findings}
 
 
 def test_chance_on_three_logs_is_found_up_to_twice_chance():
@@ -36,3 +38,21 @@ def test_a_training_loss_that_learns_while_held_out_is_at_chance_is_not():
 def test_activations_that_fade_through_the_layers_are_a_plateau_not_shuffled_labels():
     assert "shuffled_labels" not in run(lambda s: 0.1, activations=[0.4, 0.2, 0.1, 0.05])
     assert "shuffled_labels" in run(lambda s: 0.1, activations=[0.4, 0.3, 0.4, 0.35])
+
+
+def test_two_classes_are_at_chance_up_to_half_way_to_100_percent():
+    """L0 = ln 2: two classes, chance 50 %; twice chance is 100 %, so the bound is half way: 75 %."""
+    found = run(lambda s: 0.6, loss=lambda s: math.log(2.0))
+    assert "chance for ~2 classes: 50%" in found["shuffled_labels"].message
+    assert "shuffled_labels" not in run(lambda s: 0.8, loss=lambda s: math.log(2.0))
+
+
+def test_at_chance_without_gradient_at_the_input_end_is_not_shuffled_labels():
+    """||g||/||w|| of the first weight tensor 5e-5 / 5 = 1e-5, below 1e-3 of the output end's 0.4 / 3:
+    the gradient does not reach the inputs (a vanishing gradient's plateau), whatever the labels."""
+    assert "shuffled_labels" not in run(lambda s: 0.1, grads=(5e-5, 0.1, 0.4, 0.1))
+
+
+def test_at_chance_while_the_loss_rises_half_again_is_not_shuffled_labels():
+    """The loss 2.3 for 10 steps, then 3.5 (1.5 L0, above 1.1 L0): a diverging run, not labels at chance."""
+    assert "shuffled_labels" not in run(lambda s: 0.1, loss=lambda s: 2.3 if s < 10 else 3.5)

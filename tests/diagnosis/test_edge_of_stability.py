@@ -1,0 +1,25 @@
+"""``edge_of_stability``'s severity on hand-made records: ``info`` while the median of the last
+3 losses is below ``LEARNING`` (0.9) L₀ (L₀: the median of the first 3), ``warning`` otherwise."""
+
+import pytest
+
+from cockpit_lite.diagnosis import Diagnosis
+
+
+@pytest.mark.parametrize("losses, severity", [
+    # L₀ = 2; the last 3 losses' median 1.6 < 1.8 (the last 4's would be 1.8, not below)
+    ([2.0, 2.0, 2.0, 1.6, 1.6], "info"),
+    # the median 1.8 equals 0.9 · 2 (both exact: doubling 0.9 is exact): not below
+    ([2.0, 2.0, 2.0, 1.8, 1.8], "warning"),
+    ([2.0, 2.0, 2.0, 2.5, 2.5], "warning"),
+])
+def test_severity_says_whether_the_loss_still_falls(losses, severity):
+    """η = 0.5, plain SGD: λ_max 1 (η λ = 0.5 < 2) for three records, then 6 (3 ≥ 2) twice:
+    confirmed at step 4; the rate that would be stable: 2 / 6."""
+    diagnosis = Diagnosis(names=["w"], shapes=[(1, 5)])
+    presence = {"lr": 0.5, "optimizer": "SGD", "momentum": 0.0}
+    for step, (loss, sharpness) in enumerate(zip(losses, [1.0, 1.0, 1.0, 6.0, 6.0])):
+        diagnosis.feed(step, {"Loss": loss, "HessMaxEV": sharpness, "GradPresence": presence})
+    (finding,) = [f for f in diagnosis.findings if f.kind == "edge_of_stability"]
+    assert finding.step == 3 and finding.severity == severity
+    assert "lower the learning rate below 0.33 if" in finding.suggestion

@@ -1,0 +1,33 @@
+"""``vanishing_gradients`` on hand-made records: the layer, the shrink factor and the count of
+affected weight tensors (r ≤ ``VANISH_RATIO`` · r of the output end, the bound included)."""
+
+import pytest
+
+from cockpit_lite.diagnosis import Diagnosis
+
+NAMES = [f"l{i}.weight" for i in range(1, 6)]
+
+
+def test_affected_tensors_count_the_bound_and_the_shrink_is_first_over_output_end():
+    """‖θ‖ = 1 for all five, ‖g‖ = 1e-4, 5e-4, 1e-3, 0.3, 0.5: the output end's r is 0.5, the
+    first's 1e-4 (shrink 2e-4 ≤ 1e-3); below 1e-3 · 0.5 = 5e-4 are l1 and l2 (exactly on it);
+    l3 (1e-3) is not."""
+    diagnosis = Diagnosis(names=NAMES, shapes=[(4, 4)] * 5)
+    for step in range(4):
+        diagnosis.feed(step, {"GradNorm": [1e-4, 5e-4, 1e-3, 0.3, 0.5], "ParamNorm": [1.0] * 5})
+    (finding,) = [f for f in diagnosis.findings if f.kind == "vanishing_gradients"]
+    assert finding.layer == "l1" and finding.step == 0
+    assert finding.evidence["first_to_output"] == pytest.approx(2e-4, rel=1e-12)
+    assert finding.evidence["affected"] == 2 and finding.evidence["weights"] == 5
+    assert "2 of 5 weight tensors" in finding.message
+
+
+def test_a_record_without_gradient_at_the_output_end_breaks_the_streak():
+    """r of the output end 0 at step 2 (no finding possible there: nothing to compare with); the streak
+    starts again at step 3 and is found at step 5, naming step 3."""
+    diagnosis = Diagnosis(names=NAMES, shapes=[(4, 4)] * 5)
+    for step in range(6):
+        out = [0.0, 0.0] if step == 2 else [0.3, 0.5]
+        diagnosis.feed(step, {"GradNorm": [1e-4, 5e-4, 1e-3, *out], "ParamNorm": [1.0] * 5})
+    (finding,) = [f for f in diagnosis.findings if f.kind == "vanishing_gradients"]
+    assert finding.step == 3
