@@ -9,7 +9,7 @@ local scale. With unequal shards DDP weights the ranks' samples differently unle
 the loss is scaled, e.g. ``loss = loss_sum / B · W``; the statistics describe what
 the optimizer gets either way.)
 
-A tracked step costs three collectives, each packing everything of its kind:
+A tracked step costs three collectives (four at some steps), each packing everything of its kind:
 
 1. inside the engine, after the backward pass: one ``all_reduce`` of every
    parameter's gradient of this backward pass (as the rules formed it) and the shard
@@ -17,7 +17,10 @@ A tracked step costs three collectives, each packing everything of its kind:
    predicted update);
 2. one ``all_reduce`` of every additive result (``Σ_n g̃_n²``, histogram counts, the loss);
 3. one ``all_gather`` of every per-sample result (``‖g̃_n‖²``, ``g̃_nᵀ g``, slopes,
-   individual losses), padded to the largest shard.
+   individual losses), padded to the largest shard;
+4. only at a step whose results are maxima over samples (``Transform.summed_over_ranks`` false:
+   the largest individual-gradient element a histogram's range adapts to), one ``all_gather`` of
+   them, and each transform's ``combine`` of the ranks' values.
 
 Only rank 0 keeps the record, writes the log and diagnoses.
 """
@@ -121,6 +124,21 @@ class Group:
             offset += n
         return out
 
+    def each(self, tensors):
+        """Every rank's ``tensors`` (of the same shapes on every rank), in one collective: for each
+        tensor, the list of the ranks' values in rank order."""
+        tensors = list(tensors)
+        if not tensors:
+            return []
+        flat = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors])
+        ranks = self.gather([flat], [flat.numel()] * self.world)[0].split(flat.numel())
+        sizes = [t.numel() for t in tensors]
+        out = [[] for _ in tensors]
+        for rank in ranks:
+            for values, part, t in zip(out, rank.split(sizes), tensors):
+                values.append(part.reshape(t.shape).to(t.dtype).to(t.device))
+        return out
+
     def gather(self, tensors, sizes):
         """Concatenate per-sample vectors (``[B_r]`` each) over the ranks in rank order, in one collective."""
         tensors = list(tensors)
@@ -199,8 +217,9 @@ def reduce_results(group, results, transforms, sizes, extra_sums=(), extra_per_s
 
     Args:
         results: ``{index: {key: value}}`` of this rank.
-        transforms: the step's transforms (their ``per_sample_output`` says how to combine; a
-            value of ``from_grad_only`` or sharded over the ranks, FSDP2's, is global already).
+        transforms: the step's transforms (their ``per_sample_output`` and ``summed_over_ranks`` say
+            how to combine: gathered, summed, or the ranks' values gathered and ``combine``d; a value
+            of ``from_grad_only`` or sharded over the ranks, FSDP2's, is global already).
         sizes: every rank's number of samples.
         extra_sums, extra_per_sample: more tensors to sum / gather in the same collectives.
         held: every rank's number of samples of the transforms' per-sample results, if not ``sizes``
@@ -210,13 +229,16 @@ def reduce_results(group, results, transforms, sizes, extra_sums=(), extra_per_s
         ``(results, summed extras, gathered extras)``.
     """
     by_key = {t.key: t for t in transforms}
-    sums, gathers, places = list(extra_sums), list(extra_per_sample), []
+    sums, gathers, places, eaches = list(extra_sums), list(extra_per_sample), [], []
     combined = {index: {} for index in results}
     for index in sorted(results):
         for key, value in results[index].items():
             parts = value if isinstance(value, tuple) else (value,)
             if by_key[key].from_grad_only or is_sharded(parts[0]):
                 combined[index][key] = value
+                continue
+            if not (by_key[key].per_sample_output or by_key[key].summed_over_ranks):
+                eaches.append((index, key, value))
                 continue
             kind = "gather" if by_key[key].per_sample_output else "sum"
             target = gathers if kind == "gather" else sums
@@ -228,6 +250,8 @@ def reduce_results(group, results, transforms, sizes, extra_sums=(), extra_per_s
         gathered = group.gather(gathers, sizes)
     else:
         gathered = group.gather(gathers[:extras], sizes) + group.gather(gathers[extras:], held)
+    for (index, key, _), values in zip(eaches, group.each([value for _, _, value in eaches])):
+        combined[index][key] = by_key[key].combine(values)
     for index, key, kind, start, count, is_tuple in places:
         source = gathered if kind == "gather" else summed
         parts = source[start:start + count]

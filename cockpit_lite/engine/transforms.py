@@ -38,6 +38,10 @@ class Transform:
     batch = None
     per_sample_output = False
     """Whether the value has one entry per sample (concatenated across chunks of samples)."""
+    summed_over_ranks = True
+    """Whether the global batch's value is the sum of the ranks' under torch.distributed (one all-reduce
+    adds them); otherwise the ranks' values are gathered and ``combine``d as the values of consecutive
+    chunks of samples (a maximum over samples). Not read for ``per_sample_output`` (concatenated)."""
     reads_grad = False
     """Whether the value depends on ``PerSample.grad`` (at a subsampled step the engine runs such
     transforms once autograd has accumulated the parameter's gradient, the others at once)."""

@@ -18,12 +18,14 @@ import torch
 
 from cockpit_lite import schedules
 from cockpit_lite.engine.transforms import Transform
+from cockpit_lite.utils import shards
 
 
 class IndividualGradAbsMax(Transform):
     """``max_{n,d} |g̃_{n,d}|`` of one parameter, a 0-d tensor (NaN if an element is NaN)."""
 
     key = "grad_abs_max"
+    summed_over_ranks = False
 
     def __call__(self, per_sample):
         _, chunks = per_sample.nonzero_element_chunks()  # left-out exact zeros cannot be the maximum
@@ -111,4 +113,4 @@ class ParamAbsMax(_AbsMax):
     """Adapt to the largest absolute parameter element, ``m = max_d |θ_d|``."""
 
     def _abs_max(self, data):
-        return torch.stack([p.detach().abs().amax() for p in data.params]).amax().item()
+        return shards.abs_maxima(data.params).amax().item()  # (under FSDP2: over every rank's rows)

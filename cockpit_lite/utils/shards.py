@@ -127,6 +127,21 @@ def totals(tensors):
     return torch.where(sharded, add_over_ranks(torch.where(sharded, sums, 0), group), sums)
 
 
+def abs_maxima(tensors):
+    """``max_d |t_d|`` of every tensor, one tensor ``[P]`` (NaN if an element is NaN; 0 for a tensor without
+    elements): a ``DTensor``'s over all ranks' elements (one all-gather of the ranks' maxima, since a
+    rank may hold no rows of it)."""
+    tensors = list(tensors)
+    parts = [local(t).detach().abs() for t in tensors]
+    maxima = torch.stack([p.amax() if p.numel() else p.new_zeros(()) for p in parts])
+    group = group_of(tensors)
+    if group is None:
+        return maxima
+    every = [torch.empty_like(maxima) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(every, maxima, group=group)
+    return torch.stack(every).amax(0)
+
+
 def module_class(module):
     """``module``'s class; for a module ``fully_shard``-ed by FSDP2, the class it had before
     (FSDP2 gives it a class ``FSDP<Class>`` of its own)."""
