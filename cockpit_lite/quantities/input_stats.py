@@ -4,11 +4,14 @@ A forward pre-hook on the model reads its first floating-point positional input
 ``x`` of the training forward pass (gradients enabled; the first call of the step):
 ``mean``, ``std``, ``min``, ``max`` over all entries of its first ``SUB_BATCH`` samples
 (along the first axis), and ``nonfinite``, the fraction of NaN/Inf entries among them
-(the other statistics then skip them). A sub-batch: masking the non-finite entries
-needs element-wise operations, on CPU 5-20x dearer than the reductions; a NaN in
-another sample is still located by ``NonfiniteOrigin`` when it reaches the loss. Integer inputs (token ids)
-are not floating-point and are not recorded. Reduced on the device, moved to the host
-with the step's values.
+(the other statistics then skip them). ``std`` has Bessel's correction,
+``√((Σx² − n·mean²) / (n − 1))``, the sums in float64. The hook reduces without masking
+(mean, ``Σx²``, min and max: four reductions); only where one of them is not finite, at
+``compute``, are the non-finite entries masked out (element-wise operations, on CPU
+5-20x dearer than the reductions). A sub-batch, for the same reason; a NaN in another
+sample is still located by ``NonfiniteOrigin`` when it reaches the loss. Integer inputs
+(token ids) are not floating-point and are not recorded. Reduced on the device, moved to
+the host with the step's values.
 
 On a model sharded by FSDP2 (``cockpit_lite.sharded``) each rank sees its part of the batch: it
 keeps per sample of its first ``SUB_BATCH`` the finite entries' count, sum, sum of squares,
@@ -67,7 +70,7 @@ class InputStats(Quantity):
         if x is None or x.numel() < 2:
             return None
         with torch.no_grad():
-            self._stats = _statistics(x.detach()) if self._group is None else _per_sample(x.detach())
+            self._stats = _sums(x.detach()) if self._group is None else _per_sample(x.detach())
         return None
 
     def needs(self, step, info):
@@ -86,13 +89,35 @@ class InputStats(Quantity):
             ranks = [None] * self._group.world
             dist.all_gather_object(ranks, None if stats is None else stats.cpu(), group=self._group.process_group)
             stats = None if all(r is None for r in ranks) else _combined([r for r in ranks if r is not None])
+        elif stats is not None:
+            stats = _statistics(*stats)
         if stats is None:
             return None
         return Output(dict(zip(KEYS, stats)))
 
 
-def _statistics(x):
-    x = (x[:SUB_BATCH] if x.dim() > 1 else x).float().reshape(-1)
+def _sums(x):
+    """``(tensor [mean, Σx², min, max] in float64, the entries)`` of the entries the statistics are of."""
+    x = (x[:SUB_BATCH] if x.dim() > 1 else x).reshape(-1)
+    wide = x.double()
+    low, high = torch.aminmax(wide)
+    return torch.stack([wide.mean(), torch.dot(wide, wide), low, high]), x
+
+
+def _statistics(sums, x):
+    """``[mean, std, min, max, nonfinite]`` (float32) from ``_sums``: from the sums where they are all
+    finite (then every entry is), else from the finite entries of ``x``."""
+    if not bool(torch.isfinite(sums).all()):
+        return _masked(x)
+    mean, squares, low, high = sums
+    n = x.numel()
+    std = ((squares - n * mean.square()) / (n - 1)).clamp(min=0).sqrt()
+    return [t.float() for t in (mean, std, low, high, mean.new_zeros(()))]
+
+
+def _masked(x):
+    """``_statistics`` of the finite entries of ``x`` (flat) and the share of the others."""
+    x = x.float()
     finite = torch.isfinite(x)
     share = 1.0 - finite.float().mean()
     values = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device))

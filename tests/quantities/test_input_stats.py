@@ -36,6 +36,14 @@ def test_against_numpy(nan):
     assert stats["nonfinite"] == pytest.approx(np.mean(~np.isfinite(sub)), rel=1e-5)
 
 
+def test_the_spread_of_inputs_far_from_zero():
+    """Unnormalised inputs, mean 10⁴ and std 10⁻²: ``Σx² − n·mean²`` cancels 10 of its 16 digits (float32
+    would have none left)."""
+    torch.manual_seed(1)
+    x = 1e4 + 1e-2 * torch.randn(40, 3, 4, dtype=torch.float64)
+    assert_matches(run(x.float()), x.float())
+
+
 def test_integer_inputs_are_not_recorded():
     model = nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(12, 1))
     cp = Cockpit(model, [InputStats()], diagnose=False)
