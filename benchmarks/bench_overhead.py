@@ -364,23 +364,25 @@ def budget_twin(problem, factor, steps, diagnose, level="full", cycles=1):
     plain twin: ``cycles`` rounds of plain, budgeted, budgeted, plain runs (each budgeted run a fresh
     model and Cockpit, calibrating anew), so that a load change hits both alike. (Interleaving single
     steps would put the twin's step inside every period the budget times.) Returns the ratio of the
-    sums and the last budgeted record."""
+    sums (of wall-clock time; of the process's CPU time, which other processes' load changes less), and the
+    last budgeted record."""
     def timed(runner):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in range(steps):
             runner.run_step()
-        return time.perf_counter() - start
+        return [time.perf_counter() - start, time.process_time() - cpu]
 
-    totals, record = [0.0, 0.0], None
+    totals, record = [[0.0, 0.0], [0.0, 0.0]], None
     for _ in range(cycles):
         for budgeted in (False, True, True, False):
             runner = Runner(problem, lambda m: Cockpit(m, configuration(level), budget=factor, diagnose=diagnose),
                             backpack=False) if budgeted else Runner(problem)
-            totals[budgeted] += timed(runner)
+            totals[budgeted] = [total + t for total, t in zip(totals[budgeted], timed(runner))]
             if budgeted:
                 runner.cp.close()
                 record = runner.cp.get_output()
-    return totals[1] / totals[0], record
+    (wall, cpu), (plain_wall, plain_cpu) = totals[1], totals[0]
+    return wall / plain_wall, cpu / plain_cpu, record
 
 
 def print_budget_lengths(factor, lengths, problems, level="full"):
@@ -397,19 +399,21 @@ def print_budget_lengths(factor, lengths, problems, level="full"):
                 step_s = plain.time_steps(20)
                 for steps in lengths:  # rounds enough for ``ROUNDS_S`` of plain steps (a load spike is ms)
                     cycles = max(1, min(MAX_ROUNDS, round(ROUNDS_S / (steps * step_s))))
-                    ratio, record = budget_twin(problem, factor, steps, diagnose, level, cycles=cycles)
+                    ratio, cpu, record = budget_twin(problem, factor, steps, diagnose, level, cycles=cycles)
                     last = plans(record)[-1]
-                    results[(problem, diagnose, steps)] = ratio
+                    results[(problem, diagnose, steps)] = (ratio, cpu)
                     print(f"{problem:<12} diagnose={diagnose!s:<6} {steps:>5} steps x {cycles:>2} rounds: {ratio:.2f}x "
+                          f"(CPU time {cpu:.2f}x) "
                           f"(plain {last['plain_step_s'] * 1e3:.2f} ms, u {last['untracked_cost']:.2f}, steps recorded: "
                           + ", ".join(f"{tier} {entry['steps']}" for tier, entry in budget_bought(record)["tiers"].items())
                           + ")", flush=True)
-    print(f"\nbudget={factor}, configuration({level!r}): time over a plain twin (runs alternated), 1 thread, "
-          "batch 64 (diagnosis on / diagnose=False)")
-    print(f"{'problem':<12}" + "".join(f"{n:>14}" for n in lengths))
-    for problem in problems:
-        print(f"{problem:<12}" + "".join(
-            f"{results[(problem, True, n)]:>7.2f}/{results[(problem, False, n)]:.2f}" for n in lengths))
+    for kind, clock in (("wall-clock time", 0), ("CPU time", 1)):
+        print(f"\nbudget={factor}, configuration({level!r}): {kind} over a plain twin's (runs alternated), 1 thread, "
+              "batch 64 (diagnosis on / diagnose=False)")
+        print(f"{'problem':<12}" + "".join(f"{n:>14}" for n in lengths))
+        for problem in problems:
+            print(f"{problem:<12}" + "".join(
+                f"{results[(problem, True, n)][clock]:>7.2f}/{results[(problem, False, n)][clock]:.2f}" for n in lengths))
     return results
 
 
