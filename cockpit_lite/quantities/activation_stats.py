@@ -38,7 +38,8 @@ apply). The hooks reduce on the device and keep 0-d tensors; they go to the host
 with the step's other values. No BackPACK, no ``extend``: works on any model with
 activation *modules* (a functional ``F.relu`` is not seen).
 
-On a model sharded by FSDP2 (``cockpit_lite.sharded``) each rank sees its part of the batch:
+Under torch.distributed (DDP, or a model sharded by FSDP2: ``cockpit_lite.sharded``) each rank sees its part
+of the batch:
 the hooks keep sums instead (entries, their sum and sum of squares in float64; per unit whether
 it fired; per sample of the first ``SUB_BATCH`` the zeros and saturated entries), and one
 all-gather at ``compute`` combines the ranks' in rank order, so that every statistic is the
@@ -104,10 +105,10 @@ class ActivationStats(Quantity):
         self._finding = []      # handles of the hooks that look for it (removed once found)
         self._carried = []      # the model's input and its pass-through copies in this forward pass
         self._looked = 0        # training forward passes looked at (given up after LOOK)
-        self._group = None      # FSDP2: the ranks whose batches are one (``compute`` combines them)
+        self._group = None      # DDP, FSDP2: the ranks whose batches are one (``compute`` combines them)
 
     def bind(self, cockpit):
-        self._group = cockpit.group if cockpit.group is not None and cockpit.group.sharded else None
+        self._group = cockpit.group  # (DDP or FSDP2: each rank sees its part of the batch)
 
     def watch(self, model):
         self._watched = [(name, module) for name, module in model.named_modules() if isinstance(module, ACTIVATIONS)]
@@ -197,11 +198,11 @@ class ActivationStats(Quantity):
             self._sums[name] = (type_name, kind, stats, 1)
 
     def _calls(self, name, type_name, kind):
-        """FSDP2: the list of a module's calls' partial sums (``_partial``) at this step."""
+        """Several ranks: the list of a module's calls' partial sums (``_partial``) at this step."""
         return self._sums.setdefault(name, (type_name, kind, []))[2]
 
     def _combined(self, sums):
-        """FSDP2: ``sums`` as ``_add`` keeps them, from every rank's partial sums (one all-gather)."""
+        """Several ranks: ``sums`` as ``_add`` keeps them, from every rank's partial sums (one all-gather)."""
         import torch.distributed as dist
 
         ranks = [None] * self._group.world
@@ -264,7 +265,7 @@ def _statistics(y, kind):
 
 
 def _partial(y, kind, gates=None):
-    """FSDP2: what one rank's part of a call adds to ``_statistics``: ``[[entries, Σy, Σy²], [samples],
+    """Several ranks: what one rank's part of a call adds to ``_statistics``: ``[[entries, Σy, Σy²], [samples],
     fired per unit (ReLU), zeros per sample, saturated per sample]`` (float64; per sample of the
     first ``SUB_BATCH``; of a 1-d output, every entry its own sample), a recurrent layer's
     ``saturated`` from its gates as ``[fraction]``."""

@@ -13,7 +13,8 @@ sample is still located by ``NonfiniteOrigin`` when it reaches the loss. Integer
 (token ids) are not floating-point and are not recorded. Reduced on the device, moved to
 the host with the step's values.
 
-On a model sharded by FSDP2 (``cockpit_lite.sharded``) each rank sees its part of the batch: it
+Under torch.distributed (DDP, or a model sharded by FSDP2: ``cockpit_lite.sharded``) each rank sees its
+part of the batch: it
 keeps per sample of its first ``SUB_BATCH`` the finite entries' count, sum, sum of squares,
 minimum and maximum (float64), and one all-gather at ``compute`` takes the global batch's first
 ``SUB_BATCH`` samples from them in rank order, as one process does (up to its float32 rounding).
@@ -42,10 +43,10 @@ class InputStats(Quantity):
         self._module = None  # the module that receives the model's input (``watch``)
         self._stats = None
         self._next = 0
-        self._group = None  # FSDP2: the ranks whose batches are one
+        self._group = None  # DDP, FSDP2: the ranks whose batches are one
 
     def bind(self, cockpit):
-        self._group = cockpit.group if cockpit.group is not None and cockpit.group.sharded else None
+        self._group = cockpit.group  # (DDP or FSDP2: each rank sees its part of the batch)
 
     def watch(self, model):
         self._module = input_module(model)
@@ -131,7 +132,7 @@ def _masked(x):
 
 
 def _per_sample(x):
-    """FSDP2: ``[samples, 7]`` (float64): per sample of the first ``SUB_BATCH`` (of a 1-d input, per
+    """Several ranks: ``[samples, 7]`` (float64): per sample of the first ``SUB_BATCH`` (of a 1-d input, per
     entry), its entries, finite entries, their sum, sum of squares, minimum and maximum, and
     whether the input has a batch axis."""
     batched = float(x.dim() > 1)
