@@ -228,7 +228,7 @@ class Budget:
             self._window(self.origin + WARMUP)
         self._unwatched = None  # the Cockpit's hooks taken off the model for the bare steps
         self._starts = {}  # step -> time.perf_counter() at its cp(step) call (recent steps only)
-        self._tops = {}  # step -> the top tier due at it (None: nothing), from the plan in force
+        self._tops = {}  # step -> the top tier due at it, from the plan in force (absent up to the simulation's step: nothing)
         self._state = None  # the simulation's (step, accounts, pending) after its last step
         self._spent = 0.0  # plain steps really spent since the plan in force was made
         self._measured = {}  # tier -> its last KEEP measured costs
@@ -603,11 +603,9 @@ class Budget:
 
     def top(self, step):
         """The top tier due at ``step`` (``None``: nothing), a deterministic function of the plans."""
-        top = self._tops.get(step, False)
-        if top is not False:
+        top = self._tops.get(step)
+        if top is not None or self.plan is None or step <= self._state[0]:
             return top
-        if self.plan is None or step <= self._state[0]:
-            return None
         plan = self.plan
         t, accounts, pending = self._state
         present = sorted(TIERS.index(name) for name in plan["shares"])
@@ -637,15 +635,14 @@ class Budget:
                     for k in present:
                         if k <= top:
                             pending[TIERS[k]] = False
-            self._tops[t] = top
+            if top is not None:  # (the steps with a tier due only: a long run keeps few)
+                self._tops[t] = top
         self._state = (t, accounts, pending)
-        return self._tops[step]
+        return self._tops.get(step)
 
     def _schedule(self, name):
         def schedule(step):
-            top = self._tops.get(step, False)
-            if top is False:
-                top = self.top(step)
+            top = self.top(step)
             return top is not None and self.tiers[name] <= top
 
         schedule.__doc__ = f"Budget {self.factor}x schedule of {name} (see cockpit_lite.budget)."

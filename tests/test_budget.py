@@ -224,6 +224,14 @@ def test_the_recorded_plans_replay_the_schedules_without_measuring():
         assert (replay.top(step), replay.bare(step)) == (budget.top(step), budget.bare(step)), step
 
 
+def test_a_long_run_keeps_only_its_due_steps():
+    """The schedules of the steps past (``top``) stay answerable, held as the steps where a tier is due."""
+    budget = _budget()
+    Clock(plain=0.001, u=0.05, costs=(1.0, 6.0, 40.0)).run(budget, 20000)
+    due = [t for t in range(20000) if budget.top(t) is not None]
+    assert 0 < len(due) < 2000 and len(budget._tops) <= len(due) + 1
+
+
 def test_bad_factor_names_it():
     with pytest.raises(ValueError, match="must exceed 1"):
         Budget(1.0)
