@@ -300,6 +300,9 @@ def configurations(problem, with_quantities, with_peer, leave_one_out=False):
     configs["diagnosis alone"] = lambda: Runner(
         problem, lambda m: Cockpit(m), backpack=False, period=diagnosis.EVERY, skip=diagnosis.DENSE_STEPS
     )
+    configs["diagnosis alone (parameters)"] = lambda: Runner(  # Cockpit's habit: the parameters, not the model
+        problem, lambda m: Cockpit(m.parameters()), backpack=False, period=diagnosis.EVERY, skip=diagnosis.DENSE_STEPS
+    )
     for level in LEVELS:  # economy needs no BackPACK; business and full use its exact curvature where it can
         configs[f"lite {level}"] = lambda level=level: Runner(
             problem, lambda m: Cockpit(m, configuration(level), diagnose=False), backpack=level != "economy"
