@@ -81,7 +81,8 @@ def _loss(model, x, y, name, scale):
     return (F.mse_loss if name == "regression" else F.cross_entropy)(out, y) * scale
 
 
-def _train(name, shards, micro, rank=None, accumulate=False, curvature=False, tracking=True, static=False):
+def _train(name, shards, micro, rank=None, accumulate=False, curvature=False, diagnose=False, tracking=True,
+           static=False):
     """Train with a Cockpit (``tracking``; else without one); ``shards`` are the sample counts per rank (one
     process: the whole batch). Returns the record and the parameters after training.
 
@@ -94,7 +95,7 @@ def _train(name, shards, micro, rank=None, accumulate=False, curvature=False, tr
     tracked = model if rank is None else torch.nn.parallel.DistributedDataParallel(model, static_graph=static)
     assert micro == 1 or rank is not None
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    cp = Cockpit(tracked, _quantities(curvature), strict=name != "tied_in_own_code", diagnose=False,  # flagged at step 0
+    cp = Cockpit(tracked, _quantities(curvature), strict=name != "tied_in_own_code", diagnose=diagnose,  # (flagged at step 0)
                  accumulate=accumulate) if tracking else None
     total = sum(shards)
     start = 0 if rank is None else sum(shards[:rank])
@@ -159,6 +160,7 @@ CASES = {  # case -> (model, samples per rank, micro-batches per step[, every mi
     "global_path_ggn": ("tied_in_own_code", (5, 3), 1, False, True),
     "accumulated": ("mlp", (5, 3), 2, True),
     "curvature": ("mlp", (5, 3), 1, False, True), "monte_carlo": ("regression", (5, 3), 1, False, "monte_carlo"),
+    "diagnosed": ("mlp", (5, 3), 1, False, False, True),
 }
 """``global_path``: the engine finds the tie in the user's backward pass (flagged at step 0); with the
 curvature quantities, the GGN diagonal's first pass, which runs before it, finds it (nothing flagged,
@@ -184,10 +186,10 @@ def test_ddp_equals_one_process_on_the_whole_batch(tmp_path):
     assert all(entry["meta"]["HessTrace"]["curvature"] == "diag_ggn_mc" for entry in records["monte_carlo"].values())
 
 
-def _check_case(case, name, shards, micro, distributed, accumulate=False, curvature=False):
+def _check_case(case, name, shards, micro, distributed, accumulate=False, curvature=False, diagnose=False):
     """Against one process on the whole batch (``no_sync``: on the same last micro-batches; every
     micro-batch accumulated: the whole batch, which is their union)."""
-    single = (_train(name, (sum(shards),), 1, curvature=curvature)[0] if micro == 1 or accumulate
+    single = (_train(name, (sum(shards),), 1, curvature=curvature, diagnose=diagnose)[0] if micro == 1 or accumulate
               else _train_single_micro(name, shards))
     assert sorted(distributed) == sorted(single), case
     for step in single:
