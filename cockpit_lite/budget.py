@@ -29,8 +29,8 @@ next one.
 
 1. *Calibration*: ``WARMUP`` untracked steps from the first step entered, then a window of
    ``STEPS`` steps, ``PAIRS`` times two bare steps and two untracked ones (a change of the
-   machine's load hits both alike). The median of the bare periods is the plain step
-   ``T₀``; the median over the pairs of an untracked period over the bare one before it,
+   machine's load hits both alike). The median of the bare periods (less the ``cp(step)``
+   calls, see below) is the plain step ``T₀``; the median over the pairs of an untracked period over the bare one before it,
    minus one, is ``u``: what a step with the Cockpit costs although nothing is due (its
    per-step calls, the diagnosis signals' hooks). The first plan is made at the window's
    last step.
@@ -42,7 +42,7 @@ next one.
    So ``u`` is paid on the steps around due ones and on two steps in every ``PROBE``, not on
    every step.
 3. *Spend only what has been earned.* Every step earns ``factor − 1`` plain steps less the
-   probes' ``2u / PROBE``, shared out among the present tiers by ``SHARES`` (a tier's account
+   probes' ``2u / PROBE`` and the bare steps' calls, shared out among the present tiers by ``SHARES`` (a tier's account
    holds at most one step of its own; what it cannot hold goes to the tier above). Each tier
    has logarithmic *candidate* steps ``L(m) = {⌊2^{j/m}⌋ : j ≥ 0}`` (``m`` steps per octave,
    dense early in training, where things change fastest; or every step), the densest that
@@ -71,8 +71,12 @@ next one.
 Under torch.distributed the ranks plan from the mean of their measurements, at the same
 steps (the steps of a re-plan depend only on the plans), so they fix the same schedules.
 
-Limits: a bare step runs nothing of the Cockpit (its ``cp(step)`` call and the schedules'
-look-ups stay: a few microseconds), so at a bare step a non-finite loss is not located, a
+The ``cp(step)`` call of a bare step (the schedules' look-ups and the budget's accounts: tens of
+microseconds) stays: it is timed (``Budget.took``), left out of the bare periods (``T₀`` and the
+probes are the plain step's), and charged at every bare step, as ``bare_cost`` (plain steps) of
+the plan, in what a step costs although nothing is due.
+
+Limits: a bare step runs nothing of the Cockpit but that call, so at a bare step a non-finite loss is not located, a
 replaced parameter is noticed at the next step that is not bare; a data-loader stall next to
 a tracked step is charged to it (the budget errs on the sparse side); the first evaluation
 of a tier is placed by its prior cost, so a tier dearer than its prior overshoots once, and
@@ -228,13 +232,16 @@ class Budget:
             self._window(self.origin + WARMUP)
         self._unwatched = None  # the Cockpit's hooks taken off the model for the bare steps
         self._starts = {}  # step -> time.perf_counter() at its cp(step) call (recent steps only)
+        self._own = {}  # bare step -> seconds its cp(step) call took (recent steps only): the Cockpit's, not the plain step's
+        self._owns = []  # those of the last WINDOW bare periods accounted (seconds)
         self._tops = {}  # step -> the top tier due at it, from the plan in force (absent up to the simulation's step: nothing)
         self._state = None  # the simulation's (step, accounts, pending) after its last step
         self._spent = 0.0  # plain steps really spent since the plan in force was made
         self._measured = {}  # tier -> its last KEEP measured costs
         self._idle = []  # the last WINDOW bare periods of idle steps (seconds)
         self._pairs = []  # the last KEPT (bare, untracked) periods (seconds)
-        self._early = []  # the periods of the first calibration (seconds)
+        self._early = []  # the periods of the first calibration (seconds), less the Cockpit's own time at bare steps
+        self._early_own = 0.0  # that own time (seconds)
         self._probe = None  # the bare period of the probe in progress
         self._block = None  # the tracked steps being measured: [their periods' excess, their top tiers]
         self._excess = []  # the excess of the last two periods (plain steps)
@@ -341,6 +348,11 @@ class Budget:
                 self.tiers[quantity.name] = tier
                 self._replan = True
 
+    def took(self, step, seconds):
+        """Note that the ``cp(step)`` call of a bare ``step`` took ``seconds`` (the Cockpit's own time in the
+        step's period: not part of the plain step, charged as overhead)."""
+        self._own[step] = seconds
+
     def step_started(self, step, now):
         """Note the time of the ``cp(step)`` call; returns a plan when one is made at this step.
 
@@ -369,6 +381,7 @@ class Budget:
             )
         self._starts[step] = now
         self._starts.pop(step - STEPS - 2, None)
+        self._own.pop(step - STEPS - 2, None)
         if step - 1 in self._starts:
             self._period(step - 1, now - self._starts[step - 1])
         if self.bare(step):
@@ -389,8 +402,12 @@ class Budget:
 
     def _period(self, t, seconds):
         """Account the period of step ``t`` (from ``cp(t)`` to ``cp(t + 1)``)."""
+        own = self._own.get(t, 0.0)  # (a bare step's cp(t) call: the rest of its period is the plain step)
+        if own:
+            self._owns = (self._owns + [own])[-WINDOW:]
         if self.plan is None:  # the first calibration: charged at its end, once the plain step is known
-            self._early.append(seconds)
+            self._early.append(seconds - own)
+            self._early_own += own
             return
         excess = seconds / self.plan["plain_step_s"] - 1
         if self._calibration is not None:  # (a calibration again: charged as measured)
@@ -402,11 +419,13 @@ class Budget:
                 self._block[0] += excess
             if not self.bare(t + 1):  # (its next forward pass had the hooks back: a part of what is due)
                 self._spent += excess
-            elif t % PROBE:  # a bare period: the plain step's (charged nothing)
-                self._idle.append(seconds)
+            elif t % PROBE:  # a bare period: the plain step's and the Cockpit's call (charged)
+                self._idle.append(seconds - own)
                 del self._idle[:-WINDOW]
+                self._spent += own / self.plan["plain_step_s"]
             else:
-                self._probe = seconds
+                self._probe = seconds - own
+                self._spent += own / self.plan["plain_step_s"]
             return
         self._spent += excess
         if self._probing(t) and t % PROBE == 2 and self._probe is not None:
@@ -449,20 +468,21 @@ class Budget:
                 f"the overhead budget needs every calibration step {a}..{step}, but the steps "
                 f"{missing[:5]} were never entered: call cp(step) with consecutive step numbers"
             )
-        periods = [self._starts[t + 1] - self._starts[t] for t in range(a, step)]
+        periods = [self._starts[t + 1] - self._starts[t] - self._own.get(t, 0.0) for t in range(a, step)]
         self._pairs = list(zip(periods[0::4], periods[2::4]))
         self._calibration = None
         return self._make_plan(step, *self._times())
 
     def _times(self):
-        """``(plain, untracked)`` step times (s) from the kept pairs (the ranks' mean), or ``(None, None)``
-        with fewer than ``PAIRS`` of them on any rank."""
+        """``(plain, untracked, own)`` step times (s) from the kept pairs and the bare steps' ``cp(step)``
+        calls (the ranks' mean), or ``(None, None, None)`` with fewer than ``PAIRS`` pairs on any rank."""
         bare = [b for b, _ in self._pairs]
         enough = len(self._pairs) >= PAIRS
         plain = statistics.median(bare) if enough else 0.0
         ratio = max(1.0, statistics.median(u / b for b, u in self._pairs)) if enough else 0.0
-        enough, plain, ratio = self._mean([float(enough), plain, ratio])
-        return (plain, plain * ratio) if enough == 1 else (None, None)
+        own = statistics.median(self._owns) if self._owns else 0.0
+        enough, plain, ratio, own = self._mean([float(enough), plain, ratio, own])
+        return (plain, plain * ratio, own) if enough == 1 else (None, None, None)
 
     def _drifted(self):
         """Whether the plain step moved by more than ``DRIFT``× since calibration (ranks' mean)."""
@@ -476,28 +496,30 @@ class Budget:
     def _idle_cost(self, plan=None):
         """What a step costs on average although nothing is due: the probes' two untracked steps in
         every ``PROBE`` (idle steps are bare), in plain steps."""
-        return 2 * (plan or self.plan)["untracked_cost"] / PROBE
+        plan = plan or self.plan
+        return 2 * plan["untracked_cost"] / PROBE + plan.get("bare_cost", 0.0)  # (absent from older plans: 0)
 
     # --- planning -----------------------------------------------------------------------------
 
-    def _make_plan(self, step, plain=None, untracked=None, drifted=False):
+    def _make_plan(self, step, plain=None, untracked=None, own=None, drifted=False):
         """A new plan made at ``step`` (governing the steps from ``step + 2`` on: the schedules of
         the next step may have been asked already), applied and returned."""
         old = self.plan
         if plain is None:
-            plain, untracked = self._times()
+            plain, untracked, own = self._times()
         if plain is None:
-            plain, untracked = old["plain_step_s"], old["untracked_s"]
+            plain, untracked, own = old["plain_step_s"], old["untracked_s"], old.get("bare_s", 0.0)
         u = max(0.0, untracked / plain - 1)
+        bare = own / plain  # a bare step's cp(step) call, in plain steps
         present = sorted(set(self.tiers.values()))
         earned = (self.factor - 1) * (step - self.origin)  # (the periods up to step - 1 are measured)
-        idle = 2 * u / PROBE
+        idle = 2 * u / PROBE + bare
         if old is None:  # the first calibration: its first two periods as measured (the Cockpit's first
-            # steps), the others as what they are (a bare period nothing, another u; not the load's spikes)
-            early = self._mean(self._early)
+            # steps), the others as what they are (a bare period its cp(step) call, another u; not the load's spikes)
+            *early, early_own = self._mean(self._early + [self._early_own])
             a = self._windows[0] - self.origin
             spent_before = sum(p / plain - 1 for p in early[:2]) + u * sum(
-                1 for i in range(2, len(early)) if not (i >= a and (i - a) % 4 == 0))
+                1 for i in range(2, len(early)) if not (i >= a and (i - a) % 4 == 0)) + early_own / plain
             fired = {}
             accounts, ahead = None, 2 * (self.factor - 1 - idle)
         else:
@@ -556,6 +578,8 @@ class Budget:
             "plain_step_s": plain,
             "untracked_s": untracked,
             "untracked_cost": u,
+            "bare_s": own,
+            "bare_cost": bare,
             "tiers": dict(self.tiers),
             "costs": costs,
             "measured": known,
@@ -572,9 +596,9 @@ class Budget:
         if per_step <= 0 and (old is None or self.factor - 1 - self._idle_cost(old) > 0):
             warnings.warn(
                 f"the overhead budget {self.factor}x cannot be kept: the Cockpit's untracked steps cost "
-                f"{1 + u:.2f}x the plain step (its per-step calls and the diagnosis signals' hooks), and even "
-                f"the two of every {PROBE} that time them cost more than the budget, so nothing is tracked. "
-                "Allow a larger budget",
+                f"{1 + u:.2f}x the plain step (its per-step calls and the diagnosis signals' hooks) and its call "
+                f"at an idle step {bare:.2f} of a plain step, and even those and the two of every {PROBE} that "
+                "time them cost more than the budget, so nothing is tracked. Allow a larger budget",
                 stacklevel=4,
             )
         return self._apply(plan)

@@ -41,6 +41,7 @@ class StepContext:
     bare = False  # a bare step of the overhead budget's calibration: nothing of the Cockpit runs
 
     def __init__(self, cockpit, step, extensions, info, debug=False):
+        began = time.perf_counter()
         if not isinstance(step, numbers.Integral) or isinstance(step, bool):
             raise ValueError(f"global_step must be an integer, got {step!r}")
         step = int(step)
@@ -82,7 +83,7 @@ class StepContext:
         if last is not None and step > last + 1:
             cockpit._jumped = True  # step numbers are not consecutive: keep watching every forward
         if cockpit.budget is not None and owner is None and (
-                self._timed(step, info) if step != last else cockpit.budget.bare(step)):
+                self._timed(step, info, began) if step != last else cockpit.budget.bare(step)):
             self.idle, self.bare, self.due = True, True, []  # a bare step (its every micro-batch)
             return
         # the step's own forward calls (given parameters only: the modules that own them, too)
@@ -166,10 +167,12 @@ class StepContext:
                 f"Hessian-vector products: {[q.name for q, n in self.due if n.hvp]}"
             )
 
-    def _timed(self, step, info):
+    def _timed(self, step, info, began):
         """The step's period starts now: the budget times it (and records a plan made now). Returns
         whether the step is bare (``cockpit_lite.budget``): then nothing of the Cockpit runs in it,
-        and its hooks stay off the model and the optimizer while the next step is bare too."""
+        and its hooks stay off the model and the optimizer while the next step is bare too; the budget
+        is told how long this call took since ``began`` (``time.perf_counter()``), its own time in the
+        bare step's period."""
         cockpit = self.cockpit
         plan = cockpit.budget.step_started(step, time.perf_counter())
         if plan is not None:
@@ -180,6 +183,7 @@ class StepContext:
         optimizer = info.get("optimizer") if isinstance(info, dict) else None
         cockpit.budget.unwatch(cockpit.engine.model, optimizer, cockpit.budget.bare(step + 1))
         cockpit._last_step = step
+        cockpit.budget.took(step, time.perf_counter() - began)
         return True
 
     def _subsample(self, k):

@@ -34,19 +34,22 @@ QUANTITIES = {"Loss": 0, "NormTest": 1, "HessMaxEV": 2}
 class Clock:
     """Drives a budget through ``steps`` steps of a simulated run and returns its periods.
 
-    A bare step takes ``plain`` seconds, an untracked one ``plain · (1 + u)``, a step whose top
-    tier is ``k`` ``plain · (1 + u + costs[k])`` (``costs``: plain steps, a function of the step
-    where given one); ``plain`` may be a function of the step too (the step time changes).
+    A bare step takes ``plain`` seconds and ``own`` more, its ``cp(step)`` call (told to the budget
+    where ``tell``), an untracked one ``plain · (1 + u)``, a step whose top tier is ``k``
+    ``plain · (1 + u + costs[k])`` (``costs``: plain steps, a function of the step where given one);
+    ``plain`` may be a function of the step too (the step time changes).
     """
 
-    def __init__(self, plain=0.01, u=0.1, costs=(0.5, 6.0, 40.0), noise=0.0, seed=0):
-        self.plain, self.u, self.costs, self.noise = plain, u, costs, noise
+    def __init__(self, plain=0.01, u=0.1, costs=(0.5, 6.0, 40.0), noise=0.0, seed=0, own=0.0, tell=True):
+        self.plain, self.u, self.costs, self.noise, self.own, self.tell = plain, u, costs, noise, own, tell
         self.rng = random.Random(seed)
 
     def period(self, budget, step):
         plain = self.plain(step) if callable(self.plain) else self.plain
         if budget.bare(step):
-            factor = 1.0
+            if self.tell:
+                budget.took(step, self.own)
+            return (plain + self.own) * (1 + self.noise * self.rng.uniform(-1, 1))
         else:
             top = budget.top(step)
             cost = 0.0 if top is None else (self.costs(step)[top] if callable(self.costs) else self.costs[top])
@@ -149,6 +152,23 @@ def test_the_average_holds_over_every_prefix_when_the_costs_are_known(seed):
     averages = _averages(periods, 0.004)
     assert max(averages[made[0]["step"]:]) <= factor + 1e-9
     assert averages[-1] > 1 + 0.3 * (factor - 1)  # and the budget is used, not left idle
+
+
+@pytest.mark.parametrize("factor", (1.1, 1.25))
+def test_the_cockpits_own_call_at_bare_steps_is_charged_not_taken_for_the_plain_step(factor):
+    """A sub-millisecond step (0.4 ms), whose bare steps' ``cp(step)`` calls take 30 µs: the plain step
+    is the bare period less that call, and every prefix's average holds over the plain step; counted as
+    part of the plain step (not told), the calls and what the budget spends on top overshoot."""
+    averages = {}
+    for tell in (True, False):
+        budget = _budget(factor)
+        clock = Clock(plain=4e-4, u=0.1, costs=(1.0, 6.0, 40.0), own=3e-5, tell=tell)
+        periods, made = clock.run(budget, 3000)
+        averages[tell] = _averages(periods, 4e-4)[made[0]["step"]:]
+        if tell:
+            assert made[-1]["plain_step_s"] == pytest.approx(4e-4) and made[-1]["bare_cost"] == pytest.approx(0.075)
+    assert max(averages[True]) <= factor + 1e-9 < max(averages[False])
+    assert averages[True][-1] > 1 + 0.3 * (factor - 1)  # (and the rest is spent)
 
 
 def test_a_tier_dearer_than_its_prior_overshoots_once_then_waits_until_it_is_earned_back():
