@@ -20,7 +20,9 @@ process with one thread (``--configs``: only the configurations named, and the p
   (model not BackPACK-extended: nothing first-order needs BackPACK),
 - diagnosis alone: ``Cockpit(model)`` with its default signals and schedule
   (``cockpit_lite.diagnosis.schedule``), timed over whole periods of the schedule after
-  its dense first steps (the steady state of a long run), model not BackPACK-extended,
+  its dense first steps (the steady state of a long run), model not BackPACK-extended; also as
+  ``Cockpit(model.parameters())``, "(parameters)"; with ``--signals``, each of its signals alone on
+  its schedule ("  signal Q", ``diagnose=False``): what each costs,
 - cockpit-lite at each level (economy, business, full), every step tracked (the level's
   quantities only, ``diagnose=False``); the Cockpit gets the model (its fast layer rules
   need the module); economy runs on the plain model; for business and full MLP and CNN
@@ -291,7 +293,7 @@ def high_water_mark():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def configurations(problem, with_quantities, with_peer, leave_one_out=False):
+def configurations(problem, with_quantities, with_peer, leave_one_out=False, signals=False):
     configs = {"plain": lambda: Runner(problem)}
     configs["untracked"] = lambda: Runner(  # not extended: nothing it tracks needs BackPACK
         problem, lambda m: Cockpit(m, configuration("economy", track_schedule=never), diagnose=False),
@@ -322,6 +324,12 @@ def configurations(problem, with_quantities, with_peer, leave_one_out=False):
                 problem, lambda m: Cockpit(m, [cls()], diagnose=False),
                 backpack=issubclass(cls, CurvatureQuantity),
             )
+    for name in diagnosis.signals.SIGNALS if signals else ():  # each alone, on its own schedule, whole periods
+        configs[f"  signal {name}"] = lambda name=name: Runner(
+            problem, lambda m: Cockpit(m, [getattr(quantities, name)(**diagnosis.signals.SIGNAL_OPTIONS.get(name, {}))],
+                                       diagnose=False),
+            backpack=False, period=diagnosis.EVERY, skip=diagnosis.DENSE_STEPS,
+        )
     for left_out in quantities_cls_for_configuration("economy") if leave_one_out else ():
         configs[f"  without {left_out.__name__}"] = lambda left_out=left_out: Runner(
             problem, lambda m: Cockpit(m, [q for q in configuration("economy") if type(q) is not left_out],
@@ -343,11 +351,13 @@ def configurations(problem, with_quantities, with_peer, leave_one_out=False):
     return configs
 
 
-def measure(problem, repeats, steps, with_quantities, with_peer, with_memory=True, only=None, leave_one_out=False):
-    """Median step time of each configuration (``only``: these, the plain step and the leave-one-out rows),
-    and their peak memory."""
-    runners = {name: make() for name, make in configurations(problem, with_quantities, with_peer, leave_one_out).items()
-               if only is None or name == "plain" or name in only or name.startswith("  without ")}
+def measure(problem, repeats, steps, with_quantities, with_peer, with_memory=True, only=None, leave_one_out=False,
+            signals=False):
+    """Median step time of each configuration (``only``: these, the plain step and the leave-one-out and
+    signal rows), and their peak memory."""
+    runners = {name: make() for name, make in configurations(problem, with_quantities, with_peer, leave_one_out,
+                                                             signals).items()
+               if only is None or name == "plain" or name in only or name.startswith(("  without ", "  signal "))}
     times = {name: [] for name in runners}
     for _ in range(repeats):
         for name, runner in runners.items():
@@ -433,6 +443,8 @@ def main(argv=None):
     parser.add_argument("--json", help="also write the numbers to this JSON file")
     parser.add_argument("--leave-one-out", action="store_true",
                         help="also economy with samples=8 without each of its quantities in turn")
+    parser.add_argument("--signals", action="store_true",
+                        help="also each signal of the default diagnosis alone, on its schedule (whole periods)")
     parser.add_argument("--optimizer", default=OPTIMIZER, choices=list(OPTIMIZERS),
                         help="sgd: SGD, lr 0.01; adamw: AdamW, lr 1e-3, weight decay 0.01")
     parser.add_argument("--budget", type=float, nargs="?", const=1.25,
@@ -462,7 +474,7 @@ def main(argv=None):
         for problem in args.problems:
             medians, memory = measure(problem, args.repeats, args.steps, not (args.quick or args.no_quantities),
                                       with_peer, with_memory=not args.quick, only=args.configs,
-                                      leave_one_out=args.leave_one_out)
+                                      leave_one_out=args.leave_one_out, signals=args.signals)
             results[problem] = {"median_step_s": medians, "peak_memory_bytes": memory}
     print(f"step time / plain step time (median of {args.repeats} interleaved rounds of "
           f"{args.steps} steps, batch {BATCH}, 1 thread)")

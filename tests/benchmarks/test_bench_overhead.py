@@ -1,6 +1,7 @@
 """``benchmarks.bench_overhead`` runs end to end in its quick mode (about 10 s on one thread)."""
 
 from benchmarks import bench_overhead
+from cockpit_lite import diagnosis
 
 
 def test_quick_mlp(capsys, tmp_path):
@@ -37,6 +38,12 @@ def test_configs_times_only_those_and_the_plain_step(capsys):
     bench_overhead.main(["--quick", "--no-peer", "--problems", "mlp", "--configs", "lite economy (samples=8)"])
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("plain ", "lite", "untracked"))]
     assert [line.split("  ")[0] for line in table if "step:" not in line] == ["plain", "lite economy (samples=8)"]
+
+
+def test_signals_times_each_signal_of_the_diagnosis_alone(capsys):
+    bench_overhead.main(["--quick", "--no-peer", "--problems", "mlp", "--configs", "diagnosis alone", "--signals"])
+    rows = [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("  signal ")]
+    assert rows == list(diagnosis.signals.SIGNALS)
 
 
 def test_resnet18_has_torchvision_s_layout():
