@@ -15,7 +15,8 @@ from cockpit_lite import log
 
 def write_sample(path):
     writer = log.JSONLinesWriter(path, {"params": [{"name": "w", "shape": [2]}], "quantities": ["Loss"]})
-    writer.append(0, {"Loss": 1.5, "layers": {"NormTest": [0.1, float("nan")]}, "flags": ["nonfinite_grad"]})
+    writer.append(0, {"Loss": 1.5, "layers": {"NormTest": [0.1, float("nan")]}, "flags": ["nonfinite_grad"],
+                      "batch": {"size": 8, "accumulated": False, "passes": 1}})
     writer.append(0, {"GradHist1d": {"hist": np.array([1, 2]), "edges": np.array([-1.0, 0.0, 1.0])}})
     writer.append(1, {"GradHist2d": {"hist": np.ones((2, 3), dtype=int), "edges": [np.zeros(3), np.zeros(4)]}})
     writer.append(1, {"Loss": 1.25})
@@ -28,6 +29,7 @@ def test_round_trip_merges_parts_of_a_step(tmp_path):
     assert header["version"] == log.FORMAT_VERSION and header["params"][0]["name"] == "w"
     assert record[0]["Loss"] == 1.5 and np.isnan(record[0]["layers"]["NormTest"][1])
     assert record[0]["flags"] == ["nonfinite_grad"]
+    assert record[0]["batch"] == {"size": 8, "accumulated": False, "passes": 1}
     np.testing.assert_array_equal(record[0]["GradHist1d"]["hist"], [1, 2])
     assert record[1]["GradHist2d"]["hist"].shape == (2, 3) and len(record[1]["GradHist2d"]["edges"]) == 2
     assert log.layer_values(record[0], "NormTest")[0] == 0.1

@@ -69,6 +69,8 @@ BAD_LINES = {
                               "GradHist1d.hist.*expected an array of numbers"),
     "text histogram": ([json.dumps({"step": 0, "GradHist1d": {"hist": ["a", "b"], "edges": [0, 1, 2]}})], 2,
                        "GradHist1d.hist.*numbers"),
+    "batch a number": ([json.dumps({"step": 0, "batch": 5})], 2,
+                       r"field 'batch'.*expected a dict \{'size': B, 'accumulated': bool, 'passes': k\}, got 5"),
     "activation stats not dicts": ([json.dumps({"step": 0, "ActivationStats": {"1": 5}})], 2,
                                    "ActivationStats.1"),
     "deep nesting": ([json.dumps({"step": 0, "Custom": json.loads(_deep(500))})], 2, "nested deeper than the limit max_depth=64"),
