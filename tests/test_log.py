@@ -15,7 +15,8 @@ from cockpit_lite import log
 
 def write_sample(path):
     writer = log.JSONLinesWriter(path, {"params": [{"name": "w", "shape": [2]}], "quantities": ["Loss"]})
-    writer.append(0, {"Loss": 1.5, "layers": {"NormTest": [0.1, float("nan")]}, "flags": ["nonfinite_grad"]})
+    writer.append(0, {"Loss": 1.5, "layers": {"NormTest": [0.1, float("nan")]}, "flags": ["nonfinite_grad"],
+                      "batch": {"size": 8, "accumulated": False, "passes": 1}})
     writer.append(0, {"GradHist1d": {"hist": np.array([1, 2]), "edges": np.array([-1.0, 0.0, 1.0])}})
     writer.append(1, {"GradHist2d": {"hist": np.ones((2, 3), dtype=int), "edges": [np.zeros(3), np.zeros(4)]}})
     writer.append(1, {"Loss": 1.25})
@@ -28,6 +29,7 @@ def test_round_trip_merges_parts_of_a_step(tmp_path):
     assert header["version"] == log.FORMAT_VERSION and header["params"][0]["name"] == "w"
     assert record[0]["Loss"] == 1.5 and np.isnan(record[0]["layers"]["NormTest"][1])
     assert record[0]["flags"] == ["nonfinite_grad"]
+    assert record[0]["batch"] == {"size": 8, "accumulated": False, "passes": 1}
     np.testing.assert_array_equal(record[0]["GradHist1d"]["hist"], [1, 2])
     assert record[1]["GradHist2d"]["hist"].shape == (2, 3) and len(record[1]["GradHist2d"]["edges"]) == 2
     assert log.layer_values(record[0], "NormTest")[0] == 0.1
@@ -78,6 +80,38 @@ def test_json_file_layout(tmp_path):
     assert data["1"]["Custom"] == [{"__ndarray__": [7, 8], "dtype": "int64", "shape": [2]}]
     read = log.read(path)
     assert np.isnan(read[1]["Loss"]) and np.array_equal(read[1]["GradHist1d"]["hist"], hist["hist"])
+
+
+def test_a_json_file_is_one_segment(tmp_path):
+    """``read`` of a ``.json`` file: its record for the segments that name its one run (0, -1), a list of it for
+    ``"all"``; any other segment is refused, naming it."""
+    path = tmp_path / "r.json"
+    log.write_json(path, {0: {"Loss": 0.5}})
+    assert log.read(path) == log.read(path, segment=0) == {0: {"Loss": 0.5}}
+    assert log.read(path, segment="all") == [{0: {"Loss": 0.5}}]
+    with pytest.raises(ValueError, match="holds one run; segment=1 does not exist"):
+        log.read(path, segment=1)
+
+
+def test_from_jsonable_makes_tagged_arrays_and_histograms_arrays():
+    """The inverse of ``to_jsonable``: json_tricks' tagged arrays (anywhere) and histograms as lists become arrays;
+    an array that is no array of numbers is refused naming its field."""
+    value = log.from_jsonable({"GradHist1d": {"hist": [1, 2], "edges": [-1.0, 0.0, 1.0]},
+                               "Custom": [{"__ndarray__": [[1, 2], [3, 4]], "dtype": "int64", "shape": [2, 2]}],
+                               "Loss": 0.5})
+    np.testing.assert_array_equal(value["GradHist1d"]["hist"], np.array([1, 2]))
+    np.testing.assert_array_equal(value["GradHist1d"]["edges"], np.array([-1.0, 0.0, 1.0]))
+    assert value["Custom"][0].shape == (2, 2) and value["Custom"][0][1, 0] == 3 and value["Loss"] == 0.5
+    with pytest.raises(ValueError, match="field 'GradHist1d.hist'"):
+        log.from_jsonable({"GradHist1d": {"hist": ["a"], "edges": [0.0, 1.0]}})
+
+
+def test_a_blank_line_between_lines_is_skipped(tmp_path):
+    path = tmp_path / "run.jsonl"
+    write_sample(path)
+    lines = path.read_text().split("\n")
+    path.write_text("\n".join(lines[:2] + ["", "  "] + lines[2:]))
+    assert sorted(log.read(path)) == [0, 1] and log.read(path)[1]["Loss"] == 1.25
 
 
 def test_is_finite_number():

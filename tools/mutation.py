@@ -40,6 +40,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CURVATURE = ["curvature.py", "hess_trace.py", "tic.py", "tic_diag.py", "tic_trace.py"]
+QUANTITY_TESTS = ["tests/quantities/", "tests/test_subsample.py", "tests/test_resume.py"]
 
 #: group -> (modules to mutate, test selection, extra pytest arguments, modules left out)
 GROUPS = {
@@ -48,11 +49,11 @@ GROUPS = {
         ["cockpit_lite/subsample.py", "cockpit_lite/histogram.py", "cockpit_lite/log/*"],
         ["tests/test_subsample.py", "tests/test_histogram.py", "tests/test_histogram_properties.py",
          "tests/test_log.py", "tests/instruments/test_readers.py"], [], []),
-    # the quantities' subsampled estimators are tested against their brute force in tests/test_subsample.py
-    "quantities": (["cockpit_lite/quantities/*"], ["tests/quantities/", "tests/test_subsample.py"], [],
+    # the quantities' subsampled estimators are tested against their brute force in tests/test_subsample.py,
+    # their saved state (``STATE``, ``load_state_dict``) by resuming runs in tests/test_resume.py
+    "quantities": (["cockpit_lite/quantities/*"], QUANTITY_TESTS, [],
                    [f"cockpit_lite/quantities/{name}" for name in CURVATURE]),
-    "quantities_curvature": ([f"cockpit_lite/quantities/{name}" for name in CURVATURE],
-                             ["tests/quantities/", "tests/test_subsample.py"], [], []),
+    "quantities_curvature": ([f"cockpit_lite/quantities/{name}" for name in CURVATURE], QUANTITY_TESTS, [], []),
     "checks": (["cockpit_lite/checks/*"], ["tests/checks/"], [], []),
     # one torch thread: the diagnosis tests' two-thread runs repeat the same findings
     "diagnosis_rules": (["cockpit_lite/diagnosis/rules/*"], ["tests/diagnosis/"], ["-k", "not 2threads"], []),

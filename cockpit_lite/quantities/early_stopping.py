@@ -1,7 +1,5 @@
 """``EarlyStopping``: the evidence-based early-stopping criterion (Mahsereci et al., 2017)."""
 
-import torch
-
 from cockpit_lite.optim import plain_sgd_learning_rate
 from cockpit_lite.quantities.base import Output, SingleStepQuantity
 from cockpit_lite.engine.transforms import SumGrad, SumGradSquared, centred_sums_of_squares, ratio_sums
@@ -40,5 +38,5 @@ class EarlyStopping(SingleStepQuantity):
         centred, flags = centred_sums_of_squares(data, self.name)
         # (s/B)² / (M2/(B−1) + ε) = s² / (M2 + (B−1)ε) · (B−1)/B²
         sums = ratio_sums(data.per_sample(SumGrad.key), centred, (b - 1) * self.epsilon) * ((b - 1) / b**2)
-        sizes = torch.tensor([p.numel() for p in data.params], dtype=sums.dtype, device=sums.device)
+        sizes = sums.new_tensor([p.numel() for p in data.params])
         return Output(1 - b * sums.sum() / sizes.sum(), list((1 - b * sums / sizes).unbind()), flags=flags)

@@ -77,9 +77,12 @@ class GradPresence(Quantity):
             self._stand_ins = lambda: {id(p): u for u, p in group.stand_ins(cockpit.model)}
 
     def state_dict(self):
-        """``{"steps": optimizer steps since the last cp(step) (None: no optimizer seen), "waiting": bool}``."""
-        watching = self._optimizer is not None
-        return {"steps": self._steps if watching else None, "waiting": watching and bool(self._armed) and self._first is None}
+        """``{"steps": optimizer steps since the last cp(step) (None: no optimizer seen), "waiting": bool}``.
+
+        Before its first optimizer a resumed quantity gives back the state it was loaded with (the
+        count it will continue; its window armed by ``load_state_dict``)."""
+        steps = self._steps if self._optimizer is not None else self._continued
+        return {"steps": steps, "waiting": bool(self._armed) and self._first is None}
 
     def load_state_dict(self, state):
         """Continue the saved count with the next optimizer seen; watch a waiting window's first backward pass."""

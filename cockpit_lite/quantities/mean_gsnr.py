@@ -1,7 +1,5 @@
 """``MeanGSNR``: mean gradient signal-to-noise ratio (Liu et al., 2020)."""
 
-import torch
-
 from cockpit_lite.quantities.base import Output, SingleStepQuantity
 from cockpit_lite.engine.transforms import SumGrad, SumGradSquared, centred_sums_of_squares, ratio_sums
 
@@ -31,5 +29,5 @@ class MeanGSNR(SingleStepQuantity):
         centred, flags = centred_sums_of_squares(data, self.name)
         # (s/B)² / (M2/B + ε) = s² / (M2 + Bε) / B
         sums = ratio_sums(data.per_sample(SumGrad.key), centred, b * self.epsilon) / b
-        sizes = torch.tensor([p.numel() for p in data.params], dtype=sums.dtype, device=sums.device)
+        sizes = sums.new_tensor([p.numel() for p in data.params])
         return Output(sums.sum() / sizes.sum(), list((sums / sizes).unbind()), flags=flags)

@@ -16,12 +16,12 @@ random state is left as it was. A model whose own forward the training loop does
 step instead, from the first step whose forward did not run through the model. Then, still
 before the backward pass:
 
-- ``module``: ``"input"`` if the model's first input is non-finite, else the first
-  module (in that order) whose output is non-finite, else ``"loss_fn"`` (the model's
-  output is finite, the loss is not); ``None`` when no module's output was seen in the
-  step's forward pass (a Cockpit given parameters only finds the modules in its first
-  tracked forward pass, so step 0's ran unwatched): the place is unknown, the op is
-  still named from the loss's graph;
+- ``module``: ``"input"`` if the model's first floating-point tensor argument (positional,
+  then keyword) is non-finite, else the first module (in that order) whose output is
+  non-finite, else ``"loss_fn"`` (the model's output is finite, the loss is not);
+  ``None`` when no module's output was seen in the step's forward pass (a Cockpit given
+  parameters only finds the modules in its first tracked forward pass, so step 0's ran
+  unwatched): the place is unknown, the op is still named from the loss's graph;
 - ``op``: the operation that made the first non-finite value. The autograd graph of
   that output (of the loss for ``"loss_fn"``) is walked towards the inputs; a node is
   a *creator* when its saved inputs are finite and its result (saved, or recomputed
@@ -121,8 +121,9 @@ class NonfiniteOrigin(Quantity):
     def _pre(self, module, args, kwargs):
         if user_forward():
             self._outputs = []
-            self._input = next((a for a in args if torch.is_tensor(a) and a.is_floating_point()), None)
-            first = next((a for a in args if torch.is_tensor(a)), None)  # (where the forward pass runs)
+            tensors = [a for a in (*args, *kwargs.values()) if torch.is_tensor(a)]
+            self._input = next((a for a in tensors if a.is_floating_point()), None)
+            first = tensors[0] if tensors else None  # (where the forward pass runs)
             devices = [first.device.index] if first is not None and first.device.type == "cuda" else []
             self._call = (module, args, kwargs, _random_states(devices), _autocast())
 

@@ -691,6 +691,20 @@ class WithVariadic(nn.Module):
         return self.variadic(h, torch.sin(h))
 
 
+class Unsigned(nn.Module):
+    """A custom layer whose forward's signature cannot be read (as a compiled extension's): its arguments
+    are named by position."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3))
+
+    def forward(self, x):
+        return torch.tanh(x * self.w)
+
+    forward.__signature__ = "compiled"  # inspect.signature raises a TypeError
+
+
 class DropoutInside(nn.Module):
     """A custom layer with a ``dropout`` attribute (the generic rule cannot re-run it when > 0)."""
 
@@ -715,6 +729,7 @@ GENERIC_CASES = {  # name: (model, sequence-first input, served by the generic r
     "attention_per_head_mask": (lambda: Attending(True, "per_head"), False, False),  # mixes batch and heads
     "keyword_tensor_shared_by_the_samples": (WithScale, False, True),
     "variadic_forward": (WithVariadic, False, True),
+    "forward_without_a_signature": (Unsigned, False, True),
     "dropout_attribute_zero": (lambda: DropoutInside(0.0), False, True),
     "dropout_attribute_in_eval_mode": (lambda: DropoutInside(0.5).eval(), False, True),
     "dropout_inside": (lambda: DropoutInside(0.5), False, False),
@@ -734,7 +749,8 @@ def test_the_generic_rule_serves_recurrent_attention_and_custom_layers(case, mon
     model = make().double()
     b, t, f = 3, (3 if "as_long_as" in case else 4), (6 if "attention" in case else 3)
     x = torch.randn(t, b, f, dtype=torch.float64) if sequence_first else torch.randn(b, t, f, dtype=torch.float64)
-    if case in ("keyword_tensor_shared_by_the_samples", "variadic_forward") or case.startswith("dropout"):
+    if case in ("keyword_tensor_shared_by_the_samples", "variadic_forward", "forward_without_a_signature") or \
+            case.startswith("dropout"):
         x = x[:, 0]
     used = _global_path_uses(monkeypatch)
     torch.manual_seed(1)

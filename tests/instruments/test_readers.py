@@ -69,6 +69,10 @@ BAD_LINES = {
                               "GradHist1d.hist.*expected an array of numbers"),
     "text histogram": ([json.dumps({"step": 0, "GradHist1d": {"hist": ["a", "b"], "edges": [0, 1, 2]}})], 2,
                        "GradHist1d.hist.*numbers"),
+    "batch a number": ([json.dumps({"step": 0, "batch": 5})], 2,
+                       r"field 'batch'.*expected a dict \{'size': B, 'accumulated': bool, 'passes': k\}, got 5"),
+    "batch size a string": ([json.dumps({"step": 0, "batch": {"size": "8"}})], 2,
+                            "field 'batch.size'.*expected a number or null, got \"8\""),
     "activation stats not dicts": ([json.dumps({"step": 0, "ActivationStats": {"1": 5}})], 2,
                                    "ActivationStats.1"),
     "deep nesting": ([json.dumps({"step": 0, "Custom": json.loads(_deep(500))})], 2, "nested deeper than the limit max_depth=64"),
@@ -202,6 +206,15 @@ def test_a_huge_list_is_bounded_and_the_limit_is_configurable(tmp_path):
         assert len(data.load(path).record[0]["Custom"]) == 2**22 + 1
     finally:
         log.LIMITS["max_items"] = old
+
+
+def test_the_item_limit_counts_every_list_and_dict_element_of_a_line(tmp_path):
+    """``max_items`` bounds a line's list and dict elements in all: its one key besides the step and its ten
+    list items are 11."""
+    path = _write_lines(tmp_path / "items.jsonl", [json.dumps({"step": 0, "Custom": [0] * 10})])
+    assert log.read(path, limits={"max_items": 11})[0]["Custom"] == [0] * 10
+    with pytest.raises(ValueError, match="line 2, field 'Custom'.*max_items"):
+        log.read(path, limits={"max_items": 10})
 
 
 def test_an_overlong_line_is_refused_without_reading_it(tmp_path):

@@ -9,7 +9,8 @@ from torch import nn
 
 from cockpit_lite import Cockpit
 from cockpit_lite.quantities import ActivationStats
-from cockpit_lite.quantities.activation_stats import DEAD_MIN_SAMPLES, SATURATION, SUB_BATCH
+from cockpit_lite.quantities.activation_stats import (DEAD_MIN_SAMPLES, SATURATION, SUB_BATCH, _global_statistics,
+                                                     _partial)
 
 
 def reference(y, kind):
@@ -69,6 +70,27 @@ def test_mlp_relu_tanh_sigmoid(batch):
                 assert stats[name][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (name, key)
     assert (0 < stats["1"]["dead"] < 1 if batch >= DEAD_MIN_SAMPLES else np.isnan(stats["1"]["dead"]))
     assert stats["3"]["saturated"] > 0.05
+
+
+
+@pytest.mark.parametrize("kind", ["relu", "tanh", "sigmoid"])
+def test_the_ranks_partial_sums_give_the_whole_batchs_statistics(kind):
+    """FSDP2's reduction (each rank's ``_partial``, then ``_global_statistics`` in rank order) against numpy
+    on the whole batch: two ranks holding 13 and 7 of 20 samples (the first ``SUB_BATCH`` samples, whose
+    zeros and tails are counted, cross the ranks' boundary); a unit that never fires, ReLU units whose
+    largest output is below 1."""
+    pre = torch.randn(20, 6, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 0.4
+    pre[:, 0] -= 5
+    y = {"relu": pre.relu(), "tanh": (8 * pre).tanh(), "sigmoid": (8 * pre).sigmoid()}[kind]
+    stats = _global_statistics([_partial(y[:13], kind), _partial(y[13:], kind)], kind)
+    ref = reference(y.numpy(), kind)
+    for key, value in zip(("mean", "std", "zeros", "dead", "saturated"), stats.tolist()):
+        assert value == pytest.approx(0.0 if ref[key] is None else ref[key], rel=1e-6, abs=1e-7), key  # (0: n/a)
+    if kind == "relu":
+        fired = y.amax(0)
+        assert ref["dead"] == pytest.approx(1 / 6) and ((fired > 0) & (fired < 1)).any()
+    else:
+        assert 0 < ref["saturated"] < 1
 
 
 def test_conv_units_are_channel_pixels_and_repeated_calls_average():

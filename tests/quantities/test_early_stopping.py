@@ -1,6 +1,7 @@
 """EarlyStopping against a brute-force float64 reference."""
 
 import functools
+import math
 
 import pytest
 import torch
@@ -75,3 +76,16 @@ def test_bf16_autocast_matches_brute_force_of_the_same_forward():
         snr = [f.mean(0) ** 2 / (f.var(0, unbiased=True) + 1e-5) for f in flat]
         expected = [1 - b * s.mean() for s in snr]
         problems.assert_close(record[step]["layers"]["EarlyStopping"], expected, rtol=2e-2, what="EarlyStopping bf16")
+
+
+def test_a_variance_lost_in_rounding_is_nan_and_flagged():
+    """float32 individual gradients of the last bias equal to 6 significant digits (targets 10⁵ away, as in
+    tests/quantities/test_mean_gsnr.py): Σ g̃² − B g² cannot resolve their variance; that bias (and with it the
+    total) is NaN with a flag in EarlyStopping's name, the weights keep their brute-force values."""
+    record, individual = problems.run_autocast(EarlyStopping(), steps=1, offset=1e5, autocast=False)
+    entry = record[0]
+    layers = entry["layers"]["EarlyStopping"]
+    assert math.isnan(entry["EarlyStopping"]) and math.isnan(layers[3])
+    assert len(entry["flags"]) == 1
+    assert entry["flags"][0].startswith("EarlyStopping: ") and "of 2.bias is lost in the rounding" in entry["flags"][0]
+    problems.assert_close(layers[:3], [snr_criterion(f, DEFAULT_EPSILON) for f in individual[0][:3]], rtol=1e-4)

@@ -1,6 +1,8 @@
 """``GradPresence``: the norm of the gradients present before backward (brute force: the gradients held
 then), this pass's own norm, and the optimizer steps counted between two contexts."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -210,3 +212,43 @@ def test_tensor_hooks_exist_only_before_a_due_step_and_a_missing_zero_grad_is_st
     expected = [False, False, False, True, False] if numbered == "consecutive" else [False, True, True, True]
     assert hooked == expected
     assert cp.output[4]["GradPresence"]["first_backward"] == pytest.approx(stale[3], rel=1e-5)
+
+
+def test_the_saved_state_and_a_second_resume_before_any_step():
+    """Due at steps 0 and 2. The saved state is the optimizer steps since the last ``cp(step)`` and whether
+    the next window waits for its first backward pass: after step 0's update it does not (step 1 is not due,
+    nothing is watched), after step 1's it does. A run resumed from it and saved again before its first step
+    gives that state back, and a run resumed from this second save records step 2 as the uninterrupted run
+    does: one update since step 1's context, and the first backward after ``zero_grad`` finds no gradient."""
+    def run(state=None, steps=()):
+        torch.manual_seed(0)
+        model = nn.Linear(3, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        cp = Cockpit(model, [GradPresence(track_schedule=lambda s: s in (0, 2))], diagnose=False)
+        if state is not None:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
+            cp.load_state_dict(state["cockpit"])
+        saved = []
+        for step in steps:
+            opt.zero_grad()
+            loss = model(torch.randn(4, 3, generator=torch.Generator().manual_seed(step))).square().mean()
+            with cp(step, info={"loss": loss, "optimizer": opt}):
+                loss.backward()
+            opt.step()
+            saved.append(copy.deepcopy({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                                        "cockpit": cp.state_dict()}))
+        return cp, saved
+
+    fresh, _ = run()
+    assert fresh.state_dict()["quantities"]["GradPresence"] == {"steps": None, "waiting": False}
+    whole, saved = run(steps=range(3))
+    assert [s["cockpit"]["quantities"]["GradPresence"] for s in saved[:2]] == [
+        {"steps": 1, "waiting": False}, {"steps": 1, "waiting": True}]
+    resumed, _ = run(saved[1])
+    again = dict(saved[1], cockpit=resumed.state_dict())
+    assert again["cockpit"]["quantities"]["GradPresence"] == {"steps": 1, "waiting": True}
+    second, _ = run(again, steps=[2])
+    value = second.output[2]["GradPresence"]
+    assert value == whole.output[2]["GradPresence"]
+    assert value["stepped"] == 1 and value["first_backward"] == 0

@@ -9,7 +9,7 @@ from torch import nn
 
 from cockpit_lite import Cockpit
 from cockpit_lite.quantities import InputStats
-from cockpit_lite.quantities.input_stats import SUB_BATCH
+from cockpit_lite.quantities.input_stats import KEYS, SUB_BATCH, _combined, _per_sample
 
 
 def run(x):
@@ -147,3 +147,14 @@ def test_an_unbatched_input_counts_all_its_entries_a_batched_one_its_first_sampl
         assert stats["max"] == pytest.approx(x.max().item())  # a late entry: the whole vector is read
     else:
         assert stats["max"] < x[SUB_BATCH:].max().item()
+
+
+@pytest.mark.parametrize("shape", [(20, 3), (30,)])
+def test_the_ranks_rows_give_the_whole_batchs_statistics(shape):
+    """FSDP2's reduction (each rank's ``_per_sample`` rows, then ``_combined`` in rank order) against numpy
+    on the whole batch: two ranks holding 13 and 7 samples (the first ``SUB_BATCH`` samples cross the ranks'
+    boundary; of a 1-d input, every entry), with non-finite entries on both ranks."""
+    x = 50 + 20 * torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    x[1], x[14], x[-1] = math.nan, math.inf, -math.inf  # the last outside the sub-batch of a batched input
+    stats = dict(zip(KEYS, _combined([_per_sample(x[:13]), _per_sample(x[13:])])))
+    assert_matches({k: v.item() for k, v in stats.items()}, x)

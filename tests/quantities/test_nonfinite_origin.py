@@ -340,6 +340,37 @@ def test_the_first_floating_point_input_is_checked():
     cp.close()
 
 
+
+class KeywordInput(nn.Module):
+    """``body(fn)`` taking its batch as ``x=`` (as Hugging Face models take ``inputs_embeds=``), or inside a
+    dict (``{"x": batch}``: no tensor argument at all)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.body = body(fn)
+
+    def forward(self, batch=None, x=None):
+        return self.body(batch["x"] if x is None else x)
+
+
+@pytest.mark.parametrize("passed", ["keyword", "dict"])
+def test_a_batch_passed_by_keyword_or_in_a_dict(passed):
+    """Without a positional tensor the replay still runs (with the keyword arguments) and names the layer; a
+    non-finite batch passed by keyword is the input named."""
+    nan_batch = X.clone()
+    nan_batch[2, 1] = math.nan
+    cases = [(lambda h: torch.log(h - 10), X, {"module": "body.1", "op": "log"})]
+    if passed == "keyword":  # (a dict's entries are not looked into)
+        cases.append((torch.tanh, nan_batch, {"module": "input", "op": "input"}))
+    for fn, x, expected in cases:
+        model = KeywordInput(fn)
+        cp = Cockpit(model, [NonfiniteOrigin()], diagnose=False)
+        loss = (model(x=x) if passed == "keyword" else model({"x": x})).square().mean()
+        with cp(0, info={"loss": loss}):
+            loss.backward()
+        assert cp.output[0]["NonfiniteOrigin"] == dict(expected, params_nonfinite=False)
+        cp.close()
+
 def test_outputs_without_a_tensor_are_skipped():
     """A probe returning ``None`` and a block returning a dict are passed over."""
 
