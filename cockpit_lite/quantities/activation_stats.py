@@ -47,7 +47,7 @@ global batch's, as in one process (up to the float32 rounding of the one-process
 a recurrent layer's ``saturated`` is the first sequences' of each rank).
 
 Also, in the step's ``meta``: ``input_layer = {"name", "type"}``, the first module that
-receives the model's first floating-point input (through shape-only modules such as
+receives the model's first floating-point input (positional, then keyword) (through shape-only modules such as
 ``Flatten``, ``Identity``, ``Dropout``, which are skipped), found on the first training
 forward pass and then fixed; absent when the input is transformed by a functional op
 before any module sees it. The ``unnormalized_inputs`` rule reads it: an input scale
@@ -113,7 +113,7 @@ class ActivationStats(Quantity):
     def watch(self, model):
         self._watched = [(name, module) for name, module in model.named_modules() if isinstance(module, ACTIVATIONS)]
         self._arm(True)
-        self._finding.append(input_module(model).register_forward_pre_hook(self._model_input))
+        self._finding.append(input_module(model).register_forward_pre_hook(self._model_input, with_kwargs=True))
         for name, module in model.named_modules():
             if name and not list(module.children()):  # leaves: the modules that compute
                 self._finding.append(module.register_forward_pre_hook(self._leaf(name)))
@@ -141,10 +141,10 @@ class ActivationStats(Quantity):
             handle.remove()
         self._finding, self._carried = [], []
 
-    def _model_input(self, module, args):
+    def _model_input(self, module, args, kwargs):
         if user_forward() and self._first is None:
             self._looked += 1
-            self._carried = [a for a in args if torch.is_tensor(a) and a.is_floating_point()][:1]
+            self._carried = [a for a in (*args, *kwargs.values()) if torch.is_tensor(a) and a.is_floating_point()][:1]
 
     def _leaf(self, name):
         def hook(module, args):

@@ -1,7 +1,7 @@
 """``InputStats``: statistics of the model's first input at each step.
 
-A forward pre-hook on the model reads its first floating-point positional input
-``x`` of the training forward pass (gradients enabled; the first call of the step):
+A forward pre-hook on the model reads its first floating-point tensor argument ``x``
+(positional, then keyword: ``model(x=...)``, Hugging Face's ``inputs_embeds=``) of the training forward pass (gradients enabled; the first call of the step):
 ``mean``, ``std``, ``min``, ``max`` over all entries of its first ``SUB_BATCH`` samples
 (along the first axis), and ``nonfinite``, the fraction of NaN/Inf entries among them
 (the other statistics then skip them). ``std`` has Bessel's correction,
@@ -59,15 +59,15 @@ class InputStats(Quantity):
     def _arm(self, on):
         """Hook the model's input (``on``) or not: only a forward pass whose step is due is watched."""
         if on and self._handle is None and self._module is not None:
-            self._handle = self._module.register_forward_pre_hook(self._pre)
+            self._handle = self._module.register_forward_pre_hook(self._pre, with_kwargs=True)
         elif not on and self._handle is not None:
             self._handle.remove()
             self._handle = None
 
-    def _pre(self, module, args):
+    def _pre(self, module, args, kwargs):
         if self._stats is not None or not user_forward() or not self.is_due(self._next):
             return None
-        x = next((a for a in args if torch.is_tensor(a) and a.is_floating_point()), None)
+        x = next((a for a in (*args, *kwargs.values()) if torch.is_tensor(a) and a.is_floating_point()), None)
         if x is None or x.numel() < 2:
             return None
         with torch.no_grad():

@@ -271,14 +271,16 @@ def test_input_layer_is_the_first_module_the_input_reaches_through_pass_through_
         def forward(self, x):
             return self.head(self.act(self.norm(self.flat(x))))
 
-    model = Net()
-    cp = Cockpit(model, [ActivationStats()], diagnose=False)
-    for step in range(2):
-        loss = model(torch.randn(6, 2, 4)).square().mean()
-        with cp(step, info={"loss": loss}):
-            loss.backward()
-    for step in range(2):
-        assert cp.output[step]["meta"]["ActivationStats"]["input_layer"] == {"name": "norm", "type": "BatchNorm1d"}
+    for keyword in (False, True):  # (model(x=batch): found through the keyword arguments too)
+        model = Net()
+        cp = Cockpit(model, [ActivationStats()], diagnose=False)
+        for step in range(2):
+            x = torch.randn(6, 2, 4)
+            loss = (model(x=x) if keyword else model(x)).square().mean()
+            with cp(step, info={"loss": loss}):
+                loss.backward()
+        for step in range(2):
+            assert cp.output[step]["meta"]["ActivationStats"]["input_layer"] == {"name": "norm", "type": "BatchNorm1d"}
 
 
 def _cell_reference(module, x):

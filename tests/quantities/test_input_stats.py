@@ -44,6 +44,27 @@ def test_the_spread_of_inputs_far_from_zero():
     assert_matches(run(x.float()), x.float())
 
 
+def test_a_batch_passed_by_keyword_is_read():
+    """``model(x=batch)`` (Hugging Face's ``inputs_embeds=``): the hook sees the keyword arguments too."""
+
+    class Keyword(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(12, 2)
+
+        def forward(self, mask=None, x=None):
+            return self.lin(x.flatten(1))
+
+    torch.manual_seed(2)
+    x = 3 + 2 * torch.randn(20, 3, 4)
+    model = Keyword()
+    cp = Cockpit(model, [InputStats()], diagnose=False)
+    loss = model(x=x).square().mean()
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    assert_matches(cp.output[0]["InputStats"], x)
+
+
 def test_integer_inputs_are_not_recorded():
     model = nn.Sequential(nn.Embedding(10, 4), nn.Flatten(), nn.Linear(12, 1))
     cp = Cockpit(model, [InputStats()], diagnose=False)
