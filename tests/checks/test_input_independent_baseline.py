@@ -15,6 +15,19 @@ def test_ignoring_the_input_gives_a_ratio_of_one():
     assert result.value == 1.0 and result.passed is False and "does not use its input" in result.fix
 
 
+def test_a_ratio_at_the_bound_passes(monkeypatch):
+    """The documented bound is inclusive: a final loss on real inputs of exactly ``RATIO`` times the
+    zero-input one passes (hand-made losses 0.9 and 1.0; the held-out comparison a clear pass)."""
+    from cockpit_lite.checks import input_independent_baseline as module
+
+    assert module.RATIO == 0.9
+    losses = iter([0.9, 1.0])  # real inputs, then zeros
+    monkeypatch.setattr(module, "_trained", lambda problem, x, y: (None, next(losses)))
+    monkeypatch.setattr(module, "_held_out", lambda problem: (0.2, "held-out: hand-made", None))
+    result = _result(CASES["regression_mlp"]())
+    assert result.value == 0.9 and result.passed is True
+
+
 def test_token_and_regression_models_beat_zeroed_inputs():
     for name in ("causal_transformer", "regression_mlp", "lstm_classifier"):
         assert _result(CASES[name]()).value < 0.5
