@@ -79,6 +79,7 @@ def _demo_summary(numbers):
 TABLES = {
     "overhead": _measured("overhead"),
     "diagnosis_cost": _measured("diagnosis_cost"),
+    "diagnosis_signals": _measured("diagnosis_signals"),
     "budget": _measured("budget"),
     "memory": _measured("memory"),
     "histogram": _measured("histogram"),
