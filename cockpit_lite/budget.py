@@ -350,8 +350,9 @@ class Budget:
 
     def took(self, step, seconds):
         """Note that the ``cp(step)`` call of a bare ``step`` took ``seconds`` (the Cockpit's own time in the
-        step's period: not part of the plain step, charged as overhead)."""
-        self._own[step] = seconds
+        step's period: not part of the plain step, charged as overhead). A replay measures nothing."""
+        if not self._replay:
+            self._own[step] = seconds
 
     def step_started(self, step, now):
         """Note the time of the ``cp(step)`` call; returns a plan when one is made at this step.
