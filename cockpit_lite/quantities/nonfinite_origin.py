@@ -17,7 +17,10 @@ step instead, from the first step whose forward did not run through the model. T
 before the backward pass:
 
 - ``module``: ``"input"`` if the model's first floating-point tensor argument (positional,
-  then keyword) is non-finite, else the first module (in that order) whose output is
+  then keyword) holds a NaN or a +Inf (not −Inf alone: that is an additive attention mask's,
+  as ``nn.Transformer.generate_square_subsequent_mask`` makes them, passed after integer
+  token ids; a batch whose only non-finite values are −Inf is named by the first module it
+  makes non-finite), else the first module (in that order) whose output is
   non-finite, else ``"loss_fn"`` (the model's output is finite, the loss is not);
   ``None`` when no module's output was seen in the step's forward pass (a Cockpit given
   parameters only finds the modules in its first tracked forward pass, so step 0's ran
@@ -177,7 +180,7 @@ class NonfiniteOrigin(Quantity):
         finite = [bool(f) for f in torch.stack([torch.isfinite(t.detach()).all() for _, _, t in outputs]).tolist()] \
             if outputs else []
         module, node, params_bad = "loss_fn" if outputs else None, loss.grad_fn, False
-        if inputs is not None and not bool(torch.isfinite(inputs).all()):
+        if inputs is not None and bool((torch.isnan(inputs) | (inputs == math.inf)).any()):  # (−Inf: a mask's)
             module, node = "input", None
         else:
             bad = next((i for i, ok in enumerate(finite) if not ok), None)

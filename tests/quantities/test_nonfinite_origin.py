@@ -341,6 +341,40 @@ def test_the_first_floating_point_input_is_checked():
 
 
 
+class MaskedTokens(nn.Module):
+    """Token ids and an additive causal mask (``nn.Transformer.generate_square_subsequent_mask``: −Inf
+    above the diagonal), as the word-language-model recipe passes them: ``model(ids, mask)``."""
+
+    def __init__(self, fn):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.mix, self.out, self.fn = nn.Embedding(10, 3), nn.Linear(3, 3), nn.Linear(3, 2), Apply(fn)
+
+    def forward(self, ids, mask):
+        h = self.emb(ids)  # [B, T, 3]
+        h = torch.softmax(h @ h.transpose(1, 2) + mask, -1) @ self.mix(h)
+        return self.out(self.fn(h)).mean(1)
+
+
+@pytest.mark.parametrize("keyword", [False, True])
+def test_an_attention_mask_s_minus_inf_is_not_a_nonfinite_input(keyword):
+    """The mask is the first floating-point argument; its −Inf entries are intended: the layer that makes the
+    NaN is named. A NaN in the mask is still the input's."""
+    ids = torch.randint(0, 10, (5, 4), generator=torch.Generator().manual_seed(2))
+    mask = nn.Transformer.generate_square_subsequent_mask(4)
+    broken = mask.clone()
+    broken[3, 0] = math.nan
+    for fn, m, expected in [(lambda h: torch.log(h - 10), mask, {"module": "fn", "op": "log"}),
+                            (torch.tanh, broken, {"module": "input", "op": "input"})]:
+        model = MaskedTokens(fn)
+        cp = Cockpit(model, [NonfiniteOrigin()], diagnose=False)
+        loss = (model(ids, mask=m) if keyword else model(ids, m)).square().mean()
+        with cp(0, info={"loss": loss}):
+            loss.backward()
+        assert cp.output[0]["NonfiniteOrigin"] == dict(expected, params_nonfinite=False)
+        cp.close()
+
+
 class KeywordInput(nn.Module):
     """``body(fn)`` taking its batch as ``x=`` (as Hugging Face models take ``inputs_embeds=``), or inside a
     dict (``{"x": batch}``: no tensor argument at all)."""
