@@ -23,7 +23,7 @@ from cockpit_lite.engine.window import Window
 from cockpit_lite.info import StepInfo
 from cockpit_lite.quantities.base import Needs, Output
 from cockpit_lite.step import StepData
-from cockpit_lite.utils.shards import local, whole
+from cockpit_lite.utils.shards import group_of, local, whole
 
 NONFINITE_LOSS = "nonfinite_loss"
 NONFINITE_GRAD = "nonfinite_grad"
@@ -508,7 +508,7 @@ class StepContext:
             outputs.extend((quantity, out) for out in self._compute(quantity, data))
 
         loss = self.info.get("loss")
-        checks = [torch.stack(data.grad_norms).amax()]  # NaN/Inf propagate
+        checks = [_gradient_probe(data)]
         if torch.is_tensor(loss):
             checks.append(loss.detach().sum())
         seeds = [seed.reshape(()) for seed in self.seeds if seed is not None and seed.numel() == 1]
@@ -650,6 +650,18 @@ def _scaled_backward(seeds, accumulate, rtol=1e-6):
     return next((value for value in seeds if value > 1 + rtol or (not accumulate and value < 1 - rtol)), None)
 
 
+def _gradient_probe(data):
+    """A 0-d tensor that is non-finite where a gradient of the step is (NaN and Inf propagate through a
+    norm): the largest of the gradient norms where a quantity formed them (``StepData.grad_norms``;
+    sharded gradients: their all-reduced norms, so that every rank sees every rank's), else of one
+    fused ``_foreach_norm`` pass (in float32 or wider; a quarter of the accurate norms' cost on a small model;
+    the probe needs no accuracy)."""
+    if "grad_norms" in vars(data) or group_of(data.grads) is not None:
+        return torch.stack(data.grad_norms).amax()
+    wide = all(g.dtype in (torch.float32, torch.float64) for g in data.grads)  # (float64 cannot be narrowed)
+    return torch.stack(torch._foreach_norm(data.grads, 2, dtype=None if wide else torch.float32)).amax()
+
+
 def _held_gradients(grads):
     """Whether any of ``grads`` (``None`` or tensors) is non-zero (one host sync)."""
     present = [local(g).ne(0).any() for g in grads or () if g is not None]
@@ -662,8 +674,6 @@ def _own_passes(group, model, params, whole):
 
 
 @contextmanager
-
-
 def _private_random_state(params, key):
     """Run with the random state of the parameters' devices seeded from ``key``, then restore it.
 
@@ -705,14 +715,19 @@ def _to_host(tree):
     host = [None] * len(found)
     with torch.no_grad():
         for (_, dtype), indices in groups.items():
-            flat = torch.cat([found[i].reshape(-1) for i in indices]).cpu()
+            scalars = [i for i in indices if not found[i].dim()]  # stacked: a quarter of reshaping each
+            arrays = [i for i in indices if found[i].dim()]
+            parts = ([torch.stack([found[i] for i in scalars])] if scalars else []) + [found[i].reshape(-1) for i in arrays]
+            flat = (parts[0] if len(parts) == 1 else torch.cat(parts)).cpu()
             if dtype == torch.bfloat16:  # numpy has no bfloat16
                 flat = flat.float()
-            flat, offset = flat.numpy(), 0
-            for i in indices:
-                shape = found[i].shape
+            flat = flat.numpy()
+            for i, value in zip(scalars, flat[: len(scalars)].tolist()):
+                host[i] = value
+            offset = len(scalars)
+            for i in arrays:
                 n = found[i].numel()
-                host[i] = flat[offset].item() if not shape else flat[offset : offset + n].reshape(shape)
+                host[i] = flat[offset : offset + n].reshape(found[i].shape)
                 offset += n
     values = iter(host)
 

@@ -354,6 +354,35 @@ def nan_run(strict):
     return cp.get_output()
 
 
+class _Root(nn.Module):
+    """``Σ x·√w`` with ``w`` of two float64 entries and a float32 scale: at ``w = 0`` the loss is finite
+    (0) and ``∂/∂w = x / (2√w)`` is +Inf."""
+
+    def __init__(self, w):
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor(w, dtype=torch.float64))
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, x):
+        return (x * torch.sqrt(self.w)).sum() * self.scale
+
+
+@pytest.mark.parametrize("quantity", ["Loss", "GradNorm"])  # without and with the gradient norms formed
+def test_a_non_finite_gradient_of_a_finite_loss_is_flagged(quantity):
+    """Whether or not a due quantity forms the gradient norms, the step's record says its gradient is
+    not finite (the flag ``nonfinite_grad``, not ``nonfinite_loss``), and only then."""
+    records = {}
+    for w in ([0.0, 1.0], [4.0, 1.0]):  # √0's gradient is +Inf; √4's is finite
+        model = _Root(w)
+        cp = Cockpit(model, [getattr(quantities, quantity)()], diagnose=False)
+        loss = model(torch.ones(2, dtype=torch.float64))
+        with cp(0, info={"loss": loss}):
+            loss.backward()
+        assert math.isfinite(loss.item()) and not torch.isfinite(model.w.grad).all() == (w[0] == 0)
+        records[w[0]] = cp.get_output()[0].get("flags", [])
+    assert records == {0.0: ["nonfinite_grad"], 4.0: []}
+
+
 def test_nan_loss_is_recorded_and_flagged_and_training_goes_on():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
