@@ -32,16 +32,22 @@ class HessMaxEV(SingleStepQuantity):
     the Cockpit takes before the user's backward pass, ``cockpit_lite.curvature.hvp``, so
     ``loss.backward()`` stays plain and needs no ``create_graph``; ``info["loss"]`` is read),
     converged to a relative residual ``‖Hy − θy‖ ≤ rtol·|θ|`` of the top Ritz pair
-    ``(θ, y)``. The block has ``block`` start vectors: the previous step's top three Ritz
-    vectors mixed with fresh noise (at the first step: noise), and ``block − 1``
-    independent noise vectors, all from the quantity's own generator (the user's random
-    state is never used). One start alone returns the *second* eigenvalue when the top
-    two are close and the start's component along the top eigenvector is small: an
-    MLP-Mixer gave 2.39420 against 2.42339 (1.2% low) after 23 products. Measured on a
-    small Mixer whose top two eigenvalues are 0.7% apart, over 400 seeds: one start
-    missed λ_max on 21, two on 2, three on none. Cost per step (benchmark MLP 784-64-10,
-    B = 64, 20 SGD steps; median products): 28 with one start, 45.5 with two (the
-    default), 64 with three; on the benchmark CNN 14.5, 23 and 31.5.
+    ``(θ, y)``. A cold start (the first step) has ``block`` independent noise vectors; a
+    warm start (every later step) one vector, the top three Ritz vectors of the latest step
+    with a finite value mixed with fresh noise; all noise comes from the
+    quantity's own generator (the user's random state is never used). One cold start alone
+    returns the *second* eigenvalue when the top two are close and the start's component
+    along the top eigenvector is small: an MLP-Mixer gave 2.39420 against 2.42339 (1.2%
+    low) after 23 products. Measured on a small Mixer whose top two eigenvalues are 0.7%
+    apart, over 400 seeds: one cold start missed λ_max on 21, two on 2, three on none. A warm
+    start has a large component along each of the previous top three eigenvectors, so a swap
+    of two of them between steps is followed too: one warm start missed none of 1,680 warm
+    steps, for 35–45% fewer products than two (``python -m
+    experiments.hess_max_ev_starts``: that Mixer, its close pair kept close by a small
+    learning rate, 60 seeds; a tanh MLP near uniform output; other Mixers). Cost per step
+    (benchmark MLP 784-64-10, B = 64, 20 SGD steps; median products): 24 with the default
+    ``block=2`` (46 when every step had two start vectors), 47 at the cold first step; on the
+    benchmark CNN 13 (was 21), 22 at the first step.
 
     ``H`` is the Hessian of the loss as the forward pass computed it: with BatchNorm in
     training mode, of the batch loss through the batch statistics; with tied weights,
@@ -68,8 +74,9 @@ class HessMaxEV(SingleStepQuantity):
             rtol: relative residual tolerance.
             maxiter: most Hessian-vector products per step.
             seed: seed of the start vectors' generator.
-            block: start vectors of block Lanczos (1: plain Lanczos; 3 for clusters of
-                three or more close top eigenvalues, e.g. many classes near uniform output).
+            block: start vectors of block Lanczos at a cold start (1: plain Lanczos; 3 for
+                clusters of three or more close top eigenvalues, e.g. many classes near
+                uniform output); a warm start is one vector.
         """
         super().__init__(track_schedule, verbose)
         if int(block) != block or block < 1:
@@ -101,9 +108,10 @@ class HessMaxEV(SingleStepQuantity):
             if self.use_power:
                 value, _, iterations = power_max_eig(hvp, start.abs(), self.rtol, maxiter=self.maxiter)
             else:
-                if self._previous is not None:
+                cold = self._previous is None
+                if not cold:
                     start = self._previous.sum(0) / self._previous.shape[0] ** 0.5 + 0.3 * start
-                starts = torch.stack([start, *(self._noise(params) for _ in range(self.block - 1))])
+                starts = torch.stack([start, *(self._noise(params) for _ in range(self.block - 1 if cold else 0))])
                 value, vectors, iterations = lanczos_max_eig(hvp, starts, self.rtol, self.maxiter)
                 if torch.isfinite(value):
                     self._previous = vectors

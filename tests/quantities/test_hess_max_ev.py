@@ -297,6 +297,28 @@ def test_a_close_second_eigenvalue_on_a_mixer():
             assert float(single) < (1 - 5e-3) * exact, seed
 
 
+@pytest.mark.parametrize("block", [1, 2, 3])
+def test_a_cold_start_has_block_vectors_and_a_warm_start_one(monkeypatch, block):
+    """Step 0 starts from ``block`` noise vectors; every later step from one vector, the previous
+    step's top Ritz vectors (``keep=3``) mixed with noise, whose value still matches eigvalsh."""
+    import cockpit_lite.quantities.hess_max_ev as module
+
+    seen = []  # (start vectors, cosine of the first with the previous step's Ritz vectors' sum)
+
+    def spy(matvec, starts, *args, **kwargs):
+        previous = quantity._previous
+        cosine = None if previous is None else float(
+            torch.nn.functional.cosine_similarity(starts[0], previous.sum(0), dim=0))
+        seen.append((starts.shape[0], cosine))
+        return lanczos_max_eig(matvec, starts, *args, **kwargs)
+
+    monkeypatch.setattr(module, "lanczos_max_eig", spy)
+    quantity = HessMaxEV(block=block)
+    problems.check(quantity, reference, ("mlp", 4, "mean"), steps=3, rtol=1e-3, layers=False)
+    assert [rows for rows, _ in seen] == [block, 1, 1] and seen[0][1] is None
+    assert all(0.9 < cosine < 0.99 for _, cosine in seen[1:])  # 1/√(1 + 0.3²) = 0.958: warm, with noise
+
+
 @pytest.mark.parametrize("block", [0, -1, 1.5])
 def test_block_must_be_a_positive_integer(block):
     with pytest.raises(ValueError, match="block must be a positive integer"):
