@@ -1,9 +1,11 @@
 """The record format on disk."""
 
+import base64
 import errno
 import json
 import os
 import re
+import struct
 import time
 import warnings
 
@@ -106,6 +108,18 @@ def test_from_jsonable_makes_tagged_arrays_and_histograms_arrays():
         log.from_jsonable({"GradHist1d": {"hist": ["a"], "edges": [0.0, 1.0]}})
 
 
+@pytest.mark.parametrize("endian", ["big", "little"])
+def test_an_encoded_array_is_read_in_the_byte_order_its_tag_names(endian):
+    """json_tricks' ``b64:`` array with ``"endian"``: float32 1.5, −2, 0.25, 3 packed by hand (``struct``) in that
+    byte order decode to those values, whatever the machine's order."""
+    raw = struct.pack((">" if endian == "big" else "<") + "4f", 1.5, -2.0, 0.25, 3.0)
+    tagged = {"__ndarray__": "b64:" + base64.b64encode(raw).decode(), "dtype": "float32", "shape": [2, 2],
+              "Corder": True, "endian": endian}
+    value = log.from_jsonable({"Custom": [tagged]})["Custom"][0]
+    assert value.dtype.kind == "f" and value.dtype.itemsize == 4
+    np.testing.assert_array_equal(value, [[1.5, -2.0], [0.25, 3.0]])
+
+
 def test_a_blank_line_between_lines_is_skipped(tmp_path):
     path = tmp_path / "run.jsonl"
     write_sample(path)
@@ -169,6 +183,15 @@ def test_a_run_id_that_heads_two_segments_reads_as_the_last_of_them(tmp_path):
     assert log.read_segment(path, "X")[1:] == ({0: {"Loss": 3.0}}, 3)
     assert log.read(path, segment="Y") == {0: {"Loss": 2.0}}
     assert log.read(path, segment=0) == {0: {"Loss": 1.0}, 1: {"Loss": 1.5}}  # the first X: by its index
+
+
+def test_read_segment_refuses_all_and_names_the_reader_that_takes_it(tmp_path):
+    path = tmp_path / "run.jsonl"
+    write_sample(path)
+    with pytest.raises(ValueError, match=re.escape("use read_jsonl(path, segment='all')")):
+        log.read_segment(path, "all")
+    everything = log.read_jsonl(path, segment="all")  # the named fix
+    assert len(everything) == 1 and sorted(everything[0][1]) == [0, 1]
 
 
 def test_a_resumed_run_continues_its_segment(tmp_path):

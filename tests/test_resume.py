@@ -178,6 +178,8 @@ def test_bad_states_raise_a_value_error_naming_the_fix(tmp_path):
     with pytest.raises(ValueError, match="Distance: the saved state holds.*version that saved"):
         broken = {**state, "quantities": {**state["quantities"], "Distance": {}}}
         fresh().load_state_dict(broken)
+    with pytest.raises(ValueError, match="Distance: the saved state holds NoneType.*version that saved"):
+        fresh().load_state_dict({**state, "quantities": {**state["quantities"], "Distance": None}})
     model, opt, used = _fresh(None)
     _train(model, opt, used, _batches(1), range(1))
     with pytest.raises(ValueError, match="recorded steps already.*new Cockpit"):

@@ -104,6 +104,7 @@ TABLES = {
     "preflight_spread": _measured("preflight_spread"),
     "fsdp_curvature": _measured("fsdp_curvature"),
     "mutation": _measured("mutation"),
+    "mutation_fresh": _measured("mutation_fresh"),
     "lr_comparison": _lr_table,
     "demo_last_epoch": _demo_summary,
 }

@@ -1,7 +1,7 @@
 """Mutation testing of one group of modules with mutmut (not part of CI: hours on 2 cores).
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m tools.mutation GROUP [--workdir DIR] [--sample K] [MUTANT ...]
-    .venv/bin/python -m tools.mutation GROUP --results [--survivors] [--workdir DIR] [--sample K]
+    OMP_NUM_THREADS=1 .venv/bin/python -m tools.mutation GROUP [MUTANT ...] [--workdir DIR] [--sample K [--seed S]]
+    .venv/bin/python -m tools.mutation GROUP --results [--survivors] [--workdir DIR] [--sample K [--seed S]]
 
 copies the files git tracks (and untracked ones it does not ignore) into ``DIR/GROUP``
 (default: ``cockpit-lite-mutation`` in the temporary directory), links the clone's ``.venv``
@@ -21,7 +21,8 @@ record keys, severities and modes have none) are counted as ``wording``, not sco
 the configuration already leaves error messages and warnings out. A whole group takes
 hours (2,181 mutants of ``diagnosis_rules`` at 3-8 s each on a loaded 2-core machine):
 ``--sample K`` runs and counts a seeded sample of K mutants of each module (the same K
-gives the same sample). The scores and the equivalent mutants are in docs/development.md.
+and ``--seed S``, default 0, give the same sample while the source is unchanged; another
+seed draws an independent sample, which may share mutants with the first). The scores and the equivalent mutants are in docs/development.md.
 """
 
 import argparse
@@ -174,6 +175,8 @@ def main(argv=None):
     parser.add_argument("--sample", type=int, metavar="K",
                         help="run and count only a seeded sample of K mutants per module (not its wording mutants; "
                              "of the MUTANT globs' if given)")
+    parser.add_argument("--seed", type=int, default=0, metavar="S",
+                        help="the sample's random seed (default 0; with --results, the seed of the run to count)")
     parser.add_argument("--survivors", action="store_true", help="also list the surviving mutants")
     args = parser.parse_args(argv)
     workdir = os.path.join(args.workdir, args.group)
@@ -184,7 +187,7 @@ def main(argv=None):
         copy_clone(workdir, args.group)
         if args.sample and not os.path.isdir(os.path.join(workdir, "mutants")):
             subprocess.run([mutmut, "run", "--max-children", "1", "no-such-mutant"], cwd=workdir, check=False)
-    chosen = sample(workdir, args.sample, args.mutants) if args.sample else None
+    chosen = sample(workdir, args.sample, args.mutants, args.seed) if args.sample else None
     if not args.results:
         subprocess.run([mutmut, "run", "--max-children", "1", *(chosen or args.mutants)],
                        cwd=workdir, check=False)

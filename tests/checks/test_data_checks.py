@@ -1,5 +1,8 @@
 """The data checks: duplicates (exact and near-exact), imbalance, normalization, non-finite values."""
 
+import re
+
+import numpy as np
 import pytest
 import torch
 from check_cases import BROKEN, CASES
@@ -36,6 +39,31 @@ def test_more_than_five_duplicates_are_elided_and_repeats_within_the_training_sp
     result = _report(case, data)["data_duplicates"]
     assert result.value == 7 and "(test indices [0, 1, 2, 3, 4] ...)" in result.message, result.message
     assert result.message.endswith("; 2 repeated rows within the training split"), result.message
+
+
+def test_numpy_splits_of_a_small_scale_are_rounded_in_units_of_their_std():
+    """numpy splits whose std is 1e-3: test rows 2e-5 (0.02 std) away from training rows are no duplicates, two
+    exact copies are; rounding in absolute units (4 decimals) would merge most shifted rows with their originals."""
+    case = CASES["regression_mlp"]()
+    train = 1e-3 * np.random.default_rng(0).standard_normal((50, 3))
+    shifted = train[:20] + 2e-5
+    clean = _report(case, {"x_train": train, "x_test": shifted})["data_duplicates"]
+    assert clean.passed and clean.message == "none of 20 test samples occurs in the 50 training samples"
+    leaked = _report(case, {"x_train": train, "x_test": np.concatenate([shifted, train[30:32]])})["data_duplicates"]
+    assert leaked.value == 2 and "test indices [20, 21]" in leaked.message, leaked.message
+
+
+def test_float16_inputs_are_measured_in_float64():
+    """float16 inputs of std about 300: their squared deviations overflow float16 (> 65504); the fix names the
+    training split's mean and std as numpy computes them in float64."""
+    case = CASES["regression_mlp"]()
+    rng = np.random.default_rng(0)
+    train, test = [(300 * rng.standard_normal((64, 4)) + 20).astype(np.float16) for _ in range(2)]
+    result = _report(case, {"x_train": train, "x_test": test})["data_normalization"]
+    mean, std = map(float, re.search(r"x = \(x - (\S+)\) / (\S+)$", result.fix).groups())
+    exact = train.astype(np.float64)
+    assert result.passed is False
+    np.testing.assert_allclose([mean, std], [exact.mean(), exact.std()], rtol=1e-3)
 
 
 def test_without_data_two_checks_look_at_the_batch_and_two_are_inconclusive():
@@ -123,4 +151,7 @@ def test_nonfinite_targets_are_counted():
     data["y_test"][0] = float("inf")
     result = _report(case, data)["data_nonfinite"]
     assert result.value == 1 and "y_test 1" in result.message
+    assert "drop or impute the rows" in result.fix
+    data["x_test"], data["y_test"] = data["x_test"][1:], data["y_test"][1:]  # the fix: the row dropped
+    assert _report(case, data)["data_nonfinite"].passed
     assert torch.isfinite(case.options["data"]["y_test"]).all()  # the user's data untouched

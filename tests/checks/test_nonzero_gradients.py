@@ -14,6 +14,7 @@ def _result(case, **options):
 def test_detached_layer_is_named():
     result = _result(BROKEN["detached_layer"]())
     assert result.value == 2 and "no gradient (None): body.1.weight, body.1.bias" in result.message
+    assert ".detach()" in result.fix and "torch.no_grad()" in result.fix
 
 
 def test_frozen_parameters_fail_unless_left_out_of_the_optimizer():

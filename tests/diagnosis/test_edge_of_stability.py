@@ -23,3 +23,16 @@ def test_severity_says_whether_the_loss_still_falls(losses, severity):
     (finding,) = [f for f in diagnosis.findings if f.kind == "edge_of_stability"]
     assert finding.step == 3 and finding.severity == severity
     assert "lower the learning rate below 0.33 if" in finding.suggestion
+
+
+@pytest.mark.parametrize("sharpness, found", [(5.0, False), (8.0, True)])
+def test_momentum_raises_the_limit_to_2_times_1_plus_beta(sharpness, found):
+    """SGD with momentum β = 0.5, η = 0.5: the limit is 2(1 + β) = 3. η λ = 2.5 (λ = 5) is above plain SGD's 2 but
+    below 3: nothing; η λ = 4 (λ = 8) at steps 3 and 4: found at step 3, with this evidence."""
+    diagnosis = Diagnosis(names=["w"], shapes=[(1, 5)])
+    presence = {"lr": 0.5, "optimizer": "SGD", "momentum": 0.5}
+    for step, lam in enumerate([1.0, 1.0, 1.0, sharpness, sharpness]):
+        diagnosis.feed(step, {"Loss": 2.0, "HessMaxEV": lam, "GradPresence": presence})
+    evidence = {"lr": 0.5, "lambda_max": 8.0, "product": 4.0, "limit": 3.0, "step_confirmed": 4, "product_confirmed": 4.0}
+    assert [(f.step, f.evidence) for f in diagnosis.findings if f.kind == "edge_of_stability"] == \
+        ([(3, evidence)] if found else [])

@@ -4,7 +4,7 @@ after a finite loss was seen."""
 import math
 
 from cockpit_lite.diagnosis.history import History
-from cockpit_lite.diagnosis.rules.lr_too_high import LrTooHigh
+from cockpit_lite.diagnosis.rules.lr_too_high import SUGGESTION, LrTooHigh
 
 ORIGIN = {"module": "0", "op": "AddmmBackward0", "params_nonfinite": True}
 
@@ -21,6 +21,8 @@ def test_non_finite_parameters_after_a_finite_loss_are_a_diverged_update():
     found = _findings([(0, {"Loss": 2.3}), (1, {"Loss": math.nan, "NonfiniteOrigin": ORIGIN})])
     assert [(f.kind, f.step) for f in found] == [("lr_too_high", 1)]
     assert "an update diverged" in found[0].message
+    # no update size was logged: no divisor to name, the general suggestion (3-10x)
+    assert found[0].suggestion == SUGGESTION and "lr_divisor" not in found[0].evidence
 
 
 def test_non_finite_parameters_at_the_first_loss_seen_are_not_blamed_on_the_learning_rate():

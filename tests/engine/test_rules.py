@@ -365,13 +365,16 @@ TOKENS = torch.tensor([[[1, 0, 3], [3, 3, 0]], [[2, 2, 2], [0, 0, 0]], [[4, 1, 3
 """Three samples of 2×3 tokens: repeats within a sample and across samples, and padding (0)."""
 
 
+@pytest.mark.parametrize("device", problems.CPU_AND_CUDA)
 @pytest.mark.parametrize("padding_idx", [None, 0], ids=str)
-def test_embedding_rule_matches_a_sample_loop(padding_idx):
-    """Rows per (sample, token), summed over a sample's repeats; padding rows stay zero."""
+def test_embedding_rule_matches_a_sample_loop(padding_idx, device):
+    """Rows per (sample, token), summed over a sample's repeats; padding rows stay zero (also on
+    a GPU, where every tensor of the rule must be on the tokens' device)."""
     torch.manual_seed(0)
-    model = Lookup(nn.Embedding(5, 3, padding_idx=padding_idx).double())
-    got = engine_individual_gradients(model, TOKENS)
-    loop = torch.stack([torch.autograd.grad((model(TOKENS[n : n + 1]) ** 2).sum(), model.embedding.weight)[0] for n in range(3)])
+    model = Lookup(nn.Embedding(5, 3, padding_idx=padding_idx).double()).to(device)
+    tokens = TOKENS.to(device)
+    got = engine_individual_gradients(model, tokens)
+    loop = torch.stack([torch.autograd.grad((model(tokens[n : n + 1]) ** 2).sum(), model.embedding.weight)[0] for n in range(3)])
     torch.testing.assert_close(got[0], loop)
     if padding_idx is not None:
         assert not got[0][:, padding_idx].any()
