@@ -51,7 +51,7 @@ import torch
 from scipy.linalg.lapack import dsbevx
 
 
-def lanczos_max_eig(matvec, v0, rtol=1e-3, maxiter=100, keep=3):
+def lanczos_max_eig(matvec, v0, rtol=1e-3, maxiter=100, keep=3, expected=16):
     """Return ``(λ_max, Ritz vectors, products)`` of the symmetric operator ``matvec``.
 
     Args:
@@ -64,6 +64,8 @@ def lanczos_max_eig(matvec, v0, rtol=1e-3, maxiter=100, keep=3):
         maxiter: maximal number of products; the last estimate is returned if it is
             reached (the residual then exceeds ``rtol``).
         keep: number of top Ritz vectors to return.
+        expected: products the basis is first allocated for (it doubles when they are
+            exceeded: each time a copy of the basis into fresh memory).
 
     Returns:
         The largest eigenvalue estimate (0-d tensor), the top ``keep`` Ritz vectors
@@ -71,7 +73,7 @@ def lanczos_max_eig(matvec, v0, rtol=1e-3, maxiter=100, keep=3):
         number of products used. A non-finite product returns NaN at once.
     """
     starts = v0[None] if v0.dim() == 1 else v0
-    basis = starts.new_empty((min(maxiter, 16) + starts.shape[0], starts.shape[1]))  # rows q_1, q_2, ...
+    basis = starts.new_empty((min(maxiter, max(1, expected)) + starts.shape[0], starts.shape[1]))  # rows q_1, q_2, ...
     size = 0
     for row in starts:
         w = row.clone()

@@ -39,6 +39,18 @@ def test_warm_start_from_previous_ritz_vectors_needs_fewer_products():
     assert warm < cold_b and warm < cold
 
 
+@pytest.mark.parametrize("expected", [1, 7, 300])
+def test_the_basis_grows_past_the_products_it_was_allocated_for(expected):
+    """Allocated for 1 product (grown four times), 7, or all: the same products, λ_max and Ritz vectors."""
+    g = torch.Generator().manual_seed(3)
+    a = symmetric(200, 3, torch.cat([torch.tensor([4.0, 3.9]), torch.rand(198, generator=g) * 3]).double())
+    starts = torch.randn(2, 200, generator=g, dtype=torch.float64)
+    value, vectors, products = lanczos_max_eig(lambda v: a @ v, starts, rtol=1e-8, maxiter=200, expected=expected)
+    torch.testing.assert_close(value, torch.linalg.eigvalsh(a).max(), rtol=1e-8, atol=0)
+    reference = lanczos_max_eig(lambda v: a @ v, starts, rtol=1e-8, maxiter=200, expected=200)
+    assert products == reference[2] > 30 and torch.equal(vectors, reference[1])
+
+
 def test_nonfinite_product_gives_nan():
     value, _, iterations = lanczos_max_eig(lambda v: v * float("nan"), torch.ones(4))
     assert torch.isnan(value) and iterations == 1

@@ -112,7 +112,9 @@ class HessMaxEV(SingleStepQuantity):
                 if not cold:
                     start = self._previous.sum(0) / self._previous.shape[0] ** 0.5 + 0.3 * start
                 starts = torch.stack([start, *(self._noise(params) for _ in range(self.block - 1 if cold else 0))])
-                value, vectors, iterations = lanczos_max_eig(hvp, starts, self.rtol, self.maxiter)
+                # the basis allocated for a quarter more products than the previous step took: rarely grown
+                expected = 16 if self.last_iterations is None else self.last_iterations * 5 // 4 + 2
+                value, vectors, iterations = lanczos_max_eig(hvp, starts, self.rtol, self.maxiter, expected=expected)
                 if torch.isfinite(value):
                     self._previous = vectors
         except RuntimeError as error:
