@@ -157,8 +157,8 @@ def _get(numbers, key):
 O = "measured/overhead/rows"
 #: (file, quoted text, key in numbers.json: "/"-separated, list indices as numbers).
 QUOTES = [
-    ("README.md", "economy costs 65.5× the plain step on an MLP", "measured/recipe/rows/0/3"),
-    ("README.md", "given the same parameters: 20.5×)", "measured/recipe/rows/0/2"),
+    ("README.md", "economy costs 73.7× the plain step on an MLP", "measured/recipe/rows/0/3"),
+    ("README.md", "given the same parameters: 19.2×)", "measured/recipe/rows/0/2"),
     ("docs/performance.md", "Plain steps: MLP 0.40 ms", "measured/overhead/plain_step_ms/MLP"),
     ("docs/performance.md", "CNN 12.3 ms", "measured/overhead/plain_step_ms/CNN"),
     ("docs/performance.md", "transformer 15.6 ms", "measured/overhead/plain_step_ms/transformer"),
@@ -182,6 +182,10 @@ QUOTES = [
     ("docs/performance.md", "nothing due 1.06×", "measured/ddp/untracked"),
     ("docs/performance.md", "`economy` every step 12.4×", "measured/ddp/economy"),
     ("docs/performance.md", "step (3.5 ms)", "measured/ddp/plain_step_ms"),
+    ("docs/porting.md", "parameters / Cockpit is 0.27, 0.30 and\n0.52 on the MLP",
+     "measured/recipe/busy/mlp/economy|measured/recipe/busy/mlp/business|measured/recipe/busy/mlp/full"),
+    ("docs/porting.md", "0.78, 0.90 and 0.37 on the CNN",
+     "measured/recipe/busy/cnn/economy|measured/recipe/busy/cnn/business|measured/recipe/busy/cnn/full"),
     ("docs/performance.md", "took 5–33 products", "measured/hess_max_ev_products/min|measured/hess_max_ev_products/max"),
     ("docs/performance.md", "(median 8)", "measured/hess_max_ev_products/median"),
     ("docs/curvature.md", "needs 5–33 Hessian-vector products",
