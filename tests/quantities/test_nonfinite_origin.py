@@ -10,6 +10,8 @@ import pytest
 import torch
 from torch import nn
 
+import problems
+
 from cockpit_lite import Cockpit
 from cockpit_lite.quantities import NonfiniteOrigin
 from cockpit_lite.quantities.nonfinite_origin import MAX_ANALYSED, creator_op, op_name
@@ -487,6 +489,38 @@ def test_a_finite_step_runs_with_one_hook_and_a_replay_leaves_the_state_alone():
     assert cp.output[1]["NonfiniteOrigin"]["module"] == "loss_fn"  # the model's outputs were finite
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items()) and torch.equal(rng, torch.get_rng_state())
     assert not any(m._forward_hooks for m in model.modules())
+    cp.close()
+
+
+@pytest.mark.parametrize("device", problems.CPU_AND_CUDA)
+def test_a_replay_draws_the_same_dropout_masks_and_leaves_the_devices_random_state_alone(device):
+    """The replay restores the random state the forward pass started with on the batch's device (on a GPU,
+    its CUDA generator, which dropout there draws from): the replayed pass drops the units the step's own
+    pass dropped, and the user's random state is as it was."""
+    masks = []
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.drop, self.head = nn.Linear(3, 64), nn.Dropout(0.5), nn.Linear(64, 2)
+
+        def forward(self, x):
+            h = self.drop(self.lin(x))
+            masks.append(h == 0)
+            return self.head(h)
+
+    torch.manual_seed(0)
+    model = Model().to(device)
+    out = model(X.to(device))
+    cp = Cockpit(model, [NonfiniteOrigin()], diagnose=False)
+    out = model(X.to(device))
+    before = problems.random_states(device)
+    loss = out.square().mean() * math.inf
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    assert all(torch.equal(a, b) for a, b in zip(before, problems.random_states(device)))
+    assert cp.output[0]["NonfiniteOrigin"]["module"] == "loss_fn" and len(masks) == 3  # (two passes, one replay)
+    assert torch.equal(masks[1], masks[2]) and not torch.equal(masks[0], masks[1])  # the replay's mask is its pass's
     cp.close()
 
 
