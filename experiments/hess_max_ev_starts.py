@@ -32,6 +32,8 @@ torch.set_num_threads(1)  # (tiny models: a second thread only waits)
 
 
 class MixerBlock(nn.Module):
+    """Token mixing (an MLP across the tokens) and channel mixing, each pre-norm and residual."""
+
     def __init__(self, tokens, channels, hidden):
         super().__init__()
         self.norm1, self.norm2 = nn.LayerNorm(channels), nn.LayerNorm(channels)
@@ -44,7 +46,9 @@ class MixerBlock(nn.Module):
 
 
 class Mixer(nn.Module):
-    """4 patches of 4 values, 6 channels, two blocks, a head for 4 classes, started small."""
+    """A small MLP-Mixer: 4 patches of 4 values, 6 channels, two blocks, a head for 4 classes. The head
+    starts small (Mixer initialises it at zero), so the outputs are near uniform and the top Hessian
+    eigenvalues come in close pairs (``torch.manual_seed(1)``: 1.0933 and 1.0855, 0.7% apart)."""
 
     def __init__(self):
         super().__init__()

@@ -8,6 +8,7 @@ import problems
 from cockpit_lite import Cockpit, configuration, schedules
 from cockpit_lite.linalg import lanczos_max_eig
 from cockpit_lite.quantities import HessMaxEV
+from experiments.hess_max_ev_starts import Mixer
 
 REALISTIC = ["transformer", "gpt", "resnet_bn_train", "resnet_gn", "lstm", "custom"]
 """SDPA attention (CPU flash kernel), tied head + learned positions, BatchNorm in training mode, ..."""
@@ -226,39 +227,6 @@ def test_declares_its_products_in_its_needs():
     assert needs.hvp and tier_of(needs) == 2
 
 
-class _MixerBlock(torch.nn.Module):
-    """Token mixing (an MLP across the tokens) and channel mixing, each pre-norm and residual."""
-
-    def __init__(self, tokens, channels, hidden):
-        super().__init__()
-        self.norm1, self.norm2 = torch.nn.LayerNorm(channels), torch.nn.LayerNorm(channels)
-        self.tokens = torch.nn.Sequential(torch.nn.Linear(tokens, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, tokens))
-        self.channels = torch.nn.Sequential(torch.nn.Linear(channels, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, channels))
-
-    def forward(self, x):
-        x = x + self.tokens(self.norm1(x).transpose(1, 2)).transpose(1, 2)
-        return x + self.channels(self.norm2(x))
-
-
-class _Mixer(torch.nn.Module):
-    """A small MLP-Mixer: 4 patches of 4 values, 6 channels, two blocks, a head for 4 classes.
-    The head starts small (Mixer initialises it at zero), so the outputs are near uniform and the
-    top Hessian eigenvalues come in a close pair (here 1.0933 and 1.0855, 0.7% apart)."""
-
-    def __init__(self):
-        super().__init__()
-        self.patch = torch.nn.Linear(4, 6)
-        self.blocks = torch.nn.Sequential(_MixerBlock(4, 6, 8), _MixerBlock(4, 6, 8))
-        self.norm = torch.nn.LayerNorm(6)
-        self.head = torch.nn.Linear(6, 4)
-        with torch.no_grad():
-            self.head.weight.mul_(0.1)
-            self.head.bias.zero_()
-
-    def forward(self, x):
-        return self.head(self.norm(self.blocks(self.patch(x))).mean(1))
-
-
 def test_a_close_second_eigenvalue_on_a_mixer():
     """Seed 3 starts plain Lanczos (block=1) with a small component along the top eigenvector:
     it stops at the second eigenvalue, 0.7% low. The default block of two starts finds λ_max
@@ -266,7 +234,7 @@ def test_a_close_second_eigenvalue_on_a_mixer():
     misses 21, two 2).
     Reference: eigvalsh of the float64 autograd Hessian."""
     torch.manual_seed(1)
-    model = _Mixer().double()
+    model = Mixer().double()  # (its head started small: the top two eigenvalues 1.0933 and 1.0855, 0.7% apart)
     x = torch.randn(8, 4, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     y = torch.arange(8) % 4
     names, params = zip(*model.named_parameters())
