@@ -6,6 +6,7 @@ import torch
 
 from cockpit_lite.engine import transforms as _transforms
 from cockpit_lite.engine.per_sample import PerSample
+from cockpit_lite.utils.grads import held
 from cockpit_lite.utils.norms import norms
 from cockpit_lite.utils.shards import totals
 
@@ -38,7 +39,7 @@ class StepData:
         self.group = group
         before = grads_before or [None] * len(params)
         self.accumulated = any(b is not None for b in before)
-        after = grads_after or [None if p.grad is None else p.grad.detach() for p in params]
+        after = grads_after or [held(p) for p in params]
         self.grads = [
             torch.zeros_like(p) if a is None else a if b is None else a - b
             for p, a, b in zip(params, after, before)

@@ -23,6 +23,7 @@ from cockpit_lite.engine.window import Window
 from cockpit_lite.info import StepInfo
 from cockpit_lite.quantities.base import Needs, Output
 from cockpit_lite.step import StepData
+from cockpit_lite.utils.grads import held
 from cockpit_lite.utils.shards import group_of, local, whole
 
 NONFINITE_LOSS = "nonfinite_loss"
@@ -229,7 +230,7 @@ class StepContext:
             return self
         owner = self.owner or self
         params = self.cockpit.params
-        self.grads_before = [None if p.grad is None else p.grad.detach().clone() for p in params]
+        self.grads_before = [held(p, copy=True) for p in params]
         # BackPACK's full backward hooks fire in the Cockpit's own passes (the products below, the
         # user's backward inside the context) with "Full backward hook is firing ... no inputs
         # require gradients": exactly that message is silenced, and only inside this context
@@ -386,7 +387,7 @@ class StepContext:
         owner.passes.append(self.info)
         owner.seeds.append(self.seed)
         if self.cockpit.accumulate:
-            owner.grads_after = [None if p.grad is None else p.grad.detach().clone() for p in self.cockpit.params]
+            owner.grads_after = [held(p, copy=True) for p in self.cockpit.params]
 
     def _hook_optimizer(self):
         """``accumulate=True``: complete the step when its optimizer steps."""
@@ -618,7 +619,7 @@ class StepContext:
                 name
                 for i, (name, p) in enumerate(zip(self.cockpit.names, params))
                 if p.grad is not None and i not in served
-                and (self.grads_before[i] is None or not torch.equal(p.grad, self.grads_before[i]))
+                and (self.grads_before[i] is None or not torch.equal(held(p), self.grads_before[i]))
             ]
             if missing:
                 raise ValueError(

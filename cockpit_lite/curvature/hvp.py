@@ -34,6 +34,8 @@ a forward segment drawing random numbers (``torch.utils.checkpoint`` with
 
 import torch
 
+from cockpit_lite.utils.grads import dense
+
 
 class HessianVectorProducts:
     """``v ↦ Hv`` for the mini-batch Hessian ``H = ∇²_θ L`` of one step (``θ`` the tracked parameters).
@@ -83,7 +85,7 @@ class HessianVectorProducts:
                     loss, [self.params[i] for i in trainable], create_graph=True, retain_graph=True, allow_unused=True
                 )
             # a gradient without a graph (None: θ_i unused; else L linear in θ_i alone) is constant: no curvature
-            self._grads = {i: g for i, g in zip(trainable, grads) if g is not None and g.grad_fn is not None}
+            self._grads = {i: dense(g) for i, g in zip(trainable, grads) if g is not None and g.grad_fn is not None}
         return self._grads
 
     def hvp(self, vectors):
@@ -108,7 +110,7 @@ class HessianVectorProducts:
                 )
             for i, h in zip(inputs, hv):
                 if h is not None:
-                    products[i] = h.detach()
+                    products[i] = dense(h.detach())
         return products if self.group is None else self.group.mean(products)
 
     def _forked_random_state(self):

@@ -5,6 +5,7 @@ import math
 import torch
 
 from cockpit_lite.info import PENALTY_FIX
+from cockpit_lite.utils.grads import held
 from cockpit_lite.utils.shards import local
 
 GRAD_CHECK_RTOL = {torch.float64: 1e-6, torch.float32: 1e-3}
@@ -40,7 +41,7 @@ def check_gradients(state, params, fail):
         elif param.grad is None:
             continue
         else:
-            true = local(param.grad.detach())  # (FSDP2: this rank's rows, as ``engine``)
+            true = local(held(param))  # (FSDP2: this rank's rows, as ``engine``)
             if state.grads_before[index] is not None:
                 true = true - local(state.grads_before[index])
         if true is None:

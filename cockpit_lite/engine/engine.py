@@ -74,6 +74,7 @@ from cockpit_lite.engine.rules.base import first_tensor
 from cockpit_lite.engine.step import Graph, Step, as_if_batched, nan_like, nan_where_failed, pass_inputs, release
 from cockpit_lite.engine.window import Window
 from cockpit_lite.info import penalty_term
+from cockpit_lite.utils.grads import dense, held
 
 
 class Engine:
@@ -413,7 +414,7 @@ class Engine:
                 call.grads = {}
             raise
         state.true_grads = {
-            i: torch.zeros_like(leaves[i]) if g is None else g.detach() for i, g in zip(trainable, grads)
+            i: torch.zeros_like(leaves[i]) if g is None else dense(g.detach()) for i, g in zip(trainable, grads)
         } if check else {}
         if state.sharded is not None:  # (FSDP2: this rank's rows of their mean over the ranks, as the rules')
             state.true_grads = {i: state.sharded.reduce_scatter([g / state.sharded.world], self.params[i])[0]
@@ -537,7 +538,7 @@ class Engine:
         param = self.params[index]
         try:
             with torch.no_grad():
-                grad = param.grad.detach() if param.grad is not None else torch.zeros_like(param)
+                grad = held(param) if param.grad is not None else torch.zeros_like(param)
                 if state.grads_before[index] is not None:
                     grad = grad - state.grads_before[index]
                 part.grad = grad.reshape(-1)

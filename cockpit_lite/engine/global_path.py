@@ -32,6 +32,7 @@ import torch
 
 from cockpit_lite.engine import transforms as _transforms
 from cockpit_lite.engine.per_sample import PerSample
+from cockpit_lite.utils.grads import dense
 
 CHUNK_ELEMENTS = 1 << 22
 """Individual-gradient elements per chunk of samples (16 MiB in float32)."""
@@ -162,7 +163,7 @@ def serve(state, info, indices, tracked, names, mode):
             "backward pass but the user's own, so their individual gradients cannot be formed. Fix: "
             "checkpoint with use_reentrant=False (PyTorch's recommended mode; same memory savings)"
         )
-    totals = [torch.zeros_like(p) if g is None else g.detach() for g, p in zip(totals, params)]
+    totals = [torch.zeros_like(p) if g is None else dense(g.detach()) for g, p in zip(totals, params)]
     parts = {i: [] for i in indices}
     if state.subset is not None:  # the subsample's vector-Jacobian products only
         contributions = contributions[state.subset.to(contributions.device)]
@@ -211,7 +212,7 @@ def _vmap(contributions, params, grad_outputs):
 
 def _complete(grads, params, samples):
     return [
-        torch.zeros((samples.stop - samples.start, *p.shape), dtype=p.dtype, device=p.device) if g is None else g.detach()
+        torch.zeros((samples.stop - samples.start, *p.shape), dtype=p.dtype, device=p.device) if g is None else dense(g.detach())
         for g, p in zip(grads, params)
     ]
 

@@ -25,6 +25,7 @@ import torch
 
 from cockpit_lite.engine import transforms as _transforms
 from cockpit_lite.engine.per_sample import PerSample, Scratch
+from cockpit_lite.utils.grads import held
 
 
 class Window:
@@ -83,8 +84,8 @@ class Window:
             param = params[index]
             before = self.grads_before[index] if self.grads_before is not None else None
             if group is not None:  # the optimizer's gradient holds more than this window's (no_sync, see StepData)
-                held = grads_after[index] if grads_after is not None else param.grad
-                before = None if held is None else held.detach().reshape(-1).to(grad.dtype) - grad
+                kept = grads_after[index] if grads_after is not None else held(param)
+                before = None if kept is None else kept.reshape(-1).to(grad.dtype) - grad
             parts = [self._part(index, number, params) for number in range(self.passes)]
             for part in parts:
                 part.grad = grad

@@ -37,6 +37,7 @@ a step size with curvature: ``optimizer`` (class name), ``lr`` and ``momentum`` 
 import torch
 
 from cockpit_lite.quantities.base import Needs, Output, Quantity
+from cockpit_lite.utils.grads import held
 from cockpit_lite.utils.norms import norms
 
 ARMED = 8
@@ -130,8 +131,8 @@ class GradPresence(Quantity):
             # the first watched parameter reached in this window: nothing was added to any of them yet
             # (the handles are removed later, never while autograd runs the hooks)
             if self._first is None and self._windows == window:
-                held = [p.grad.detach() for p in watched if p.grad is not None]
-                self._first = torch.stack(norms(held)).norm() if held else 0.0
+                present = [held(p) for p in watched if p.grad is not None]
+                self._first = torch.stack(norms(present)).norm() if present else 0.0
             return None
 
         return hook
@@ -151,7 +152,7 @@ class GradPresence(Quantity):
             self._steps = 0
         if not self.is_due(step):
             return None
-        present = [p.grad.detach() for group in _groups(info, optimizer) for p in group if p.grad is not None]
+        present = [held(p) for group in _groups(info, optimizer) for p in group if p.grad is not None]
         before = torch.stack(norms(present)).norm() if present else 0.0
         self._pending = (before, stepped, _hyperparameters(optimizer))
         return Needs()

@@ -11,18 +11,20 @@ class EmbeddingRule(Rule):
     the positions of sample n that looked up ``v`` (zero for ``padding_idx``).
 
     Kept as rows (``PerSample`` rows form): one per distinct (sample, index) pair, so a
-    ``[B, V, D]`` tensor is never built for a large vocabulary.
+    ``[B, V, D]`` tensor is never built for a large vocabulary. ``sparse=True`` changes only the
+    layout of the gradient autograd leaves (the Cockpit reads it dense, ``utils.grads``), not
+    these rows.
     """
 
     def check(self, call, batch_size):
-        if call.module.scale_grad_by_freq or call.module.sparse:
-            raise UnsupportedCall("Embedding with scale_grad_by_freq or sparse gradients")
+        if call.module.scale_grad_by_freq:
+            raise UnsupportedCall("Embedding with scale_grad_by_freq")
         batch_axis(call.args[0], batch_size)
 
     def per_sample(self, call, tracked, batch_size):
         module = call.module
-        if module.scale_grad_by_freq or module.sparse:
-            raise UnsupportedCall("Embedding with scale_grad_by_freq or sparse gradients")
+        if module.scale_grad_by_freq:
+            raise UnsupportedCall("Embedding with scale_grad_by_freq")
         indices, delta = call.args[0], output_grad(call)
         dtype = compute_dtype(delta, module.weight)
         axis = batch_axis(indices, batch_size)
