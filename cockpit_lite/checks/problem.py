@@ -80,6 +80,8 @@ class Problem:
 
     def copy(self, *, mixing="train", dropout=True, dtype=None):
         """A deep copy of the model in train mode, gradients cleared; returns ``(copy, notes)``.
+        Its embeddings give dense gradients (``sparse=False``: the same values, in the layout the
+        checks' reductions and optimizers take).
 
         Args:
             mixing: ``"eval"`` puts the layers that mix samples by design (BatchNorm) in
@@ -90,6 +92,9 @@ class Problem:
         """
         model = model_copy(self.model)
         notes = []
+        for m in model.modules():  # the same values as a dense gradient, which every check (and Adam) can read
+            if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse:
+                m.sparse = False
         if mixing == "eval":
             mixers = [m for m in model.modules() if isinstance(m, BATCH_MIXING)]
             for m in mixers:

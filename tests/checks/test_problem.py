@@ -15,3 +15,23 @@ def test_perturbed_adds_noise_of_the_inputs_std_at_the_index_only():
     noise = torch.randn(1, 1)
     assert torch.equal(out[0], x[0])
     torch.testing.assert_close(out[1] - x[1], 2.0 ** 0.5 * noise[0], rtol=1e-6, atol=0)
+
+
+def test_a_sparse_embedding_is_checked_as_its_dense_twin():
+    """``nn.Embedding(sparse=True)``: every check's verdict and value equal the same model's with
+    ``sparse=False`` (the copies' embeddings give dense gradients, the same values); the user's model
+    keeps its sparse gradients."""
+    from torch import nn
+
+    from cockpit_lite import checks
+
+    reports = {}
+    for sparse in (True, False):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Embedding(10, 4, sparse=sparse), nn.Flatten(), nn.Linear(12, 3))
+        x, y = torch.randint(0, 10, (32, 3)), torch.randint(0, 3, (32,))
+        report = checks.run(model, nn.CrossEntropyLoss(), (x, y), task="classification", num_classes=3)
+        reports[sparse] = [(r.name, r.passed, r.value, r.message) for r in report.results.values()]
+        assert model[0].sparse == sparse
+    assert reports[True] == reports[False]
+    assert dict((name, passed) for name, passed, _, _ in reports[True])["nonzero_gradients"] is True
