@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from cockpit_lite import Cockpit, configuration
+import problems
+from cockpit_lite import configuration
 from cockpit_lite.utils.grads import held
 
 
@@ -26,18 +27,13 @@ def test_held_is_the_dense_gradient_and_copies_on_request():
 
 
 def _record(sparse, level):
+    """Three SGD steps of a small embedding model (``problems.run``, strict): its record and parameters."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Embedding(10, 4, sparse=sparse), nn.Flatten(), nn.Linear(12, 3))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    generator = torch.Generator().manual_seed(1)
-    cp = Cockpit(model, configuration(level) if level else [], diagnose=level is None)
-    for step in range(3):
-        x, y = torch.randint(0, 10, (6, 3), generator=generator), torch.randint(0, 3, (6,), generator=generator)
-        optimizer.zero_grad()
-        loss = nn.functional.cross_entropy(model(x), y)
-        with cp(step, info={"loss": loss, "optimizer": optimizer}):
-            loss.backward()
-        optimizer.step()
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randint(0, 10, (6, 3), generator=g), torch.randint(0, 3, (6,), generator=g)) for _ in range(3)]
+    problem = problems.Problem("embedding", "mean", 6, model, nn.CrossEntropyLoss(), batches)
+    cp, _ = problems.run(problem, configuration(level) if level else [], diagnose=level is None)
     cp.close()
     return cp.get_output(), [p.detach().clone() for p in model.parameters()]
 
