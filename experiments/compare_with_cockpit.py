@@ -84,11 +84,11 @@ def _loop(cp, model, lossfunc, lossfunc_none, opt, data, shape, batch_size, redu
         with cp(step, info=info):
             loss.backward(create_graph=cp.create_graph(step))
         if use_lite:  # after the step's backward pass: BackPACK's stored inputs are used up
-            cp.output.setdefault(step, {})[EXACT] = _exact_max_eigenvalue(model, lossfunc, x, y)
+            cp.output.setdefault(step, {})[EXACT] = exact_max_eigenvalue(model, lossfunc, x, y)
         opt.step()
 
 
-def _exact_max_eigenvalue(model, lossfunc, x, y):
+def exact_max_eigenvalue(model, lossfunc, x, y):
     names = [n for n, _ in model.named_parameters()]
     shapes = [p.shape for p in model.parameters()]
     sizes = [p.numel() for p in model.parameters()]

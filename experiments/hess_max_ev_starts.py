@@ -7,7 +7,7 @@ Usage::
 
 For each problem and seed a small float64 model is trained with SGD; at every step
 ``HessMaxEV`` with ``block=1`` and with ``block=2``, each on the step's Hessian-vector products, is
-compared with ``eigvalsh`` of the Hessian built by double backward passes. A *miss* is
+compared with ``eigvalsh`` of the autograd Hessian (``compare_with_cockpit.exact_max_eigenvalue``). A *miss* is
 a value more than ``rtol`` (1e-3) below the exact λ_max. Step 0 is a cold start (random
 vectors); later steps start from the previous step's top Ritz vectors (mixed with noise).
 Problems: ``mixer``, the MLP-Mixer of tests/quantities/test_hess_max_ev.py whose small head
@@ -26,6 +26,7 @@ from torch import nn
 
 from cockpit_lite.curvature.hvp import HessianVectorProducts
 from cockpit_lite.quantities import HessMaxEV
+from experiments.compare_with_cockpit import exact_max_eigenvalue
 
 RTOL = 1e-3
 torch.set_num_threads(1)  # (tiny models: a second thread only waits)
@@ -82,18 +83,6 @@ PROBLEMS = {  # name: (model, input shape)
 }
 
 
-def exact_max(model, x, y):
-    """``λ_max`` by ``eigvalsh`` of the Hessian built column by column (one double backward pass each;
-    ``torch.func.hessian`` of this Mixer is not symmetric in torch 2.13: asymmetry 1e-2)."""
-    params = list(model.parameters())
-    grads = torch.autograd.grad(nn.functional.cross_entropy(model(x), y), params, create_graph=True)
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    columns = [torch.cat([c.reshape(-1) for c in torch.autograd.grad(flat[i], params, retain_graph=True)])
-               for i in range(flat.numel())]
-    hessian = torch.stack(columns)
-    return float(torch.linalg.eigvalsh((hessian + hessian.T) / 2).max())
-
-
 def run(problem, seed, steps, lr=0.5, model_seed=None):
     """``{block: [(value, products)]}`` and ``[exact]`` per step of one training run: both quantities
     (``block`` 1 and 2) solve on the same step's Hessian-vector products, each from its own previous
@@ -110,7 +99,7 @@ def run(problem, seed, steps, lr=0.5, model_seed=None):
     values, exact = {block: [] for block in solvers}, []
     for step in range(steps):
         optimizer.zero_grad()
-        exact.append(exact_max(model, x, y))
+        exact.append(exact_max_eigenvalue(model, nn.functional.cross_entropy, x, y))
         loss = nn.functional.cross_entropy(model(x), y)
         for block, quantity in solvers.items():
             products = HessianVectorProducts(loss, params, step, model, None)
