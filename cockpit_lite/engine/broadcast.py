@@ -45,11 +45,23 @@ def accumulators(users):
     return found
 
 
-def _batch_axis(shape, batch_size):
-    for axis, size in enumerate(shape):
-        if size == batch_size:
+def _batch_axis(node, shape, out, batch_size):
+    """The axis of a node's output ``out`` that indexes the samples: its first axis of size
+    ``batch_size``; for an elementwise node (``ELEMENTWISE``), the first one that its input of
+    ``shape`` (aligned to the right, as broadcasting aligns them) does not have already. ``None``
+    if there is none: a ``[B, D]`` table scaled before it meets the batch is as long as the batch
+    by chance, and no sample is in it yet."""
+    elementwise = type(node).__name__ in ELEMENTWISE
+    aligned = (None,) * (len(out) - len(shape)) + tuple(shape)[max(len(shape) - len(out), 0):]
+    for axis, (size, before) in enumerate(zip(out, aligned)):
+        if size == batch_size and not (elementwise and before == batch_size):
             return axis
     return None
+
+
+ELEMENTWISE = {"AddBackward0", "SubBackward0", "MulBackward0", "DivBackward0", "ExpandBackward0"}
+"""Nodes whose output axes line up with their inputs' (broadcasting): an axis of size B that the
+input has is the input's own, not the batch."""
 
 
 SHAPE_ONLY = {
@@ -66,8 +78,8 @@ def plan(users, start, shape, batch_size):
 
     Returns a list of ``(node, input position)`` from the first consumer to the batch
     node: the first node that is not shape-only (``SHAPE_ONLY``), whose output must have
-    an axis of size ``batch_size``. Every node on the way must have a single consumer and
-    a single output. A shape-only node whose output gains an axis of size ``batch_size``
+    an axis of size ``batch_size`` (``_batch_axis``). Every node on the way must have a
+    single consumer and a single output. A shape-only node whose output gains an axis of size ``batch_size``
     unfolds a batch that the tensor held folded (``[2B, C]`` viewed as ``[B, 2C]``): the
     tensor is not shared, and there is no path.
     """
@@ -83,7 +95,7 @@ def plan(users, start, shape, batch_size):
         path.append((node, position))
         out = tuple(metadata[0].shape)
         if type(node).__name__ not in SHAPE_ONLY:
-            return path if _batch_axis(out, batch_size) is not None else None
+            return path if _batch_axis(node, shape, out, batch_size) is not None else None
         if batch_size in out and batch_size not in shape:
             return None
         current, shape = (node, 0), out
@@ -133,6 +145,7 @@ class Path:
         self.batch_size = batch_size
         self.on_result = on_result
         node = path[-1][0]
+        self.axis = _batch_axis(node, self._shape_below(len(path) - 1), tuple(node._input_metadata[0].shape), batch_size)
         self.handle = node.register_prehook(self._hook)
 
     def remove(self):
@@ -147,7 +160,7 @@ class Path:
         if grad is None:
             return None
         node, position = self.path[-1]
-        axis = _batch_axis(grad.shape, self.batch_size)
+        axis = self.axis
         below = self._shape_below(len(self.path) - 1)
         with torch.no_grad():
             name = type(node).__name__

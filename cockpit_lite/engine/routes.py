@@ -2,6 +2,7 @@
 attention planner, or (``None``) the global path (see ``cockpit_lite.engine``, planning)."""
 
 import torch
+from torch.utils import _pytree as pytree
 
 from cockpit_lite.engine.rules import GENERIC, UnsupportedCall, attention, rule_for
 from cockpit_lite.engine.step import as_if_batched, no_batch_axis
@@ -27,7 +28,9 @@ def route_use(call, name, param, calls, mixing, state, graph):
             return None
         path = graph.path_from_parameter(param, state.batch_size)
         return None if path is None else (None, name, path)
-    shared = call.leaves and all(no_batch_axis(leaf, state.batch_size) for leaf in call.leaves)
+    shared = call.leaves and (
+        takes_no_samples(call) or all(no_batch_axis(leaf, state.batch_size) for leaf in call.leaves)
+    )
     if not shared and len(call.leaves) == 1 and graph.ready():  # a shared tensor of length B?
         shared = graph.broadcast_into_batch(call.leaves[0], state.batch_size)
     if shared:
@@ -44,3 +47,13 @@ def route_use(call, name, param, calls, mixing, state, graph):
     except UnsupportedCall:
         return None
     return (call, name, None)
+
+
+def takes_no_samples(call):
+    """Whether no input of ``call`` can hold a sample: it has no tensor inputs (a
+    parametrisation's ``ParametrizationList`` computing a weight from its own tensors, a learned
+    table called without arguments) or only parameters. Its output is then shared by every
+    sample, even when one of its axes is as long as the batch (``weight_norm(nn.Linear(64, B))``
+    at B = 64), which the shapes alone would take for the batch axis."""
+    inputs = [t for t in pytree.tree_leaves((call.args, call.kwargs)) if torch.is_tensor(t)]
+    return all(isinstance(t, torch.nn.Parameter) for t in inputs)

@@ -143,6 +143,45 @@ def test_a_shared_tensor_as_long_as_the_batch_plans_its_path(monkeypatch):
     assert planned == [(B, D)]
 
 
+
+def test_a_shared_tensor_as_long_as_the_batch_computed_on_before_the_batch(monkeypatch):
+    """``x[:, :B] + 2 s`` with ``s`` of shape ``[B, D]``: the product's output is as long as the
+    batch, but its axis of size B is ``s``'s own (no sample is in it yet). It is not taken for the
+    batch node (it was: each row of ``s`` a "sample", their sum 3.1 away from autograd's): the
+    global path, exact."""
+    torch.manual_seed(0)
+    model = Shared((B, D), lambda x, s: x[:, :B] + 2 * s).double()
+    planned = _paths_planned(monkeypatch)
+    used = _global_path_uses(monkeypatch)
+    x = torch.randn(B, T, D, dtype=torch.float64)
+    got = engine_individual_gradients(model, x)
+    for index, reference in enumerate(individual_reference(model, x)):
+        torch.testing.assert_close(got[index], reference)
+    assert planned == [] and 0 in used[0]
+
+
+@pytest.mark.parametrize("layer", ["linear", "conv1d"])
+def test_a_weight_normalised_layer_as_wide_as_the_batch(layer, monkeypatch):
+    """``weight_norm`` (audio and GAN models) with as many outputs as samples: the
+    parametrisation computes the weight (``[B, D]``, ``[B, 1, 3]``) from ``g`` and ``v`` alone,
+    and the shapes took its first axis for the batch (``g`` and ``v`` 1.7 and 1.2 away from
+    autograd's, NaN with a flag, then the slow global path). A call with no input that can hold a
+    sample is shared: the broadcast path, exact, no flag."""
+    from torch.nn.utils import parametrizations
+
+    torch.manual_seed(0)
+    if layer == "linear":
+        inner, features, x = nn.Linear(D, B), B, torch.randn(B, D, dtype=torch.float64)
+    else:
+        inner, features, x = nn.Conv1d(1, B, 3), B * (D - 2), torch.randn(B, 1, D, dtype=torch.float64)
+    model = nn.Sequential(parametrizations.weight_norm(inner), nn.Tanh(), nn.Flatten(), nn.Linear(features, 2)).double()
+    used = _global_path_uses(monkeypatch)
+    got = engine_individual_gradients(model, x)
+    for index, reference in enumerate(individual_reference(model, x)):
+        torch.testing.assert_close(got[index], reference)
+    assert not any(used)
+
+
 class Tanh(nn.Module):
     """A custom layer (the generic rule): ``tanh(x · w) + b``."""
 
