@@ -128,7 +128,8 @@ class StepData:
         size of ``level``): ``difference < level`` is NaN with a flag naming the quantity, the
         parameter (or the whole network) and the numbers. So is a parameter whose gradient is zero up
         to rounding (``noise``: its spread and its norm are both noise, the level rule cannot tell). Strictly below: a tensor with no
-        gradient (``terms = 0``) keeps its value. The elementwise variances of
+        gradient (``terms = 0``) keeps its value, and where that value divides by its zero gradient
+        (NaN) a flag says so. The elementwise variances of
         ``centred_squares`` are NaN on a negative element; the sign alone misses a spread that
         comes out 0 or positive noise (``OrthoTest`` 5.7e-5 against 3.2e-7; ``GradVariance``
         of a 4-element bias 0 against 0.056), which the level catches.
@@ -148,7 +149,8 @@ class StepData:
         noise = torch.zeros_like(lost)
         for index in self.noise:  # a gradient zero up to rounding: its spread and its norm are noise alike
             noise[index + total] = True
-        if not bool((lost | noise).any()):
+        zero = (terms == 0) & values.isnan()  # a statistic divided by ‖g‖ = 0
+        if not bool((lost | noise | zero).any()):
             return values, []
         names = ["the whole network"] * total + list(self.names)
         indices = lost.nonzero().reshape(-1).tolist()
@@ -161,6 +163,11 @@ class StepData:
             "sums of its individual gradients disagree beyond its own size: a bias the loss cannot see, such "
             "as an attention key bias or a bias right before a BatchNorm): its value would be rounding noise: NaN"
             for index in (noise & ~lost).nonzero().reshape(-1).tolist()
+        ] + [
+            f"{quantity}: the gradient of {names[index]} is exactly 0 at this step (no sample's loss depends on "
+            "it: a layer this forward pass left out, or an LSTM's reverse direction read only at its first "
+            "position): its value divides by ‖g‖ = 0: NaN"
+            for index in (zero & ~lost & ~noise).nonzero().reshape(-1).tolist()
         ]
         return torch.where(lost | noise, torch.full_like(values, float("nan")), values), flags
 

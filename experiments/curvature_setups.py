@@ -388,6 +388,7 @@ def _expected(quantity, meta, problem, snapshots, step):
 SHORT = (  # a refusal's flag -> its short reason in the table
     ("lost in the rounding", "a spread lost in rounding"),
     ("zero up to rounding", "a gradient zero up to rounding"),
+    ("is exactly 0 at this step", "a gradient exactly 0"),
     ("backward passes per step", "GGN passes > max_passes"),
     ("no second derivative", "no double backward (hardsigmoid)"),
     ("hardsigmoid", "no double backward (hardsigmoid)"),
@@ -403,7 +404,8 @@ def judge(name, column, steps):
     """``(outcome, notes)`` of set-up ``name`` in ``column`` (see the module docstring): the notes say
     which quantities were estimates and why any value was refused (NaN with a flag). A single tensor's
     value that is NaN because its statistic is rounding noise (flagged: a gradient zero up to rounding,
-    a spread lost in rounding; its brute force is noise as well) leaves the set-up ``exact``, noted."""
+    a spread lost in rounding; its brute force is noise as well) or divides by an exactly zero gradient
+    (flagged; its brute force is 0/0) leaves the set-up ``exact``, noted."""
     recipe = SETUPS[name][3]
     problem, record, snapshots = run(name, column, steps)
     rtol = 5e-2 if recipe == "bf16" else 1e-7
@@ -436,7 +438,7 @@ def judge(name, column, steps):
             scale = max(abs(e) for e in expected) or 1.0
             for value, se, want in zip(values, ses, expected):
                 if math.isnan(value):  # one tensor's value
-                    noise = "rounding" in flags
+                    noise = "rounding" in flags or "is exactly 0 at this step" in flags  # (its brute force: 0/0)
                     note("exact" if noise else "refused" if flags else "WRONG",
                          f"{quantity}: a tensor NaN, {_short(flags)}" if flags else f"{quantity}: a NaN without a flag")
                     continue

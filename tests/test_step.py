@@ -147,3 +147,44 @@ def test_a_gradient_zero_up_to_rounding_is_nan_and_flagged(dtype):
             for index in noise:  # (or its spread's own rounding rule, where that fires first)
                 assert any(f.startswith(f"{name}: ") and names[index] in f and "rounding" in f
                            for f in entry["flags"]), entry["flags"]
+
+
+class _TwoHeads(torch.nn.Module):
+    """A trunk and two heads, of which the forward pass uses one (a multi-task model on one task's batch),
+    and a bidirectional LSTM read at its last position: the reverse direction starts there from a zero
+    state, so its recurrent weight ``weight_hh_l0_reverse`` gets no gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(3, 2, batch_first=True, bidirectional=True)
+        self.used, self.unused = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.used(self.lstm(x)[0][:, -1])
+
+
+def test_a_gradient_exactly_zero_is_flagged_where_a_test_divides_by_it():
+    """The gradient tests divide by ‖g‖: for a parameter whose individual gradients are all exactly 0 they are
+    0/0, NaN (as their brute force is), now with a flag naming the parameter; its GradVariance is 0 (a
+    value, no flag); the other parameters and the whole network keep finite values and no flag."""
+    torch.manual_seed(0)
+    model = _TwoHeads().double()
+    names = [n for n, _ in model.named_parameters()]
+    zero = {names.index("lstm.weight_hh_l0_reverse"), names.index("unused.weight"), names.index("unused.bias")}
+    cp = problems.Cockpit(model, [NormTest(), InnerTest(), OrthoTest(), GradVariance()], diagnose=False)
+    x, y = torch.randn(5, 4, 3, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1])
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    entry = cp.get_output()[0]
+    for index, p in enumerate(model.parameters()):
+        assert (p.grad is None or not p.grad.any()) == (index in zero)
+    for name in ("NormTest", "InnerTest", "OrthoTest"):
+        layers = entry["layers"][name]
+        assert [i for i in range(len(names)) if math.isnan(layers[i])] == sorted(zero), (name, layers)
+        assert math.isfinite(entry[name])
+        flagged = sorted(names.index(n) for f in entry["flags"] for n in names
+                         if f.startswith(f"{name}: the gradient of {n} is exactly 0 at this step"))
+        assert flagged == sorted(zero), entry["flags"]
+    assert [entry["GradVariance"][i] for i in sorted(zero)] == [0.0] * 3
+    assert len(entry["flags"]) == 9
