@@ -80,11 +80,14 @@ FLOAT64_MODELS = {
                        problems._inputs((2, 4, 4)), _classes, False),
     "mlp_silu": (_silu_mlp, nn.CrossEntropyLoss, problems._inputs((6,)), _classes, False),
     "cnn_silu": (_silu_cnn, nn.CrossEntropyLoss, problems._inputs((1, 6, 6)), _classes, False),
+    "weight_norm": (lambda: nn.Sequential(nn.utils.parametrizations.weight_norm(nn.Linear(6, 8)), nn.Tanh(),
+                                          nn.Linear(8, 3)), nn.CrossEntropyLoss, problems._inputs((6,)), _classes, False),
     **{name: (*problems.BUILDERS[name], True) for name in problems.NAMES},
 }
 """SiLU (EfficientNet's activation) is where PyTorch's backward differs in the last bit under
 create_graph=True (another formula); BatchNorm in training mode carries that into every
-sample; the plain problems take BackPACK's exact curvature (extended)."""
+sample; the plain problems take BackPACK's exact curvature (extended); weight_norm's fused backward has its
+derivative replaced (``cockpit_lite.curvature.weight_norm``) and must still give the user's gradients."""
 
 
 def _train_float64(name, steps, level=None):

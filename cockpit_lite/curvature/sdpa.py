@@ -7,7 +7,7 @@ derivative of that backward: a Hessian-vector product (double backward) fails wi
 ``derivative for aten::_scaled_dot_product_flash_attention_for_cpu_backward is not
 implemented``.
 
-``enable_double_backward()`` registers that derivative (the ``AutogradCPU`` kernel of
+``enable_double_backward(register)`` registers that derivative (the ``AutogradCPU`` kernel of
 the backward operator): the backward itself still runs the flash kernel on the user's
 tensors, so forward values, gradients and hence the training trajectory are bit for bit
 what they are without it (tested); only when the backward pass is recorded
@@ -18,15 +18,14 @@ computed by differentiating the attention's *math* kernel
 the same function, so the same Hessian. The user's kernel choice
 (``torch.nn.attention.sdpa_kernel``, ``torch.backends.cuda.enable_*_sdp``) is never
 changed. The registration is process-wide, done once, the first time a Cockpit
-quantity needs Hessian-vector products. Attention with dropout (``dropout_p > 0``)
-never reaches the flash kernel on CPU: PyTorch runs the math kernel, which records its
-mask and is twice differentiable already.
+quantity needs Hessian-vector products (``cockpit_lite.curvature.derivatives``).
+Attention with dropout (``dropout_p > 0``) never reaches the flash kernel on CPU: PyTorch
+runs the math kernel, which records its mask and is twice differentiable already.
 """
 
 import torch
 
 OPERATOR = "_scaled_dot_product_flash_attention_for_cpu_backward"
-_LIBRARY = []  # the torch.library.Library holding the registration (kept alive)
 
 
 class _FlashBackward(torch.autograd.Function):
@@ -64,17 +63,10 @@ def _differentiable_backward(grad_out, query, key, value, out, logsumexp, dropou
     return _FlashBackward.apply(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, attn_mask, scale)
 
 
-def enable_double_backward():
-    """Register the derivative of the CPU flash-attention backward (once per process).
-
-    Returns:
-        Whether the registration is in place (``False`` on a PyTorch without the operator).
-    """
-    if _LIBRARY:
-        return True
+def enable_double_backward(register):
+    """Register the derivative of the CPU flash-attention backward with ``register(operator, kernel,
+    dispatch keys)`` (``cockpit_lite.curvature.derivatives``). Returns whether it is in place
+    (``False`` on a PyTorch without the operator)."""
     if not hasattr(torch.ops.aten, OPERATOR):
         return False
-    library = torch.library.Library("aten", "IMPL")
-    library.impl(OPERATOR, _differentiable_backward, "AutogradCPU")
-    _LIBRARY.append(library)
-    return True
+    return register(OPERATOR, _differentiable_backward, ("AutogradCPU",))

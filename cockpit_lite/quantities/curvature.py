@@ -46,7 +46,7 @@ import warnings
 
 import torch
 
-from cockpit_lite.curvature import ggn, hutchinson, sdpa
+from cockpit_lite.curvature import derivatives, ggn, hutchinson
 from cockpit_lite.backend import (
     CURVATURES, backpack_extended, curvature_extension, curvature_support, unsupported_message,
 )
@@ -169,7 +169,7 @@ class CurvatureQuantity(SingleStepQuantity):
             return Needs()
         if method == HUTCHINSON:
             info.require("loss", self.name)
-            sdpa.enable_double_backward()
+            derivatives.enable()
             return Needs(transforms=base.transforms, hvp=True)
         if isinstance(method, ggn.Request):
             return Needs(transforms=base.transforms, diagonals=(method,))

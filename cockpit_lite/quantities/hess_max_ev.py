@@ -2,7 +2,7 @@
 
 import torch
 
-from cockpit_lite.curvature import double_backward, sdpa
+from cockpit_lite.curvature import derivatives, double_backward
 from cockpit_lite.linalg import lanczos_max_eig, power_max_eig
 from cockpit_lite.quantities.base import Needs, Output, SingleStepQuantity
 
@@ -90,7 +90,7 @@ class HessMaxEV(SingleStepQuantity):
     INFO = ("loss",)
 
     def _needs(self, step, info):
-        sdpa.enable_double_backward()
+        derivatives.enable()
         return Needs(hvp=True)
 
     def before_backward(self, step, products):

@@ -9,7 +9,7 @@ import torch
 import models
 import problems
 from cockpit_lite import Cockpit, extend
-from cockpit_lite.curvature import hutchinson, sdpa
+from cockpit_lite.curvature import derivatives, hutchinson
 from cockpit_lite.curvature.hvp import HessianVectorProducts
 from cockpit_lite.quantities import HessTrace
 
@@ -51,7 +51,7 @@ def _products(name, batch_size=4):
     snapshot = problems.Snapshot(
         [p.detach().clone() for p in model.parameters()], *problem.batches[0], state, torch.get_rng_state()
     )
-    sdpa.enable_double_backward()
+    derivatives.enable()
     loss = problem.lossfunc(model(snapshot.x), snapshot.y)
     return problem, snapshot, HessianVectorProducts(loss, list(model.parameters()), 0)
 
