@@ -106,3 +106,16 @@ def test_updates_of_half_the_weights_on_a_flat_loss_are_found_from_the_third_upd
     moves = {"ParamNorm": [10.0, 1.0], "UpdateSize": [6.0, 0.6]}
     found = _findings([(0, {"Loss": 2.3})] + [(s, {"Loss": 2.3, **moves}) for s in (1, 2, 3)])
     assert len(found) == 1 and found[0].step == 1 and found[0].evidence["update_ratio"] == 0.6
+
+
+def test_losses_that_the_first_updates_already_raised_do_not_raise_the_start():
+    """Adam at 1.0 on a small held-out net (PReLU, Bilinear, RMSNorm): updates of 3.4, 0.7, 0.4 of the weights'
+    norm, the loss 1.07 -> 2.36 -> 2.34. L0, the median of the first 3 losses, is 2.34 itself, so neither the
+    overshoot (3-median ≥ 1.05 L0) nor the flat loss (≥ 0.9 L0) held and nothing was found; against the first
+    loss both do: found at step 2."""
+    ratios = [3.38, 0.70, 0.41, 0.28, 0.20, 0.15, 0.12]
+    losses = [1.07, 2.36, 2.34, 1.58, 1.37, 1.18, 1.83]
+    found = _findings([(s, {"Loss": loss, "ParamNorm": [10.0, 1.0], "UpdateSize": [10.0 * r, r]})
+                       for s, (loss, r) in enumerate(zip(losses, ratios))])
+    assert found and found[0].step == 2 and "overshoot" in found[0].message
+    assert "the loss rose from 1.07 to 2.34" in found[0].message and found[0].evidence["loss_ref"] == 1.07

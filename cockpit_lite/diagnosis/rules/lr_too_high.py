@@ -14,10 +14,13 @@
   test_loss) it must have climbed back the same way too (its best against its first log):
   a held-out loss that keeps falling says the training did not collapse;
 - updates of ≥ ``HIGH_RATIO`` of the weights' norm per step (median of the last 3) while
-  the loss does not improve (3-median ≥ 0.9 L₀);
+  the loss does not improve (3-median ≥ 0.9 L_s);
 - overshooting steps: updates of ≥ ``OVERSHOOT_RATIO`` of the weights' norm (a 3-step
-  median, at any step so far) and the 3-median loss ≥ ``OVERSHOOT_LOSS`` · L₀ (AdamW at a high learning
+  median, at any step so far) and the 3-median loss ≥ ``OVERSHOOT_LOSS`` · L_s (AdamW at a high learning
   rate without warm-up: the loss jumps, then plateaus far above the healthy twin's);
+  these two compare with L_s, the lower of L₀ and the first loss: L₀, the median of the first 3
+  losses, already holds the rise that the first updates caused when they are this large (Adam at
+  1.0 on a small net: 1.07, then 2.36 and 2.34 after updates of 3.4 and 0.7 of the weights' norm);
 - a non-finite loss whose origin has non-finite parameters (an update diverged), after a
   finite loss was seen: when the first loss seen is already non-finite (tracking began
   late, e.g. after an overhead budget's untracked first steps), non-finite parameters
@@ -57,23 +60,24 @@ class LrTooHigh(Rule):
                                   f"{origin.get('module')!r} were already non-finite: an update diverged",
                                   {"loss_ref": plain(ref), "module": origin.get("module")})]
         ratio = history.median_recent_ratio(3)
-        stuck = len(history.losses) >= 4 and history.median_recent_loss(3) >= 0.9 * ref
+        first = history.first_finite_loss[1] if history.first_finite_loss else math.nan
+        start = min(ref, first)  # (a loss that the first, suspect updates already raised does not raise L₀)
+        stuck = len(history.losses) >= 4 and history.median_recent_loss(3) >= 0.9 * start
         if len(history.ratios) >= 3 and ratio >= T.HIGH_RATIO and stuck:
             return [self._finding(history.ratios[-3][0], f"each update changes the weights by {fmt(ratio, 2)} of "
                                   f"their norm (median of the 3 steps up to {step}; healthy: ~1e-3 to 1e-2)",
-                                  {"update_ratio": plain(ratio), "loss_ref": plain(ref)})]
+                                  {"update_ratio": plain(ratio), "loss_ref": plain(start)})]
         if len(history.ratios) >= 3 and finite(ratio) and ratio > self.peak[0]:
             self.peak = (ratio, history.ratios[-1][0])
-        rose = history.median_recent_loss(3) >= T.OVERSHOOT_LOSS * ref if len(history.losses) >= 3 else False
+        rose = history.median_recent_loss(3) >= T.OVERSHOOT_LOSS * start if len(history.losses) >= 3 else False
         if self.peak[0] >= T.OVERSHOOT_RATIO and rose:
             peak, at = self.peak
             return [self._finding(step, f"updates changed the weights by {fmt(peak, 2)} of their norm (median of "
                                   f"the 3 steps up to {at}; healthy: ~1e-3 to 1e-2) and the "
-                                  f"loss rose from {fmt(ref)} to {fmt(history.median_recent_loss(3))} (median of the "
+                                  f"loss rose from {fmt(start)} to {fmt(history.median_recent_loss(3))} (median of the "
                                   f"3 records up to step {step}): the steps overshoot",
-                                  {"update_ratio": plain(peak), "loss_ref": plain(ref),
+                                  {"update_ratio": plain(peak), "loss_ref": plain(start),
                                    "loss": plain(history.median_recent_loss(3))})]
-        first = history.first_finite_loss[1] if history.first_finite_loss else math.nan
         last = history.losses[-1][1] if history.losses and history.losses[-1][0] == step else math.nan
         pushed = max((r for _, r in history.ratios[-3:] if finite(r)), default=0.0)  # the updates that led here
         if len(history.losses) >= 2 and first > 0 and last > T.SPIKE_ONE * first and pushed >= T.OVERSHOOT_RATIO:
