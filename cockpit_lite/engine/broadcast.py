@@ -59,7 +59,8 @@ def _batch_axis(node, shape, out, batch_size):
     return None
 
 
-ELEMENTWISE = {"AddBackward0", "SubBackward0", "MulBackward0", "DivBackward0", "ExpandBackward0"}
+ELEMENTWISE = {"AddBackward0", "SubBackward0", "MulBackward0", "DivBackward0", "ExpandBackward0", "WhereBackward0",
+               "MaskedFillBackward0"}
 """Nodes whose output axes line up with their inputs' (broadcasting): an axis of size B that the
 input has is the input's own, not the batch."""
 
@@ -107,7 +108,9 @@ def broadcast_into_batch(users, start, shape, batch_size):
     through shape-only nodes and is broadcast there along an axis of size ``batch_size``.
 
     This tells a shared tensor whose length happens to equal the batch size (positions
-    ``arange(T)`` with ``T = B``) from a batched one. Nothing is broadcast into a batch of one
+    ``arange(T)`` with ``T = B``) from a batched one. An elementwise node that leaves the
+    shape as it is (a causal mask applied with ``torch.where``, T5's decoder position bias)
+    is walked through: it brings no batch in. Nothing is broadcast into a batch of one
     sample (every axis of size 1 would match it).
     """
     if batch_size < 2:
@@ -119,7 +122,8 @@ def broadcast_into_batch(users, start, shape, batch_size):
             return False
         node = following[0][0]
         out = tuple(node._input_metadata[0].shape)
-        if type(node).__name__ in SHAPE_ONLY:
+        name = type(node).__name__
+        if name in SHAPE_ONLY or (name in ELEMENTWISE and out == shape):  # (a mask applied before the batch)
             current, shape = (node, 0), out
             continue
         if len(shape) > len(out):

@@ -182,6 +182,41 @@ def test_a_weight_normalised_layer_as_wide_as_the_batch(layer, monkeypatch):
     assert not any(used)
 
 
+
+class MaskedRelativeBias(nn.Module):
+    """T5's decoder self-attention in small: a learned bias per relative position (an Embedding of the
+    ``[T, T]`` bucket indices, shared by every sample), causally masked with ``torch.where`` before it is
+    added to each sample's scores ``[B, T, T]``."""
+
+    def __init__(self, length):
+        super().__init__()
+        self.bias = nn.Embedding(length, 1)
+        self.value = nn.Linear(D, D)
+        self.length = length
+
+    def forward(self, x):
+        positions = torch.arange(self.length, device=x.device)
+        buckets = (positions[:, None] - positions[None, :]).clamp(min=0)
+        causal = positions[:, None] >= positions[None, :]
+        bias = torch.where(causal, self.bias(buckets)[..., 0], torch.tensor(-1e4, dtype=x.dtype))
+        scores = x @ x.transpose(1, 2) + bias
+        return scores.softmax(-1) @ self.value(x)
+
+
+@pytest.mark.parametrize("length", [T, B])  # also as long as the batch: two axes of size B
+def test_a_masked_relative_position_bias_as_long_as_the_batch(length, monkeypatch):
+    """With T = B the bias table's lookup ``[B, B, 1]`` looked batched: the Embedding rule took the buckets'
+    first axis for the samples (each row's gradient a "sample"; their sum is right, so the check against
+    autograd's gradient passed, and NormTest of T5's decoder bias came out 1.354 against 1.276). The mask
+    keeps the shape and brings no batch in: shared, and exact (the global path)."""
+    torch.manual_seed(0)
+    model = MaskedRelativeBias(length).double()
+    x = torch.randn(B, length, D, dtype=torch.float64)
+    got = engine_individual_gradients(model, x)
+    for index, reference in enumerate(individual_reference(model, x)):
+        torch.testing.assert_close(got[index], reference)
+
+
 class Tanh(nn.Module):
     """A custom layer (the generic rule): ``tanh(x · w) + b``."""
 
