@@ -321,38 +321,49 @@ def _cell_reference(module, x, state=None):
     return float(tails) / (sig.numel() + tan.numel()), torch.stack(hs, 1)
 
 
-@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU])
-def test_recurrent_gates_match_torchs_own_cell(kind):
-    """The gates inside nn.LSTM/nn.GRU (no hook reaches them): a large initialisation saturates
-    them, and the recorded fraction is the one computed from torch's own cell's states."""
-    from cockpit_lite.quantities.activation_stats import recurrent_gates
-
+def _saturating(kind):
+    """A batch-first ``kind(5, 7)`` (seed 0) with 8 times its initial weights: many gates saturate."""
     torch.manual_seed(0)
     rnn = kind(5, 7, batch_first=True)
     with torch.no_grad():
         for name, p in rnn.named_parameters():
             if "weight" in name:
                 p.mul_(8)
-    x = torch.randn(20, 6, 5)
-    expected, states = _cell_reference(rnn, x)
-    output, saturated = recurrent_gates(rnn, x)
-    torch.testing.assert_close(output.double(), states, rtol=1e-4, atol=1e-5)
-    assert float(saturated) == pytest.approx(expected, abs=2e-3) and expected > 0.3
+    return rnn
 
+
+def _recorded(rnn, x, *state):
+    """ActivationStats' record of ``rnn``, called as ``rnn(x, *state)`` in a model with a linear readout."""
     class Readout(nn.Module):
         def __init__(self):
             super().__init__()
             self.rnn, self.head = rnn, nn.Linear(7, 3)
 
         def forward(self, x):
-            return self.head(self.rnn(x)[0][:, -1])
+            return self.head(self.rnn(x, *state)[0][:, -1])
 
     model = Readout()
     cp = Cockpit(model, [ActivationStats()], diagnose=False)
     loss = model(x).square().mean()
     with cp(0, info={"loss": loss}):
         loss.backward()
-    stats = cp.output[0]["ActivationStats"]["rnn"]
+    return cp.output[0]["ActivationStats"]["rnn"]
+
+
+@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU])
+def test_recurrent_gates_match_torchs_own_cell(kind):
+    """The gates inside nn.LSTM/nn.GRU (no hook reaches them): a large initialisation saturates
+    them, and the recorded fraction is the one computed from torch's own cell's states."""
+    from cockpit_lite.quantities.activation_stats import recurrent_gates
+
+    rnn = _saturating(kind)
+    x = torch.randn(20, 6, 5)
+    expected, states = _cell_reference(rnn, x)
+    output, saturated = recurrent_gates(rnn, x)
+    torch.testing.assert_close(output.double(), states, rtol=1e-4, atol=1e-5)
+    assert float(saturated) == pytest.approx(expected, abs=2e-3) and expected > 0.3
+
+    stats = _recorded(rnn, x)
     assert stats["type"] == kind.__name__ and stats["dead"] is None
     assert stats["saturated"] == pytest.approx(expected, abs=2e-3)
     out = rnn(x)[0].detach().double()
@@ -363,31 +374,12 @@ def test_recurrent_gates_match_torchs_own_cell(kind):
 def test_the_gates_start_from_the_initial_state_the_layer_is_called_with(kind):
     """``rnn(x, h0)`` (a GRU's tensor) or ``rnn(x, (h0, c0))`` inside the model: the recorded fraction is
     torch's own cell's from that state, not from zeros (over two time steps the first weighs half)."""
-    torch.manual_seed(0)
-    rnn = kind(5, 7, batch_first=True)
-    with torch.no_grad():
-        for name, p in rnn.named_parameters():
-            if "weight" in name:
-                p.mul_(8)
+    rnn = _saturating(kind)
     x, h0 = torch.randn(20, 2, 5), 3 * torch.randn(1, 20, 7)
     state = (h0, 3 * torch.randn(1, 20, 7)) if kind is nn.LSTM else h0
     expected = _cell_reference(rnn, x, state)[0]
     assert abs(expected - _cell_reference(rnn, x)[0]) > 0.02  # the initial state matters here
-
-    class Readout(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.rnn, self.head = rnn, nn.Linear(7, 3)
-
-        def forward(self, x):
-            return self.head(self.rnn(x, state)[0][:, -1])
-
-    model = Readout()
-    cp = Cockpit(model, [ActivationStats()], diagnose=False)
-    loss = model(x).square().mean()
-    with cp(0, info={"loss": loss}):
-        loss.backward()
-    assert cp.output[0]["ActivationStats"]["rnn"]["saturated"] == pytest.approx(expected, abs=2e-3)
+    assert _recorded(rnn, x, state)["saturated"] == pytest.approx(expected, abs=2e-3)
 
 
 @pytest.mark.parametrize("kind, options", [
