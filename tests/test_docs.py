@@ -209,6 +209,12 @@ QUOTES = [
     ("docs/experiments.md", "15.1%\nof all", "measured/experiments/data_scaling_bug/outside_unnormalised"),
     ("docs/experiments.md", "(0.0%\nnormalised)", "measured/experiments/data_scaling_bug/outside_normalised"),
     ("docs/experiments.md", "158× larger", "measured/experiments/data_scaling_bug/first_layer_larger"),
+    ("docs/development.md", "164 mutants, 34 of them also",
+     "measured/mutation_seed2/totals/sampled|measured/mutation_seed2/totals/in_earlier_samples"),
+    ("docs/development.md", "140 of the 164 were killed. Its 24 survivors were 18 missing tests",
+     "measured/mutation_seed2/totals/killed_before|measured/mutation_seed2/totals/sampled"
+     "|measured/mutation_seed2/totals/survivors|measured/mutation_seed2/totals/missing_tests"),
+    ("docs/development.md", "and 6 equivalent mutants", "measured/mutation_seed2/totals/equivalent"),
 ]
 
 
@@ -248,6 +254,20 @@ def test_every_timing_and_ratio_is_in_numbers_json(name):
     unknown = sorted({f for f in found if f not in SETTINGS and f.replace(" ms", "") not in values
                       and f not in values})
     assert not unknown, f"{name} quotes {unknown}, which docs/numbers.json does not hold"
+
+
+def test_the_third_mutation_sample_s_totals_are_its_rows():
+    """The totals the prose quotes add up from the table's rows: every survivor is a missing test (now killed)
+    or an equivalent mutant."""
+    entry = _numbers()["measured"]["mutation_seed2"]
+    columns = list(zip(*entry["rows"]))
+    sampled, earlier, before, killed, equivalent = (
+        sum(int(cell.split()[0]) for cell in columns[i]) for i in (1, 2, 3, 4, 5))
+    totals = entry["totals"]
+    assert (sampled, earlier, before, equivalent) == (
+        totals["sampled"], totals["in_earlier_samples"], totals["killed_before"], totals["equivalent"])
+    assert totals["survivors"] == sampled - before == totals["missing_tests"] + equivalent
+    assert killed == before + totals["missing_tests"] and killed + equivalent == sampled
 
 
 def test_counts_quoted_are_the_code_s():

@@ -96,8 +96,9 @@ def test_a_json_file_is_one_segment(tmp_path):
 
 
 def test_from_jsonable_makes_tagged_arrays_and_histograms_arrays():
-    """The inverse of ``to_jsonable``: json_tricks' tagged arrays (anywhere) and histograms as lists become arrays;
-    an array that is no array of numbers is refused naming its field."""
+    """The inverse of ``to_jsonable``: json_tricks' tagged arrays (anywhere) and histograms as lists become arrays
+    (edges of floats, also from integers; a histogram without edges gets none); an array that is no array of
+    numbers is refused naming its field."""
     value = log.from_jsonable({"GradHist1d": {"hist": [1, 2], "edges": [-1.0, 0.0, 1.0]},
                                "Custom": [{"__ndarray__": [[1, 2], [3, 4]], "dtype": "int64", "shape": [2, 2]}],
                                "Loss": 0.5})
@@ -106,6 +107,12 @@ def test_from_jsonable_makes_tagged_arrays_and_histograms_arrays():
     assert value["Custom"][0].shape == (2, 2) and value["Custom"][0][1, 0] == 3 and value["Loss"] == 0.5
     with pytest.raises(ValueError, match="field 'GradHist1d.hist'"):
         log.from_jsonable({"GradHist1d": {"hist": ["a"], "edges": [0.0, 1.0]}})
+    value = log.from_jsonable({"GradHist1d": {"hist": [1, 2], "edges": [0, 1, 2]}, "Custom": {"hist": [3]}})
+    edges = value["GradHist1d"]["edges"]
+    assert isinstance(edges, np.ndarray) and edges.dtype == np.float64 and edges.tolist() == [0.0, 1.0, 2.0]
+    assert set(value["Custom"]) == {"hist"} and value["Custom"]["hist"].tolist() == [3]
+    with pytest.raises(ValueError, match="field 'GradHist1d.edges'"):
+        log.from_jsonable({"GradHist1d": {"hist": [1], "edges": ["a", "b"]}})
 
 
 @pytest.mark.parametrize("endian", ["big", "little"])

@@ -105,6 +105,7 @@ TABLES = {
     "fsdp_curvature": _measured("fsdp_curvature"),
     "mutation": _measured("mutation"),
     "mutation_fresh": _measured("mutation_fresh"),
+    "mutation_seed2": _measured("mutation_seed2"),
     "lr_comparison": _lr_table,
     "demo_last_epoch": _demo_summary,
 }

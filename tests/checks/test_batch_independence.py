@@ -16,6 +16,8 @@ def test_batchnorm_in_eval_mode_is_said():
     report = _run(CASES["bn_cnn"]())
     assert report.passed == NAMES
     assert all("BatchNorm2d (2) in eval mode" in report[n].message for n in NAMES)
+    assert report["batch_independence_forward"].message.startswith(
+        "no dependence: changing one sample leaves the other samples' outputs unchanged")
 
 
 def test_tokens_are_differentiated_at_the_input_embedding():

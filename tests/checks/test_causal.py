@@ -21,6 +21,18 @@ def test_a_sequence_classifier_is_skipped_not_passed():
     assert report.skipped == NAMES and "no sequence axis" in report["causal_backward"].message
 
 
+def test_sequences_of_one_position_are_inconclusive_and_two_decide():
+    case = CASES["lstm_lm"]()
+    x, y = case.batch
+    report = checks.run(case.model, case.loss_fn, (x[:, :1], y[:, :1]), **case.options, checks=NAMES)
+    assert report.inconclusive == NAMES
+    assert report["causal_forward"].message == (
+        "inconclusive: the inputs have no sequence axis 1 of length >= 2: no later position to leak from")
+    assert report["causal_forward"].fix == "pass sequences of at least 2 positions"
+    report = checks.run(case.model, case.loss_fn, (x[:, :2], y[:, :2]), **case.options, checks=NAMES)  # the fix
+    assert report.passed == NAMES
+
+
 def test_causal_models_pass_and_leaks_fail_with_the_mask_fix():
     report = _run(CASES["causal_transformer"]())
     assert report.passed == NAMES

@@ -8,6 +8,8 @@ import torch
 from check_cases import BROKEN, CASES
 
 from cockpit_lite import checks
+from cockpit_lite.checks import data_nonfinite
+from cockpit_lite.checks.problem import Problem
 
 DATA = ["data_duplicates", "data_imbalance", "data_normalization", "data_nonfinite"]
 
@@ -71,6 +73,7 @@ def test_without_data_two_checks_look_at_the_batch_and_two_are_inconclusive():
     report = _report(case, data={})
     assert report.inconclusive == ["data_duplicates", "data_imbalance"] and report.skipped == []
     assert "data={'x_train'" in report["data_duplicates"].fix and "y_test" in report["data_imbalance"].fix
+    assert report["data_imbalance"].message == "inconclusive: one batch is too small to count classes"
     assert "the batch" in report["data_nonfinite"].message and report["data_normalization"].passed
 
 
@@ -142,6 +145,17 @@ def test_the_test_split_must_agree_with_the_training_split(shift, factor, agrees
 
 def test_token_inputs_are_not_normalised():
     assert _report(CASES["causal_transformer"]())["data_normalization"].status == "skipped"
+
+
+def test_complex_inputs_are_searched_for_nonfinite_values():
+    """A complex split is a float one: an entry of imaginary part NaN and one of real part inf are counted;
+    integer targets are not searched."""
+    x = torch.complex(torch.randn(16, 3), torch.randn(16, 3))
+    x[2, 1] = complex(0.5, float("nan"))
+    x[5, 0] = complex(float("inf"), 0.0)
+    problem = Problem(torch.nn.Identity(), None, (x, torch.zeros(16, dtype=torch.long)), data={"x_train": x})
+    result = data_nonfinite.check(problem)
+    assert result.passed is False and result.value == 2 and result.message == "non-finite entries: x_train 2"
 
 
 def test_nonfinite_targets_are_counted():

@@ -16,6 +16,7 @@ def test_healthy_ratio_is_near_one_and_large_logits_fail():
     broken = _result(BROKEN["huge_init"]())
     assert broken.passed is False and broken.value > 3 and "scale the last layer down" in broken.fix
     assert f"{math.log(10):.3g}" in broken.message
+    assert broken.threshold == "<= 1.5"  # RATIO, one-sided
 
 
 def test_regression_is_skipped():

@@ -2,6 +2,7 @@
 
 import itertools
 
+import pytest
 import torch
 
 from cockpit_lite.checks.isolation import endless, fresh_optimizer
@@ -15,6 +16,23 @@ def test_a_passed_optimizer_is_copied_with_its_hyper_parameters():
     group = fresh.param_groups[0]
     assert (group["lr"], group["momentum"], group["weight_decay"]) == (0.123, 0.9, 0.01)
     assert group["params"] == params
+
+
+def test_endless_refuses_empty_batches():
+    """A loader that yields nothing raises on its first pass instead of looping forever (a second pass fails
+    the test rather than hanging it)."""
+    class Empty:
+        passes = 0
+
+        def __iter__(self):
+            self.passes += 1
+            assert self.passes == 1, "endless went over an empty loader again"
+            return iter(())
+
+    with pytest.raises(ValueError, match="batches is empty"):
+        next(endless(Empty()))
+    with pytest.raises(ValueError, match="batches is empty"):
+        next(endless([]))
 
 
 def test_endless_repeats_one_pair_a_tuple_of_pairs_or_a_loader():

@@ -4,6 +4,7 @@ import math
 import subprocess
 import sys
 
+import pytest
 import torch
 from check_cases import CASES, digits
 from matplotlib.figure import Figure
@@ -49,6 +50,24 @@ def test_no_decrease_gives_no_suggestion():
 
     result = checks.lr_range_test(torch.nn.Linear(4, 2), flat_loss, (torch.randn(16, 4), torch.zeros(16)), steps=5)
     assert result.suggested_lr is None and "never fell" in str(result)
+
+
+def test_the_shortest_sweep_is_its_two_ends():
+    """steps=2, the fewest allowed: the rates are start and end; steps=1 is refused."""
+    model, loss_fn, batch = torch.nn.Linear(4, 2), torch.nn.MSELoss(), (torch.randn(16, 4), torch.zeros(16, 2))
+    result = checks.lr_range_test(model, loss_fn, batch, start=1e-3, end=1e-1, steps=2)
+    assert len(result.lr) == 2 and math.isclose(result.lr[0], 1e-3) and math.isclose(result.lr[1], 1e-1)
+    with pytest.raises(ValueError, match="steps >= 2"):
+        checks.lr_range_test(model, loss_fn, batch, start=1e-3, end=1e-1, steps=1)
+
+
+def test_a_sweep_that_did_not_diverge_is_written_without_saying_so():
+    result = checks.LRRangeResult([0.01, 0.1, 1.0], [2.0, 1.0, 1.5], [2.0, 1.4, 1.45], 0.01, 0.1, False,
+                                  rule="min/10", notes=["raise end"])
+    assert str(result) == "LR range test: suggested lr 0.01 (min/10); smoothed loss minimal at 0.1, 3 steps; raise end"
+    result.diverged = True
+    assert str(result) == ("LR range test: suggested lr 0.01 (min/10); smoothed loss minimal at 0.1, 3 steps, "
+                           "stopped at divergence; raise end")
 
 
 def test_gauge_module_does_not_import_torch():

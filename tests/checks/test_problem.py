@@ -17,6 +17,26 @@ def test_perturbed_adds_noise_of_the_inputs_std_at_the_index_only():
     torch.testing.assert_close(out[1] - x[1], 2.0 ** 0.5 * noise[0], rtol=1e-6, atol=0)
 
 
+def test_perturbed_tokens_are_other_tokens_of_the_vocabulary_at_the_index_only():
+    """Tokens of an embedding of 5: every token at the index is replaced by another of 0..4."""
+    x = torch.arange(5).repeat(4, 1)  # each token id at each position
+    model = torch.nn.Sequential(torch.nn.Embedding(5, 2), torch.nn.Flatten(), torch.nn.Linear(10, 2))
+    problem = Problem(model, torch.nn.functional.cross_entropy, (x, torch.zeros(4, dtype=torch.long)))
+    out = problem.perturbed(x, (slice(1, 3),))
+    assert out.dtype == x.dtype and torch.equal(out[[0, 3]], x[[0, 3]])
+    assert bool((out[1:3] != x[1:3]).all()) and bool(((out >= 0) & (out < 5)).all())
+
+
+def test_perturbed_one_entry_adds_standard_normal_noise():
+    """One entry has no spread to measure: the noise is the next standard normal draw (scale 1)."""
+    x = torch.tensor([[2.0]])
+    problem = Problem(torch.nn.Linear(1, 2), torch.nn.functional.cross_entropy, (x, torch.tensor([0])))
+    torch.manual_seed(0)
+    out = problem.perturbed(x, (0,))
+    torch.manual_seed(0)
+    torch.testing.assert_close(out, x + torch.randn(1, 1), rtol=1e-6, atol=0)
+
+
 def test_a_sparse_embedding_is_checked_as_its_dense_twin():
     """``nn.Embedding(sparse=True)``: every check's verdict and value equal the same model's with
     ``sparse=False`` (the copies' embeddings give dense gradients, the same values); the user's model

@@ -36,6 +36,8 @@ def test_raise_if_failed_lists_every_failure():
 
 
 def test_a_value_is_written_as_an_integer_when_it_is_one():
-    """3 and 3.0 as "3"; others to three digits; 2e6 (a float of 10⁶ or more) and non-finite values as Python writes them."""
-    values = [3, 3.0, 0.25, 2e6, float("nan")]
-    assert [str(CheckResult("a", True, v, "", "m")).split()[2] for v in values] == ["3", "3", "0.25", "2e+06", "nan"]
+    """3 and 3.0 as "3"; others to three digits; a float of 10⁶ or more (the bound excluded) and non-finite values
+    as Python writes them."""
+    values = [3, 3.0, 0.25, 999999.0, 1e6, 2e6, float("nan")]
+    assert [str(CheckResult("a", True, v, "", "m")).split()[2] for v in values] == [
+        "3", "3", "0.25", "999999", "1e+06", "2e+06", "nan"]

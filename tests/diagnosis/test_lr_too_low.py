@@ -141,8 +141,12 @@ def test_step_decays_exactly_close_enough_together_are_found():
 
 def test_a_smooth_decay_counts_the_five_records_up_to_its_end_only():
     """The rate halves on each of the 5 records 40..80 (1/32 at 80, below 1/30 of the peak), after a flat
-    start; found once the run went on 0.25 * 80 steps at the updates of 1/32."""
-    assert _late(lambda s: 1.0 if s < 40 else 2.0 ** -min((s - 30) // 10, 5)) == [(80, "smoothly")]
+    start; found once the run went on 0.25 * 80 steps at the updates of 1/32: raised at step 100, where
+    100 - 80 = 0.25 * 80 is on the bound (``STALL_SHARE``, included)."""
+    def lrs(s):
+        return 1.0 if s < 40 else 2.0 ** -min((s - 30) // 10, 5)
+    assert _late(lrs) == [(80, "smoothly")]
+    assert synthetic(lrs)[1]["lr_too_low"] == 100
 
 
 def test_a_collapse_after_three_records_is_found():

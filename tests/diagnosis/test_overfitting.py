@@ -87,3 +87,4 @@ def test_a_log_of_epoch_losses_alone_is_read_and_quoted():
     assert finding.evidence["train"] == 0.8 and finding.evidence["train_then"] == 1.0
     assert finding.evidence["noise"] == pytest.approx(noise, rel=1e-3)
     assert "14x its noise" in finding.message and "3.1x below it" in finding.message, finding.message
+    assert "the training loss fell from 1 to 0.8," in finding.message, finding.message

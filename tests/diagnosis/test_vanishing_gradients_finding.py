@@ -22,6 +22,15 @@ def test_affected_tensors_count_the_bound_and_the_shrink_is_first_over_output_en
     assert "2 of 5 weight tensors" in finding.message
 
 
+def test_the_message_quotes_the_shrink_to_two_digits():
+    """‖g‖ of the first tensor 1.234e-4, of the output end 0.5 (‖θ‖ = 1): the shrink 2.468e-4 reads 0.00025."""
+    diagnosis = Diagnosis(names=NAMES, shapes=[(4, 4)] * 5)
+    for step in range(4):
+        diagnosis.feed(step, {"GradNorm": [1.234e-4, 5e-4, 1e-3, 0.3, 0.5], "ParamNorm": [1.0] * 5})
+    (finding,) = [f for f in diagnosis.findings if f.kind == "vanishing_gradients"]
+    assert "'l1' gets 0.00025 of the output layers' gradient" in finding.message, finding.message
+
+
 def test_a_record_without_gradient_at_the_output_end_breaks_the_streak():
     """r of the output end 0 at step 2 (no finding possible there: nothing to compare with); the streak
     starts again at step 3 and is found at step 5, naming step 3."""

@@ -283,9 +283,10 @@ def test_input_layer_is_the_first_module_the_input_reaches_through_pass_through_
             assert cp.output[step]["meta"]["ActivationStats"]["input_layer"] == {"name": "norm", "type": "BatchNorm1d"}
 
 
-def _cell_reference(module, x):
+def _cell_reference(module, x, state=None):
     """Gate values of a one-layer, one-direction batch-first LSTM/GRU: the hidden states from torch's
-    own cell (nn.LSTMCell / nn.GRUCell with the module's weights), the gates from those states."""
+    own cell (nn.LSTMCell / nn.GRUCell with the module's weights), the gates from those states; from the
+    initial ``state`` (``h0``, or ``(h0, c0)``, [1, B, hidden]) or zeros."""
     lstm = isinstance(module, nn.LSTM)
     cell = (nn.LSTMCell if lstm else nn.GRUCell)(module.input_size, module.hidden_size)
     with torch.no_grad():
@@ -295,6 +296,9 @@ def _cell_reference(module, x):
     cell = cell.double()
     h = x.new_zeros(x.shape[0], module.hidden_size)
     c = h.clone()
+    if state is not None:
+        h = (state[0] if lstm else state)[0, :SUB_BATCH].double()
+        c = state[1][0, :SUB_BATCH].double() if lstm else c
     sigmoid_gates, tanh_gates, hs = [], [], []
     with torch.no_grad():
         for t in range(x.shape[1]):
@@ -317,42 +321,65 @@ def _cell_reference(module, x):
     return float(tails) / (sig.numel() + tan.numel()), torch.stack(hs, 1)
 
 
-@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU])
-def test_recurrent_gates_match_torchs_own_cell(kind):
-    """The gates inside nn.LSTM/nn.GRU (no hook reaches them): a large initialisation saturates
-    them, and the recorded fraction is the one computed from torch's own cell's states."""
-    from cockpit_lite.quantities.activation_stats import recurrent_gates
-
+def _saturating(kind):
+    """A batch-first ``kind(5, 7)`` (seed 0) with 8 times its initial weights: many gates saturate."""
     torch.manual_seed(0)
     rnn = kind(5, 7, batch_first=True)
     with torch.no_grad():
         for name, p in rnn.named_parameters():
             if "weight" in name:
                 p.mul_(8)
-    x = torch.randn(20, 6, 5)
-    expected, states = _cell_reference(rnn, x)
-    output, saturated = recurrent_gates(rnn, x)
-    torch.testing.assert_close(output.double(), states, rtol=1e-4, atol=1e-5)
-    assert float(saturated) == pytest.approx(expected, abs=2e-3) and expected > 0.3
+    return rnn
 
+
+def _recorded(rnn, x, *state):
+    """ActivationStats' record of ``rnn``, called as ``rnn(x, *state)`` in a model with a linear readout."""
     class Readout(nn.Module):
         def __init__(self):
             super().__init__()
             self.rnn, self.head = rnn, nn.Linear(7, 3)
 
         def forward(self, x):
-            return self.head(self.rnn(x)[0][:, -1])
+            return self.head(self.rnn(x, *state)[0][:, -1])
 
     model = Readout()
     cp = Cockpit(model, [ActivationStats()], diagnose=False)
     loss = model(x).square().mean()
     with cp(0, info={"loss": loss}):
         loss.backward()
-    stats = cp.output[0]["ActivationStats"]["rnn"]
+    return cp.output[0]["ActivationStats"]["rnn"]
+
+
+@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU])
+def test_recurrent_gates_match_torchs_own_cell(kind):
+    """The gates inside nn.LSTM/nn.GRU (no hook reaches them): a large initialisation saturates
+    them, and the recorded fraction is the one computed from torch's own cell's states."""
+    from cockpit_lite.quantities.activation_stats import recurrent_gates
+
+    rnn = _saturating(kind)
+    x = torch.randn(20, 6, 5)
+    expected, states = _cell_reference(rnn, x)
+    output, saturated = recurrent_gates(rnn, x)
+    torch.testing.assert_close(output.double(), states, rtol=1e-4, atol=1e-5)
+    assert float(saturated) == pytest.approx(expected, abs=2e-3) and expected > 0.3
+
+    stats = _recorded(rnn, x)
     assert stats["type"] == kind.__name__ and stats["dead"] is None
     assert stats["saturated"] == pytest.approx(expected, abs=2e-3)
     out = rnn(x)[0].detach().double()
     assert stats["mean"] == pytest.approx(float(out.mean()), rel=1e-4)
+
+
+@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU])
+def test_the_gates_start_from_the_initial_state_the_layer_is_called_with(kind):
+    """``rnn(x, h0)`` (a GRU's tensor) or ``rnn(x, (h0, c0))`` inside the model: the recorded fraction is
+    torch's own cell's from that state, not from zeros (over two time steps the first weighs half)."""
+    rnn = _saturating(kind)
+    x, h0 = torch.randn(20, 2, 5), 3 * torch.randn(1, 20, 7)
+    state = (h0, 3 * torch.randn(1, 20, 7)) if kind is nn.LSTM else h0
+    expected = _cell_reference(rnn, x, state)[0]
+    assert abs(expected - _cell_reference(rnn, x)[0]) > 0.02  # the initial state matters here
+    assert _recorded(rnn, x, state)["saturated"] == pytest.approx(expected, abs=2e-3)
 
 
 @pytest.mark.parametrize("kind, options", [

@@ -1,0 +1,35 @@
+"""``quantities.base``: the step that ``SingleStepQuantity.needs`` passes on to a quantity's ``_needs``
+(the hook a custom quantity overrides, docs/quantities.md)."""
+
+import torch
+
+from cockpit_lite import Cockpit
+from cockpit_lite.quantities import Output, SingleStepQuantity
+
+
+class StepsSeen(SingleStepQuantity):
+    """Due on odd steps; keeps the steps its ``_needs`` is given."""
+
+    def __init__(self):
+        super().__init__(track_schedule=lambda step: step % 2 == 1)
+        self.seen = []
+
+    def _needs(self, step, info):
+        self.seen.append(step)
+        return super()._needs(step, info)
+
+    def compute(self, step, data):
+        return Output(torch.tensor(0.0))
+
+
+def test_needs_passes_the_due_step_to_a_custom_quantity():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    quantity = StepsSeen()
+    cp = Cockpit(model, [quantity])
+    for step in range(6):
+        loss = model(torch.randn(4, 3)).square().mean()
+        with cp(step, info={"loss": loss}):
+            loss.backward()
+    cp.close()
+    assert quantity.seen == [1, 3, 5]
