@@ -95,7 +95,7 @@ class CurvatureQuantity(SingleStepQuantity):
         if int(max_passes) != max_passes or max_passes < 0:
             raise ValueError(f"{self.name}: max_passes must be a non-negative integer, got {max_passes!r}")
         self.curvature, self.probes, self.seed, self.max_passes = curvature, int(probes), seed, int(max_passes)
-        self._chosen = None  # (step, method) decided before the step's backward pass
+        self._method = None  # the method decided before the step's backward pass
         self._unavailable = None  # why no exact diagonal runs at the chosen step (EXACT_ONLY)
         self._estimate = None  # Hutchinson's estimate of the step, from before_backward to compute
         self._warned = False
@@ -164,7 +164,7 @@ class CurvatureQuantity(SingleStepQuantity):
     def _needs(self, step, info):
         base = super()._needs(step, info)
         method = self.method(info)
-        self._chosen = (step, method)
+        self._method = method
         if method is None:
             return Needs()
         if method == HUTCHINSON:
@@ -190,7 +190,7 @@ class CurvatureQuantity(SingleStepQuantity):
         return super().observes(step)
 
     def compute(self, step, data):
-        method = self._chosen[1]
+        method = self._method
         if method is None:
             nan = float("nan")
             flag = f"{self.name}: not computed: {self._unavailable}. {EXACT_FIX}"

@@ -56,9 +56,9 @@ class TIC(CurvatureQuantity):
         return [sgs / data.batch_size for sgs in data.per_sample(SumGradSquared.key)]
 
     def compute(self, step, data):
-        if data.subset is None or self._chosen[1] is None:
+        if data.subset is None or self._method is None:
             return super().compute(step, data)
-        method = self._chosen[1]
+        method = self._method
         diagonal = data.curvature(method)
         terms, denominators = self.sample_terms(data, diagonal)
         t, se = subsample.total(terms, data.batch_size)
