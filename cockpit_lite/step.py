@@ -159,10 +159,7 @@ class StepData:
             f"in the rounding in {difference.dtype}: {d:.3g} against a rounding level of {l:.3g}: NaN"
             for index, d, l in zip(indices, difference[lost].tolist(), level[lost].tolist())
         ] + [
-            f"{quantity}: the gradient of {names[index]} is zero up to rounding (the engine's and autograd's "
-            "sums of its individual gradients disagree beyond its own size: a bias the loss cannot see, such "
-            "as an attention key bias or a bias right before a BatchNorm): its value would be rounding noise: NaN"
-            for index in (noise & ~lost).nonzero().reshape(-1).tolist()
+            _noise_flag(quantity, names[index]) for index in (noise & ~lost).nonzero().reshape(-1).tolist()
         ] + [
             f"{quantity}: the gradient of {names[index]} is exactly 0 at this step (no sample's loss depends on "
             "it: a layer this forward pass left out, or an LSTM's reverse direction read only at its first "
@@ -170,6 +167,22 @@ class StepData:
             for index in (zero & ~lost & ~noise).nonzero().reshape(-1).tolist()
         ]
         return torch.where(lost | noise, torch.full_like(values, float("nan")), values), flags
+
+    def without_noise(self, quantity, output):
+        """A subsampled estimate's ``output`` (``cockpit_lite.subsample``) with its value and standard error
+        NaN, and a flag, for each parameter whose gradient is zero up to rounding (``noise``), as
+        ``resolved`` makes them at a step of the whole batch: the subsample's ratio of rounding noise is no
+        estimate of anything. Layouts: ``value`` the whole network's and ``layers`` (``meta["layers_se"]``),
+        or ``value`` a list per parameter (``meta["se"]``)."""
+        if not self.noise:
+            return output
+        per_parameter, ses = ((output.layers, output.meta["layers_se"]) if output.layers is not None
+                              else (output.value, output.meta["se"]))
+        nan = float("nan")
+        for index in sorted(self.noise):
+            per_parameter[index], ses[index] = nan, nan
+            output.flags.append(_noise_flag(quantity, self.names[index]))
+        return output
 
     def per_sample(self, key):
         """Per-parameter values of the transform with ``key`` (see ``cockpit_lite.engine.transforms``).
@@ -211,3 +224,11 @@ class StepData:
         if isinstance(found, Exception):
             raise found
         return found
+
+
+def _noise_flag(quantity, name):
+    return (
+        f"{quantity}: the gradient of {name} is zero up to rounding (the engine's and autograd's sums of its "
+        "individual gradients disagree beyond its own size: a bias the loss cannot see, such as an attention key "
+        "bias or a bias right before a BatchNorm): its value would be rounding noise: NaN"
+    )

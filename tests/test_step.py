@@ -188,3 +188,44 @@ def test_a_gradient_exactly_zero_is_flagged_where_a_test_divides_by_it():
         assert flagged == sorted(zero), entry["flags"]
     assert [entry["GradVariance"][i] for i in sorted(zero)] == [0.0] * 3
     assert len(entry["flags"]) == 9
+
+
+class _KeyBiasAttention(torch.nn.Module):
+    """``_KeyBias``'s attention without the BatchNorm: only the key bias has no gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.query, self.key, self.value = (torch.nn.Linear(3, 4) for _ in range(3))
+        self.head = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        scores = self.query(x) @ self.key(x).transpose(1, 2) / 2
+        return self.head((scores.softmax(-1) @ self.value(x)).mean(1))
+
+
+def test_a_gradient_zero_up_to_rounding_is_nan_and_flagged_at_a_subsampled_step_too():
+    """The key bias at a step estimated from 3 of 6 samples (``samples=3``): its estimates were ratios of
+    rounding noise recorded as values (ViT's key bias: a NormTest of 0.63 against a brute force of 0.86, both
+    noise); now NaN, their standard errors NaN, with the flag of a whole-batch step. The other parameters and
+    the whole network keep finite estimates."""
+    torch.manual_seed(0)
+    model = _KeyBiasAttention().double()
+    names = [n for n, _ in model.named_parameters()]
+    noise = [names.index("key.bias")]
+    cp = problems.Cockpit(model, [NormTest(), InnerTest(), OrthoTest(), GradVariance()], diagnose=False, samples=3)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(6, 5, 3, generator=g, dtype=torch.float64), torch.randint(0, 3, (6,), generator=g)
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    entry = cp.get_output()[0]
+    assert entry["batch"]["samples"] == 3
+    for name in NAMES:
+        values, ses = ((entry[name], entry["meta"][name]["se"]) if name == "GradVariance"
+                       else (entry["layers"][name], entry["meta"][name]["layers_se"]))
+        assert [i for i in range(len(names)) if math.isnan(values[i])] == noise, (name, values)
+        assert [i for i in range(len(names)) if math.isnan(ses[i])] == noise, (name, ses)
+        assert name == "GradVariance" or math.isfinite(entry[name])
+        flagged = [names.index(n) for f in entry["flags"] for n in names
+                   if f.startswith(f"{name}: the gradient of {n} is zero up to rounding")]
+        assert flagged == noise, entry["flags"]

@@ -46,7 +46,7 @@ class GradVariance(SingleStepQuantity):
             values = ((t[1:] - b * torch.stack(data.per_sample(GradL2.key))) / (b - 1)).clamp(min=0)
             meta = subsample.meta(data.samples, b, list((se[1:] / (b - 1)).unbind()), scale=intervals.LOG)
             meta["total_se"] = se[0] / (b - 1)
-            return Output(list(values.unbind()), meta=meta)
+            return data.without_noise(self.name, Output(list(values.unbind()), meta=meta))
         _, flags = centred_sums_of_squares(data, self.name)
         centred = data.centred_totals
         terms = totals(data.per_sample(SumGradSquared.key))

@@ -35,7 +35,8 @@ class InnerTest(SingleStepQuantity):
         grad_l2 = data.grad_squared_norms
         if data.subset is not None:
             d, g2 = with_total(torch.stack(dots, 1)), with_total(torch.stack(grad_l2))
-            return subsample.sqrt_estimates((d - g2) ** 2, b, torch.zeros_like(g2), (b - 1) * b * g2**2)
+            return data.without_noise(self.name, subsample.sqrt_estimates((d - g2) ** 2, b, torch.zeros_like(g2),
+                                                                          (b - 1) * b * g2**2))
 
         projections, g2 = with_total(torch.stack(dots, 1)), with_total(torch.stack(grad_l2))
         variance = projections.var(0)

@@ -34,7 +34,7 @@ class NormTest(SingleStepQuantity):
         l2 = data.per_sample(BatchL2.key)
         if data.subset is not None:
             x, g2 = with_total(torch.stack(l2, 1)), with_total(torch.stack(data.grad_squared_norms))
-            return subsample.sqrt_estimates(x, b, b * g2, (b - 1) * b * g2)
+            return data.without_noise(self.name, subsample.sqrt_estimates(x, b, b * g2, (b - 1) * b * g2))
 
         sum_l2, grad_l2 = with_total(torch.stack(l2).sum(1)), with_total(torch.stack(data.per_sample(GradL2.key)))
         spread = sum_l2 - b * grad_l2

@@ -37,7 +37,8 @@ class OrthoTest(SingleStepQuantity):
         if data.subset is not None:
             g2 = with_total(torch.stack(data.grad_squared_norms))
             l, d = with_total(torch.stack(l2, 1)), with_total(torch.stack(dots, 1))
-            return subsample.sqrt_estimates(l - d**2 / g2, b, torch.zeros_like(g2), (b - 1) * b * g2)
+            return data.without_noise(self.name, subsample.sqrt_estimates(l - d**2 / g2, b, torch.zeros_like(g2),
+                                                                          (b - 1) * b * g2))
 
         g2 = with_total(torch.stack(data.per_sample(GradL2.key)))
         sum_l2 = with_total(torch.stack([l.sum() for l in l2]))
