@@ -5,6 +5,8 @@ graph cut inside ``forward`` (a ``.detach()``, ``torch.no_grad()``, ``.data``): 
 differences run through the whole forward pass, so they see the dependence autograd
 drops. Every trainable parameter is checked, those autograd gives no gradient (``None``
 or all zero) too: ``DETACHED_ENTRIES = 12`` entries drawn uniformly, analytic gradient 0.
+The ``padding_idx`` row of an embedding is left out: PyTorch gives it no gradient by
+design, though the loss depends on it wherever the batch pads.
 A float64 copy of the model (dropout off; tensors the model creates in
 ``forward`` are float64 too, the default dtype is switched for the check and
 restored) and the loss on the first ``SAMPLES = 8`` samples; for every parameter
@@ -55,14 +57,30 @@ def _as64(tensor):
     return tensor.double() if torch.is_floating_point(tensor) else tensor
 
 
-def _entries(grad, generator):
+def _entries(grad, generator, free):
+    """Flat indices to compare: among the entries ``free`` (a flat mask) allows, some drawn uniformly
+    and some with a non-zero analytic gradient (or, with none, ``DETACHED_ENTRIES`` of them)."""
     flat = grad.reshape(-1)
-    if not bool(flat.any()):  # no analytic gradient: where does the loss still depend on it?
-        return torch.randperm(flat.numel(), generator=generator)[:DETACHED_ENTRIES].tolist()
-    picked = torch.randperm(flat.numel(), generator=generator)[:ENTRIES]
-    nonzero = torch.nonzero(flat).reshape(-1)
+    allowed = torch.nonzero(free).reshape(-1)
+    if not bool(flat[allowed].any()):  # no analytic gradient: where does the loss still depend on it?
+        return allowed[torch.randperm(allowed.numel(), generator=generator)[:DETACHED_ENTRIES]].tolist()
+    picked = allowed[torch.randperm(allowed.numel(), generator=generator)[:ENTRIES]]
+    nonzero = allowed[flat[allowed] != 0]
     extra = nonzero[torch.randperm(nonzero.numel(), generator=generator)[:ENTRIES]]
     return torch.unique(torch.cat([picked, extra])).tolist()
+
+
+def _free(model, name, param):
+    """The flat mask of the entries of ``param`` whose gradient autograd computes: all but the
+    ``padding_idx`` row of an ``nn.Embedding``/``nn.EmbeddingBag``'s weight, which PyTorch leaves
+    without a gradient by design although the loss depends on it wherever the batch pads."""
+    free = torch.ones(param.numel(), dtype=torch.bool)
+    owner, _, leaf = name.rpartition(".")
+    module = model.get_submodule(owner)
+    padding = getattr(module, "padding_idx", None)
+    if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and leaf == "weight" and padding is not None:
+        free.view(param.shape)[padding] = False
+    return free
 
 
 def _numerical(loss_at, flat, i, eps):
@@ -105,7 +123,7 @@ def check(problem):
                 if name not in grads or not p.is_contiguous():
                     continue
                 flat, analytic = p.view(-1), grads[name].reshape(-1)
-                for i in _entries(grads[name], generator):
+                for i in _entries(grads[name], generator, _free(model, name, p)):
                     checked += 1
                     a = analytic[i].item()
                     errors = []
