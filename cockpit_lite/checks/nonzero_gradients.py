@@ -3,7 +3,8 @@
 One backward pass of the loss on the batch through a copy (train mode); names
 every parameter whose gradient is missing (``None``: a ``detach``, an unused layer,
 a ``torch.no_grad`` block, an integer cast), exactly zero everywhere (dead ReLUs,
-a multiplication by zero) or not finite, and every parameter with
+a multiplication by zero; a bidirectional RNN read at its last position only, whose
+reverse recurrent weights then get none: the fix says so) or not finite, and every parameter with
 ``requires_grad=False``. Which parameters are trainable: those in the
 ``optimizer=`` passed to ``run`` (deliberately frozen ones left out of it are
 not checked), else every parameter of the model. Threshold: no such parameter.
@@ -41,4 +42,21 @@ def check(problem):
         f"{kind}: {', '.join(names)}" for kind, names in bad.items() if names)
     fix = ("look between these parameters and the loss for .detach(), torch.no_grad(), .data, a layer that "
            "is built but never called, requires_grad=False set by mistake, or dead ReLUs (checks.reinit_dead_relus)")
+    reverse = _reverse_read_last(model, bad["zero gradient"] + bad["no gradient (None)"])
+    if reverse:
+        fix = (f"{', '.join(reverse)}: a bidirectional RNN whose output is read at the last position only; its "
+               "reverse direction starts there from a zero state, so its recurrent weights get no gradient: read "
+               "the reverse half at the first position (out[:, 0, hidden:] with batch_first) or use h_n; " + fix)
     return CheckResult(NAME, False, count, "== 0", message, fix)
+
+
+def _reverse_read_last(model, names):
+    """The names among ``names`` of a bidirectional RNN's reverse recurrent weights (``weight_hh_l{k}_reverse``)."""
+    found = []
+    for name in names:
+        owner, _, leaf = name.rpartition(".")
+        module = model.get_submodule(owner)
+        if isinstance(module, torch.nn.RNNBase) and module.bidirectional and leaf.startswith("weight_hh_l") \
+                and leaf.endswith("_reverse"):
+            found.append(name)
+    return found

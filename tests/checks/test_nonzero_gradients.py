@@ -32,3 +32,36 @@ def test_zero_gradient_of_dead_units():
         case.model[1].bias.fill_(-100.0)
     result = _result(case)
     assert result.passed is False and "zero gradient: 1.weight, 1.bias" in result.message
+
+
+class _BiLSTMReadLast(torch.nn.Module):
+    """A bidirectional LSTM classifier that reads ``out[:, -1]`` (a common mistake); ``first``: the
+    reverse half read at the first position instead (the fix the check names)."""
+
+    def __init__(self, first=False):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(3, 4, batch_first=True, bidirectional=True)
+        self.head = torch.nn.Linear(8, 3)
+        self.first = first
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        if self.first:
+            return self.head(torch.cat([out[:, -1, :4], out[:, 0, 4:]], 1))
+        return self.head(out[:, -1])
+
+
+def test_a_bidirectional_rnn_read_at_its_last_position_is_named_with_the_fix():
+    """Its reverse direction starts at the last position from a zero state: ``weight_hh_l0_reverse`` gets an
+    exactly zero gradient (a finding, as before), and the fix now names the readout; reading the reverse half
+    at the first position, as it says, passes."""
+    torch.manual_seed(0)
+    batch = (torch.randn(16, 5, 3), torch.randint(0, 3, (16,)))
+    result = checks.run(_BiLSTMReadLast(), torch.nn.functional.cross_entropy, batch,
+                        checks=["nonzero_gradients"])["nonzero_gradients"]
+    assert result.passed is False and "zero gradient: lstm.weight_hh_l0_reverse" in result.message
+    assert result.fix.startswith("lstm.weight_hh_l0_reverse: a bidirectional RNN whose output is read at the last")
+    assert "out[:, 0, hidden:]" in result.fix
+    fixed = checks.run(_BiLSTMReadLast(first=True), torch.nn.functional.cross_entropy, batch,
+                       checks=["nonzero_gradients"])["nonzero_gradients"]
+    assert fixed.passed, fixed.message
