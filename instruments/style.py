@@ -220,7 +220,8 @@ def auto_yscale(ax, *arrays, scale="auto"):
         linthresh = float(np.percentile(nonzero, 10)) if nonzero.size else 1.0
         ax.set_yscale("symlog", linthresh=linthresh)
         ax.yaxis.set_major_locator(ticker.SymmetricalLogLocator(linthresh=linthresh, base=10))
-        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(_compact))  # (matplotlib's: mathtext, drawn raw
+        ax.yaxis.set_minor_formatter(ticker.NullFormatter())          # where text is literal)
     else:
         ax.set_yscale(chosen)
         if chosen == "log":

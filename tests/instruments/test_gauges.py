@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 from figure_text import drawn_texts, not_tracked, overlapping_texts, texts
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 import records
@@ -161,6 +162,22 @@ def test_auto_log_scale():
     assert style.auto_yscale(ax, np.array([1e-3, 1.0])) == "log"
     assert style.auto_yscale(ax, np.array([1.0, 2.0])) == "linear"
     assert style.auto_yscale(ax, np.array([-1e-4, 10.0, 1e3, -5e2, 3e-4, 2.0])) == "symlog"
+
+
+def test_symlog_tick_labels_are_plain_numbers():
+    """A symlog axis (Hutchinson's per-layer traces of both signs) drawn where text is literal (every
+    dashboard): matplotlib's own labels are mathtext, which came out raw ("$\\mathdefault{10^{0}}$")."""
+    fig = Figure()
+    ax = fig.add_subplot()
+    values = np.array([-1e-3, 0.5, 2.0, -0.02, 3e-4, 1.5])
+    ax.plot(values)
+    assert style.auto_yscale(ax, values) == "symlog"
+    with data.literal_text():
+        fig.canvas = FigureCanvasAgg(fig)
+        fig.canvas.draw()
+        labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert labels and not any("$" in label or "mathdefault" in label for label in labels), labels
+    assert all(float(label) == float(label) for label in labels)  # plain numbers: "-0.1", "1", "1e-3"
 
 
 def test_smooth_has_no_lag():
