@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from cockpit_lite import Cockpit, intervals, subsample
-from cockpit_lite.curvature import hutchinson, sdpa
+from cockpit_lite.curvature import derivatives, hutchinson
 from cockpit_lite.curvature.hvp import HessianVectorProducts
 from cockpit_lite.quantities import Alpha, GradHist1d, GradVariance, InnerTest, NormTest, OrthoTest
 from experiments import common
@@ -242,7 +242,7 @@ def pooled(parts):
 def hutchinson_rows(model, loss_of, batch, probes, reference, draws):
     """Per-tensor and total Hessian traces: ``draws`` estimates of ``probes`` probes against the mean of
     ``reference`` probes (``measure`` at the recorded df)."""
-    sdpa.enable_double_backward()
+    derivatives.enable()
     params = [p for p in model.parameters() if p.requires_grad]
     products = HessianVectorProducts(loss_of(*batch), params, 0)
 
