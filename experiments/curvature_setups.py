@@ -173,13 +173,75 @@ class Checkpointed(nn.Module):
         return self.head(torch.utils.checkpoint.checkpoint(segment, x, use_reentrant=False))
 
 
+class WeightNormed(nn.Module):
+    """``weight_norm`` on a Linear (dim 0, PyTorch's fused kernel) and a Conv1d (dim 1), as audio and GAN
+    models use it; PyTorch's own second derivative of the fused kernel is wrong (``curvature.weight_norm``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.utils.parametrizations.weight_norm(nn.Linear(4, 5))
+        self.conv = nn.utils.parametrizations.weight_norm(nn.Conv1d(1, 2, 2), dim=1)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = torch.tanh(self.lin(x)).unsqueeze(1)
+        return self.head(torch.tanh(self.conv(h)).flatten(1))
+
+
+class BiLstmReadLast(nn.Module):
+    """Token embedding, a two-layer bidirectional LSTM read at its last position (its last layer's reverse
+    recurrent weight gets no gradient there: the tests' values of that tensor are 0/0, flagged)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(models.VOCAB, 4)
+        self.lstm = nn.LSTM(4, 3, num_layers=2, bidirectional=True, batch_first=True)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, ids):
+        return self.head(self.lstm(self.embedding(ids))[0][:, -1])
+
+
+class EncoderDecoder(nn.Module):
+    """``nn.Transformer`` (one encoder and one decoder layer, pre-norm off) with a causal target mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(3, 8)
+        self.transformer = nn.Transformer(8, 2, 1, 1, 12, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.embed(x)
+        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1], dtype=x.dtype)
+        return self.head(self.transformer(h, h.flip(1), tgt_mask=mask, tgt_is_causal=True)[:, -1])
+
+
+class Upsampler(nn.Module):
+    """Strided and grouped transposed convolutions (decoders, GANs), PReLU, GroupNorm(1, C)."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.ConvTranspose2d(2, 4, 3, stride=2, padding=1, output_padding=1)
+        self.norm, self.act = nn.GroupNorm(1, 4), nn.PReLU()
+        self.grouped = nn.ConvTranspose2d(4, 2, 2, groups=2, bias=False)
+        self.head = nn.Linear(2, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.grouped(self.act(self.norm(self.up(x))))).mean((2, 3)))
+
+
 def _hf(kind):
     """A tiny Hugging Face model from a config (random weights, nothing downloaded), float64 logits."""
     import transformers
 
     common = dict(vocab_size=models.VOCAB, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
                   intermediate_size=12, max_position_embeddings=16)
-    if kind == "gpt2":
+    if kind == "t5":  # relative position biases, a decoder with a causal mask
+        config = transformers.T5Config(vocab_size=models.VOCAB, d_model=8, d_kv=4, d_ff=12, num_layers=1,
+                                       num_heads=2, dropout_rate=0.0)
+        model = transformers.T5ForConditionalGeneration(config)
+    elif kind == "gpt2":
         config = transformers.GPT2Config(vocab_size=models.VOCAB, n_embd=8, n_layer=1, n_head=2, n_positions=16,
                                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
         model = transformers.GPT2LMHeadModel(config)
@@ -202,6 +264,8 @@ class _Logits(nn.Module):
         self.model = model
 
     def forward(self, ids):
+        if self.model.config.is_encoder_decoder:  # the targets' tokens, reversed, as the decoder's input
+            return self.model(input_ids=ids, decoder_input_ids=ids.flip(1)).logits
         return self.model(input_ids=ids).logits
 
 
@@ -240,6 +304,11 @@ HELD_OUT = {
     "hf_gpt2": (lambda: _hf("gpt2"), models.TokenCrossEntropy, _tokens, _tokens),
     "hf_llama": (lambda: _hf("llama"), models.TokenCrossEntropy, _tokens, _tokens),
     "hf_bert": (lambda: _hf("bert"), nn.CrossEntropyLoss, _tokens, _classes),
+    "hf_t5": (lambda: _hf("t5"), models.TokenCrossEntropy, _tokens, _tokens),
+    "weight_norm": (WeightNormed, nn.CrossEntropyLoss, _images((4,)), _classes),
+    "bilstm_read_last": (BiLstmReadLast, nn.CrossEntropyLoss, _tokens, _classes),
+    "encoder_decoder": (EncoderDecoder, nn.CrossEntropyLoss, _images((models.SEQ, 3)), _classes),
+    "transposed_conv": (Upsampler, nn.CrossEntropyLoss, _images((2, 3, 3)), _classes),
 }
 
 SGD = lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=1e-3)  # noqa: E731
