@@ -161,9 +161,10 @@ class StepData:
         ] + [
             _noise_flag(quantity, names[index]) for index in (noise & ~lost).nonzero().reshape(-1).tolist()
         ] + [
-            f"{quantity}: the gradient of {names[index]} is exactly 0 at this step (no sample's loss depends on "
-            "it: a layer this forward pass left out, or an LSTM's reverse direction read only at its first "
-            "position): its value divides by ‖g‖ = 0: NaN"
+            f"{quantity}: the gradient of {names[index]} is exactly 0 at this step (no gradient reaches it: a "
+            "layer this forward pass left out, a branch scaled by zero such as a residual block whose last "
+            "BatchNorm is initialised to zero, an LSTM's reverse direction read only at its last position): its "
+            "value divides by ‖g‖ = 0: NaN"
             for index in (zero & ~lost & ~noise).nonzero().reshape(-1).tolist()
         ]
         return torch.where(lost | noise, torch.full_like(values, float("nan")), values), flags
