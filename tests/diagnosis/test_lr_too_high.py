@@ -119,3 +119,15 @@ def test_losses_that_the_first_updates_already_raised_do_not_raise_the_start():
                        for s, (loss, r) in enumerate(zip(losses, ratios))])
     assert found and found[0].step == 2 and "overshoot" in found[0].message
     assert "the loss rose from 1.07 to 2.34" in found[0].message and found[0].evidence["loss_ref"] == 1.07
+
+
+def test_a_divergence_is_measured_from_the_first_loss_when_the_first_updates_raised_the_next():
+    """timm's EfficientNet-B0 under SGD at 0.05 with momentum 0.9 (5 of 5 seeds diverge this way): updates of
+    0.11-0.16 of the weights' norm, the loss 6.72 -> 18.3 -> 43.6 -> 58. L0 = 18.3 held the rise, and the
+    7-record median 31.3 stayed below 2 L0: nothing was found (the healthy AdamW twin's updates are 0.005)."""
+    losses = [6.72, 18.29, 43.58, 43.4, 57.99, 31.33, 19.25, 7.97]
+    ratios = [0.111, 0.145, 0.157, 0.146, 0.127, 0.109, 0.093, 0.079]
+    found = _findings([(s, {"Loss": loss, "ParamNorm": [10.0, 1.0], "UpdateSize": [10.0 * r, r]})
+                       for s, (loss, r) in enumerate(zip(losses, ratios))])
+    assert found and found[0].step == 6 and "the loss rose from 6.72 at the start to 31.3" in found[0].message
+    assert found[0].evidence["loss_ref"] == 6.72
