@@ -4,7 +4,7 @@ attention planner, or (``None``) the global path (see ``cockpit_lite.engine``, p
 import torch
 from torch.utils import _pytree as pytree
 
-from cockpit_lite.engine.rules import GENERIC, UnsupportedCall, attention, rule_for
+from cockpit_lite.engine.rules import GENERIC, UnsupportedCall, attention, mixes_samples, rule_for
 from cockpit_lite.engine.step import as_if_batched, no_batch_axis
 from cockpit_lite.utils.shards import module_class
 
@@ -23,6 +23,8 @@ def route_use(call, name, param, calls, mixing, state, graph):
         if state.attention_nodes[call] is not None:
             return (call, name, "attention")
     rule = GENERIC if "." in name else rule_for(call.module)
+    if rule is GENERIC and mixes_samples(call.module):  # (timm's BatchNormAct2d: one sample alone is not the batch)
+        return None
     if rule is GENERIC and any(call.contains(c) for c in calls):
         if "." in name or mixing:  # own code around sub-module calls: only a shared parameter it uses
             return None

@@ -967,3 +967,23 @@ def test_a_subsampled_convolution_is_checked_on_two_output_channels_a_grouped_on
         assert "flags" not in cp.get_output()[step], cp.get_output()[step]
     assert sorted(set(formed)) == [(1, conv.CHECKED_CHANNELS), (2, 4)], formed
     assert torch.equal(torch.random.get_rng_state(), random_state)
+
+
+class _BatchNormAct2d(nn.BatchNorm2d):
+    """timm's ``BatchNormAct2d`` in small: a BatchNorm2d subclass with its activation inside ``forward``."""
+
+    def forward(self, x):
+        return torch.relu(super().forward(x))
+
+
+@pytest.mark.parametrize("size", [3, 1])  # also EfficientNet's head on a 1×1 map
+def test_a_batchnorm_subclass_in_training_mode_takes_the_global_path(size, monkeypatch):
+    """No layer rule knows the subclass, and the generic rule runs one sample alone, with its own statistics
+    instead of the batch's: its weight and bias were 0.3 away from autograd's gradient (NaN with a flag, then
+    the global path from the next step), and on a 1×1 map the call failed ("Expected more than 1 value per
+    channel"). A module that mixes the samples is never served sample by sample: the global path at once."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), _BatchNormAct2d(4), nn.Flatten(),
+                          nn.Linear(4 * size * size, 3)).double()
+    assert_matches_autograd(model, torch.randn(4, 2, size, size, dtype=torch.float64), monkeypatch,
+                            global_path=[0, 1, 2, 3])
