@@ -26,6 +26,9 @@ inputs and one on zeros, and compared twice:
   at 30 % against 14 %, passes: this check is about inputs that do not predict the
   labels. Regression: held-out loss ``<= HELD_RATIO = 0.7 x`` the zero-input one.
 
+A model whose training on zeroed inputs ends non-finite while the real inputs give a finite
+loss has no input-free baseline: *inconclusive* (it read as a ratio of 1, "does not use its
+input").
 The held-out comparison decides only what its data can: short of a pass it is
 *inconclusive* (never failed), with what to pass, when 2 standard errors of the guess
 are at least the gain it needs (too few held-out samples to resolve it), or when it
@@ -141,12 +144,19 @@ def check(problem):
     x, y = problem.small_batch(SAMPLES)
     _, real = _trained(problem, x, y)
     _, zero = _trained(problem, torch.zeros_like(x), y)
+    threshold = f"<= {RATIO:g} (held-out <= {HELD_RATIO:g})"
+    if math.isfinite(real) and not math.isfinite(zero):  # (was taken for a ratio of 1: "does not use its input")
+        return CheckResult(NAME, None, math.nan, threshold, (
+            f"inconclusive: training on zeroed inputs gave a non-finite loss ({zero:.3g} after {STEPS} steps; "
+            f"{real:.3g} on real inputs), so there is no input-free baseline to compare with"), (
+            "nothing to fix for training when the real inputs learn (overfit_one_batch): all-zero inputs are "
+            "outside what this model computes finitely (e.g. a normalisation of a constant input)"),
+            inconclusive=True)
     ratio = real / zero if zero > 0 else 1.0
     passed = math.isfinite(ratio) and ratio <= RATIO
     message = f"after {STEPS} steps: loss {real:.3g} on real inputs vs {zero:.3g} on zeroed inputs"
     fix = ("the model does not use its input: check that forward uses its argument all the way to the output "
            "(no torch.zeros_like, no * 0, no cached or wrong tensor)")
-    threshold = f"<= {RATIO:g} (held-out <= {HELD_RATIO:g})"
     if passed:
         held, note, undecided = _held_out(problem)
         message += f"; {note}"

@@ -28,6 +28,37 @@ def test_a_ratio_at_the_bound_passes(monkeypatch):
     assert result.value == 0.9 and result.passed is True
 
 
+class _NormalisedPerSample(__import__("torch").nn.Module):
+    """Each sample divided by its own norm before a Linear layer: an all-zero input is 0/0 (NaN), a real
+    one is fine (timm's EfficientNet-B0 on zeroed inputs ended NaN the same way)."""
+
+    def __init__(self):
+        import torch
+
+        super().__init__()
+        self.linear = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = x.flatten(1)
+        return self.linear(x / x.norm(dim=1, keepdim=True))
+
+
+def test_a_non_finite_zero_input_run_is_inconclusive_not_an_ignored_input():
+    """The non-finite zero-input loss read as a ratio of 1: a FAIL saying the model does not use its input.
+    Now inconclusive, with both losses, the reason and what it means."""
+    import math
+
+    import torch
+
+    case = CASES["digits_mlp"]()
+    result = checks.run(_NormalisedPerSample(), case.loss_fn, case.batch,
+                        checks=["input_independent_baseline"])["input_independent_baseline"]
+    assert result.passed is None and math.isnan(result.value), result
+    assert result.message.startswith("inconclusive: training on zeroed inputs gave a non-finite loss (nan after 30")
+    assert "does not use its input" not in result.fix and "all-zero inputs" in result.fix
+    assert torch.isnan(_NormalisedPerSample()(torch.zeros(2, 64))).all()
+
+
 def test_token_and_regression_models_beat_zeroed_inputs():
     for name in ("causal_transformer", "regression_mlp", "lstm_classifier"):
         assert _result(CASES[name]()).value < 0.5
