@@ -65,3 +65,40 @@ def test_a_bidirectional_rnn_read_at_its_last_position_is_named_with_the_fix():
     fixed = checks.run(_BiLSTMReadLast(first=True), torch.nn.functional.cross_entropy, batch,
                        checks=["nonzero_gradients"])["nonzero_gradients"]
     assert fixed.passed, fixed.message
+
+
+class _ZeroInitResidual(torch.nn.Module):
+    """A residual block whose last BatchNorm starts at zero (timm's ResNets), then a head; ``detached``: the
+    head also reads a detached copy of the stem through a layer of its own (a real missing gradient)."""
+
+    def __init__(self, detached=False):
+        super().__init__()
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU())
+        self.branch = torch.nn.Sequential(torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.BatchNorm2d(4))
+        torch.nn.init.zeros_(self.branch[1].weight)
+        self.side = torch.nn.Linear(4, 10) if detached else None
+        self.head = torch.nn.Linear(4, 10)
+
+    def forward(self, x):
+        h = self.stem(x)
+        pooled = (h + self.branch(h)).relu().mean((2, 3))
+        out = self.head(pooled)
+        return out if self.side is None else out + self.side(pooled).detach()
+
+
+def test_a_branch_behind_a_zero_initialised_scale_is_no_failure():
+    """The branch's conv and the BatchNorm's bias get an exactly zero gradient until the zero scale moves:
+    a failure before (timm's ResNet-18: 32 of 62 tensors, with the detach/dead-ReLU fix). Now a pass naming
+    the scale; a real detached layer beside it still fails, alone."""
+    case = CASES["digits_mlp"]()
+    batch = (case.batch[0].reshape(-1, 1, 8, 8), case.batch[1])
+    torch.manual_seed(0)
+    result = checks.run(_ZeroInitResidual(), torch.nn.functional.cross_entropy, batch,
+                        checks=["nonzero_gradients"])["nonzero_gradients"]
+    assert result.passed, result.message
+    assert "get a gradient, 2 of them only once the exactly zero branch.1.weight, branch.1.bias move" in result.message
+    torch.manual_seed(0)
+    broken = checks.run(_ZeroInitResidual(detached=True), torch.nn.functional.cross_entropy, batch,
+                        checks=["nonzero_gradients"])["nonzero_gradients"]
+    assert broken.passed is False and broken.message.startswith(
+        "2 of 10 parameter tensors: no gradient (None): side.weight, side.bias; 2 more get one only once"), broken.message
