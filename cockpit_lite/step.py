@@ -1,5 +1,6 @@
 """``StepData``: everything a quantity may read after one step's backward pass."""
 
+import math
 from functools import cached_property
 
 import torch
@@ -160,29 +161,25 @@ class StepData:
             for index, d, l in zip(indices, difference[lost].tolist(), level[lost].tolist())
         ] + [
             _noise_flag(quantity, names[index]) for index in (noise & ~lost).nonzero().reshape(-1).tolist()
-        ] + [
-            f"{quantity}: the gradient of {names[index]} is exactly 0 at this step (no gradient reaches it: a "
-            "layer this forward pass left out, a branch scaled by zero such as a residual block whose last "
-            "BatchNorm is initialised to zero, an LSTM's reverse direction read only at its last position): its "
-            "value divides by ‖g‖ = 0: NaN"
-            for index in (zero & ~lost & ~noise).nonzero().reshape(-1).tolist()
-        ]
+        ] + [_zero_flag(quantity, names[index]) for index in (zero & ~lost & ~noise).nonzero().reshape(-1).tolist()]
         return torch.where(lost | noise, torch.full_like(values, float("nan")), values), flags
 
     def without_noise(self, quantity, output):
-        """A subsampled estimate's ``output`` (``cockpit_lite.subsample``) with its value and standard error
-        NaN, and a flag, for each parameter whose gradient is zero up to rounding (``noise``), as
-        ``resolved`` makes them at a step of the whole batch: the subsample's ratio of rounding noise is no
-        estimate of anything. Layouts: ``value`` the whole network's and ``layers`` (``meta["layers_se"]``),
-        or ``value`` a list per parameter (``meta["se"]``)."""
-        if not self.noise:
-            return output
+        """A subsampled estimate's ``output`` (``cockpit_lite.subsample``) under the rules of ``resolved``
+        that hold for an estimate: its value and standard error NaN, and a flag, for each parameter whose
+        gradient is zero up to rounding (``noise``: the subsample's ratio of rounding noise is no estimate
+        of anything), and a flag for a value that is NaN because the parameter's gradient is exactly 0
+        (the estimate divides by ‖g‖ = 0). Layouts: ``value`` the whole network's and ``layers``
+        (``meta["layers_se"]``), or ``value`` a list per parameter (``meta["se"]``). One host sync."""
         per_parameter, ses = ((output.layers, output.meta["layers_se"]) if output.layers is not None
                               else (output.value, output.meta["se"]))
         nan = float("nan")
         for index in sorted(self.noise):
             per_parameter[index], ses[index] = nan, nan
             output.flags.append(_noise_flag(quantity, self.names[index]))
+        zero = (torch.stack(self.grad_squared_norms) == 0).nonzero().reshape(-1).tolist()
+        output.flags += [_zero_flag(quantity, self.names[index]) for index in zero
+                         if index not in self.noise and math.isnan(float(per_parameter[index]))]
         return output
 
     def per_sample(self, key):
@@ -232,4 +229,13 @@ def _noise_flag(quantity, name):
         f"{quantity}: the gradient of {name} is zero up to rounding (the engine's and autograd's sums of its "
         "individual gradients disagree beyond its own size: a bias the loss cannot see, such as an attention key "
         "bias or a bias right before a BatchNorm): its value would be rounding noise: NaN"
+    )
+
+
+def _zero_flag(quantity, name):
+    return (
+        f"{quantity}: the gradient of {name} is exactly 0 at this step (no gradient reaches it: a layer this "
+        "forward pass left out, a branch scaled by zero such as a residual block whose last BatchNorm is "
+        "initialised to zero, an LSTM's reverse direction read only at its last position): its value divides "
+        "by ‖g‖ = 0: NaN"
     )

@@ -229,3 +229,26 @@ def test_a_gradient_zero_up_to_rounding_is_nan_and_flagged_at_a_subsampled_step_
         flagged = [names.index(n) for f in entry["flags"] for n in names
                    if f.startswith(f"{name}: the gradient of {n} is zero up to rounding")]
         assert flagged == noise, entry["flags"]
+
+
+def test_a_gradient_exactly_zero_is_flagged_at_a_subsampled_step_too():
+    """``_TwoHeads`` at a step estimated from 3 of 6 samples: the tests of the three tensors without a gradient
+    are 0/0 there too (NaN, as their brute force), and were NaN without a reason; now flagged as at a step of
+    the whole batch. Their GradVariance estimate is 0 (a value, no flag)."""
+    torch.manual_seed(0)
+    model = _TwoHeads().double()
+    names = [n for n, _ in model.named_parameters()]
+    zero = sorted({names.index("lstm.weight_hh_l0_reverse"), names.index("unused.weight"), names.index("unused.bias")})
+    cp = problems.Cockpit(model, [NormTest(), InnerTest(), OrthoTest(), GradVariance()], diagnose=False, samples=3)
+    x, y = torch.randn(6, 4, 3, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1, 2])
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    entry = cp.get_output()[0]
+    assert entry["batch"]["samples"] == 3
+    for name in ("NormTest", "InnerTest", "OrthoTest"):
+        assert [i for i, v in enumerate(entry["layers"][name]) if math.isnan(v)] == zero
+        flagged = sorted(names.index(n) for f in entry["flags"] for n in names
+                         if f.startswith(f"{name}: the gradient of {n} is exactly 0 at this step"))
+        assert flagged == zero, entry["flags"]
+    assert [entry["GradVariance"][i] for i in zero] == [0.0] * 3 and len(entry["flags"]) == 9
