@@ -32,6 +32,7 @@ import torch
 
 from cockpit_lite.engine import transforms as _transforms
 from cockpit_lite.engine.per_sample import PerSample
+from cockpit_lite.engine.rules.base import quiet_batching_fallback
 from cockpit_lite.utils.grads import dense
 
 CHUNK_ELEMENTS = 1 << 22
@@ -199,8 +200,7 @@ def serve(state, info, indices, tracked, names, mode):
 
 def _vmap(contributions, params, grad_outputs):
     """The batched VJPs, or ``None`` for an operation vmap cannot batch."""
-    with warnings.catch_warnings(), forked_random_state(params):
-        warnings.filterwarnings("ignore", message=".*batching rule.*")
+    with quiet_batching_fallback(), forked_random_state(params):
         try:
             return torch.autograd.grad(
                 contributions, params, grad_outputs=grad_outputs,

@@ -987,3 +987,35 @@ def test_a_batchnorm_subclass_in_training_mode_takes_the_global_path(size, monke
                           nn.Linear(4 * size * size, 3)).double()
     assert_matches_autograd(model, torch.randn(4, 2, size, size, dtype=torch.float64), monkeypatch,
                             global_path=[0, 1, 2, 3])
+
+
+class _BilinearHead(nn.Module):
+    """``nn.Bilinear`` of a feature with itself: the generic rule, whose vmap runs aten::_trilinear in a loop."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.pair = nn.Linear(4, 3), nn.Bilinear(3, 3, 2)
+
+    def forward(self, x):
+        h = torch.tanh(self.first(x))
+        return self.pair(h, h)
+
+
+def test_the_generic_rules_vmap_fallback_warns_the_user_of_nothing(monkeypatch):
+    """torch.func warned "There is a performance drop because we have not yet implemented the batching rule
+    for aten::_trilinear ... Please file us an issue" at every tracked step of a model with nn.Bilinear (also
+    an LSTM's mkldnn kernel, nn.EmbeddingBag): the engine's own vmap, nothing the user can act on. Silenced
+    inside the rule only; the individual gradients stay exact."""
+    import warnings
+
+    torch.manual_seed(0)
+    model = _BilinearHead().double()
+    x = torch.randn(5, 4, dtype=torch.float64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert_matches_autograd(model, x, monkeypatch)
+    assert not [w for w in caught if "batching rule" in str(w.message)], [str(w.message)[:80] for w in caught]
+    with warnings.catch_warnings(record=True) as caught:  # the user's own vmap still warns
+        warnings.simplefilter("always")
+        torch.func.vmap(lambda a: model.pair(a, a))(torch.randn(2, 1, 3, dtype=torch.float64))
+    assert [w for w in caught if "batching rule" in str(w.message)]

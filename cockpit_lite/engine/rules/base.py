@@ -1,5 +1,6 @@
 """Shared pieces of the individual-gradient rules."""
 
+import warnings
 from contextlib import contextmanager
 
 import torch
@@ -97,6 +98,18 @@ def rerun():
         yield
     finally:
         _RERUNS[0] -= 1
+
+
+@contextmanager
+def quiet_batching_fallback():
+    """Inside the block only, silence torch.func's "There is a performance drop because we have not yet
+    implemented the batching rule for aten::OP" warnings: they come from the engine's own ``vmap`` over
+    the samples (an operation vmap runs in a loop: an LSTM's mkldnn kernel, ``nn.Bilinear``,
+    ``nn.EmbeddingBag``), are about the engine's implementation, and ask the user to file an issue
+    with PyTorch. The user's own warnings pass as they are."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*batching rule.*")
+        yield
 
 
 def rerunning():

@@ -34,7 +34,9 @@ from torch.nn.utils.stateless import _reparametrize_module
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils import _pytree as pytree
 
-from cockpit_lite.engine.rules.base import Rule, UnsupportedCall, batch_axis, compute_dtype, output_grad, rerun
+from cockpit_lite.engine.rules.base import (
+    Rule, UnsupportedCall, batch_axis, compute_dtype, output_grad, quiet_batching_fallback, rerun,
+)
 from cockpit_lite.engine.per_sample import PerSample
 from cockpit_lite.utils.shards import module_class, whole
 
@@ -81,7 +83,7 @@ class GenericRule(Rule):
         gpus = sorted({t.device.index for t in (*inputs, *deltas, *params.values()) if t.device.type == "cuda"})
         with (
             torch.random.fork_rng(devices=gpus), torch.enable_grad(), torch.autocast(device, enabled=False),
-            sdpa_kernel(SDPBackend.MATH), rerun(),
+            sdpa_kernel(SDPBackend.MATH), rerun(), quiet_batching_fallback(),
         ):
             grads = None
             if type(module) not in self._loop:
