@@ -27,7 +27,10 @@ How a step runs:
    parameters used before a layer that mixes the samples (BatchNorm in training mode),
    parameters of modules that draw random numbers or call sub-modules of their own,
    and parameters no module owns (given to the Cockpit without a model, used by the
-   training loop's own code).
+   training loop's own code). When the plan is new, a probe
+   (``cockpit_lite.engine.independence``) checks that no code after a layer mixes the
+   samples (a contrastive loss, batch statistics in ``forward``); the layers it finds
+   take the global path too.
 
 Given parameters without their model (``Cockpit(model.parameters())``, Cockpit's
 recipe), the first watched forward pass *discovers* the model (``Engine.discover``):
@@ -66,6 +69,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from cockpit_lite.engine import transforms as _transforms
 from cockpit_lite.engine.per_sample import PerSample
 from cockpit_lite.engine import broadcast, global_path
+from cockpit_lite.engine.independence import Probe
 from cockpit_lite.engine.capture import ForwardCapture, ownership
 from cockpit_lite.engine.check import GRAD_CHECK_RTOL, check_gradients
 from cockpit_lite.engine.routes import route_use
@@ -96,8 +100,10 @@ class Engine:
         self.names = names
         self.index = {id(p): i for i, p in enumerate(params)}
         self.force_global = set()
+        self._global_reasons = {}  # index -> why the engine sent it to the global path (other than a failed rule)
         self.noise = set()  # indices whose gradient was rounding noise in the last finished backward pass
         self._global_mode = global_path.Mode()
+        self._probe = Probe()
         self._warned = set()
         self._step = None
         self._owners, self._parents = {}, {}
@@ -132,6 +138,7 @@ class Engine:
         self.params[index] = param
         self.index = {id(p): i for i, p in enumerate(self.params)}
         self.force_global.discard(index)
+        self._global_reasons.pop(index, None)
         self._owning = weakref.WeakKeyDictionary()
         if self.model is not None:
             self._owners, self._parents, modules = ownership(self.model, self.index)
@@ -266,6 +273,8 @@ class Engine:
                 "path. Enter cp(step) at every step, with consecutive step numbers.",
             )
         routes = self._routes(calls, state, graph) if calls else {}
+        if state.pseudo is None and self._mixed(routes, info, needed_by, state.batch_size, calls):
+            routes = self._routes(calls, state, graph)
         if state.subset is not None and not state.deferred and state.sharded is None:
             self._take_grads_from_autograd(state, routes)
         global_indices = [  # no module owns it (parameters given without their model): global too
@@ -291,10 +300,9 @@ class Engine:
                 if state.batch_size is None or not set(global_indices) <= self.force_global:
                     raise
                 for index in global_indices:
-                    self._fail(state, index, (
-                        "a layer rule failed for it at an earlier step, so it takes the global path, "
-                        f"which cannot run here: {error}"
-                    ), demote=False)
+                    why = self._global_reasons.get(index, "a layer rule failed for it at an earlier step")
+                    self._fail(state, index, f"{why}, so it takes the global path, which cannot run here: {error}",
+                               demote=False)
         for index, uses in routes.items():
             if uses == "global":
                 continue
@@ -453,6 +461,35 @@ class Engine:
                 routed.append(route)
             routes[index] = routed if len(routed) == len(uses) else "global"
         return routes
+
+    def _mixed(self, routes, info, needed_by, batch_size, step_calls):
+        """Whether the probe (``cockpit_lite.engine.independence``) found layers whose output gradients
+        mix the samples: their parameters, and those served on paths outside any layer, take the global
+        path from now on."""
+        served = {index: uses for index, uses in routes.items() if uses != "global"}
+        calls = list(dict.fromkeys(  # the calls whose rules read rows of their output gradients
+            call for uses in served.values() for call, _, path in uses if call is not None and path in (None, "attention")
+        ))
+        models = (self.model, *self._roots)
+        roots = [call for call in step_calls if any(call.module is model for model in models)]
+        mixed = self._probe.mixed(
+            calls, info.get("loss"), lambda: info.contributions(", ".join(needed_by)), roots, batch_size,
+        )
+        if not mixed:
+            return False
+        moved = [index for index, uses in served.items()  # (and the paths outside those rows)
+                 if any(call in mixed or path not in (None, "attention") for call, _, path in uses)]
+        self.force_global.update(moved)
+        self._global_reasons.update(dict.fromkeys(moved, "code after its layer mixes the samples of the batch"))
+        names = ", ".join(call.name or type(call.module).__name__ for call in mixed[:4])
+        self._warn_once(("mixed", names), (
+            f"cockpit-lite: the samples' losses depend on other samples' outputs of {names}"
+            f"{', ...' if len(mixed) > 4 else ''} (code after them mixes the samples of the batch: a loss "
+            "over pairs of samples such as a contrastive loss, or batch statistics computed outside a "
+            "BatchNorm layer): the individual gradients of their parameters take the exact but slower "
+            "global path, one backward pass per sample"
+        ))
+        return True
 
     def _leaf_result(self, state, index):
         def done(grad_batch):

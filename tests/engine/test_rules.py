@@ -484,8 +484,8 @@ def test_calls_the_rules_cannot_read_go_to_the_global_path(case, monkeypatch):
 def _bfloat16_reference(layer, x, per_sample):
     """The layer's individual gradients from its bf16 output gradient, in float64."""
     captured = {}
-    def keep(module, args, out):
-        out.register_hook(lambda g: captured.setdefault("delta", g))
+    def keep(module, args, out):  # the last backward pass's: the user's (the engine's own passes come first)
+        out.register_hook(lambda g: captured.__setitem__("delta", g))
 
     handle = layer.register_forward_hook(keep)
     got = engine_individual_gradients(nn.Sequential(layer), x, wide=True)
