@@ -231,6 +231,35 @@ class Upsampler(nn.Module):
         return self.head(torch.tanh(self.grouped(self.act(self.norm(self.up(x))))).mean((2, 3)))
 
 
+class Contrastive(nn.Module):
+    """InfoNCE (SimCLR, CLIP): two views through one encoder, the logits of every pair ``z1 z2ᵀ / τ``;
+    the loss is the cross-entropy of row n against column n (targets ``arange(B)``), so each sample's term
+    depends on every sample's embedding."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6), nn.GELU(), nn.Linear(6, 3))
+
+    def forward(self, x):
+        z1 = F.normalize(self.encoder(x), dim=1)
+        z2 = F.normalize(self.encoder(x.flip(-1) + 0.1 * torch.sin(x)), dim=1)
+        return z1 @ z2.T / 0.5
+
+
+class Centered(nn.Module):
+    """Batch statistics in ``forward`` (no BatchNorm module): the hidden layer centred on the batch mean
+    and scaled by a functional ``F.batch_norm``."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.head = nn.Linear(4, 6), nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = self.a(x)
+        h = torch.tanh(h - h.mean(0, keepdim=True))
+        return self.head(torch.tanh(F.batch_norm(self.b(h), None, None, training=True)))
+
+
 def _hf(kind):
     """A tiny Hugging Face model from a config (random weights, nothing downloaded), float64 logits."""
     import transformers
@@ -309,6 +338,8 @@ HELD_OUT = {
     "bilstm_read_last": (BiLstmReadLast, nn.CrossEntropyLoss, _tokens, _classes),
     "encoder_decoder": (EncoderDecoder, nn.CrossEntropyLoss, _images((models.SEQ, 3)), _classes),
     "transposed_conv": (Upsampler, nn.CrossEntropyLoss, _images((2, 3, 3)), _classes),
+    "contrastive_infonce": (Contrastive, nn.CrossEntropyLoss, _images((4,)), lambda g, b: torch.arange(b)),
+    "batch_centering": (Centered, nn.CrossEntropyLoss, _images((4,)), _classes),
 }
 
 SGD = lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=1e-3)  # noqa: E731

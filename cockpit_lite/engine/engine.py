@@ -273,7 +273,7 @@ class Engine:
                 "path. Enter cp(step) at every step, with consecutive step numbers.",
             )
         routes = self._routes(calls, state, graph) if calls else {}
-        if state.pseudo is None and self._mixed(routes, info, needed_by, state.batch_size, calls):
+        if self._mixed(routes, info, needed_by, state, calls):
             routes = self._routes(calls, state, graph)
         if state.subset is not None and not state.deferred and state.sharded is None:
             self._take_grads_from_autograd(state, routes)
@@ -462,19 +462,21 @@ class Engine:
             routes[index] = routed if len(routed) == len(uses) else "global"
         return routes
 
-    def _mixed(self, routes, info, needed_by, batch_size, step_calls):
+    def _mixed(self, routes, info, needed_by, state, step_calls):
         """Whether the probe (``cockpit_lite.engine.independence``) found layers whose output gradients
         mix the samples: their parameters, and those served on paths outside any layer, take the global
-        path from now on."""
+        path from now on. A pseudo-loss's pass (the GGN's) probes from its own samples' terms."""
         served = {index: uses for index, uses in routes.items() if uses != "global"}
         calls = list(dict.fromkeys(  # the calls whose rules read rows of their output gradients
             call for uses in served.values() for call, _, path in uses if call is not None and path in (None, "attention")
         ))
         models = (self.model, *self._roots)
         roots = [call for call in step_calls if any(call.module is model for model in models)]
-        mixed = self._probe.mixed(
-            calls, info.get("loss"), lambda: info.contributions(", ".join(needed_by)), roots, batch_size,
-        )
+        if state.pseudo is not None:
+            loss, contributions = state.pseudo, (lambda: state.pseudo)
+        else:
+            loss, contributions = info.get("loss"), (lambda: info.contributions(", ".join(needed_by)))
+        mixed = self._probe.mixed(calls, loss, contributions, roots, state.batch_size)
         if not mixed:
             return False
         moved = [index for index, uses in served.items()  # (and the paths outside those rows)
