@@ -538,7 +538,8 @@ class Engine:
                 per_sample = rule.per_sample(call, tracked, state.batch_size)
         except Exception as error:  # a rule that fails inside the user's backward pass: NaN and a flag, never a crash
             for _, _, index in tracked:
-                self._fail(state, index, f"{call.name or type(call.module).__name__}: {type(error).__name__}: {error}")
+                self._fail(state, index, f"{call.name or type(call.module).__name__}: {type(error).__name__}: {error}"
+                                         f"{self._reentrant_hint()}")
             return
         finally:
             self.capture.paused = False
@@ -585,6 +586,15 @@ class Engine:
                                                state.scratch))
         except Exception as error:  # never a crash of the user's backward pass
             self._fail(state, index, f"{type(error).__name__}: {error}")
+
+    def _reentrant_hint(self):
+        """A rule's failure inside a reentrant ``torch.utils.checkpoint`` segment (its forward ran
+        without a graph): the fix, else nothing."""
+        loss = getattr(self._graph, "_loss", None)
+        if torch.is_tensor(loss) and global_path.reentrant_checkpoint(loss):
+            return (" (the loss runs through torch.utils.checkpoint(..., use_reentrant=True), whose layers run without "
+                    f"a graph in the forward pass. Fix: {global_path.REENTRANT_FIX})")
+        return ""
 
     def _accept(self, state, index, part, low_precision=False):
         """One use's individual gradients of parameter ``index``."""

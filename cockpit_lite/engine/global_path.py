@@ -88,6 +88,9 @@ def forked_random_state(tensors):
         yield
 
 
+REENTRANT_FIX = "checkpoint with use_reentrant=False (PyTorch's recommended mode; same memory savings)"
+
+
 def reentrant_checkpoint(tensor):
     """Whether ``tensor``'s graph runs through a reentrant ``torch.utils.checkpoint`` segment (whose
     parameters no ``torch.autograd.grad`` of the graph reaches)."""
@@ -161,8 +164,7 @@ def serve(state, info, indices, tracked, names, mode):
         raise ValueError(
             f"the loss runs through torch.utils.checkpoint(..., use_reentrant=True), whose segment hides the "
             f"parameters inside it ({', '.join(hidden[:5])}{', ...' if len(hidden) > 5 else ''}) from every "
-            "backward pass but the user's own, so their individual gradients cannot be formed. Fix: "
-            "checkpoint with use_reentrant=False (PyTorch's recommended mode; same memory savings)"
+            f"backward pass but the user's own, so their individual gradients cannot be formed. Fix: {REENTRANT_FIX}"
         )
     totals = [torch.zeros_like(p) if g is None else dense(g.detach()) for g, p in zip(totals, params)]
     parts = {i: [] for i in indices}

@@ -205,3 +205,29 @@ def test_a_model_sharded_by_fully_shard_records_what_the_unsharded_model_records
         for name in ("NormTest", "GradVariance", "GradNorm", "InnerTest"):
             expected, got = plain[step][name], sharded[step][name]
             assert got == pytest.approx(expected, rel=1e-12) and not any(map(math.isnan, torch.tensor(got).reshape(-1).tolist()))
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_gradient_checkpointing_reentrant_names_the_fix_and_the_fix_works(reentrant):
+    """``gradient_checkpointing_enable`` with ``use_reentrant=True``: the blocks' rules fail inside the
+    user's backward pass; their flags name the fix (they quoted a bare "element 0 of tensors does not
+    require grad"); with ``use_reentrant=False`` (transformers' default) every value is finite."""
+    import warnings
+
+    from cockpit_lite import Cockpit
+
+    model = _model()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    model.train()
+    cp = Cockpit(model, quantities=[quantities.NormTest()], diagnose=False)
+    ids = torch.randint(0, VOCAB, (4, T), generator=torch.Generator().manual_seed(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loss = model(input_ids=ids, labels=ids).loss
+        with cp(0, info={"loss": loss}):
+            loss.backward()
+    entry = cp.get_output()[0]
+    if reentrant:
+        assert entry["flags"] and all("Fix: checkpoint with use_reentrant=False" in f for f in entry["flags"])
+    else:
+        assert not entry.get("flags") and all(v == v for v in entry["layers"]["NormTest"])
