@@ -139,8 +139,9 @@ def contributions_from_graph(loss, batch_size=None, keep_graph=False):
     For a mean-reduced loss ``L = Σ_{n,k} e_{n,k} / Z`` (``Z`` the element count, or the
     total class weight of NLL) ``c_n = Σ_k e_{n,k} / Z``; for a sum ``Z = 1``. A sample
     is one index of the batch axis: when the loss was evaluated on ``batch_size × T``
-    rows (token losses of sequences flattened batch-major, ``logits.view(-1, V)``),
-    the ``T`` rows of each sequence are summed.
+    rows (token losses of sequences flattened, ``logits.view(-1, V)``), the ``T`` rows of
+    each sequence are summed: batch-major, or, where the graph shows the flattened tensor's
+    batch axis elsewhere (a sequence-first ``[T, B, V]``, with ``batch_size`` given), along it.
 
     Args:
         loss: the mini-batch loss tensor.
@@ -160,8 +161,12 @@ def contributions_from_graph(loss, batch_size=None, keep_graph=False):
             per_row = per_row / denominator
         if factor != 1.0:
             per_row = per_row * factor
+        sizes = _flattened_sizes(function, per_row.shape[0])
         if batch_size is None:
-            batch_size = _flattened_batch(function, per_row.shape[0])
+            batch_size = None if sizes is None else sizes[0]
+        if sizes is not None and sizes[0] != batch_size and batch_size in sizes:  # (sequence-first: [T, B, ...])
+            axis = sizes.index(batch_size)
+            return per_row.reshape(sizes).movedim(axis, 0).reshape(batch_size, -1).sum(1)
         return per_sequence(per_row, batch_size)
 
 
@@ -274,7 +279,7 @@ def batch_size_from_graph(loss):
             rows = derive(function)[0].shape[0]
     except (RuntimeError, ValueError):  # no such loss, or its saved tensors are gone (after backward)
         return None
-    return rows if _flattened_batch(function, rows) is None else None
+    return rows if _flattened_sizes(function, rows) is None else None
 
 
 def _unscaled(node):
@@ -305,8 +310,9 @@ def _unscaled(node):
 _VIEWS = {"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0", "LogSoftmaxBackward0", "FlattenBackward0"}
 
 
-def _flattened_batch(node, rows):
-    """The batch size of loss inputs flattened from ``[B, T, ..., C]`` (``logits.view(-1, C)``).
+def _flattened_sizes(node, rows):
+    """The leading sizes ``[B, T, ...]`` (or ``[T, B, ...]``) of loss inputs flattened from
+    ``[B, T, ..., C]`` (``logits.view(-1, C)``), whose product is ``rows``.
 
     Follows the loss input's graph up through log-softmax and views to the shape it had
     before the flattening; ``None`` when the rows were not flattened (one row per sample).
@@ -315,7 +321,7 @@ def _flattened_batch(node, rows):
     while current is not None and type(current).__name__ in _VIEWS:
         sizes = getattr(current, "_saved_self_sym_sizes", None)
         if sizes is not None and len(sizes) >= 3 and math.prod(sizes[:-1]) == rows:
-            return int(sizes[0])
+            return [int(size) for size in sizes[:-1]]
         current = current.next_functions[0][0] if current.next_functions else None
     return None
 

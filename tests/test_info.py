@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cockpit_lite import extend
-from cockpit_lite.info import (StepInfo, batch_size_from_graph, individual_losses_from_graph,
+from cockpit_lite.info import (StepInfo, batch_size_from_graph, contributions_from_graph, individual_losses_from_graph,
                                normalise_individual_losses, penalty_term)
 
 B = 6
@@ -355,6 +355,18 @@ def test_a_given_batch_size_groups_the_rows_of_each_sample():
     assert info.batch_size == 3 and type(info.batch_size) is int
     torch.testing.assert_close(info.require("individual_losses", "Alpha"), unreduced.reshape(3, 2).sum(1) / 2)
     assert StepInfo({"loss": loss}, 0, batch_size=6).batch_size == 6
+
+
+def test_sequence_first_token_rows_are_grouped_along_the_batch_axis():
+    """Logits ``[T, B, V]`` flattened time-major (PyTorch's word language model): with the batch size
+    given, sample n's loss sums rows n, B + n, 2B + n, ... (they were grouped as if batch-major)."""
+    g = torch.Generator().manual_seed(8)
+    logits = torch.randn(4, 3, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 5, (12,), generator=g)
+    loss = nn.functional.cross_entropy(logits.view(-1, 5), targets)
+    unreduced = nn.functional.cross_entropy(logits.detach().view(-1, 5), targets, reduction="none")
+    expected = torch.stack([unreduced.view(4, 3)[:, n].sum() for n in range(3)]) / 12
+    torch.testing.assert_close(contributions_from_graph(loss, batch_size=3), expected)
 
 
 def test_the_batch_size_is_read_from_the_graph_only_where_each_sample_has_one_row():

@@ -225,14 +225,31 @@ class Engine:
         """``B`` of the observed forward pass (the model's first input), or ``None``.
 
         The batch axis is the first one, except for a model with ``batch_first=False``
-        (a bare ``nn.LSTM`` or ``nn.Transformer``); other sequence-first models must pass
-        ``info["batch_size"]``.
+        (a bare ``nn.LSTM`` or ``nn.Transformer``) or one whose first recurrent layer or
+        transformer, sequence-first, takes a tensor that begins as the model's input does
+        (``[T, B]`` token ids embedded to ``[T, B, E]``, PyTorch's word language model);
+        other sequence-first models must pass ``info["batch_size"]``.
         """
         shape = self.input_shape()
         if shape is None:
             return None
-        seq_first = not getattr(self.model, "batch_first", True) and len(shape) > 1
+        seq_first = len(shape) > 1 and (not getattr(self.model, "batch_first", True) or self._sequence_first(shape))
         return shape[1 if seq_first else 0]
+
+    def _sequence_first(self, shape):
+        """Whether the first sequence-first recurrent layer or transformer called takes an input that
+        begins with the model input's first two sizes (``[T, B, ...]``)."""
+        layers = (torch.nn.RNNBase, torch.nn.Transformer, torch.nn.TransformerEncoder, torch.nn.TransformerDecoder,
+                  torch.nn.MultiheadAttention)
+        for call in sorted(self.capture.calls, key=lambda c: c.start):
+            if isinstance(call.module, layers) and call.module is not self.model:
+                inputs = first_tensor(list(call.args) + list(call.kwargs.values()))
+                batch_first = getattr(call.module, "batch_first", None)
+                if batch_first is None and isinstance(call.module, (torch.nn.TransformerEncoder, torch.nn.TransformerDecoder)):
+                    batch_first = call.module.layers[0].self_attn.batch_first
+                return (batch_first is False and inputs is not None and inputs.dim() > 2
+                        and tuple(inputs.shape[:2]) == tuple(shape[:2]))
+        return False
 
     # -- one step -----------------------------------------------------------------------
 

@@ -466,6 +466,38 @@ def test_the_batch_axis_of_a_bare_sequence_first_recurrent_model_is_its_second()
     problems.assert_close(got, expected, what="GradVariance, sequence-first GRU")
 
 
+class WordLM(nn.Module):
+    """PyTorch's word language model: ``[T, B]`` token ids, an embedding, a sequence-first LSTM (its
+    default layout), the decoder's logits flattened time-major for the loss (``output.view(-1, V)``)."""
+
+    def __init__(self, vocab=9):
+        super().__init__()
+        self.emb, self.rnn, self.dec = nn.Embedding(vocab, 3), nn.LSTM(3, 4), nn.Linear(4, vocab)
+
+    def forward(self, ids):
+        return self.dec(self.rnn(self.emb(ids))[0])
+
+
+def test_the_batch_axis_of_a_word_language_model_is_its_lstm_s():
+    """Without ``info["batch_size"]``, B was read as T from the ``[T, B]`` input (6 "samples" along the
+    time axis, silently); the derived losses grouped the time-major rows as if batch-major. Both now
+    follow the sequence-first LSTM: against the brute force of each sequence's summed token losses."""
+    torch.manual_seed(0)
+    model = WordLM().double()
+    g = torch.Generator().manual_seed(1)
+    ids, targets = torch.randint(0, 9, (6, 5), generator=g), torch.randint(0, 9, (6, 5), generator=g)
+    cp = Cockpit(model, [quantities.GradVariance()], diagnose=False, strict=True)
+    loss = nn.functional.cross_entropy(model(ids).view(-1, 9), targets.view(-1))
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    terms = nn.functional.cross_entropy(model(ids).view(-1, 9), targets.view(-1), reduction="none").view(6, 5) / 30
+    expected = []
+    for p in model.parameters():
+        g = torch.stack([5 * torch.autograd.grad(terms[:, n].sum(), p, retain_graph=True)[0] for n in range(5)])
+        expected.append(g.var(0, unbiased=True).sum())
+    problems.assert_close(cp.get_output()[0]["GradVariance"], expected, what="GradVariance, word LM")
+
+
 class ReadAgain(nn.Module):
     """``lin.weight`` read again by the model's own code, scaled by ``scale``; ``upstream`` puts
     a Linear layer and a BatchNorm in training mode in front (that Linear takes the global path)."""
