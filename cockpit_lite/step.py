@@ -161,7 +161,8 @@ class StepData:
             for index, d, l in zip(indices, difference[lost].tolist(), level[lost].tolist())
         ] + [
             _noise_flag(quantity, names[index]) for index in (noise & ~lost).nonzero().reshape(-1).tolist()
-        ] + [_zero_flag(quantity, names[index]) for index in (zero & ~lost & ~noise).nonzero().reshape(-1).tolist()]
+        ] + [_zero_flag(quantity, names[index], self._frozen(index - total))
+             for index in (zero & ~lost & ~noise).nonzero().reshape(-1).tolist()]
         return torch.where(lost | noise, torch.full_like(values, float("nan")), values), flags
 
     def without_noise(self, quantity, output):
@@ -178,9 +179,13 @@ class StepData:
             per_parameter[index], ses[index] = nan, nan
             output.flags.append(_noise_flag(quantity, self.names[index]))
         zero = (torch.stack(self.grad_squared_norms) == 0).nonzero().reshape(-1).tolist()
-        output.flags += [_zero_flag(quantity, self.names[index]) for index in zero
+        output.flags += [_zero_flag(quantity, self.names[index], self._frozen(index)) for index in zero
                          if index not in self.noise and math.isnan(float(per_parameter[index]))]
         return output
+
+    def _frozen(self, index):
+        """Whether parameter ``index`` (``-1``: the whole network) no longer requires a gradient."""
+        return index >= 0 and not self.params[index].requires_grad
 
     def per_sample(self, key):
         """Per-parameter values of the transform with ``key`` (see ``cockpit_lite.engine.transforms``).
@@ -232,7 +237,9 @@ def _noise_flag(quantity, name):
     )
 
 
-def _zero_flag(quantity, name):
+def _zero_flag(quantity, name, frozen=False):
+    if frozen:
+        return f"{quantity}: {name} is frozen (requires_grad=False), its gradient 0: its value divides by ‖g‖ = 0: NaN"
     return (
         f"{quantity}: the gradient of {name} is exactly 0 at this step (no gradient reaches it: a layer this "
         "forward pass left out, a branch scaled by zero such as a residual block whose last BatchNorm is "

@@ -599,6 +599,8 @@ def test_the_tracked_set_is_reread_at_every_tracked_step():
     expected = torch.sqrt(((rows - g) ** 2).sum() / (7 * 8 * (g**2).sum()))
     problems.assert_close(cp.get_output()[1]["NormTest"], expected, what="NormTest, frozen after construction")
     assert cp.get_output()[1]["GradNorm"][:2] == [0.0, 0.0]
+    frozen = [f for f in cp.get_output()[1]["flags"] if f.startswith("NormTest: 0.")]
+    assert len(frozen) == 2 and all("is frozen (requires_grad=False)" in f for f in frozen), frozen
     model.zero_grad()
     model[2].weight = nn.Parameter(torch.randn(3, 5, dtype=torch.float64))
     model.add_module("3", nn.Linear(3, 3).double())
