@@ -10,10 +10,10 @@ training loop or of a model's ``forward`` is not: a loss over pairs of samples (
 check (``cockpit_lite.engine.check``) cannot see it.
 
 The probe takes two vector-Jacobian products of ``c`` down to the outputs of the layers whose
-rules would read them, with the weights ``1`` and with random weights ``w`` (uniform in
-``[0.5, 1.5]``): ``u(1)_n = δ_n`` and ``u(w)_n = Σ_m w_m ∂c_m/∂z_n``, which equals ``w_n δ_n``
+rules would read them, with the weights ``1`` and with random weights ``w`` (in ``[0.5, 1.5]``,
+all different): ``u(1)_n = δ_n`` and ``u(w)_n = Σ_m w_m ∂c_m/∂z_n``, which equals ``w_n δ_n``
 for every row ``n`` exactly when the samples are independent. A layer's output is *mixed* when
-some row differs by more than ``RTOL`` (of its dtype) of ``max(‖w_n δ_n‖, FLOOR · max_m ‖w_m δ_m‖)``
+some row differs by more than ``RTOL`` (of the lowest precision involved) of ``max(‖w_n δ_n‖, FLOOR · max_m ‖w_m δ_m‖)``
 along every axis of size ``B``: its parameters take the exact global path. The probe runs when
 the step's plan is new (the calls it would read and the loss's last operation): it costs two
 backward passes down to the layers' outputs (without the weights' gradients).
@@ -61,7 +61,7 @@ class Probe:
         if owners[0] is None:
             return []
         edges = [GradientEdge(leaf.grad_fn, leaf.output_nr) for leaf in leaves]
-        weights = torch.empty(batch, dtype=torch.float64).uniform_(0.5, 1.5, generator=self._weights)
+        weights = self._draw(batch)
         try:
             with torch.enable_grad():
                 ones = torch.autograd.grad(outputs, edges, directions(None), retain_graph=True, allow_unused=True)
@@ -70,11 +70,22 @@ class Probe:
             return []
         dtypes = {leaf.dtype for leaf in leaves} | {t.dtype for t in directions(None)}
         rtol = max(RTOL.get(dtype, LOW_PRECISION_RTOL) for dtype in dtypes)
+        products = [(call, one, many) for call, one, many in zip(owners, ones, weighted) if one is not None]
+        if not all(bool(torch.isfinite(one).all() and torch.isfinite(many).all()) for _, one, many in products):
+            self._seen.discard(key)  # (a non-finite step tells nothing: the next tracked step probes again)
+            return []
         found = []
-        for call, one, many in zip(owners, ones, weighted):
-            if one is not None and call not in found and _mixes(one, many, weights, rtol):
+        for call, one, many in products:
+            if call not in found and _mixes(one, many, weights, rtol):
                 found.append(call)
         return found
+
+    def _draw(self, batch):
+        """``batch`` weights in ``[0.5, 1.5]``, multiples of 1/128 (exact in bfloat16 and float16, so the
+        products' rounding is the backward pass's alone), all different up to 129 samples."""
+        steps = torch.randperm(129, generator=self._weights)[:batch] if batch <= 129 else \
+            torch.randint(0, 129, (batch,), generator=self._weights)
+        return 0.5 + steps.double() / 128
 
     def _source(self, contributions, roots, batch_size):
         """``(outputs, directions, B)``: what the products start from, and ``directions(w)``, their
@@ -103,9 +114,7 @@ class Probe:
 
 def _mixes(ones, weighted, weights, rtol):
     """Whether ``weighted`` differs from ``weights ⊙ ones`` (rows along an axis of size ``B``) by more
-    than ``rtol`` along every such axis; ``False`` when either is not finite (nothing to tell)."""
-    if not (torch.isfinite(ones).all() and torch.isfinite(weighted).all()):
-        return False
+    than ``rtol`` along every such axis."""
     ones, weighted = ones.double(), weighted.double()
     batch = weights.shape[0]
     for axis, size in enumerate(ones.shape):

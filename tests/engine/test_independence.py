@@ -210,3 +210,26 @@ def test_rows_are_compared_with_their_weights_along_an_axis_of_the_batch_size():
     mixed = weighted.clone()
     mixed[:, 0] += 1e-4 * ones[:, 1]
     assert _mixes(ones, mixed, weights, 1e-6) and not _mixes(ones, mixed, weights, 1e-3)
+
+
+def test_a_step_with_a_nonfinite_loss_is_probed_again_at_the_next():
+    """The first tracked step's batch holds a NaN: its products tell nothing, so the next step of the same
+    plan is probed, finds the centring, and matches the brute force."""
+    torch.manual_seed(0)
+    model = Encoder("center").double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # (the NaN gradient must not reach the weights)
+    cp = Cockpit(model, quantities=[GradVariance()], diagnose=False)
+    (x0, y0), (x1, y1) = _batches()
+    x0 = x0.clone()
+    x0[2, 1] = float("nan")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step, (x, y) in enumerate([(x0, y0), (x1, y1)]):
+            if step == 1:
+                expected = _brute_force_variances(copy.deepcopy(model), _ce_terms, x, y)
+            opt.zero_grad()
+            loss = _ce(model, x, y)
+            with cp(step, info={"loss": loss}):
+                loss.backward()
+    assert sum("depend on other samples' outputs of a" in str(w.message) for w in caught) == 1
+    _assert_brute_force([cp.get_output()[1]["GradVariance"]], [expected])
