@@ -106,6 +106,7 @@ TABLES = {
     "mutation": _measured("mutation"),
     "mutation_fresh": _measured("mutation_fresh"),
     "mutation_seed2": _measured("mutation_seed2"),
+    "mutation_seed3": _measured("mutation_seed3"),
     "lr_comparison": _lr_table,
     "demo_last_epoch": _demo_summary,
 }

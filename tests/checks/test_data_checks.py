@@ -8,7 +8,7 @@ import torch
 from check_cases import BROKEN, CASES
 
 from cockpit_lite import checks
-from cockpit_lite.checks import data_nonfinite
+from cockpit_lite.checks import data_imbalance, data_nonfinite
 from cockpit_lite.checks.problem import Problem
 
 DATA = ["data_duplicates", "data_imbalance", "data_normalization", "data_nonfinite"]
@@ -87,6 +87,21 @@ def test_imbalanced_data_passes_a_skewed_split_fails_and_without_a_test_split_it
     train_only = {k: v for k, v in natural.options["data"].items() if k != "y_test"}
     result = _report(natural, train_only)["data_imbalance"]
     assert result.status == "inconclusive" and "y_test" in result.fix
+
+
+@pytest.mark.parametrize("common, rare, test_labels, test_common", [(105, 7, 140, 140), (55, 5, 30, 20)])
+def test_shares_exactly_three_standard_errors_apart_are_not_a_skewed_split(common, rare, test_labels, test_common):
+    """``common`` labels of class 0 and ``rare`` of class 1 (ratio 15 and 11); the test split's share of class 0
+    ``test_common / test_labels``. 105 of 112 against 140 of 140: shares 15/16 and 1, pooled 245/252 = 35/36, standard
+    error sqrt(35/36 · 1/36 · (1/112 + 1/140)) = 1/48, so the shares are 1/16 = 3 standard errors apart; 55 of 60
+    against 20 of 30: 11/12 and 2/3, pooled 5/6, error sqrt(5/36 · 1/20) = 1/12, 1/4 apart = 3 errors, and
+    3 errors are the resolution 1/4 exactly (all exact in float64). Both bounds included: the data is imbalanced."""
+    y_train = torch.cat([torch.zeros(common, dtype=torch.long), torch.ones(rare, dtype=torch.long)])
+    y_test = (torch.arange(test_labels) >= test_common).long()
+    problem = Problem(torch.nn.Identity(), None, (torch.zeros(2, 2), torch.zeros(2, dtype=torch.long)),
+                      data={"y_train": y_train, "y_test": y_test})
+    result = data_imbalance.check(problem)
+    assert result.passed and "the data is imbalanced, the split is not" in result.message, result.message
 
 
 def test_too_few_labels_per_class_are_inconclusive():

@@ -167,3 +167,15 @@ def test_a_zero_initialised_scale_is_compared_away_from_its_kink():
                         checks=["gradient_check"])["gradient_check"]
     assert result.passed, result.message
     assert result.message.endswith("tensors that were exactly zero compared at 0.001 x normal values")
+
+
+def test_every_entry_of_tensors_of_at_most_three_entries_is_checked_and_counted():
+    """``nn.Linear(3, 1)``: the weight's 3 entries and the bias's 1, each of at most ``ENTRIES`` (3) entries, so all
+    are drawn: 4 entries of 2 tensors."""
+    import torch
+
+    torch.manual_seed(0)
+    batch = (torch.randn(8, 3), torch.randn(8, 1))
+    result = checks.run(torch.nn.Linear(3, 1), torch.nn.functional.mse_loss, batch, task="regression",
+                        checks=["gradient_check"])["gradient_check"]
+    assert result.passed and result.message.startswith("4 entries of 2 parameter tensors agree"), result.message

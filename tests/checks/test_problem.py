@@ -27,6 +27,16 @@ def test_perturbed_tokens_are_other_tokens_of_the_vocabulary_at_the_index_only()
     assert bool((out[1:3] != x[1:3]).all()) and bool(((out >= 0) & (out < 5)).all())
 
 
+def test_perturbed_tokens_are_drawn_on_the_inputs_device():
+    """Tokens on the ``meta`` device (shapes without data, standing in for a GPU): the new tokens are drawn there
+    too, since a shift drawn on the CPU cannot be added to them."""
+    x = torch.zeros(4, 3, dtype=torch.long)
+    model = torch.nn.Sequential(torch.nn.Embedding(5, 2), torch.nn.Flatten(), torch.nn.Linear(6, 2))
+    problem = Problem(model, torch.nn.functional.cross_entropy, (x, torch.zeros(4, dtype=torch.long)))
+    out = problem.perturbed(x.to("meta"), (slice(1, 3),))
+    assert out.device.type == "meta" and out.shape == (4, 3) and out.dtype == torch.long
+
+
 def test_perturbed_one_entry_adds_standard_normal_noise():
     """One entry has no spread to measure: the noise is the next standard normal draw (scale 1)."""
     x = torch.tensor([[2.0]])

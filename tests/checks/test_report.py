@@ -35,6 +35,12 @@ def test_raise_if_failed_lists_every_failure():
     assert ok.raise_if_failed() is ok
 
 
+def test_raise_if_failed_names_no_fix_for_a_failure_without_one():
+    with pytest.raises(AssertionError) as raised:
+        Report([CheckResult("a", True), CheckResult("b", False, 3.0, "<= 1", "too big")]).raise_if_failed()
+    assert str(raised.value) == "1 pre-flight check(s) failed:\n- b: too big"
+
+
 def test_a_value_is_written_as_an_integer_when_it_is_one():
     """3 and 3.0 as "3"; others to three digits; a float of 10⁶ or more (the bound excluded) and non-finite values
     as Python writes them."""

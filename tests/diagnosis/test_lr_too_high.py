@@ -61,6 +61,7 @@ def test_a_collapse_needs_the_held_out_loss_back_more_than_60_percent_of_the_way
     assert _findings(noisy_run(held(0.75))) == []
     found = _findings(noisy_run(held(0.9)))
     assert found and "the held-out loss went 1 -> 0.375 -> 0.9" in found[0].message, found
+    assert found[0].evidence["loss_ref"] == 1.0  # L0: the median of the first losses 1, 1.1 and 0.9
 
 
 def overshoot(losses, update=0.3):

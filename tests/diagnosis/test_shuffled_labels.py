@@ -56,3 +56,10 @@ def test_at_chance_without_gradient_at_the_input_end_is_not_shuffled_labels():
 def test_at_chance_while_the_loss_rises_half_again_is_not_shuffled_labels():
     """The loss 2.3 for 10 steps, then 3.5 (1.5 L0, above 1.1 L0): a diverging run, not labels at chance."""
     assert "shuffled_labels" not in run(lambda s: 0.1, loss=lambda s: 2.3 if s < 10 else 3.5)
+
+
+def test_a_training_loss_exactly_at_the_chance_loss_bound_has_not_learned():
+    """L0 = 2 (C = round(e²) = 7, at most 2/7 held out), then the loss 1.9 = 0.95 L0 (2 · 0.95 is exact in binary):
+    on the bound, not below it, so the training loss has not learned and 10 % held out is found; 1.89 has learned."""
+    assert "shuffled_labels" in run(lambda s: 0.1, loss=lambda s: 2.0 if s < 3 else 1.9)
+    assert "shuffled_labels" not in run(lambda s: 0.1, loss=lambda s: 2.0 if s < 3 else 1.89)

@@ -40,3 +40,13 @@ def test_a_record_without_gradient_at_the_output_end_breaks_the_streak():
         diagnosis.feed(step, {"GradNorm": [1e-4, 5e-4, 1e-3, *out], "ParamNorm": [1.0] * 5})
     (finding,) = [f for f in diagnosis.findings if f.kind == "vanishing_gradients"]
     assert finding.step == 3
+
+
+def test_it_is_reported_once_even_when_its_first_tensor_changes():
+    """l1 vanishes on steps 0-3; from step 4 its gradient is absent (NaN: the layer frozen) and l2 (r 2e-4, below
+    1e-3 · 0.5) becomes the first weight tensor: the rule has reported, and names no second layer."""
+    diagnosis = Diagnosis(names=NAMES, shapes=[(4, 4)] * 5)
+    for step in range(8):
+        first = 1e-4 if step < 4 else float("nan")
+        diagnosis.feed(step, {"GradNorm": [first, 1e-4, 1e-3, 0.3, 0.5], "ParamNorm": [1.0] * 5})
+    assert [(f.layer, f.step) for f in diagnosis.findings if f.kind == "vanishing_gradients"] == [("l1", 0)]

@@ -49,6 +49,8 @@ BAD_LINES = {
     "no step": ([json.dumps({"Loss": 1.0})], 2, "field 'step'.*missing"),
     "flags a number": ([json.dumps({"step": 0, "flags": 5})], 2, "field 'flags'.*list of strings"),
     "loss a string": ([json.dumps({"step": 0, "Loss": "low"})], 2, "field 'Loss'.*expected a number or null, got \"low\""),
+    "epoch loss a string": ([json.dumps({"step": 0, "train_loss": [0.5, "low"]})], 2,
+                            r"field 'train_loss'.*expected a number, null or a list of numbers, got \[0.5, \"low\"\]"),
     "grad norm a dict": ([json.dumps({"step": 0, "GradNorm": {"a": 1}})], 2, "field 'GradNorm'"),
     "finding not a dict": ([json.dumps({"step": 0, "findings": [5]})], 2,
                            "field 'findings'.*expected a finding \\(a dict\\), got 5"),

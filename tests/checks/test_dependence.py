@@ -1,0 +1,26 @@
+"""The dependence machinery of the batch-independence and causal checks: a relative leak up to ``LEAK`` (1e-5),
+the bound included, passes with the clean sentence; above it fails with the leaking one and the fix."""
+
+import torch
+
+from cockpit_lite.checks import dependence
+from cockpit_lite.checks.problem import Problem
+
+
+def test_a_result_states_the_leak_its_bound_and_the_fix_of_a_failure():
+    clean = dependence.result("c", 1e-5, "outputs unchanged", ["BatchNorm1d (1) in eval mode"], "fix it")
+    assert (clean.passed, clean.value, clean.threshold, clean.fix) == (True, 1e-5, "<= 1e-05", "")
+    assert clean.message == "no dependence: outputs unchanged (BatchNorm1d (1) in eval mode)"
+    leaking = dependence.result("c", 2e-5, "outputs move", [], "fix it")
+    assert (leaking.passed, leaking.threshold, leaking.fix) == (False, "<= 1e-05", "fix it")
+    assert leaking.message == "relative leak 2e-05: outputs move"
+
+
+def test_a_backward_leak_on_the_bound_passes_in_the_clean_sentence(monkeypatch):
+    problem = Problem(torch.nn.Linear(3, 2), torch.nn.functional.cross_entropy,
+                      (torch.randn(4, 3), torch.zeros(4, dtype=torch.long)))
+    for leak, passed, sentence in [(1e-5, True, "no dependence: the inputs are clean"),
+                                   (1.5e-5, False, "relative leak 1.5e-05: the inputs leak")]:
+        monkeypatch.setattr(dependence, "backward_leak", lambda *args, leak=leak: leak)
+        result = dependence.backward_check("c", problem, [], "{where} leak", "{where} are clean", "fix it")
+        assert (result.passed, result.message) == (passed, sentence)
