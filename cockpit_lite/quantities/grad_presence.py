@@ -162,7 +162,7 @@ class GradPresence(Quantity):
             return None
         before, stepped, hyper = self._pending
         self._pending = None
-        after = torch.stack(data.grad_norms).norm() if data.grads else 0.0
+        after = torch.stack(data.grad_norms).norm()  # (a Cockpit tracks at least one parameter)
         first = self._first if self._optimizer is not None else None
         if first is not None:
             self._disarm()
