@@ -41,6 +41,6 @@ def test_a_tensor_of_rounding_noise_stays_exact():
 def test_samples_mixed_outside_any_batchnorm_are_exact_with_the_ggn(name):
     """InfoNCE's logits of every pair, and batch statistics in ``forward``: the GGN diagonal's pseudo-loss
     pass probes its own samples' terms (``cockpit_lite/engine/independence.py``) before the first step's
-    curvature; it was 3-10x off there (TICTrace 0.24 against 1.38), with no flag."""
+    curvature; it was up to 19x off there (TICTrace 0.053 against 1.01), with no flag."""
     outcome, notes = setups.judge(name, "business (GGN)", steps=2)
     assert outcome == "exact", notes
