@@ -226,7 +226,7 @@ class Engine:
 
         The batch axis is the first one, except for a model with ``batch_first=False``
         (a bare ``nn.LSTM`` or ``nn.Transformer``) or one whose first recurrent layer or
-        transformer, sequence-first, takes a tensor that begins as the model's input does
+        attention, sequence-first, takes a tensor that begins as the model's input does
         (``[T, B]`` token ids embedded to ``[T, B, E]``, PyTorch's word language model);
         other sequence-first models must pass ``info["batch_size"]``.
         """
@@ -237,17 +237,14 @@ class Engine:
         return shape[1 if seq_first else 0]
 
     def _sequence_first(self, shape):
-        """Whether the first sequence-first recurrent layer or transformer called takes an input that
-        begins with the model input's first two sizes (``[T, B, ...]``)."""
-        layers = (torch.nn.RNNBase, torch.nn.Transformer, torch.nn.TransformerEncoder, torch.nn.TransformerDecoder,
-                  torch.nn.MultiheadAttention)
+        """Whether the first recurrent layer or attention called (a transformer's first self-attention
+        takes the transformer's input) is sequence-first and takes an input that begins with the model
+        input's first two sizes (``[T, B, ...]``)."""
+        layers = (torch.nn.RNNBase, torch.nn.Transformer, torch.nn.MultiheadAttention)
         for call in sorted(self.capture.calls, key=lambda c: c.start):
             if isinstance(call.module, layers) and call.module is not self.model:
                 inputs = first_tensor(list(call.args) + list(call.kwargs.values()))
-                batch_first = getattr(call.module, "batch_first", None)
-                if batch_first is None and isinstance(call.module, (torch.nn.TransformerEncoder, torch.nn.TransformerDecoder)):
-                    batch_first = call.module.layers[0].self_attn.batch_first
-                return (batch_first is False and inputs is not None and inputs.dim() > 2
+                return (not call.module.batch_first and inputs is not None and inputs.dim() > 2
                         and tuple(inputs.shape[:2]) == tuple(shape[:2]))
         return False
 

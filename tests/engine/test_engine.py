@@ -467,23 +467,29 @@ def test_the_batch_axis_of_a_bare_sequence_first_recurrent_model_is_its_second()
 
 
 class WordLM(nn.Module):
-    """PyTorch's word language model: ``[T, B]`` token ids, an embedding, a sequence-first LSTM (its
-    default layout), the decoder's logits flattened time-major for the loss (``output.view(-1, V)``)."""
+    """PyTorch's word language model: ``[T, B]`` token ids, an embedding, a sequence-first LSTM or
+    transformer encoder (their default layout), the decoder's logits flattened time-major for the loss
+    (``output.view(-1, V)``)."""
 
-    def __init__(self, vocab=9):
+    def __init__(self, body, vocab=9):
         super().__init__()
-        self.emb, self.rnn, self.dec = nn.Embedding(vocab, 3), nn.LSTM(3, 4), nn.Linear(4, vocab)
+        self.emb, self.dec = nn.Embedding(vocab, 4), nn.Linear(4, vocab)
+        self.body = nn.LSTM(4, 4) if body == "lstm" else nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(4, 2, 8, dropout=0.0), 1, enable_nested_tensor=False)
 
     def forward(self, ids):
-        return self.dec(self.rnn(self.emb(ids))[0])
+        out = self.body(self.emb(ids))
+        return self.dec(out[0] if isinstance(out, tuple) else out)
 
 
-def test_the_batch_axis_of_a_word_language_model_is_its_lstm_s():
+@pytest.mark.parametrize("body", ["lstm", "transformer"])
+def test_the_batch_axis_of_a_word_language_model_is_its_sequence_first_body_s(body):
     """Without ``info["batch_size"]``, B was read as T from the ``[T, B]`` input (6 "samples" along the
     time axis, silently); the derived losses grouped the time-major rows as if batch-major. Both now
-    follow the sequence-first LSTM: against the brute force of each sequence's summed token losses."""
+    follow the sequence-first LSTM or attention: against the brute force of each sequence's summed
+    token losses."""
     torch.manual_seed(0)
-    model = WordLM().double()
+    model = WordLM(body).double()
     g = torch.Generator().manual_seed(1)
     ids, targets = torch.randint(0, 9, (6, 5), generator=g), torch.randint(0, 9, (6, 5), generator=g)
     cp = Cockpit(model, [quantities.GradVariance()], diagnose=False, strict=True)
