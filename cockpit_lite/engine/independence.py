@@ -61,14 +61,14 @@ class Probe:
         if owners[0] is None:
             return []
         edges = [GradientEdge(leaf.grad_fn, leaf.output_nr) for leaf in leaves]
-        weights = self._draw(batch)
+        weights, start = self._draw(batch), directions(None)
         try:
             with torch.enable_grad():
-                ones = torch.autograd.grad(outputs, edges, directions(None), retain_graph=True, allow_unused=True)
+                ones = torch.autograd.grad(outputs, edges, start, retain_graph=True, allow_unused=True)
                 weighted = torch.autograd.grad(outputs, edges, directions(weights), retain_graph=True, allow_unused=True)
         except RuntimeError:  # (a reentrant checkpoint refuses .grad: its parameters are refused elsewhere)
             return []
-        dtypes = {leaf.dtype for leaf in leaves} | {t.dtype for t in directions(None)}
+        dtypes = {leaf.dtype for leaf in leaves} | {t.dtype for t in start}
         rtol = max(RTOL.get(dtype, LOW_PRECISION_RTOL) for dtype in dtypes)
         products = [(call, one, many) for call, one, many in zip(owners, ones, weighted) if one is not None]
         if not all(bool(torch.isfinite(one).all() and torch.isfinite(many).all()) for _, one, many in products):

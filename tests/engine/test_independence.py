@@ -233,3 +233,28 @@ def test_a_step_with_a_nonfinite_loss_is_probed_again_at_the_next():
                 loss.backward()
     assert sum("depend on other samples' outputs of a" in str(w.message) for w in caught) == 1
     _assert_brute_force([cp.get_output()[1]["GradVariance"]], [expected])
+
+
+def test_accumulated_micro_batches_of_a_contrastive_loss_match_brute_force():
+    """``accumulate=True``, two micro-batches of InfoNCE (each its own pairs), ``loss / 2`` each: the
+    statistics of the effective batch of 2B samples, against the brute force of both micro-batches' terms."""
+    torch.manual_seed(0)
+    model = Encoder().double()
+    (x0, _), (x1, _) = _batches()
+    reference = copy.deepcopy(model)
+    rows = []
+    for x in (x0, x1):
+        c = _infonce_terms(reference, x, None) / 2
+        rows += [[2 * B * g for g in torch.autograd.grad(c[n], list(reference.parameters()), retain_graph=True)]
+                 for n in range(B)]
+    expected = [torch.stack(parts).reshape(2 * B, -1).var(0).sum() for parts in zip(*rows)]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cp = Cockpit(model, quantities=[GradVariance()], diagnose=False, accumulate=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for x in (x0, x1):
+            loss = _infonce(model, x, None) / 2
+            with cp(0, info={"loss": loss, "optimizer": opt}):
+                loss.backward()
+        opt.step()
+    _assert_brute_force([cp.get_output()[0]["GradVariance"]], [expected])
