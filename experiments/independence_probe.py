@@ -10,8 +10,8 @@ Usage::
 ``cost``: the probe's time at a Cockpit's first tracked step (``configuration("economy")``, float32,
 batch 64, 1 thread) over the fastest of three plain steps (forward and backward) of the same model
 and batch, median over ``--reps`` fresh models. Loaded as a pytest plugin (``-p``), the module
-records every probed output's largest row departure (the ``_mixes`` statistic: ``‖u(w)_n − w_n
-u(1)_n‖`` over the row's scale, along the best axis of size ``B``) with its tolerance and verdict
+records every probed output's ``independence.departure`` (``‖u(w)_n − w_n u(1)_n‖`` over the
+row's scale, its largest row, along the best axis of size ``B``) with its tolerance and verdict
 and the test that made it, one JSON file per worker in ``$DEPARTURES``; ``departures`` prints, per
 tolerance, the largest departure among the outputs found independent and the tests whose outputs
 were found mixed.
@@ -34,26 +34,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("lstm", "resnet_gn", "transformer", "gpt")
 
 
-def departure(ones, weighted, weights):
-    """The largest row's departure from independence along the best axis of size ``B`` (the smallest
-    over the axes, as ``_mixes`` decides on any one of them), or ``None`` without such an axis."""
-    ones, weighted = ones.double(), weighted.double()
-    best = None
-    for axis, size in enumerate(ones.shape):
-        if size != weights.shape[0]:
-            continue
-        shape = [1] * ones.dim()
-        shape[axis] = size
-        expected = weights.double().reshape(shape) * ones
-        scale = independence._row_norms(expected, axis)
-        scale = torch.maximum(scale, independence.FLOOR * scale.max())
-        if scale.max() == 0:
-            return 0.0
-        worst = float((independence._row_norms(weighted - expected, axis) / scale).max())
-        best = worst if best is None else min(best, worst)
-    return best
-
-
 # -- as a pytest plugin ----------------------------------------------------------------------
 
 _RECORDS, _TEST = [], {"id": None, "probing": False}
@@ -67,7 +47,7 @@ def pytest_configure(config):
     def recorded(ones, weighted, weights, rtol):
         verdict = mixes(ones, weighted, weights, rtol)
         if _TEST["probing"]:
-            _RECORDS.append([_TEST["id"], departure(ones, weighted, weights), rtol, verdict])
+            _RECORDS.append([_TEST["id"], independence.departure(ones, weighted, weights), rtol, verdict])
         return verdict
 
     def probing(self, *args, **kwargs):
@@ -99,7 +79,7 @@ def summarize(records):
     for test, value, rtol, verdict in records:
         if verdict:
             mixed.append(test)
-        elif value is not None:
+        else:
             count, largest, where = healthy.get(rtol, (0, -1.0, None))
             healthy[rtol] = (count + 1, *((value, test) if value > largest else (largest, where)))
     return healthy, sorted(set(mixed))

@@ -113,10 +113,16 @@ class Probe:
 
 
 def _mixes(ones, weighted, weights, rtol):
-    """Whether ``weighted`` differs from ``weights ⊙ ones`` (rows along an axis of size ``B``) by more
-    than ``rtol`` along every such axis."""
+    """Whether ``weighted`` differs from ``weights ⊙ ones`` by more than ``rtol`` (``departure``)."""
+    return departure(ones, weighted, weights) > rtol
+
+
+def departure(ones, weighted, weights):
+    """How far ``weighted`` is from ``weights ⊙ ones``: the largest row's ``‖weighted_n − w_n ones_n‖``
+    over the row's scale (``max(‖w_n ones_n‖, FLOOR · the largest row's)``), rows along the axis of size
+    ``B`` where it is smallest (``0`` for a gradient of zeros; ``inf`` without an axis of size ``B``)."""
     ones, weighted = ones.double(), weighted.double()
-    batch = weights.shape[0]
+    batch, best = weights.shape[0], float("inf")
     for axis, size in enumerate(ones.shape):
         if size != batch:
             continue
@@ -124,10 +130,11 @@ def _mixes(ones, weighted, weights, rtol):
         shape[axis] = batch
         expected = weights.double().reshape(shape) * ones
         scale = _row_norms(expected, axis)
+        if scale.max() == 0:
+            return 0.0
         scale = torch.maximum(scale, FLOOR * scale.max())
-        if bool((_row_norms(weighted - expected, axis) <= rtol * scale).all()):
-            return False
-    return True
+        best = min(best, float((_row_norms(weighted - expected, axis) / scale).max()))
+    return best
 
 
 def _row_norms(tensor, axis):

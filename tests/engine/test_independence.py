@@ -4,6 +4,7 @@ to the exact global path; individual gradients against a float64 brute force of 
 forward pass, one ``torch.autograd.grad`` per sample's term)."""
 
 import copy
+import math
 import warnings
 
 import pytest
@@ -258,3 +259,16 @@ def test_accumulated_micro_batches_of_a_contrastive_loss_match_brute_force():
                 loss.backward()
         opt.step()
     _assert_brute_force([cp.get_output()[0]["GradVariance"]], [expected])
+
+
+def test_departure_is_the_largest_row_s_relative_difference():
+    from cockpit_lite.engine.independence import departure
+
+    g = torch.Generator().manual_seed(0)
+    weights = torch.tensor([0.5, 1.0, 1.5], dtype=torch.float64)
+    ones = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    weighted = weights[:, None] * ones
+    assert departure(ones, weighted, weights) == 0.0
+    weighted[1] += 1e-3 * ones[1]  # row 1 off by 1e-3 of its own (weight-1) size
+    assert math.isclose(departure(ones, weighted, weights), 1e-3, rel_tol=1e-9)
+    assert departure(torch.ones(2, 4), torch.ones(2, 4), weights) == float("inf")
