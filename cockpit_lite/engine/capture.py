@@ -70,6 +70,9 @@ class Call:
         start, end: positions of the call's beginning and end in the sequence of all
             beginnings and ends (a call nested in another starts after it and ends before).
         grads: ``{leaf position: δ}``, filled during the backward pass.
+        buffers_before: ``buffer_state`` of the module when the call began (``None``: it has no buffers).
+        buffers: copies of the module's buffers as they were when the call began, for a module whose
+            forward pass updates them (``ForwardCapture.snapshot``), else ``None``.
     """
 
     module: torch.nn.Module
@@ -81,10 +84,24 @@ class Call:
     leaves: list = field(default_factory=list)
     leaf_positions: list = field(default_factory=list)
     grads: dict = field(default_factory=dict)
+    buffers_before: Any = None
+    buffers: Any = None
 
     def contains(self, other):
         """Whether ``other`` ran inside this call."""
         return self.start < other.start and other.end < self.end
+
+    def buffers_moved(self):
+        """Whether the module's buffers are no longer those the call began with (updated in place or
+        reassigned since: by its own forward pass, as ``spectral_norm``'s power iteration updates
+        its vectors before it uses them, or by a later call of the module)."""
+        return self.buffers_before is not None and self.buffers_before != buffer_state(self.module)
+
+
+def buffer_state(module):
+    """The identity and in-place version of each of ``module``'s buffers (its submodules' included):
+    equal before and after a forward pass that leaves them as they were."""
+    return tuple((id(buffer), buffer._version) for buffer in module.buffers())
 
 
 class ForwardCapture:
@@ -102,6 +119,8 @@ class ForwardCapture:
         self.on_grad = on_grad
         self.keep = keep
         self.saw_a_call = False  # global hooks: whether any module ran while armed
+        self.snapshot = weakref.WeakSet()  # modules whose calls keep copies of their buffers (``Call.buffers``)
+        self._buffered = weakref.WeakKeyDictionary()  # module -> whether it has buffers
         self.calls = []
         self.paused = False
         self._open = {}
@@ -172,7 +191,15 @@ class ForwardCapture:
     def _pre(self, module, args, kwargs):
         if self.paused or not torch.is_grad_enabled():
             return None
-        self._open.setdefault(module, []).append(self._counter)
+        buffers = self._buffered.get(module)
+        if buffers is None:
+            buffers = self._buffered[module] = any(True for _ in module.buffers())
+        before = copies = None
+        if buffers:
+            before = buffer_state(module)
+            if module in self.snapshot:
+                copies = {name: buffer.detach().clone() for name, buffer in module.named_buffers()}
+        self._open.setdefault(module, []).append((self._counter, before, copies))
         self._counter += 1
         return None
 
@@ -187,7 +214,8 @@ class ForwardCapture:
         if self.paused or not starts:
             return None
         name = self.modules[module] if self.modules is not None else ""
-        call = Call(module, name, args, kwargs, starts.pop(), self._counter)
+        start, before, copies = starts.pop()
+        call = Call(module, name, args, kwargs, start, self._counter, buffers_before=before, buffers=copies)
         self._counter += 1
         for position, leaf in enumerate(pytree.tree_leaves(output)):
             if torch.is_tensor(leaf) and leaf.requires_grad:

@@ -287,6 +287,7 @@ class Engine:
                 "path. Enter cp(step) at every step, with consecutive step numbers.",
             )
         routes = self._routes(calls, state, graph) if calls else {}
+        self.capture.snapshot.update(state.replays)
         if self._mixed(routes, info, needed_by, state, calls):
             routes = self._routes(calls, state, graph)
         if state.subset is not None and not state.deferred and state.sharded is None:

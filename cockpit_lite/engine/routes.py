@@ -30,6 +30,9 @@ def route_use(call, name, param, calls, mixing, state, graph):
             return None
         path = graph.path_from_parameter(param, state.batch_size)
         return None if path is None else (None, name, path)
+    if rule is GENERIC and call.buffers is None and call.buffers_moved():
+        state.replays.add(call.module)  # its forward pass updated its buffers (spectral_norm's power iteration):
+        return None  # re-run from their values now, it would not be this call; its next calls keep copies
     shared = call.leaves and (
         takes_no_samples(call) or all(no_batch_axis(leaf, state.batch_size) for leaf in call.leaves)
     )

@@ -29,6 +29,7 @@ class Step:
         self.broadcast = {}  # call whose output all samples share -> [(name, param, index)]
         self.attention = {}  # MultiheadAttention call served from its projections -> [(name, param, index)]
         self.attention_nodes = {}
+        self.replays = set()  # modules whose forward pass updated their buffers: their next calls keep copies
         self.paths = []
         self.uses = {}
         self.done = set()
@@ -162,7 +163,7 @@ def as_if_batched(call, batch_size, delta=None):
         call.module, call.name,
         tuple(_expand(a, batch_size) for a in call.args),
         {k: _expand(v, batch_size) for k, v in call.kwargs.items()},
-        call.start, call.end,
+        call.start, call.end, buffers_before=call.buffers_before, buffers=call.buffers,
     )
     virtual.leaves = [dataclasses.replace(shared, grad_fn=None, shape=torch.Size((batch_size, *shared.shape)))]
     virtual.leaf_positions = [0]

@@ -606,6 +606,61 @@ def test_a_layer_vmap_cannot_run_is_re_run_one_sample_at_a_time(monkeypatch):
     assert used == []
 
 
+def slow_spectral_norm(size):
+    """``spectral_norm`` of a ``size × size`` Linear layer whose two largest singular values are 1 and 0.97:
+    its power iteration converges slowly, so each call moves its vectors visibly."""
+    layer = nn.Linear(size, size)
+    left, _ = torch.linalg.qr(torch.randn(size, size))
+    right, _ = torch.linalg.qr(torch.randn(size, size))
+    values = torch.tensor([1.0, 0.97] + [0.5] * (size - 2))
+    with torch.no_grad():
+        layer.weight.copy_(left @ torch.diag(values) @ right.T)
+    return nn.utils.parametrizations.spectral_norm(layer)
+
+
+class TwiceSpectral(nn.Module):
+    """A ``spectral_norm`` layer applied twice in one forward pass: its power iteration runs at each call."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = slow_spectral_norm(4)
+
+    def forward(self, x):
+        return self.layer(torch.tanh(self.layer(x)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_a_layer_whose_forward_pass_updates_its_buffers_is_re_run_from_those_it_began_with(dtype, monkeypatch):
+    """``spectral_norm``'s power iteration moves its vectors in training mode at every call, before it
+    uses them; a re-run from their values after the call is off by about 3e-4 (relative), which the check
+    against autograd lets pass in float32. The first step takes the global path; from the next, every
+    call is re-run from copies of the vectors as it found them. Against float64 autograd on a copy of
+    the model taken before the step (whose forward pass moves its own vectors the same way)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(slow_spectral_norm(4), nn.Tanh(), TwiceSpectral(), nn.Linear(4, 2)).to(dtype)
+    params = list(model.parameters())
+    engine = Engine(model, params, [str(i) for i in range(len(params))])
+    used = _global_path_uses(monkeypatch)
+    for step in range(3):
+        x = torch.randn(5, 4, dtype=dtype)
+        reference = individual_reference(copy.deepcopy(model).double(), x.double())
+        individual = (model(x) ** 2).sum(1)
+        info = StepInfo({"loss": individual.sum(), "individual_losses": individual}, step,
+                        batch_size=engine.batch_size(), model=model)
+        engine.begin([Keep()], info, info.batch_size, [None] * len(params), ["Test"])
+        individual.sum().backward()
+        results, _, flags = engine.finish()
+        engine.forget()
+        assert not flags, flags
+        for index, expected in enumerate(reference):
+            got = results[index]["keep"].double()
+            scale = expected.abs().max().item()
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=(1e-12 if dtype is torch.float64 else 1e-5) * scale)
+        model.zero_grad()
+    spectral = [1, 3]  # the two parametrised weights' ``original`` (indices in ``model.parameters()``)
+    assert set(spectral) <= set(used[0]) and not any(set(spectral) & set(later) for later in used[1:]), used
+
+
 class Recurrent(nn.Module):
     """An RNN given its initial state ``hx``, read out through its outputs and final state
     (the output is ``[B, H]`` whatever the layout)."""

@@ -13,12 +13,18 @@ faithfully: ``UnsupportedCall``, and the engine uses the exact global path.
 
 The re-run leaves the model and the user's random streams as they were: it runs on
 clones of the module's buffers (a running statistic its forward updates is updated
-there), in the module's own mode, under a forked random state (the CPU's and that of
+there; each sample's run starts from the same values), in the module's own mode, under a forked random state (the CPU's and that of
 every GPU of the call's tensors), whose change at the first sample of the loop is how a
 module drawing random numbers is detected (``vmap`` refuses random operations itself).
 
 The re-run uses the math kernel of scaled-dot-product attention (vmap has batching rules
 for its operations, not for the fused CPU kernel); the user's own forward pass is untouched.
+
+A module whose forward pass updates its buffers before it uses them (``spectral_norm``'s power
+iteration moves its vectors at every call in training mode) would not compute the same output
+again from their values after the call: the engine routes such a call to the global path
+(``Call.buffers_moved``) and from then on the capture keeps copies of the module's buffers as
+they were when each call began (``Call.buffers``), from which the re-run starts.
 
 Batch axes: the recurrent layers and attention follow their ``batch_first``; any
 other tensor's batch axis is its first axis of the batch size (none: shared by all
@@ -63,7 +69,8 @@ class GenericRule(Rule):
         out_axes = _output_axes(module, call, batch_size)
         dtype = compute_dtype(*[t for t in flat if torch.is_tensor(t)], *[p for _, p, _ in tracked])
         params = {name: whole(param).detach().to(dtype) for name, param, _ in tracked}  # (FSDP2: gathered)
-        buffers = {name: buffer.detach().clone() for name, buffer in module.named_buffers()}
+        buffers = call.buffers if call.buffers is not None else dict(module.named_buffers())
+        buffers = {name: buffer.detach() for name, buffer in buffers.items()}
         inputs = [
             _cast(flat[i].detach(), dtype).unsqueeze(axis + 1) for i, axis in in_axes.items()
         ]
@@ -76,7 +83,8 @@ class GenericRule(Rule):
             for i, value in zip(in_axes, batched):
                 leaves[i] = value
             args, kwargs = rebuild(leaves)
-            outputs = pytree.tree_leaves(_call(module, {**buffers, **theta}, args, kwargs))
+            state = {name: buffer.clone() for name, buffer in buffers.items()}  # (each sample's run from the call's)
+            outputs = pytree.tree_leaves(_call(module, {**state, **theta}, args, kwargs))
             return sum((g * outputs[p]).sum() for p, g in zip(positions, grads))
 
         device = inputs[0].device.type if inputs else "cpu"
