@@ -44,10 +44,10 @@ def pytest_configure(config):
     hand-made products)."""
     mixes, probe = independence._mixes, independence.Probe.mixed
 
-    def recorded(ones, weighted, weights, rtol):
-        verdict = mixes(ones, weighted, weights, rtol)
+    def recorded(ones, weighted, weights, rtol, axis):
+        verdict = mixes(ones, weighted, weights, rtol, axis)
         if _TEST["probing"]:
-            _RECORDS.append([_TEST["id"], independence.departure(ones, weighted, weights), rtol, verdict])
+            _RECORDS.append([_TEST["id"], independence.departure(ones, weighted, weights, axis), rtol, verdict])
         return verdict
 
     def probing(self, *args, **kwargs):

@@ -503,8 +503,9 @@ class Engine:
             f"cockpit-lite: the samples' losses depend on other samples' outputs of {names}"
             f"{', ...' if len(mixed) > 4 else ''} (code after them mixes the samples of the batch: a loss "
             "over pairs of samples such as a contrastive loss, or batch statistics computed outside a "
-            "BatchNorm layer): the individual gradients of their parameters take the exact but slower "
-            "global path, one backward pass per sample"
+            "BatchNorm layer; or their first axis as long as the batch is not the samples' axis, as in a "
+            "sequence-first [T, B, ...] input with T = B): the individual gradients of their parameters "
+            "take the exact but slower global path, one backward pass per sample"
         ))
         return True
 

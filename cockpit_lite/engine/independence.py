@@ -13,14 +13,16 @@ The probe takes two vector-Jacobian products of ``c`` down to the outputs of the
 rules would read them, with the weights ``1`` and with random weights ``w`` (in ``[0.5, 1.5]``,
 all different): ``u(1)_n = δ_n`` and ``u(w)_n = Σ_m w_m ∂c_m/∂z_n``, which equals ``w_n δ_n``
 for every row ``n`` exactly when the samples are independent. A layer's output is *mixed* when
-some row differs by more than ``RTOL`` (of the lowest precision involved) of ``max(‖w_n δ_n‖, FLOOR · max_m ‖w_m δ_m‖)``
-along every axis of size ``B``: its parameters take the exact global path. The probe runs when
+some row differs by more than ``RTOL`` (of the lowest precision involved) of ``max(‖w_n δ_n‖, FLOOR · max_m ‖w_m δ_m‖)``,
+rows along the axis its rule reads as the samples: its parameters take the exact global path. The probe runs when
 the step's plan is new (the calls it would read and the loss's last operation): it costs two
 backward passes down to the layers' outputs (without the weights' gradients).
 """
 
 import torch
 from torch.autograd.graph import GradientEdge
+
+from cockpit_lite.engine.rules.generic import output_axes
 
 RTOL = {torch.float64: 1e-6, torch.float32: 1e-3}
 """Largest relative difference of a row from independence, by the lowest precision among the
@@ -56,8 +58,10 @@ class Probe:
         if source is None:
             return []
         outputs, directions, batch = source
-        owners, leaves = zip(*[(call, leaf) for call in calls if call not in roots for leaf in call.leaves
-                              if leaf.grad_fn is not None and batch in leaf.shape] or [(None, None)])
+        owners, leaves, axes = zip(*[
+            (call, leaf, axis) for call in calls if call not in roots
+            for leaf, axis in zip(call.leaves, output_axes(call, batch)) if leaf.grad_fn is not None and axis is not None
+        ] or [(None, None, None)])
         if owners[0] is None:
             return []
         edges = [GradientEdge(leaf.grad_fn, leaf.output_nr) for leaf in leaves]
@@ -70,13 +74,13 @@ class Probe:
             return []
         dtypes = {leaf.dtype for leaf in leaves} | {t.dtype for t in start}
         rtol = max(RTOL.get(dtype, LOW_PRECISION_RTOL) for dtype in dtypes)
-        products = [(call, one, many) for call, one, many in zip(owners, ones, weighted) if one is not None]
-        if not all(bool(torch.isfinite(one).all() and torch.isfinite(many).all()) for _, one, many in products):
+        products = [(call, one, many, axis) for call, one, many, axis in zip(owners, ones, weighted, axes) if one is not None]
+        if not all(bool(torch.isfinite(one).all() and torch.isfinite(many).all()) for _, one, many, _ in products):
             self._seen.discard(key)  # (a non-finite step tells nothing: the next tracked step probes again)
             return []
         found = []
-        for call, one, many in products:
-            if call not in found and _mixes(one, many, weights, rtol):
+        for call, one, many, axis in products:
+            if call not in found and _mixes(one, many, weights, rtol, axis):
                 found.append(call)
         return found
 
@@ -112,29 +116,29 @@ class Probe:
         return [GradientEdge(leaf.grad_fn, leaf.output_nr) for leaf in leaves], directions, batch_size
 
 
-def _mixes(ones, weighted, weights, rtol):
+def _mixes(ones, weighted, weights, rtol, axis):
     """Whether ``weighted`` differs from ``weights ⊙ ones`` by more than ``rtol`` (``departure``)."""
-    return departure(ones, weighted, weights) > rtol
+    return departure(ones, weighted, weights, axis) > rtol
 
 
-def departure(ones, weighted, weights):
+def departure(ones, weighted, weights, axis):
     """How far ``weighted`` is from ``weights ⊙ ones``: the largest row's ``‖weighted_n − w_n ones_n‖``
-    over the row's scale (``max(‖w_n ones_n‖, FLOOR · the largest row's)``), rows along the axis of size
-    ``B`` where it is smallest (``0`` for a gradient of zeros; ``inf`` without an axis of size ``B``)."""
+    over the row's scale (``max(‖w_n ones_n‖, FLOOR · the largest row's)``), rows along ``axis``, the
+    one the layer's rule reads as the samples (``rules.generic.output_axes``: a ``[T, B, ...]`` output
+    with ``T = B`` of a Linear layer is read along ``T``, and mixed there). ``0`` for a gradient of
+    zeros; ``inf`` when ``axis`` is not of size ``B``."""
     ones, weighted = ones.double(), weighted.double()
-    batch, best = weights.shape[0], float("inf")
-    for axis, size in enumerate(ones.shape):
-        if size != batch:
-            continue
-        shape = [1] * ones.dim()
-        shape[axis] = batch
-        expected = weights.double().reshape(shape) * ones
-        scale = _row_norms(expected, axis)
-        if scale.max() == 0:
-            return 0.0
-        scale = torch.maximum(scale, FLOOR * scale.max())
-        best = min(best, float((_row_norms(weighted - expected, axis) / scale).max()))
-    return best
+    batch = weights.shape[0]
+    if ones.shape[axis] != batch:
+        return float("inf")
+    shape = [1] * ones.dim()
+    shape[axis] = batch
+    expected = weights.double().reshape(shape) * ones
+    scale = _row_norms(expected, axis)
+    if scale.max() == 0:
+        return 0.0
+    scale = torch.maximum(scale, FLOOR * scale.max())
+    return float((_row_norms(weighted - expected, axis) / scale).max())
 
 
 def _row_norms(tensor, axis):

@@ -37,6 +37,19 @@ class Encoder(nn.Module):
         return self.b(self.drop(torch.tanh(h)))
 
 
+class SequenceFirst(nn.Module):
+    """A sequence-first ``[T, B, 5]`` tensor with ``T = B`` (the samples along axis 1) through two Linear
+    layers, averaged over ``T``: the Linear rule reads its first axis of size B, here ``T``."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(5, 7), nn.Linear(7, 4)
+
+    def forward(self, x):
+        steps = torch.linspace(0.5, 1.5, len(x), dtype=x.dtype)
+        return self.b(torch.tanh(self.a(torch.sin(steps[:, None, None] * x))).mean(0))
+
+
 def _infonce_terms(model, x, y):
     """InfoNCE over the batch's pairs: sample n's term is the cross-entropy of row n of ``z1 z2ᵀ``."""
     z1 = F.normalize(model(x), dim=1)
@@ -123,13 +136,16 @@ CASES = {
     "infonce": (lambda: Encoder(), _infonce, _infonce_terms),
     "center": (lambda: Encoder("center"), _ce, _ce_terms),
     "batch_norm": (lambda: Encoder("batch_norm"), _ce, _ce_terms),
+    "sequence_first": (SequenceFirst, _ce, _ce_terms),
 }
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_mixed_samples_match_brute_force(case):
     """Before the probe these were silently wrong by up to 8x (InfoNCE) and 2x (centering), with no
-    flag: the layers' individual gradients still summed to autograd's gradient."""
+    flag: the layers' individual gradients still summed to autograd's gradient. A sequence-first input
+    with T = B was too while the probe took the best of the axes of size B instead of the one the rule
+    reads."""
     build, loss, terms = CASES[case]
     got, expected, messages = _run(build(), loss, terms)
     _assert_brute_force(got, expected)
@@ -204,13 +220,13 @@ def test_rows_are_compared_with_their_weights_along_an_axis_of_the_batch_size():
     ones = torch.randn(3, 4, 5, generator=g, dtype=torch.float64)
     ones[:, 2] = 0.0
     weighted = weights.reshape(1, 4, 1) * ones
-    assert not _mixes(ones, weighted, weights, 1e-6)
+    assert not _mixes(ones, weighted, weights, 1e-6, 1)
     noisy = weighted.clone()
     noisy[:, 2] = 1e-12  # below FLOOR (1e-3) of the largest row, times the tolerance
-    assert not _mixes(ones, noisy, weights, 1e-6)
+    assert not _mixes(ones, noisy, weights, 1e-6, 1)
     mixed = weighted.clone()
     mixed[:, 0] += 1e-4 * ones[:, 1]
-    assert _mixes(ones, mixed, weights, 1e-6) and not _mixes(ones, mixed, weights, 1e-3)
+    assert _mixes(ones, mixed, weights, 1e-6, 1) and not _mixes(ones, mixed, weights, 1e-3, 1)
 
 
 def test_a_step_with_a_nonfinite_loss_is_probed_again_at_the_next():
@@ -268,7 +284,7 @@ def test_departure_is_the_largest_row_s_relative_difference():
     weights = torch.tensor([0.5, 1.0, 1.5], dtype=torch.float64)
     ones = torch.randn(3, 4, generator=g, dtype=torch.float64)
     weighted = weights[:, None] * ones
-    assert departure(ones, weighted, weights) == 0.0
+    assert departure(ones, weighted, weights, 0) == 0.0
     weighted[1] += 1e-3 * ones[1]  # row 1 off by 1e-3 of its own (weight-1) size
-    assert math.isclose(departure(ones, weighted, weights), 1e-3, rel_tol=1e-9)
-    assert departure(torch.ones(2, 4), torch.ones(2, 4), weights) == float("inf")
+    assert math.isclose(departure(ones, weighted, weights, 0), 1e-3, rel_tol=1e-9)
+    assert departure(torch.ones(2, 4), torch.ones(2, 4), weights, 0) == float("inf")

@@ -203,18 +203,31 @@ def _input_axes(module, leaves, names, batch_size):
     return axes
 
 
-def _output_axes(module, call, batch_size):
-    """Batch axis of each output tensor that got a gradient."""
+def output_axes(call, batch_size):
+    """The batch axis of each output tensor of ``call`` that got a gradient, as the rules read its rows:
+    the ``batch_first`` layout's for a recurrent layer's output and attention's (then 1 for a recurrent
+    layer's ``h_n``/``c_n``, 0 for attention weights), else its first axis of size ``batch_size``
+    (``None``: the output has no such axis)."""
+    module = call.module
     preferred = None
     if isinstance(module, (nn.RNNBase, nn.MultiheadAttention)):
         preferred = 0 if module.batch_first else 1
     axes = []
-    for k, (position, leaf) in enumerate(zip(call.leaf_positions, call.leaves)):
+    for position, leaf in zip(call.leaf_positions, call.leaves):
         if isinstance(module, nn.RNNBase):
             axis = preferred if position == 0 else 1  # out, then h_n (and c_n)
         elif isinstance(module, nn.MultiheadAttention):
             axis = preferred if position == 0 else 0  # output, then attention weights
         else:
-            axis = None
-        axes.append(batch_axis(leaf, batch_size, axis))
+            axis = next((k for k, size in enumerate(leaf.shape) if size == batch_size), None)
+        axes.append(axis if axis is not None and axis < leaf.dim() and leaf.shape[axis] == batch_size else None)
+    return axes
+
+
+def _output_axes(module, call, batch_size):
+    """``output_axes``; ``UnsupportedCall`` for an output without a batch axis."""
+    axes = output_axes(call, batch_size)
+    for leaf, axis in zip(call.leaves, axes):
+        if axis is None:
+            raise UnsupportedCall(f"an output of shape {tuple(leaf.shape)} without its batch axis of size {batch_size}")
     return axes
