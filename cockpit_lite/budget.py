@@ -89,6 +89,8 @@ import warnings
 
 import torch
 
+from cockpit_lite.optim import members
+
 PER_OCTAVE = (32, 16, 8, 4, 2, 1, 0.5, 0.25)
 """The logarithmic schedules tried (steps per octave), densest first, after every step; the
 last, one step per four octaves (``⌊16^j⌋``: 1, 16, 256, 4096, ...), is the floor."""
@@ -323,7 +325,7 @@ class Budget:
         when its function is cockpit-lite's; the user's hooks stay, in their order)."""
         if on and self._unwatched is None:
             self._unwatched = []
-            owners = [*(model.modules() if model is not None else ()), optimizer]
+            owners = [*(model.modules() if model is not None else ()), *members(optimizer)]
             for hooks in (getattr(owner, name, None) for owner in owners for name in HOOK_DICTS):
                 ours = {key: hook for key, hook in (hooks or {}).items()
                         if getattr(hook, "__module__", "").startswith("cockpit_lite")}

@@ -4,7 +4,8 @@ Keys
 ----
 - ``"loss"``: the scalar mini-batch loss tensor (needed by ``Loss``, ``Alpha``, ``CABS``).
 - ``"optimizer"``: the ``torch.optim.Optimizer`` that makes the step (``Alpha``,
-  ``CABS``, ``EarlyStopping``).
+  ``CABS``, ``EarlyStopping``), or a list of the optimizers that make it together
+  (``cockpit_lite.optim.Optimizers``).
 - ``"individual_losses"``: the per-sample losses. Derived when absent: the loss
   function's node in the autograd graph of ``info["loss"]`` (cross-entropy / NLL
   with class weights, ``ignore_index`` and ``label_smoothing``, MSE, Huber, smooth L1,
@@ -24,6 +25,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from cockpit_lite.optim import joined
 
 _MEAN, _SUM = 1, 2  # ATen's reduction codes saved in loss nodes
 
@@ -412,6 +415,8 @@ class StepInfo:
         self.step = step
         self.model = model
         self._given = dict(info or {})
+        if "optimizer" in self._given:  # (several: one ``Optimizers`` for them all)
+            self._given["optimizer"] = joined(self._given["optimizer"])
         self._cache = {}
         self._derived = {}
         given = self._given.get("batch_size")
@@ -498,7 +503,8 @@ class StepInfo:
         if key == "loss" and not (torch.is_tensor(value) and value.numel() == 1):
             raise ValueError(f"{where} as a scalar tensor (the mini-batch loss), got {value!r}")
         if key == "optimizer" and not isinstance(value, torch.optim.Optimizer):
-            raise ValueError(f"{where} as a torch.optim.Optimizer, got {type(value).__name__}")
+            raise ValueError(f"{where} as a torch.optim.Optimizer (several that step the model together: "
+                             f"a list of them), got {type(value).__name__}")
         return value
 
     def contributions(self, needed_by):

@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from cockpit_lite.optim import UpdatePredictor, plain_sgd_learning_rate
+from cockpit_lite.optim import UpdatePredictor, joined, plain_sgd_learning_rate
 
 OPTIMIZERS = {
     "sgd": lambda ps: torch.optim.SGD(ps, lr=0.1),
@@ -39,6 +39,45 @@ def test_foreign_parameter_is_named():
     opt = torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1)
     with pytest.raises(ValueError, match=r"shape \(3,\)"):
         UpdatePredictor(opt)(torch.zeros(3, requires_grad=True), torch.zeros(3))
+
+
+def test_several_optimizers_are_one_whose_hooks_wait_for_the_round_of_their_steps():
+    """``joined([a, b])``: their groups and state, the same object for the same optimizers; a pre-hook runs
+    before the first of them steps, a post-hook once both have stepped, once per round; removed, no hook of
+    cockpit-lite's is left on them. Each parameter's update is predicted by the one that updates it."""
+    g = torch.Generator().manual_seed(0)
+    p, q = torch.randn(2, 2, generator=g, requires_grad=True), torch.randn(3, generator=g, requires_grad=True)
+    a, b = torch.optim.SGD([p], lr=0.1, momentum=0.9), torch.optim.Adam([q], lr=0.1)
+    both = joined([a, b])
+    assert joined((a, b)) is both and joined([a]) is a and joined(a) is a
+    assert [group["params"][0] for group in both.param_groups] == [p, q]
+    calls = []
+    pre = both.register_step_pre_hook(lambda opt, args, kwargs: calls.append(("pre", opt is both)))
+    post = both.register_step_post_hook(lambda opt, args, kwargs: calls.append(("post", opt is both)))
+    for _ in range(2):
+        p.grad, q.grad = torch.randn(2, 2, generator=g), torch.randn(3, generator=g)
+        before = [p.detach().clone(), q.detach().clone()]
+        predicted = [UpdatePredictor(both)(t, t.grad.clone()) for t in (p, q)]
+        a.step()
+        calls.append("a")
+        b.step()
+        calls.append("b")
+        for t, was, d in zip((p, q), before, predicted):
+            assert torch.equal((t.detach() - was).reshape(-1), d)
+    assert calls == [("pre", True), "a", ("post", True), "b"] * 2
+    assert {id(t) for t in both.state} == {id(p), id(q)}
+    pre.remove()
+    post.remove()
+    assert not any(o._optimizer_step_pre_hooks or o._optimizer_step_post_hooks for o in (a, b))
+
+
+def test_a_parameter_no_optimizer_updates_names_the_fix():
+    """The fix the message names (every optimizer, as a list) predicts the update."""
+    w, v = torch.zeros(2, 2, requires_grad=True), torch.zeros(2, requires_grad=True)
+    a, b = torch.optim.SGD([w], lr=0.1), torch.optim.SGD([v], lr=0.2)
+    with pytest.raises(ValueError, match=r"info\['optimizer'\] = \[optimizer_a, optimizer_b\]"):
+        UpdatePredictor(a)(v, torch.ones(2))
+    assert torch.equal(UpdatePredictor(joined([a, b]))(v, torch.ones(2)), torch.full((2,), -0.2))
 
 
 def test_plain_sgd_learning_rate():

@@ -164,7 +164,7 @@ class CockpitCallback(_pl.Callback):
     def on_before_backward(self, trainer, pl_module, loss):
         if self.cockpit is None or not (self.cockpit.accumulate or self._steps_after_this_backward(trainer)):
             return
-        info = {"loss": loss, "optimizer": trainer.optimizers[0] if trainer.optimizers else None}
+        info = {"loss": loss, "optimizer": list(trainer.optimizers) or None}  # (several: stepped together)
         returned, self._returned_loss = self._returned_loss, None
         if torch.is_tensor(returned) and returned.grad_fn is not None and returned is not loss:
             try:  # the loss Lightning scaled (loss / k) is no longer a loss function's node

@@ -320,7 +320,9 @@ class Alpha(Quantity):
                    "which makes it exact")
             )
         elif start["moved"]:
-            flags.append("Alpha: the parameters changed after optimizer.step() (the update is not the optimizer's)")
+            flags.append("Alpha: the parameters changed after optimizer.step() (the update is not the optimizer's; "
+                         "if another optimizer steps them too, pass all of them: info['optimizer'] = [optimizer_a, "
+                         "optimizer_b])")
         frozen = [data.names[i] for i, p in enumerate(data.params) if not p.requires_grad and bool(update[i].any())]
         if frozen and math.isfinite(t):
             flags.append(f"Alpha: {', '.join(frozen)} moved in the step and then stopped requiring a gradient "

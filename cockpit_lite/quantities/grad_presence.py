@@ -36,6 +36,7 @@ a step size with curvature: ``optimizer`` (class name), ``lr`` and ``momentum`` 
 
 import torch
 
+from cockpit_lite.optim import members
 from cockpit_lite.quantities.base import Needs, Output, Quantity
 from cockpit_lite.utils.grads import held
 from cockpit_lite.utils.norms import norms
@@ -183,7 +184,7 @@ def _hyperparameters(optimizer):
     lr = group.get("lr")
     momentum = group.get("momentum", (group.get("betas") or (None,))[0])
     return {
-        "optimizer": type(optimizer).__name__,
+        "optimizer": "+".join(type(member).__name__ for member in members(optimizer)),
         "lr": float(lr) if lr is not None else None,
         "momentum": float(momentum) if momentum is not None else None,
     }

@@ -56,6 +56,32 @@ def test_any_elementwise_optimizer(optimizer):
     )
 
 
+class Together(list):
+    """Several optimizers that step the model together, passed as ``info["optimizer"] = [a, b]``; the loop
+    steps them one after the other."""
+
+    def zero_grad(self):
+        for optimizer in self:
+            optimizer.zero_grad()
+
+    def step(self):
+        for optimizer in self:
+            optimizer.step()
+
+
+def muon_and_adamw(params):
+    """Muon for the matrices, AdamW for the rest (the biases)."""
+    params = list(params)
+    return Together([torch.optim.Muon([p for p in params if p.dim() == 2], lr=0.02),
+                     torch.optim.AdamW([p for p in params if p.dim() != 2], lr=1e-2, weight_decay=0.1)])
+
+
+@pytest.mark.parametrize("case", [("mlp", 4, "mean"), ("mse", 5, "sum")], ids=problems.case_id)
+def test_several_optimizers_that_step_the_model_together(case):
+    """The update is whole once both have stepped: predicted per parameter by the one that updates it."""
+    problems.check(Alpha(), reference, case, steps=4, layers=False, schedule_steps=[0, 1, 2], optimizer=muon_and_adamw)
+
+
 def test_schedules_linear_and_logarithmic():
     linear = Alpha(track_schedule=schedules.linear(2, offset=1))
     problems.check(linear, reference, ("mlp", 3, "sum"), steps=6, layers=False, schedule_steps=[1, 3])

@@ -52,6 +52,24 @@ def test_steps_are_counted_on_untracked_steps_too():
     assert value["optimizer"] == "Adam" and value["momentum"] == 0.9
 
 
+def test_several_optimizers_count_a_step_once_all_have_stepped():
+    """``info["optimizer"] = [sgd, adam]``: one update of the model per round of their steps; the record names
+    both, with the first one's learning rate and momentum."""
+    model = nn.Linear(3, 2)
+    optimizers = [torch.optim.SGD([model.weight], lr=0.1, momentum=0.5), torch.optim.Adam([model.bias], lr=1e-3)]
+    cp = Cockpit(model, [GradPresence(track_schedule=lambda s: s in (0, 2))], diagnose=False)
+    for step in range(3):
+        for opt in optimizers:
+            opt.zero_grad()
+        loss = model(torch.randn(4, 3)).square().mean()
+        with cp(step, info={"loss": loss, "optimizer": optimizers}):
+            loss.backward()
+        for opt in optimizers:
+            opt.step()
+    value = cp.output[2]["GradPresence"]
+    assert (value["optimizer"], value["lr"], value["momentum"], value["stepped"]) == ("SGD+Adam", 0.1, 0.5, 1)
+
+
 def flat_norm(tensors):
     return torch.cat([t.reshape(-1) for t in tensors]).norm().item()
 
