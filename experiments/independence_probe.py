@@ -11,7 +11,7 @@ Usage::
 batch 64, 1 thread) over the fastest of three plain steps (forward and backward) of the same model
 and batch, median over ``--reps`` fresh models. Loaded as a pytest plugin (``-p``), the module
 records every probed output's ``independence.departure`` (``‖u(w)_n − w_n u(1)_n‖`` over the
-row's scale, its largest row, along the best axis of size ``B``) with its tolerance and verdict
+row's scale, its largest row, along the axis the rule reads as the samples) with its tolerance and verdict
 and the test that made it, one JSON file per worker in ``$DEPARTURES``; ``departures`` prints, per
 tolerance, the largest departure among the outputs found independent and the tests whose outputs
 were found mixed.

@@ -45,3 +45,40 @@ def test_outputs_autograd_does_not_keep_are_freed_and_still_report_their_gradien
     g = individual.mean(0)
     expected = ((individual - g) ** 2).sum() / (7 * 8 * (g**2).sum())
     assert not record.get("flags") and abs(record["NormTest"] - float(expected.sqrt())) < 1e-5 * float(expected.sqrt())
+
+
+class Counting(nn.Module):
+    """A layer whose forward pass updates a buffer before it uses it (as ``spectral_norm``'s power iteration
+    moves its vectors), and a child whose buffer it leaves alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(3))
+        self.register_buffer("calls", torch.zeros(()))
+        self.child = nn.BatchNorm1d(3).eval()
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return self.child(x) * self.scale * self.calls
+
+
+def test_a_call_knows_whether_the_module_s_buffers_moved_and_keeps_copies_when_asked():
+    """``Call.buffers_moved``: in-place updates of the module's buffers (its children's included) since the
+    call began; ``snapshot``: the module's buffers as the call found them, copies the forward pass does not
+    touch. A module without buffers records nothing."""
+    from cockpit_lite.engine.capture import ForwardCapture
+
+    layer, plain = Counting(), nn.Linear(3, 3)
+    capture = ForwardCapture({layer: "layer", plain: "plain"}, on_grad=lambda *args: None)
+    capture.snapshot.add(layer)
+    capture.arm()
+    x = torch.randn(4, 3, requires_grad=True)
+    plain(layer(x))
+    layer(x)
+    first, linear, second = capture.calls
+    capture.disarm()
+    assert linear.buffers_before is None and linear.buffers is None and not linear.buffers_moved()
+    assert first.buffers_moved() and second.buffers_moved()  # the second call moved the first's too
+    assert [float(call.buffers["calls"]) for call in (first, second)] == [0.0, 1.0]
+    assert set(first.buffers) == {"calls", "child.running_mean", "child.running_var", "child.num_batches_tracked"}
+    assert float(layer.calls) == 2.0
