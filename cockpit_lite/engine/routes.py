@@ -23,6 +23,9 @@ def route_use(call, name, param, calls, mixing, state, graph):
         if state.attention_nodes[call] is not None:
             return (call, name, "attention")
     rule = GENERIC if "." in name else rule_for(call.module)
+    if rule.parameters is not None and name not in rule.parameters:  # not the layer's (the old weight_norm's weight_g)
+        path = graph.path_from_parameter(param, state.batch_size)
+        return None if path is None else (None, name, path)
     if rule is GENERIC and mixes_samples(call.module):  # (timm's BatchNormAct2d: one sample alone is not the batch)
         return None
     if rule is GENERIC and any(call.contains(c) for c in calls):

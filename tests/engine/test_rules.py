@@ -481,6 +481,37 @@ def test_calls_the_rules_cannot_read_go_to_the_global_path(case, monkeypatch):
     assert_matches_autograd(model, torch.randn(3, 2, 4, dtype=torch.float64), monkeypatch, global_path=(0, 1))
 
 
+HOOK_REPARAMETRISED = {  # a forward pre-hook computes the layer's ``weight`` from parameters of other names
+    "weight_norm_linear": (lambda: nn.utils.weight_norm(nn.Linear(4, 3)), (1, 2)),  # bias, weight_g, weight_v
+    "spectral_norm_linear": (lambda: nn.utils.spectral_norm(nn.Linear(4, 3)), (1,)),  # bias, weight_orig
+    "weight_norm_conv": (lambda: nn.utils.weight_norm(nn.Conv1d(4, 3, 3, padding=1)), (1, 2)),
+    "spectral_norm_conv": (lambda: nn.utils.spectral_norm(nn.Conv1d(4, 3, 3, padding=1)), (1,)),
+}
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # (torch.nn.utils.weight_norm is deprecated, not gone)
+@pytest.mark.parametrize("case", HOOK_REPARAMETRISED, ids=str)
+def test_parameters_a_layer_rule_does_not_know_take_the_global_path(case, monkeypatch):
+    """The old ``torch.nn.utils.weight_norm``/``spectral_norm``: the layer owns ``weight_g`` and ``weight_v``
+    (``weight_orig``), not ``weight``. The Linear rule gave them the bias's formula (a crash of the training
+    step on a shape), the convolution's failed (NaN); the bias keeps its rule, and they take the global path
+    (the weight they make is no module's output, and the paths of shared tensors follow only operations
+    that move elements)."""
+    build, unknown = HOOK_REPARAMETRISED[case]
+
+    def built():  # (twice, not a copy: spectral_norm's pre-hook moves its vectors at every forward pass, and
+        torch.manual_seed(0)  # weight_norm's module cannot be deep-copied)
+        return nn.Sequential(build().double(), nn.Tanh(), nn.Flatten())
+
+    model, twin = built(), built()
+    x = torch.randn(5, 4, dtype=torch.float64) if "linear" in case else torch.randn(5, 4, 6, dtype=torch.float64)
+    used = _global_path_uses(monkeypatch)
+    got = engine_individual_gradients(model, x)
+    for index, reference in enumerate(individual_reference(twin, x)):
+        torch.testing.assert_close(got[index], reference)
+    assert used == [list(unknown)]
+
+
 def _bfloat16_reference(layer, x, per_sample):
     """The layer's individual gradients from its bf16 output gradient, in float64."""
     captured = {}

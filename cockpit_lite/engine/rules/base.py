@@ -20,6 +20,11 @@ class Rule:
     """
 
     in_backward = True
+    parameters = ("weight", "bias")
+    """The names of the module's own parameters the rule forms individual gradients of (``None``: any).
+    Another parameter of such a module (the old ``torch.nn.utils.weight_norm``'s ``weight_g`` and
+    ``weight_v``, from which a forward pre-hook computes ``weight``) is not the layer's: the engine
+    serves it by the path of a shared tensor where there is one, else by the global path."""
 
     def check(self, call, batch_size):
         pass

@@ -16,6 +16,8 @@ class EmbeddingRule(Rule):
     these rows.
     """
 
+    parameters = ("weight",)
+
     def check(self, call, batch_size):
         if call.module.scale_grad_by_freq:
             raise UnsupportedCall("Embedding with scale_grad_by_freq")

@@ -49,6 +49,7 @@ from cockpit_lite.utils.shards import module_class, whole
 
 class GenericRule(Rule):
     in_backward = False
+    parameters = None
 
     def __init__(self):
         self._loop = set()  # module types vmap could not run
