@@ -20,7 +20,7 @@ def route_use(call, name, param, calls, mixing, state, graph):
             state.attention_nodes[call] = attention.plan(
                 graph._users, graph._accumulators, call.module, state.batch_size
             )
-        if state.attention_nodes[call] is not None:
+        if state.attention_nodes[call] is not None and name in attention.PARAMETERS:
             return (call, name, "attention")
     rule = GENERIC if "." in name else rule_for(call.module)
     if rule.parameters is not None and name not in rule.parameters:  # not the layer's (the old weight_norm's weight_g)

@@ -108,9 +108,9 @@ def test_linear_rule_matches_a_sample_loop(sequence):
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, batch_first, cross=False, bias=True):
+    def __init__(self, batch_first, cross=False, bias=True, **options):
         super().__init__()
-        self.attn = nn.MultiheadAttention(6, 2, batch_first=batch_first, bias=bias)
+        self.attn = nn.MultiheadAttention(6, 2, batch_first=batch_first, bias=bias, **options)
         self.cross = cross
 
     def forward(self, x):
@@ -146,6 +146,23 @@ def test_attention_projections_match_a_sample_loop(batch_first, monkeypatch):
         ])
         torch.testing.assert_close(got[index], loop)
     assert served == [["in_proj_bias", "in_proj_weight", "out_proj.bias", "out_proj.weight"]]
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_attention_parameters_besides_the_projections_take_the_generic_rule(batch_first, monkeypatch):
+    """``add_bias_kv=True``: the projections are read from the graph, ``bias_k`` and ``bias_v`` (keys and values
+    appended to every sample's) by the generic rule. Before, the plan claimed them too and served nothing:
+    the step raised (a gradient without a use)."""
+    torch.manual_seed(0)
+    model = SelfAttention(batch_first, add_bias_kv=True).double()
+    x = torch.randn(3, 4, 6, dtype=torch.float64) if batch_first else torch.randn(4, 3, 6, dtype=torch.float64)
+    served, used = _attention_served(monkeypatch), _global_path_uses(monkeypatch)
+    got = engine_individual_gradients(model, x, batch_size=3)
+    axis = 0 if batch_first else 1
+    for index, p in enumerate(model.parameters()):
+        loop = torch.stack([torch.autograd.grad((model(x.narrow(axis, n, 1)) ** 2).sum(), p)[0] for n in range(3)])
+        torch.testing.assert_close(got[index], loop)
+    assert served == [["in_proj_bias", "in_proj_weight", "out_proj.bias", "out_proj.weight"]] and used == []
 
 
 ATTENTION_ELSEWHERE = {  # graph shapes the projections' plan does not read: the generic rule

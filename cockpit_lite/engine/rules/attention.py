@@ -28,6 +28,11 @@ def _only_consumer(users, node, kind):
     return following[0][0]
 
 
+PARAMETERS = ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias")
+"""The parameters the projections' hooks serve; any other (``bias_k``, ``bias_v`` of ``add_bias_kv=True``)
+takes the generic rule."""
+
+
 def plan(users, accumulators, module, batch_size):
     """``{"in": Mm node, "out": Addmm node}`` of a packed self-attention call, or ``None``."""
     parameters = [module.in_proj_weight, module.in_proj_bias, module.out_proj.weight, module.out_proj.bias]
