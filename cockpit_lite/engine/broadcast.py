@@ -72,14 +72,21 @@ SHAPE_ONLY = {
 }
 """Nodes that only move or cast elements (they never bring the batch in)."""
 
+INDEXING = {"IndexBackward0", "IndexSelectBackward0", "GatherBackward0", "EmbeddingBackward0", "TakeBackward0"}
+"""Nodes that pick elements of the tensor by an index (a relative-position bias table read at
+``index[T, T]``, positions ``pos[arange(T)]``): their output's axes are the index's, and the
+batch comes in there only through a batched index. An output without an axis of size ``B`` is
+carried back like a shape-only node's; one with such an axis cannot tell a batched index from
+an index as long as the batch (``T = B``): no path."""
+
 
 def plan(users, start, shape, batch_size):
     """The path from ``start = (node, output index)``, a tensor of ``shape``, down to its
     batch node, or ``None``.
 
     Returns a list of ``(node, input position)`` from the first consumer to the batch
-    node: the first node that is not shape-only (``SHAPE_ONLY``), whose output must have
-    an axis of size ``batch_size`` (``_batch_axis``). Every node on the way must have a
+    node: the first node that is not shape-only (``SHAPE_ONLY``) nor an indexing one without an
+    axis of size ``batch_size`` (``INDEXING``), whose output must have such an axis (``_batch_axis``). Every node on the way must have a
     single consumer and a single output. A shape-only node whose output gains an axis of size ``batch_size``
     unfolds a batch that the tensor held folded (``[2B, C]`` viewed as ``[B, 2C]``): the
     tensor is not shared, and there is no path.
@@ -95,6 +102,11 @@ def plan(users, start, shape, batch_size):
             return None
         path.append((node, position))
         out = tuple(metadata[0].shape)
+        if type(node).__name__ in INDEXING:
+            if batch_size in out:
+                return None
+            current, shape = (node, 0), out
+            continue
         if type(node).__name__ not in SHAPE_ONLY:
             return path if _batch_axis(node, shape, out, batch_size) is not None else None
         if batch_size in out and batch_size not in shape:

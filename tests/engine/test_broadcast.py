@@ -64,6 +64,34 @@ def test_shared_tensor_gradients_per_sample(combine, monkeypatch):
         assert not any(used), f"served by the global path: {used}"
 
 
+INDEXED = {  # a table read at an index
+    "index": lambda table, index: table[index],
+    "index_select": lambda table, index: table.index_select(0, index),
+    "embedding": lambda table, index: nn.functional.embedding(index, table),
+    "gather": lambda table, index: table.gather(0, index[:, None].expand(-1, table.shape[1])),
+}
+
+
+@pytest.mark.parametrize("length", [T, B], ids=["T", "T=B"])
+@pytest.mark.parametrize("read", INDEXED, ids=str)
+def test_a_table_read_at_an_index_then_meeting_the_batch(read, length, monkeypatch):
+    """A table read at positions (a relative-position bias ``table[index]``, ``pos[arange(T)]``) and added to
+    every sample: carried back through the read to the addition, where the batch comes in. With T = B the
+    read's output is as long as the batch, as a batched index's (token embeddings) would be: the global
+    path, exact. Before, a read as long as the batch was taken for the node where the batch comes in, and
+    each position's gradient for a sample's (GradVariance of a Swin-like bias table 3-10x off, no flag; the
+    sum was right); a shorter one was not followed (the global path)."""
+    torch.manual_seed(0)
+    positions = torch.arange(length) + length - 1
+    model = Shared((2 * length - 1, D), lambda x, table: x + INDEXED[read](table, positions)).double()
+    x = torch.randn(B, length, D, dtype=torch.float64)
+    used = _global_path_uses(monkeypatch)
+    got = engine_individual_gradients(model, x)
+    for index, reference in enumerate(individual_reference(model, x)):
+        torch.testing.assert_close(got[index], reference)
+    assert (bool(used) and 0 in used[0]) == (length == B), used
+
+
 class SequenceFirst(nn.Module):
     def __init__(self):
         super().__init__()
