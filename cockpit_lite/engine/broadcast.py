@@ -145,6 +145,14 @@ def broadcast_into_batch(users, start, shape, batch_size):
     return False
 
 
+def batch_node(path, start_shape, batch_size):
+    """``(node, axis)``: the node of a planned path (``plan``) where the batch comes in, and the axis of
+    its output that indexes the samples (what the independence probe checks for it)."""
+    node = path[-1][0]
+    below = tuple(start_shape) if len(path) == 1 else tuple(path[-2][0]._input_metadata[0].shape)
+    return node, _batch_axis(node, below, tuple(node._input_metadata[0].shape), batch_size)
+
+
 class Path:
     """Per-sample gradients at the start of a planned path, computed in the batch node's pre-hook."""
 
@@ -160,8 +168,7 @@ class Path:
         self.start_shape = tuple(start_shape)
         self.batch_size = batch_size
         self.on_result = on_result
-        node = path[-1][0]
-        self.axis = _batch_axis(node, self._shape_below(len(path) - 1), tuple(node._input_metadata[0].shape), batch_size)
+        node, self.axis = batch_node(path, start_shape, batch_size)
         self.handle = node.register_prehook(self._hook)
 
     def remove(self):

@@ -485,20 +485,23 @@ class Engine:
         calls = list(dict.fromkeys(  # the calls whose rules read rows of their output gradients
             call for uses in served.values() for call, _, path in uses if call is not None and path in (None, "attention")
         ))
+        shared = [(index, *broadcast.batch_node(*path))  # where shared tensors' paths read the batch's rows
+                  for index, uses in served.items() for _, _, path in uses if path not in (None, "attention")]
         models = (self.model, *self._roots)
         roots = [call for call in step_calls if any(call.module is model for model in models)]
         if state.pseudo is not None:
             loss, contributions = state.pseudo, (lambda: state.pseudo)
         else:
             loss, contributions = info.get("loss"), (lambda: info.contributions(", ".join(needed_by)))
-        mixed = self._probe.mixed(calls, loss, contributions, roots, state.batch_size)
+        mixed = self._probe.mixed(calls, loss, contributions, roots, state.batch_size, shared)
         if not mixed:
             return False
         moved = [index for index, uses in served.items()  # (and the paths outside those rows)
                  if any(call in mixed or path not in (None, "attention") for call, _, path in uses)]
         self.force_global.update(moved)
         self._global_reasons.update(dict.fromkeys(moved, "code after its layer mixes the samples of the batch"))
-        names = ", ".join(call.name or type(call.module).__name__ for call in mixed[:4])
+        names = ", ".join(self.names[owner] if isinstance(owner, int) else owner.name or type(owner.module).__name__
+                          for owner in mixed[:4])
         self._warn_once(("mixed", names), (
             f"cockpit-lite: the samples' losses depend on other samples' outputs of {names}"
             f"{', ...' if len(mixed) > 4 else ''} (code after them mixes the samples of the batch: a loss "

@@ -14,7 +14,10 @@ rules would read them, with the weights ``1`` and with random weights ``w`` (in 
 all different): ``u(1)_n = δ_n`` and ``u(w)_n = Σ_m w_m ∂c_m/∂z_n``, which equals ``w_n δ_n``
 for every row ``n`` exactly when the samples are independent. A layer's output is *mixed* when
 some row differs by more than ``RTOL`` (of the lowest precision involved) of ``max(‖w_n δ_n‖, FLOOR · max_m ‖w_m δ_m‖)``,
-rows along the axis its rule reads as the samples: its parameters take the exact global path. The probe runs when
+rows along the axis its rule reads as the samples: its parameters take the exact global path. The
+node where a shared tensor's path (``cockpit_lite.engine.broadcast``) splits the batch's rows is
+checked the same way: a node whose output is as long as the batch by its own shape, no sample in it
+yet, is found there. The probe runs when
 the step's plan is new (the calls it would read and the loss's last operation): it costs two
 backward passes down to the layers' outputs (without the weights' gradients).
 """
@@ -41,30 +44,33 @@ class Probe:
         self._seen = set()
         self._weights = torch.Generator().manual_seed(0)  # its own stream: the user's is untouched
 
-    def mixed(self, calls, loss, contributions, roots=(), batch_size=None):
-        """The calls among ``calls`` whose output gradient mixes the samples (a new plan only;
-        otherwise nothing).
+    def mixed(self, calls, loss, contributions, roots=(), batch_size=None, shared=()):
+        """The calls among ``calls`` whose output gradient mixes the samples, and the owners among
+        ``shared`` (``(owner, node, axis)``: where a shared tensor's path takes the batch's rows) whose
+        node's output does along ``axis`` (a new plan only; otherwise nothing).
 
         ``contributions()`` gives ``c`` with its graph, or raises ``ValueError``; then the model's
         own calls ``roots`` stand in for the loss, with random row vectors ``r`` of its output ``Z``
         (``Σ_n w_n <r_n, Z_n>``, rows along its first axis of size ``batch_size``): what mixes the
         samples inside the model is found, what mixes them after it (in the loss) cannot be.
         """
-        key = (tuple(id(call.module) for call in calls), type(getattr(loss, "grad_fn", None)).__name__)
-        if key in self._seen or not calls:
+        key = (tuple(id(call.module) for call in calls), tuple((type(node).__name__, axis) for _, node, axis in shared),
+               type(getattr(loss, "grad_fn", None)).__name__)
+        if key in self._seen or not (calls or shared):
             return []
         self._seen.add(key)
         source = self._source(contributions, roots, batch_size)
         if source is None:
             return []
         outputs, directions, batch = source
-        owners, leaves, axes = zip(*[
-            (call, leaf, axis) for call in calls if call not in roots
+        targets = [  # (owner, the output's gradient edge, its rows' axis, its dtype)
+            (call, GradientEdge(leaf.grad_fn, leaf.output_nr), axis, leaf.dtype) for call in calls if call not in roots
             for leaf, axis in zip(call.leaves, output_axes(call, batch)) if leaf.grad_fn is not None and axis is not None
-        ] or [(None, None, None)])
-        if owners[0] is None:
+        ] + [(owner, GradientEdge(node, 0), axis, node._input_metadata[0].dtype) for owner, node, axis in shared
+             if axis is not None and node._input_metadata[0].shape[axis] == batch]
+        if not targets:
             return []
-        edges = [GradientEdge(leaf.grad_fn, leaf.output_nr) for leaf in leaves]
+        owners, edges, axes, dtypes = zip(*targets)
         weights, start = self._draw(batch), directions(None)
         try:
             with torch.enable_grad():
@@ -72,16 +78,15 @@ class Probe:
                 weighted = torch.autograd.grad(outputs, edges, directions(weights), retain_graph=True, allow_unused=True)
         except RuntimeError:  # (a reentrant checkpoint refuses .grad: its parameters are refused elsewhere)
             return []
-        dtypes = {leaf.dtype for leaf in leaves} | {t.dtype for t in start}
-        rtol = max(RTOL.get(dtype, LOW_PRECISION_RTOL) for dtype in dtypes)
-        products = [(call, one, many, axis) for call, one, many, axis in zip(owners, ones, weighted, axes) if one is not None]
+        rtol = max(RTOL.get(dtype, LOW_PRECISION_RTOL) for dtype in {*dtypes, *(t.dtype for t in start)})
+        products = [(owner, one, many, axis) for owner, one, many, axis in zip(owners, ones, weighted, axes) if one is not None]
         if not all(bool(torch.isfinite(one).all() and torch.isfinite(many).all()) for _, one, many, _ in products):
             self._seen.discard(key)  # (a non-finite step tells nothing: the next tracked step probes again)
             return []
         found = []
-        for call, one, many, axis in products:
-            if call not in found and _mixes(one, many, weights, rtol, axis):
-                found.append(call)
+        for owner, one, many, axis in products:
+            if owner not in found and _mixes(one, many, weights, rtol, axis):
+                found.append(owner)
         return found
 
     def _draw(self, batch):

@@ -188,6 +188,29 @@ def test_a_shared_tensor_as_long_as_the_batch_computed_on_before_the_batch(monke
     assert planned == [] and 0 in used[0]
 
 
+COMPUTED_BEFORE = {  # operations on the shared tensor alone that the path's shapes cannot tell from the batch's
+    "matrix_product": lambda x, s: x[:, :B] + s @ torch.eye(D, dtype=s.dtype).flip(0),
+    "running_sum_of_tanh": lambda x, s: x[:, :B] + torch.tanh(s).cumsum(0),
+}
+
+
+@pytest.mark.parametrize("how", COMPUTED_BEFORE, ids=str)
+def test_rows_a_path_would_read_where_no_sample_is_yet_are_found_by_the_probe(how, monkeypatch):
+    """``x[:, :B] + s @ P`` with ``s`` of shape ``[B, D]``: the product is the first operation that is
+    neither shape-only nor elementwise, its output is as long as the batch, and the path took it for the
+    node where the batch comes in (each row of ``s`` a "sample", silently: their sum is right). The
+    independence probe now checks the rows a path would read there as it checks a layer's: mixed, so the
+    global path, exact."""
+    torch.manual_seed(0)
+    model = Shared((B, D), COMPUTED_BEFORE[how]).double()
+    used = _global_path_uses(monkeypatch)
+    x = torch.randn(B, T, D, dtype=torch.float64)
+    got = engine_individual_gradients(model, x)
+    for index, reference in enumerate(individual_reference(model, x)):
+        torch.testing.assert_close(got[index], reference)
+    assert 0 in used[0]
+
+
 @pytest.mark.parametrize("layer", ["linear", "conv1d"])
 def test_a_weight_normalised_layer_as_wide_as_the_batch(layer, monkeypatch):
     """``weight_norm`` (audio and GAN models) with as many outputs as samples: the
