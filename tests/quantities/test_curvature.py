@@ -10,7 +10,7 @@ from torch import nn
 
 import problems
 from cockpit_lite import Cockpit, extend
-from cockpit_lite.quantities import HessTrace
+from cockpit_lite.quantities import HessTrace, TICDiag
 
 
 def _embedding_model():
@@ -192,3 +192,49 @@ def test_probes_must_be_a_positive_integer(probes):
 def test_a_single_probe_is_allowed():
     cp = _mlp_steps(HessTrace(curvature="hutchinson", probes=1), 1)
     assert cp.get_output()[0]["meta"]["HessTrace"]["probes"] == 1
+
+
+def _plain_mlp_step(quantities):
+    """One step of a float64 MLP not extended for BackPACK (the engine's GGN diagonals serve it): the
+    record and the brute-force GGN's traces per parameter."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+    x, y = torch.randn(6, 3, dtype=torch.float64), torch.tensor([0, 1, 2, 1, 0, 2])
+    reference = [float(r) for r in _ggn_traces(copy.deepcopy(model), x, y)]
+    cp = Cockpit(model, quantities, diagnose=False, strict=True)
+    loss = nn.functional.cross_entropy(model(x), y)
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    return cp.get_output()[0], reference
+
+
+def test_an_explicit_monte_carlo_ggn_beyond_backpack_is_the_engines_with_its_probes_and_seed():
+    """curvature="diag_ggn_mc" where BackPACK cannot serve (the model is not extended): the engine
+    draws ``probes`` labels, one pass each, from the generator of ``seed``; within 4 of its
+    standard errors of the exact traces, and another seed draws other labels."""
+    entry, exact = _plain_mlp_step([HessTrace(curvature="diag_ggn_mc", probes=8, seed=1)])
+    meta = entry["meta"]["HessTrace"]
+    assert (meta["curvature"], meta["probes"], meta["passes"], meta["df"]) == ("diag_ggn_mc", 8, 8, 7)
+    for value, se, reference in zip(entry["HessTrace"], meta["layers_se"], exact, strict=True):
+        assert abs(value - reference) <= 4 * se
+    other, _ = _plain_mlp_step([HessTrace(curvature="diag_ggn_mc", probes=8, seed=0)])
+    assert all(a != b for a, b in zip(entry["HessTrace"], other["HessTrace"]))
+
+
+def test_quantities_asking_for_the_exact_ggn_diagonal_share_one_computation(monkeypatch):
+    """HessTrace(curvature="diag_ggn_exact", probes=...) and a TIC ("auto": the engine's exact GGN on a
+    model BackPACK cannot serve) ask for the same diagonal, computed once (the probes are the
+    Monte-Carlo diagonal's only); HessTrace's traces are the brute force's."""
+    from cockpit_lite.curvature import ggn
+
+    computed, diagonal = [], ggn.diagonal
+
+    def counted(engine, info, request, needed_by):
+        computed.append(request)
+        return diagonal(engine, info, request, needed_by)
+
+    monkeypatch.setattr(ggn, "diagonal", counted)
+    entry, exact = _plain_mlp_step([HessTrace(curvature="diag_ggn_exact", probes=3), TICDiag()])
+    assert computed == [ggn.Request(ggn.EXACT)]
+    assert entry["HessTrace"] == pytest.approx(exact, rel=1e-10)
+    assert entry["meta"]["TICDiag"] == {"curvature": "diag_ggn_exact", "passes": 2}
