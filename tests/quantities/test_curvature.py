@@ -194,18 +194,20 @@ def test_a_single_probe_is_allowed():
     assert cp.get_output()[0]["meta"]["HessTrace"]["probes"] == 1
 
 
-def _plain_mlp_step(quantities):
-    """One step of a float64 MLP not extended for BackPACK (the engine's GGN diagonals serve it): the
-    record and the brute-force GGN's traces per parameter."""
+def _plain_mlp_step(quantities, steps=1):
+    """``steps`` steps (no update) of a float64 MLP not extended for BackPACK (the engine's GGN
+    diagonals serve it) on one batch: the last step's record and the brute-force GGN's traces per
+    parameter."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 3)).double()
     x, y = torch.randn(6, 3, dtype=torch.float64), torch.tensor([0, 1, 2, 1, 0, 2])
     reference = [float(r) for r in _ggn_traces(copy.deepcopy(model), x, y)]
     cp = Cockpit(model, quantities, diagnose=False, strict=True)
-    loss = nn.functional.cross_entropy(model(x), y)
-    with cp(0, info={"loss": loss}):
-        loss.backward()
-    return cp.get_output()[0], reference
+    for step in range(steps):
+        loss = nn.functional.cross_entropy(model(x), y)
+        with cp(step, info={"loss": loss}):
+            loss.backward()
+    return cp.get_output()[steps - 1], reference
 
 
 def test_an_explicit_monte_carlo_ggn_beyond_backpack_is_the_engines_with_its_probes_and_seed():
@@ -238,3 +240,16 @@ def test_quantities_asking_for_the_exact_ggn_diagonal_share_one_computation(monk
     assert computed == [ggn.Request(ggn.EXACT)]
     assert entry["HessTrace"] == pytest.approx(exact, rel=1e-10)
     assert entry["meta"]["TICDiag"] == {"curvature": "diag_ggn_exact", "passes": 2}
+
+
+@pytest.mark.parametrize("curvature", ["diag_ggn_exact", "diag_ggn_mc"])
+def test_the_engines_ggn_diagonal_watches_the_forward_pass_of_every_due_step(curvature):
+    """HessTrace alone (no individual gradients of its own) with the engine's GGN diagonal: the
+    engine watches every due step's forward pass, which the diagonal's passes read (unwatched, they
+    would take the slow global path, with a warning); the exact traces are the brute force's."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        entry, exact = _plain_mlp_step([HessTrace(curvature=curvature, probes=2)], steps=2)
+    assert entry["meta"]["HessTrace"]["curvature"] == curvature
+    if curvature == "diag_ggn_exact":
+        assert entry["HessTrace"] == pytest.approx(exact, rel=1e-10)
