@@ -253,3 +253,42 @@ def test_the_engines_ggn_diagonal_watches_the_forward_pass_of_every_due_step(cur
     assert entry["meta"]["HessTrace"]["curvature"] == curvature
     if curvature == "diag_ggn_exact":
         assert entry["HessTrace"] == pytest.approx(exact, rel=1e-10)
+
+
+class _TwoHeads(nn.Module):
+    """Two outputs of disjoint parameters, ``a x₀`` and ``w tanh(v x₁)``: under squared errors the
+    Hessian has no block across the heads, and ``a``'s block is its one entry."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Parameter(torch.tensor([0.5], dtype=torch.float64))
+        self.v = nn.Parameter(torch.tensor([0.7], dtype=torch.float64))
+        self.w = nn.Parameter(torch.tensor([-1.3], dtype=torch.float64))
+
+    def forward(self, x):
+        return torch.cat([self.a * x[:, :1], self.w * torch.tanh(self.v * x[:, 1:])], 1)
+
+
+def test_the_total_s_standard_error_is_the_whole_network_s():
+    """Hutchinson's estimate of ``a``'s trace is exact (``z_a (H z)_a = H_aa``: no cross term), so
+    its standard error is 0; the whole network's is not (``v`` and ``w`` share a block), and the
+    exact traces by autograd lie within 4 of their standard errors."""
+    torch.manual_seed(0)
+    model = _TwoHeads()
+    x, y = torch.randn(6, 2, dtype=torch.float64), torch.randn(6, 2, dtype=torch.float64)
+    cp = Cockpit(model, [HessTrace(curvature="hutchinson", probes=4)], diagnose=False, strict=True)
+    loss = nn.functional.mse_loss(model(x), y)
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    entry = cp.get_output()[0]
+    meta = entry["meta"]["HessTrace"]
+
+    def loss_of(flat):
+        a, v, w = flat.reshape(3, 1)
+        return nn.functional.mse_loss(torch.cat([a * x[:, :1], w * torch.tanh(v * x[:, 1:])], 1), y)
+
+    exact = torch.autograd.functional.hessian(loss_of, torch.tensor([0.5, 0.7, -1.3], dtype=torch.float64)).diagonal()
+    assert meta["layers_se"][0] == 0 and entry["HessTrace"][0] == pytest.approx(float(exact[0]), rel=1e-12)
+    assert meta["se"] > 0 and abs(sum(entry["HessTrace"]) - float(exact.sum())) <= 4 * meta["se"]
+    for value, se, reference in zip(entry["HessTrace"][1:], meta["layers_se"][1:], exact[1:], strict=True):
+        assert se > 0 and abs(value - float(reference)) <= 4 * se
