@@ -125,6 +125,26 @@ def test_auto_says_before_backward_where_backpack_cannot_serve_an_extended_model
         assert cp.get_output()[1]["meta"]["HessTrace"]["curvature"] == "hutchinson"
 
 
+@pytest.mark.parametrize("extended, named", [
+    ("model", "the loss was not computed by an extended CrossEntropyLoss"),
+    ("loss", "the layer 0 (Linear) is not BackPACK-extended"),
+])
+def test_auto_warns_where_only_the_model_or_only_the_loss_is_extended(extended, named):
+    """Either one extended says the user meant BackPACK's exact diagonal: "auto" estimates, and its
+    warning names what BackPACK lacks (the other one)."""
+    torch.manual_seed(0)
+    model, lossfunc = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double(), nn.CrossEntropyLoss()
+    model, lossfunc = (extend(model), lossfunc) if extended == "model" else (model, extend(lossfunc))
+    cp = Cockpit(model, [HessTrace(probes=2)], diagnose=False)
+    loss = lossfunc(model(torch.randn(5, 3, dtype=torch.float64)), torch.tensor([0, 1, 1, 0, 1]))
+    with pytest.warns(UserWarning, match="curvature='auto' uses Hutchinson's estimator") as caught:
+        context = cp(0, info={"loss": loss})
+    assert [str(w.message) for w in caught if named in str(w.message)]
+    with context:
+        loss.backward(create_graph=cp.create_graph(0))
+    assert cp.get_output()[0]["meta"]["HessTrace"]["curvature"] == "hutchinson"
+
+
 def test_parameters_no_module_owns_warn_and_estimate():
     """Parameters used by functional code only: no module to check, so "auto" estimates and says why."""
     torch.manual_seed(0)
