@@ -312,3 +312,21 @@ def test_the_total_s_standard_error_is_the_whole_network_s():
     assert meta["se"] > 0 and abs(sum(entry["HessTrace"]) - float(exact.sum())) <= 4 * meta["se"]
     for value, se, reference in zip(entry["HessTrace"][1:], meta["layers_se"][1:], exact[1:], strict=True):
         assert se > 0 and abs(value - float(reference)) <= 4 * se
+
+
+def test_the_estimator_without_the_loss_is_refused_naming_the_quantity_and_the_fix():
+    """Hutchinson's products differentiate info["loss"]: without it the step is refused, naming
+    HessTrace and the fix, which works."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 2)).double()
+    x, y = torch.randn(4, 3, dtype=torch.float64), torch.tensor([0, 1, 1, 0])
+    cp = Cockpit(model, [HessTrace(curvature="hutchinson", probes=2)], diagnose=False)
+    loss = nn.functional.cross_entropy(model(x), y)
+    with pytest.raises(ValueError, match=r"^HessTrace needs info\['loss'\] at step 0; pass it as cp\(step, info="):
+        with cp(0):
+            loss.backward()
+    model.zero_grad()
+    loss = nn.functional.cross_entropy(model(x), y)
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    assert cp.get_output()[0]["meta"]["HessTrace"]["curvature"] == "hutchinson"
