@@ -2,6 +2,7 @@
 values against a brute-force float64 generalised Gauss-Newton diagonal."""
 
 import copy
+import math
 import warnings
 
 import pytest
@@ -207,6 +208,23 @@ def test_verbose_prints_each_value(capsys):
 def test_probes_must_be_a_positive_integer(probes):
     with pytest.raises(ValueError, match="probes must be a positive integer"):
         HessTrace(probes=probes)
+
+
+@pytest.mark.parametrize("max_passes", [-1, 1.5])
+def test_max_passes_must_be_a_non_negative_integer(max_passes):
+    with pytest.raises(ValueError, match="max_passes must be a non-negative integer"):
+        HessTrace(max_passes=max_passes)
+
+
+def test_max_passes_of_zero_takes_no_pass():
+    """``max_passes=0`` is allowed: "auto" then takes no pass of the engine's exact GGN diagonal (2
+    here, one per class but one), and the TIC says so; 2 passes are enough."""
+    entry, _ = _plain_mlp_step([TICDiag(max_passes=0)])
+    assert math.isnan(entry["TICDiag"]) and entry["meta"]["TICDiag"] == {"curvature": None}
+    (flag,) = entry["flags"]
+    assert "takes 2 backward passes per step" in flag and "more than max_passes=0" in flag
+    entry, _ = _plain_mlp_step([TICDiag(max_passes=2)])
+    assert entry["meta"]["TICDiag"] == {"curvature": "diag_ggn_exact", "passes": 2} and "flags" not in entry
 
 
 def test_a_single_probe_is_allowed():
