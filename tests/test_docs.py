@@ -221,6 +221,13 @@ QUOTES = [
      "measured/mutation_seed3/totals/killed_before|measured/mutation_seed3/totals/sampled"
      "|measured/mutation_seed3/totals/survivors|measured/mutation_seed3/totals/missing_tests"),
     ("docs/development.md", "and 2 equivalent mutants", "measured/mutation_seed3/totals/equivalent"),
+    ("docs/development.md", "398\nmutants, 8 of them message wording, so 390 scored",
+     "measured/mutation_full_curvature/totals/mutants|measured/mutation_full_curvature/totals/wording"
+     "|measured/mutation_full_curvature/totals/scored"),
+    ("docs/development.md", "355 of the 390\nwere killed. Its 35 survivors were 24 missing tests",
+     "measured/mutation_full_curvature/totals/killed_before|measured/mutation_full_curvature/totals/scored"
+     "|measured/mutation_full_curvature/totals/survivors|measured/mutation_full_curvature/totals/missing_tests"),
+    ("docs/development.md", "and 11 equivalent mutants", "measured/mutation_full_curvature/totals/equivalent"),
 ]
 
 
@@ -262,19 +269,29 @@ def test_every_timing_and_ratio_is_in_numbers_json(name):
     assert not unknown, f"{name} quotes {unknown}, which docs/numbers.json does not hold"
 
 
-@pytest.mark.parametrize("table", ["mutation_seed2", "mutation_seed3"])
-def test_the_later_mutation_samples_totals_are_their_rows(table):
-    """The totals the prose quotes add up from the table's rows: every survivor is a missing test (now killed)
-    or an equivalent mutant."""
+SAMPLE_COLUMNS = {"sampled": 1, "in_earlier_samples": 2, "killed_before": 3, "killed": 4, "equivalent": 5}
+
+
+@pytest.mark.parametrize("table, columns", [
+    ("mutation_seed2", SAMPLE_COLUMNS),
+    ("mutation_seed3", SAMPLE_COLUMNS),
+    ("mutation_full_curvature", {"mutants": 1, "scored": 2, "killed_before": 3, "killed": 4, "equivalent": 5}),
+])
+def test_the_later_mutation_runs_totals_are_their_rows(table, columns):
+    """The totals the prose quotes add up from the table's rows (a whole group's: its mutants are the
+    message wording and the scored ones): every survivor is a missing test (now killed) or an
+    equivalent mutant."""
     entry = _numbers()["measured"][table]
-    columns = list(zip(*entry["rows"]))
-    sampled, earlier, before, killed, equivalent = (
-        sum(int(cell.split()[0]) for cell in columns[i]) for i in (1, 2, 3, 4, 5))
+    cells = list(zip(*entry["rows"]))
+    sums = {name: sum(int(cell.split()[0]) for cell in cells[i]) for name, i in columns.items()}
     totals = entry["totals"]
-    assert (sampled, earlier, before, equivalent) == (
-        totals["sampled"], totals["in_earlier_samples"], totals["killed_before"], totals["equivalent"])
-    assert totals["survivors"] == sampled - before == totals["missing_tests"] + equivalent
-    assert killed == before + totals["missing_tests"] and killed + equivalent == sampled
+    assert {name: totals[name] for name in sums if name != "killed"} == {n: v for n, v in sums.items() if n != "killed"}
+    if "mutants" in sums:
+        wording = sum(int(cell.split()[1].strip("()")) for cell in cells[columns["mutants"]])
+        assert totals["wording"] == wording == totals["mutants"] - totals["scored"]
+    scored = sums.get("sampled", sums.get("scored"))
+    assert totals["survivors"] == scored - sums["killed_before"] == totals["missing_tests"] + sums["equivalent"]
+    assert sums["killed"] == sums["killed_before"] + totals["missing_tests"] and sums["killed"] + sums["equivalent"] == scored
 
 
 def test_counts_quoted_are_the_code_s():
