@@ -39,11 +39,12 @@ class Keep(Transform):
 LAYERS = {"1d": (nn.Conv1d, (7,)), "2d": (nn.Conv2d, (7, 6)), "3d": (nn.Conv3d, (5, 4, 5))}
 
 
-def engine_individual_gradients(model, x, batch_size=None, wide=False):
+def engine_individual_gradients(model, x, batch_size=None, wide=False, subset=None, keep=None):
     """``grad_batch`` of every trainable parameter for the loss ``Σ model(x)²``, from the engine
     (``batch_size``: as ``info["batch_size"]``, for sequence-first inputs; else the samples'
     losses are given too, for the global path; ``wide``: the loss in float32, as under mixed
-    precision)."""
+    precision; ``subset``: the drawn samples of a subsampled step; ``keep``: a ``Keep`` of
+    the caller's)."""
     params = [p for p in model.parameters() if p.requires_grad]
     engine = Engine(model, params, [str(i) for i in range(len(params))])
     out = model(x).float() if wide else model(x)
@@ -55,7 +56,8 @@ def engine_individual_gradients(model, x, batch_size=None, wide=False):
         loss = (out**2).sum()
         given = {"loss": loss, "batch_size": batch_size}
     info = StepInfo(given, 0, batch_size=engine.batch_size(), model=model)
-    engine.begin([Keep()], info, info.batch_size, [None] * len(params), ["Test"])
+    info.subset = subset
+    engine.begin([keep or Keep()], info, info.batch_size, [None] * len(params), ["Test"])
     loss.backward()
     results, _, flags = engine.finish()
     assert not flags, flags
@@ -910,6 +912,29 @@ def test_layers_before_an_evaluating_batch_norm_are_served_by_their_rules(monkey
     model[1].running_mean.uniform_(-1, 1)
     model.eval()
     assert_matches_autograd(model, torch.randn(6, 4, dtype=torch.float64), monkeypatch)
+
+
+class Seen(Keep):
+    """``Keep``, recording the parameter index and ``B`` each parameter's individual gradients come with."""
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, per_sample):
+        self.seen.append((per_sample.index, per_sample.batch_size))
+        return super().__call__(per_sample)
+
+
+def test_a_subsampled_convolution_forms_the_drawn_samples_individual_gradients():
+    """At a subsampled step the convolution's weight and bias get the drawn samples' individual
+    gradients (autograd's, one forward pass), each with its parameter's index and the batch's ``B``."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.Flatten()).double()
+    x, rows, seen = torch.randn(5, 2, 5, 5, dtype=torch.float64), torch.tensor([1, 3]), Seen()
+    got = engine_individual_gradients(model, x, subset=rows, keep=seen)
+    for index, reference in enumerate(individual_reference(model, x)):
+        torch.testing.assert_close(got[index], reference[rows])
+    assert sorted(seen.seen) == [(0, 5), (1, 5)]
 
 
 def test_a_subsampled_convolutions_check_is_its_weight_gradient_on_random_output_channels():
