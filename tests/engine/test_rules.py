@@ -595,7 +595,7 @@ def test_a_layer_vmap_cannot_run_is_re_run_one_sample_at_a_time(monkeypatch):
     model = nn.Sequential(nn.Linear(3, 4), Guarded(), nn.Linear(4, 2)).double()
     x = torch.randn(5, 3, dtype=torch.float64)
     used = _global_path_uses(monkeypatch)
-    monkeypatch.setattr(GENERIC, "_loop", set())  # no module type remembered from other tests
+    monkeypatch.setattr(GENERIC, "_loop", generic.GenericRule()._loop)  # a new rule's memory: none from other tests
     tried, vmap = [], generic.vmap
     monkeypatch.setattr(generic, "vmap", lambda *args, **kwargs: tried.append(1) or vmap(*args, **kwargs))
     for step in range(2):
