@@ -39,13 +39,14 @@ class Keep(Transform):
 LAYERS = {"1d": (nn.Conv1d, (7,)), "2d": (nn.Conv2d, (7, 6)), "3d": (nn.Conv3d, (5, 4, 5))}
 
 
-def engine_individual_gradients(model, x, batch_size=None, wide=False, subset=None, keep=None):
+def engine_individual_gradients(model, x, batch_size=None, wide=False, subset=None, keep=None, params=None):
     """``grad_batch`` of every trainable parameter for the loss ``Σ model(x)²``, from the engine
     (``batch_size``: as ``info["batch_size"]``, for sequence-first inputs; else the samples'
     losses are given too, for the global path; ``wide``: the loss in float32, as under mixed
     precision; ``subset``: the drawn samples of a subsampled step; ``keep``: a ``Keep`` of
-    the caller's)."""
-    params = [p for p in model.parameters() if p.requires_grad]
+    the caller's; ``params``: the tracked parameters in the caller's order, default the model's
+    trainable ones)."""
+    params = [p for p in model.parameters() if p.requires_grad] if params is None else params
     engine = Engine(model, params, [str(i) for i in range(len(params))])
     out = model(x).float() if wide else model(x)
     if batch_size is None:
@@ -925,14 +926,16 @@ class Seen(Keep):
         return super().__call__(per_sample)
 
 
-def test_a_subsampled_convolution_forms_the_drawn_samples_individual_gradients():
+@pytest.mark.parametrize("order", [1, -1], ids=["weight_first", "bias_first"])
+def test_a_subsampled_convolution_forms_the_drawn_samples_individual_gradients(order):
     """At a subsampled step the convolution's weight and bias get the drawn samples' individual
-    gradients (autograd's, one forward pass), each with its parameter's index and the batch's ``B``."""
+    gradients (autograd's, one forward pass), each with its parameter's index and the batch's ``B``,
+    whichever the Cockpit lists first (an optimizer's groups may put the biases first)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.Flatten()).double()
     x, rows, seen = torch.randn(5, 2, 5, 5, dtype=torch.float64), torch.tensor([1, 3]), Seen()
-    got = engine_individual_gradients(model, x, subset=rows, keep=seen)
-    for index, reference in enumerate(individual_reference(model, x)):
+    got = engine_individual_gradients(model, x, subset=rows, keep=seen, params=list(model.parameters())[::order])
+    for index, reference in enumerate(individual_reference(model, x)[::order]):
         torch.testing.assert_close(got[index], reference[rows])
     assert sorted(seen.seen) == [(0, 5), (1, 5)]
 
