@@ -1047,3 +1047,17 @@ def test_the_generic_rules_vmap_fallback_warns_the_user_of_nothing(monkeypatch):
         warnings.simplefilter("always")
         torch.func.vmap(lambda a: model.pair(a, a))(torch.randn(2, 1, 3, dtype=torch.float64))
     assert [w for w in caught if "batching rule" in str(w.message)]
+
+
+def test_rerunning_is_said_inside_the_engines_rerun_only():
+    """``rerunning()`` (read by the signals' forward hooks): inside ``rerun()``, nested or not, and
+    not outside it."""
+    from cockpit_lite.engine.rules.base import rerun, rerunning
+
+    assert not rerunning()
+    with rerun():
+        assert rerunning()
+        with rerun():
+            assert rerunning()
+        assert rerunning()
+    assert not rerunning()
