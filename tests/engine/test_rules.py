@@ -496,6 +496,38 @@ def _bfloat16_reference(layer, x, per_sample):
     return got, per_sample(captured["delta"].double())
 
 
+class Projected(nn.Module):
+    """``(x @ basis) ⊙ w`` with ``basis`` an argument without a batch axis (the generic rule keeps it
+    as a constant of the re-run)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, x, basis):
+        return (x @ basis) * self.w
+
+
+class WithBasis(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = Projected()
+        self.register_buffer("basis", torch.randn(4, 4))
+
+    def forward(self, x):
+        return self.inner(x, self.basis)
+
+
+def test_a_bfloat16_layers_shared_tensor_argument_is_cast_with_its_inputs():
+    """The generic rule re-runs a bf16 layer in float32: a tensor argument shared by the samples is
+    cast with the batched input (a bf16 basis would meet a float32 input in ``x @ basis``)."""
+    torch.manual_seed(0)
+    model, x = WithBasis().bfloat16(), torch.randn(3, 4).bfloat16()
+    projected = x.double() @ model.basis.double()
+    got, reference = _bfloat16_reference(model, x, lambda d: d * projected)
+    torch.testing.assert_close(got[0].double(), reference, rtol=1e-3, atol=1e-3)
+
+
 def test_bfloat16_layers_accumulate_in_float32():
     """bf16 in, bf16 output gradients: the rules sum in float32 (bf16 sums are ~1e-2 off)."""
     torch.manual_seed(0)
