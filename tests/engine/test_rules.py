@@ -1,7 +1,6 @@
 """Individual-gradient rules against a per-sample autograd loop."""
 
 import copy
-import warnings
 
 import pytest
 import torch
@@ -1093,3 +1092,25 @@ def test_rerunning_is_said_inside_the_engines_rerun_only():
             assert rerunning()
         assert rerunning()
     assert not rerunning()
+
+
+
+class Gated(nn.Module):
+    """A custom layer whose weight a forward pre-hook forms from ``g`` and ``v`` at every call (as
+    ``weight_norm`` does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.g, self.v = nn.Parameter(torch.randn(4)), nn.Parameter(torch.randn(4))
+        self.register_forward_pre_hook(lambda module, args: setattr(module, "weight", module.g * module.v))
+
+    def forward(self, x):
+        return torch.tanh(x * self.weight)
+
+
+def test_a_layer_whose_forward_pre_hook_forms_its_weight_is_re_run_with_its_hooks(monkeypatch):
+    """The generic rule's re-run calls the module (its hooks run: the weight is formed from the
+    re-run's parameters), not only its ``forward``."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), Gated(), nn.Linear(4, 2)).double()
+    assert_matches_autograd(model, torch.randn(5, 3, dtype=torch.float64), monkeypatch)
