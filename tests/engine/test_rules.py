@@ -1,6 +1,7 @@
 """Individual-gradient rules against a per-sample autograd loop."""
 
 import copy
+import warnings
 
 import pytest
 import torch
