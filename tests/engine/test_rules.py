@@ -878,7 +878,7 @@ def test_a_re_run_that_draws_random_numbers_is_left_to_the_global_path(batch_siz
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _step_state(GuardedDropout, "cpu", True, batch_size)
-    assert any("draws random numbers" in str(w.message) for w in caught)
+    assert any("GuardedDropout draws random numbers (dropout)" in str(w.message) for w in caught)
     assert used == [[2, 3]]
 
 
