@@ -108,6 +108,7 @@ TABLES = {
     "mutation_seed2": _measured("mutation_seed2"),
     "mutation_seed3": _measured("mutation_seed3"),
     "mutation_full_curvature": _measured("mutation_full_curvature"),
+    "mutation_full_engine_rules": _measured("mutation_full_engine_rules"),
     "lr_comparison": _lr_table,
     "demo_last_epoch": _demo_summary,
 }
