@@ -59,16 +59,22 @@ MIN_SAMPLES = 2
 """The smallest ``k``: a standard error needs a variance across the subsample."""
 
 
+def seed_of(*key):
+    """A seed for a private ``torch.Generator`` from ``key`` (ints and strings): SHA-256 of its
+    ``repr``, not Python's ``hash``, which is salted per process for strings, so the same key
+    gives the same seed in every run and process."""
+    digest = hashlib.sha256(repr(key).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
 def draw(k, batch_size, key, device=None):
     """``k`` distinct sample indices out of ``batch_size``, sorted, from a generator seeded by ``key``.
 
-    ``key`` (a tuple of ints, e.g. ``(seed, step)``) is hashed by SHA-256 (not Python's
-    ``hash``, which is salted per process for strings) into the seed of a private
-    ``torch.Generator``: the same key draws the same samples in every run and process, and
-    no global random state is read or advanced.
+    ``key`` (a tuple of ints, e.g. ``(seed, step)``) is hashed (``seed_of``) into the seed of a
+    private ``torch.Generator``: the same key draws the same samples in every run and process,
+    and no global random state is read or advanced.
     """
-    digest = hashlib.sha256(repr(("samples", *(int(k) for k in key))).encode()).digest()
-    generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+    generator = torch.Generator().manual_seed(seed_of("samples", *(int(k) for k in key)))
     chosen = torch.randperm(batch_size, generator=generator)[:k].sort().values
     return chosen if device is None else chosen.to(device)
 

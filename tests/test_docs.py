@@ -221,6 +221,20 @@ QUOTES = [
      "measured/mutation_seed3/totals/killed_before|measured/mutation_seed3/totals/sampled"
      "|measured/mutation_seed3/totals/survivors|measured/mutation_seed3/totals/missing_tests"),
     ("docs/development.md", "and 2 equivalent mutants", "measured/mutation_seed3/totals/equivalent"),
+    ("docs/development.md", "398\nmutants, 8 of them message wording, so 390 scored",
+     "measured/mutation_full_curvature/totals/mutants|measured/mutation_full_curvature/totals/wording"
+     "|measured/mutation_full_curvature/totals/scored"),
+    ("docs/development.md", "355 of the 390\nwere killed. Its 35 survivors were 24 missing tests",
+     "measured/mutation_full_curvature/totals/killed_before|measured/mutation_full_curvature/totals/scored"
+     "|measured/mutation_full_curvature/totals/survivors|measured/mutation_full_curvature/totals/missing_tests"),
+    ("docs/development.md", "and 11 equivalent mutants", "measured/mutation_full_curvature/totals/equivalent"),
+    ("docs/development.md", "`engine_rules` (1,404 mutants, no message wording) was run the same way and stopped after 990",
+     "measured/mutation_full_engine_rules/totals/mutants|measured/mutation_full_engine_rules/totals/scored"),
+    ("docs/development.md", "920 of the 990 were killed. Its 70 survivors\nwere 11 missing tests",
+     "measured/mutation_full_engine_rules/totals/killed_before|measured/mutation_full_engine_rules/totals/scored"
+     "|measured/mutation_full_engine_rules/totals/survivors|measured/mutation_full_engine_rules/totals/missing_tests"),
+    ("docs/development.md", "52 equivalent mutants and 7 that only a GPU run can tell",
+     "measured/mutation_full_engine_rules/totals/equivalent|measured/mutation_full_engine_rules/totals/left"),
 ]
 
 
@@ -262,19 +276,33 @@ def test_every_timing_and_ratio_is_in_numbers_json(name):
     assert not unknown, f"{name} quotes {unknown}, which docs/numbers.json does not hold"
 
 
-@pytest.mark.parametrize("table", ["mutation_seed2", "mutation_seed3"])
-def test_the_later_mutation_samples_totals_are_their_rows(table):
-    """The totals the prose quotes add up from the table's rows: every survivor is a missing test (now killed)
-    or an equivalent mutant."""
+SAMPLE_COLUMNS = {"sampled": 1, "in_earlier_samples": 2, "killed_before": 3, "killed": 4, "equivalent": 5, "left": 6}
+WHOLE_GROUP_COLUMNS = {"mutants": 1, "scored": 2, "killed_before": 3, "killed": 4, "equivalent": 5, "left": 6}
+
+
+@pytest.mark.parametrize("table, columns", [
+    ("mutation_seed2", SAMPLE_COLUMNS),
+    ("mutation_seed3", SAMPLE_COLUMNS),
+    ("mutation_full_curvature", WHOLE_GROUP_COLUMNS),
+    ("mutation_full_engine_rules", WHOLE_GROUP_COLUMNS),
+])
+def test_the_later_mutation_runs_totals_are_their_rows(table, columns):
+    """The totals the prose quotes add up from the table's rows (a whole group's mutants: the message
+    wording, in parentheses, and the scored ones): every survivor is a missing test (now killed), an
+    equivalent mutant or left (one only a GPU can tell)."""
     entry = _numbers()["measured"][table]
-    columns = list(zip(*entry["rows"]))
-    sampled, earlier, before, killed, equivalent = (
-        sum(int(cell.split()[0]) for cell in columns[i]) for i in (1, 2, 3, 4, 5))
-    totals = entry["totals"]
-    assert (sampled, earlier, before, equivalent) == (
-        totals["sampled"], totals["in_earlier_samples"], totals["killed_before"], totals["equivalent"])
-    assert totals["survivors"] == sampled - before == totals["missing_tests"] + equivalent
-    assert killed == before + totals["missing_tests"] and killed + equivalent == sampled
+    cells = list(zip(*entry["rows"]))
+    sums = {name: sum(int(cell.split()[0]) for cell in cells[i]) for name, i in columns.items()}
+    totals = {"left": 0, **entry["totals"]}
+    counted = [name for name in sums if name != "killed"]
+    assert {name: totals[name] for name in counted} == {name: sums[name] for name in counted}
+    if "wording" in totals:
+        wording = sum(int(cell.split()[1].strip("()")) for cell in cells[columns["mutants"]])
+        assert totals["wording"] == wording == totals["mutants"] - totals["scored"]
+    scored = sums.get("sampled", sums.get("scored"))
+    missing, equivalent, left = totals["missing_tests"], sums["equivalent"], sums["left"]
+    assert totals["survivors"] == scored - sums["killed_before"] == missing + equivalent + left
+    assert sums["killed"] == sums["killed_before"] + missing and sums["killed"] + equivalent + left == scored
 
 
 def test_counts_quoted_are_the_code_s():

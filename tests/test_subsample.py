@@ -23,7 +23,7 @@ import scipy.stats
 import torch
 
 import problems
-from cockpit_lite import Cockpit, configuration, intervals, subsample
+from cockpit_lite import Cockpit, configuration, extend, intervals, subsample
 from cockpit_lite.quantities import (
     CABS, GradHist1d, GradVariance, InnerTest, MeanGSNR, NormTest, OrthoTest, TICDiag, TICTrace,
 )
@@ -251,11 +251,44 @@ def test_tic_estimates_against_brute_force(case, curvature):
             assert (meta["samples"], meta["of"], meta["curvature"], meta["df"]) == (K, B, curvature, K - 1)
             # a Hessian's diagonal may be of either sign (linear); a GGN's is not, nor are the terms (log)
             assert meta.get("scale") == (None if curvature == "diag_h" else "log")
-            assert ("passes" in meta) == (case[0] not in problems.NAMES)  # the engine's, where BackPACK cannot
+            # the engine's, where BackPACK cannot: one pass per class but one (3 classes)
+            assert meta.get("passes") == (None if case[0] in problems.NAMES else 2)
             got = [(entry[name], meta["se"])] + list(zip(entry["layers"][name], meta["layers_se"]))
             for (value, se), (want_value, want_se) in zip(got, want, strict=True):
                 assert value == pytest.approx(want_value, rel=1e-6, abs=1e-12), (name, step)
                 assert se == pytest.approx(want_se, rel=1e-6, abs=1e-12), (name, step)
+
+
+def test_tic_estimates_of_a_bf16_model_divide_in_float32():
+    """A bf16 model: BackPACK's Hessian diagonal is bf16, the individual gradients' statistics
+    float32. The TICs cast the diagonal up before adding ε and dividing (in bf16, 1/(B (tr C + ε))
+    is rounded to 2⁻⁹ and TICDiag's product refuses the two dtypes). Every input, weight and target
+    is a small integer, ``B = 8`` and the loss's mean a power of two, so the bf16 forward and
+    backward passes are exact: the estimates are the float64 brute force's to float32's precision."""
+    size = 8
+    x = torch.tensor([[1, 0], [0, 1], [1, 1], [1, 0], [0, 1], [1, 1], [1, 1], [1, 1]], dtype=torch.float64)
+    y = torch.tensor([[2], [0], [1], [-1], [3], [0], [2], [4]], dtype=torch.float64)
+    weight = torch.tensor([[1.0, 2.0]], dtype=torch.float64, requires_grad=True)
+    losses = ((x @ weight.T - y) ** 2).reshape(-1)
+    individual = torch.stack([torch.autograd.grad(loss, weight, retain_graph=True)[0].reshape(-1) for loss in losses])
+    diagonal = torch.autograd.functional.hessian(lambda w: ((x @ w.reshape(1, 2).T - y) ** 2).mean(), weight.detach()
+                                                 ).reshape(2, 2).diagonal()
+    rows = subsample.draw(K, size, (0, 0)).tolist()
+    squares = individual[rows] ** 2
+    expected = {"TICDiag": [srswor((squares / (diagonal + EPSILON)).sum(1).tolist(), size), 1.0],
+                "TICTrace": [srswor(squares.sum(1).tolist(), size), float(diagonal.sum()) + EPSILON]}
+    model = extend(torch.nn.Linear(2, 1, bias=False)).to(torch.bfloat16)
+    with torch.no_grad():
+        model.weight.copy_(weight)
+    cp = Cockpit(model, [TICDiag(curvature="diag_h"), TICTrace(curvature="diag_h")], samples=K, diagnose=False,
+                 strict=True)
+    loss = extend(torch.nn.MSELoss())(model(x.to(torch.bfloat16)), y.to(torch.bfloat16))
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    entry = cp.get_output()[0]
+    for name, ((t, se), denominator) in expected.items():
+        assert entry[name] == pytest.approx(t / (size * denominator), rel=1e-6), name
+        assert entry["meta"][name]["se"] == pytest.approx(se / (size * denominator), rel=1e-6), name
 
 
 def test_tics_without_an_exact_diagonal_stay_nan_naming_why_at_a_subsampled_step():

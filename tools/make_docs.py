@@ -107,6 +107,8 @@ TABLES = {
     "mutation_fresh": _measured("mutation_fresh"),
     "mutation_seed2": _measured("mutation_seed2"),
     "mutation_seed3": _measured("mutation_seed3"),
+    "mutation_full_curvature": _measured("mutation_full_curvature"),
+    "mutation_full_engine_rules": _measured("mutation_full_engine_rules"),
     "lr_comparison": _lr_table,
     "demo_last_epoch": _demo_summary,
 }

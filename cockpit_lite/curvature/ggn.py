@@ -36,7 +36,8 @@ pass per draw: a sampled label ``ŷ ~ p`` per row (``s = √κ (p − e_ŷ)``) o
 element (``s = √h ⊙ ε``); ``E[s sᵀ]`` is the row's Hessian, draws of different rows are
 independent with mean zero, so every pass is unbiased for diag G and ``K`` passes give the mean
 with a jackknife standard error (``cockpit_lite.curvature.jackknife``). Draws come from a
-generator seeded by ``(seed, step)``; the user's random state is never touched.
+generator seeded by ``(seed, step)`` (``subsample.seed_of``: the same draws in every run and
+process); the user's random state is never touched.
 
 Under ``torch.distributed`` the diagonal is of the mean of the ranks' losses (the loss DDP and FSDP2
 step with), ``(1/W) Σ_r diag G_r``: under DDP each rank runs its passes on its samples and the ranks'
@@ -53,6 +54,7 @@ import torch
 from cockpit_lite.curvature.jackknife import GroupedEstimate
 from cockpit_lite.info import contributions_from_graph, loss_function_of
 from cockpit_lite.engine.transforms import SumGradSquared
+from cockpit_lite.subsample import seed_of
 
 EXACT, MONTE_CARLO = "diag_ggn_exact", "diag_ggn_mc"
 SOFTMAX_NODES = ("NllLossBackward0", "NllLoss2DBackward0")
@@ -265,7 +267,7 @@ def diagonal(engine, info, request, needed_by):
                 t.add_(part.to(t.dtype))
         return Diagonal(EXACT, curvature.passes, total if ranks is None else ranks.mean(total), _unique(flags))
     generator = torch.Generator(device=curvature.outputs.device)
-    generator.manual_seed(hash((request.seed, info.step, "ggn")) % 2**63)
+    generator.manual_seed(seed_of("ggn", request.seed, info.step))
     estimate = GroupedEstimate([torch.empty_like(p, dtype=_wide(p)) for p in params], request.samples)
     for k in range(request.samples):
         column = curvature.draw(generator)

@@ -162,6 +162,36 @@ def test_monte_carlo_diagonal_is_unbiased_with_honest_standard_errors():
     assert abs(float(torch.tensor(estimates).mean() - exact.sum())) < 4 * float(spread) / math.sqrt(24)
 
 
+MONTE_CARLO_STEP = """
+import torch
+from torch import nn
+from cockpit_lite import Cockpit
+from cockpit_lite.quantities import HessTrace
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+cp = Cockpit(model, [HessTrace(curvature="diag_ggn_mc", probes=2)], diagnose=False, strict=True)
+x, y = torch.randn(5, 3, dtype=torch.float64), torch.tensor([0, 1, 2, 1, 0])
+loss = nn.functional.cross_entropy(model(x), y)
+with cp(0, info={"loss": loss}):
+    loss.backward()
+print(cp.get_output()[0]["HessTrace"])
+"""
+
+
+def test_monte_carlo_draws_are_the_same_in_another_process(capsys):
+    """The draws' generator is seeded from ``(seed, step)`` whatever the process's hash salt
+    (PYTHONHASHSEED: Python's ``hash`` of a string changes with it): a process with another salt
+    estimates the same diagonal, bit for bit."""
+    import os
+    import subprocess
+    import sys
+
+    salt = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
+    other = subprocess.run([sys.executable, "-c", MONTE_CARLO_STEP], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": salt}).stdout
+    exec(MONTE_CARLO_STEP, {})
+    assert capsys.readouterr().out == other
+
 @pytest.mark.parametrize("name", ["transformer_dropout", "resnet_bn_train", "custom"])
 def test_training_is_untouched_by_the_passes(name):
     """Three SGD-momentum steps with the engine's GGN passes (dropout, BatchNorm in training mode,

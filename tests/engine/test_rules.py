@@ -39,12 +39,14 @@ class Keep(Transform):
 LAYERS = {"1d": (nn.Conv1d, (7,)), "2d": (nn.Conv2d, (7, 6)), "3d": (nn.Conv3d, (5, 4, 5))}
 
 
-def engine_individual_gradients(model, x, batch_size=None, wide=False):
+def engine_individual_gradients(model, x, batch_size=None, wide=False, subset=None, keep=None, params=None):
     """``grad_batch`` of every trainable parameter for the loss ``Σ model(x)²``, from the engine
     (``batch_size``: as ``info["batch_size"]``, for sequence-first inputs; else the samples'
     losses are given too, for the global path; ``wide``: the loss in float32, as under mixed
-    precision)."""
-    params = [p for p in model.parameters() if p.requires_grad]
+    precision; ``subset``: the drawn samples of a subsampled step; ``keep``: a ``Keep`` of
+    the caller's; ``params``: the tracked parameters in the caller's order, default the model's
+    trainable ones)."""
+    params = [p for p in model.parameters() if p.requires_grad] if params is None else params
     engine = Engine(model, params, [str(i) for i in range(len(params))])
     out = model(x).float() if wide else model(x)
     if batch_size is None:
@@ -55,7 +57,8 @@ def engine_individual_gradients(model, x, batch_size=None, wide=False):
         loss = (out**2).sum()
         given = {"loss": loss, "batch_size": batch_size}
     info = StepInfo(given, 0, batch_size=engine.batch_size(), model=model)
-    engine.begin([Keep()], info, info.batch_size, [None] * len(params), ["Test"])
+    info.subset = subset
+    engine.begin([keep or Keep()], info, info.batch_size, [None] * len(params), ["Test"])
     loss.backward()
     results, _, flags = engine.finish()
     assert not flags, flags
@@ -541,6 +544,38 @@ def _bfloat16_reference(layer, x, per_sample):
     return got, per_sample(captured["delta"].double())
 
 
+class Projected(nn.Module):
+    """``(x @ basis) ⊙ w`` with ``basis`` an argument without a batch axis (the generic rule keeps it
+    as a constant of the re-run)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, x, basis):
+        return (x @ basis) * self.w
+
+
+class WithBasis(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = Projected()
+        self.register_buffer("basis", torch.randn(4, 4))
+
+    def forward(self, x):
+        return self.inner(x, self.basis)
+
+
+def test_a_bfloat16_layers_shared_tensor_argument_is_cast_with_its_inputs():
+    """The generic rule re-runs a bf16 layer in float32: a tensor argument shared by the samples is
+    cast with the batched input (a bf16 basis would meet a float32 input in ``x @ basis``)."""
+    torch.manual_seed(0)
+    model, x = WithBasis().bfloat16(), torch.randn(3, 4).bfloat16()
+    projected = x.double() @ model.basis.double()
+    got, reference = _bfloat16_reference(model, x, lambda d: d * projected)
+    torch.testing.assert_close(got[0].double(), reference, rtol=1e-3, atol=1e-3)
+
+
 def test_bfloat16_layers_accumulate_in_float32():
     """bf16 in, bf16 output gradients: the rules sum in float32 (bf16 sums are ~1e-2 off)."""
     torch.manual_seed(0)
@@ -641,7 +676,7 @@ def test_a_layer_vmap_cannot_run_is_re_run_one_sample_at_a_time(monkeypatch):
     model = nn.Sequential(nn.Linear(3, 4), Guarded(), nn.Linear(4, 2)).double()
     x = torch.randn(5, 3, dtype=torch.float64)
     used = _global_path_uses(monkeypatch)
-    monkeypatch.setattr(GENERIC, "_loop", set())  # no module type remembered from other tests
+    monkeypatch.setattr(GENERIC, "_loop", generic.GenericRule()._loop)  # a new rule's memory: none from other tests
     tried, vmap = [], generic.vmap
     monkeypatch.setattr(generic, "vmap", lambda *args, **kwargs: tried.append(1) or vmap(*args, **kwargs))
     for step in range(2):
@@ -946,7 +981,7 @@ def test_a_re_run_that_draws_random_numbers_is_left_to_the_global_path(batch_siz
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _step_state(GuardedDropout, "cpu", True, batch_size)
-    assert any("draws random numbers" in str(w.message) for w in caught)
+    assert any("GuardedDropout draws random numbers (dropout)" in str(w.message) for w in caught)
     assert used == [[2, 3]]
 
 
@@ -1013,6 +1048,31 @@ def test_layers_before_an_evaluating_batch_norm_are_served_by_their_rules(monkey
     model[1].running_mean.uniform_(-1, 1)
     model.eval()
     assert_matches_autograd(model, torch.randn(6, 4, dtype=torch.float64), monkeypatch)
+
+
+class Seen(Keep):
+    """``Keep``, recording the parameter index and ``B`` each parameter's individual gradients come with."""
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, per_sample):
+        self.seen.append((per_sample.index, per_sample.batch_size))
+        return super().__call__(per_sample)
+
+
+@pytest.mark.parametrize("order", [1, -1], ids=["weight_first", "bias_first"])
+def test_a_subsampled_convolution_forms_the_drawn_samples_individual_gradients(order):
+    """At a subsampled step the convolution's weight and bias get the drawn samples' individual
+    gradients (autograd's, one forward pass), each with its parameter's index and the batch's ``B``,
+    whichever the Cockpit lists first (an optimizer's groups may put the biases first)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.Flatten()).double()
+    x, rows, seen = torch.randn(5, 2, 5, 5, dtype=torch.float64), torch.tensor([1, 3]), Seen()
+    got = engine_individual_gradients(model, x, subset=rows, keep=seen, params=list(model.parameters())[::order])
+    for index, reference in enumerate(individual_reference(model, x)[::order]):
+        torch.testing.assert_close(got[index], reference[rows])
+    assert sorted(seen.seen) == [(0, 5), (1, 5)]
 
 
 def test_a_subsampled_convolutions_check_is_its_weight_gradient_on_random_output_channels():
@@ -1122,3 +1182,39 @@ def test_the_generic_rules_vmap_fallback_warns_the_user_of_nothing(monkeypatch):
         warnings.simplefilter("always")
         torch.func.vmap(lambda a: model.pair(a, a))(torch.randn(2, 1, 3, dtype=torch.float64))
     assert [w for w in caught if "batching rule" in str(w.message)]
+
+
+def test_rerunning_is_said_inside_the_engines_rerun_only():
+    """``rerunning()`` (read by the signals' forward hooks): inside ``rerun()``, nested or not, and
+    not outside it."""
+    from cockpit_lite.engine.rules.base import rerun, rerunning
+
+    assert not rerunning()
+    with rerun():
+        assert rerunning()
+        with rerun():
+            assert rerunning()
+        assert rerunning()
+    assert not rerunning()
+
+
+
+class Gated(nn.Module):
+    """A custom layer whose weight a forward pre-hook forms from ``g`` and ``v`` at every call (as
+    ``weight_norm`` does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.g, self.v = nn.Parameter(torch.randn(4)), nn.Parameter(torch.randn(4))
+        self.register_forward_pre_hook(lambda module, args: setattr(module, "weight", module.g * module.v))
+
+    def forward(self, x):
+        return torch.tanh(x * self.weight)
+
+
+def test_a_layer_whose_forward_pre_hook_forms_its_weight_is_re_run_with_its_hooks(monkeypatch):
+    """The generic rule's re-run calls the module (its hooks run: the weight is formed from the
+    re-run's parameters), not only its ``forward``."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), Gated(), nn.Linear(4, 2)).double()
+    assert_matches_autograd(model, torch.randn(5, 3, dtype=torch.float64), monkeypatch)

@@ -75,12 +75,15 @@ ESTIMATES = ("hutchinson", "diag_ggn_mc")
 @pytest.mark.parametrize("curvature", ESTIMATES)
 def test_an_estimated_diagonal_gives_nan_with_the_reason_and_the_fix(quantity, curvature, monkeypatch):
     """A ratio with an estimated denominator is not an estimate of the TIC: NaN (total and
-    layers) with a flag saying why and how to get the exact diagonal; no product is taken."""
+    layers) with a flag saying why and how to get the exact diagonal; no product is taken, and
+    the engine does not watch the forward pass (no hook on the model after the step)."""
     problem = problems.make("mlp", 5, steps=1)
+    hooks = [(len(m._forward_hooks), len(m._forward_pre_hooks)) for m in problem.model.modules()]
     tic = quantity(curvature=curvature)
     made = problems.products_made(monkeypatch)
     cp, _ = problems.run(problem, [tic])
     assert made == []
+    assert [(len(m._forward_hooks), len(m._forward_pre_hooks)) for m in problem.model.modules()] == hooks
     entry = cp.get_output()[0]
     assert math.isnan(entry[quantity.__name__])
     assert all(math.isnan(v) for v in entry["layers"][quantity.__name__])
