@@ -308,13 +308,13 @@ def _global_path_uses(monkeypatch):
     return used
 
 
-def assert_matches_autograd(model, x, monkeypatch, global_path=()):
+def assert_matches_autograd(model, x, monkeypatch, global_path=(), twin=None):
     """The engine's individual gradients of every parameter equal autograd's on the individual
-    losses of one forward pass, and exactly the parameters ``global_path`` (indices) take the
-    global path."""
+    losses of one forward pass (of ``twin``, an identical model, where a forward pass changes the
+    model's state), and exactly the parameters ``global_path`` (indices) take the global path."""
     used = _global_path_uses(monkeypatch)
     got = engine_individual_gradients(model, x)
-    for index, reference in enumerate(individual_reference(model, x)):
+    for index, reference in enumerate(individual_reference(model if twin is None else twin, x)):
         torch.testing.assert_close(got[index], reference)
     assert used == ([sorted(global_path)] if global_path else [])
 
@@ -516,7 +516,7 @@ def test_parameters_a_layer_rule_does_not_know_take_the_global_path(case, monkey
     (``weight_orig``), not ``weight``. The Linear rule gave them the bias's formula (a crash of the training
     step on a shape), the convolution's failed (NaN); the bias keeps its rule, and they take the global path
     (the weight they make is no module's output, and the paths of shared tensors follow only operations
-    that move elements)."""
+    that move or pick elements)."""
     build, unknown = HOOK_REPARAMETRISED[case]
 
     def built():  # (twice, not a copy: spectral_norm's pre-hook moves its vectors at every forward pass, and
@@ -525,11 +525,7 @@ def test_parameters_a_layer_rule_does_not_know_take_the_global_path(case, monkey
 
     model, twin = built(), built()
     x = torch.randn(5, 4, dtype=torch.float64) if "linear" in case else torch.randn(5, 4, 6, dtype=torch.float64)
-    used = _global_path_uses(monkeypatch)
-    got = engine_individual_gradients(model, x)
-    for index, reference in enumerate(individual_reference(twin, x)):
-        torch.testing.assert_close(got[index], reference)
-    assert used == [list(unknown)]
+    assert_matches_autograd(model, x, monkeypatch, global_path=unknown, twin=twin)
 
 
 def _bfloat16_reference(layer, x, per_sample):

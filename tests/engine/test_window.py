@@ -112,6 +112,19 @@ def test_every_quantity_describes_the_union_of_the_micro_batches(case):
         problems.assert_close(entry["Alpha"], test_alpha.reference(problem, snapshots, step), rtol=1e-6, what=f"Alpha, {case}")
 
 
+def test_several_optimizers_complete_the_step_when_the_first_of_them_steps():
+    """``info["optimizer"] = [muon, adamw]``: the step is complete before the first of them steps (their
+    joint step pre-hook), and α reads the update once both have stepped."""
+    problem = Accumulated(problems.make("mlp", 6, "mean", steps=3), [3, 3])
+    record, snapshots = train(problem, [NormTest(), Alpha()], steps=3, optimizer=test_alpha.muon_and_adamw)
+    for step in range(2):
+        assert record[step]["batch"] == {"size": 6, "accumulated": False, "passes": 2}
+        problems.assert_close(record[step]["NormTest"], test_norm_test.reference(problem, snapshots, step)[0],
+                              rtol=1e-6, what="NormTest")
+        problems.assert_close(record[step]["Alpha"], test_alpha.reference(problem, snapshots, step), rtol=1e-6,
+                              what="Alpha")
+
+
 def test_a_loop_that_does_not_divide_the_loss_is_described_as_the_optimizer_sees_it():
     """Summed micro-batch losses (no ``/ M``): ``L = Σ_m L_m``, M times the union's mean."""
     problem = Accumulated(problems.make("mlp", 6, "mean", steps=2), [3, 3], divide=False)
