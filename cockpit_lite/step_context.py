@@ -425,9 +425,10 @@ class StepContext:
                 cockpit._completed_step = self.step
             if self.window is not None:
                 with backpack_untouched():
-                    self.results, self.batch_size = cockpit.engine.complete(
+                    self.results, self.batch_size, flags = cockpit.engine.complete(
                         self.window, self.transforms, self.grads_after
                     )
+                self.engine_flags.extend(flags)
                 self.window = None
             if len(self.passes) > 1:
                 self.info = StepInfo.merged(self.passes)

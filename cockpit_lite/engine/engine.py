@@ -373,7 +373,7 @@ class Engine:
                     )
                     if index in state.dense_grads:  # the subsample's rows, the gradient of all samples
                         part.grad = state.dense_grads[index]
-                    state.ready(index, part)
+                    self._guarded(state, index, state.ready, index, part)
                 for index in list(state.waiting):  # rules run here, or no gradient reached it (no hook fired)
                     self._on_accumulated(state, index)
                 if state.window is not None:  # accumulated: this pass is checked on its own, then kept
@@ -385,6 +385,9 @@ class Engine:
                     window.add(state.pending, state.batch_size, state.failed)
                     self._complete(state, window)
                 state.batch.flush()
+                for index, error in state.batch.failed:
+                    if index not in state.failed:
+                        self._fail(state, index, f"{type(error).__name__}: {error}")
                 check_gradients(state, self.params, self._fail)
                 if state.sharded is not None:  # the global batch's
                     state.batch_size = sum(self.sizes)
@@ -615,8 +618,20 @@ class Engine:
                     f"a graph in the forward pass. Fix: {global_path.REENTRANT_FIX})")
         return ""
 
+    def _guarded(self, state, index, work, *args):
+        """``work(*args)`` on parameter ``index``'s individual gradients: a failure of what runs on them
+        (the transforms, on a rule's output of an unforeseen form) is NaN and a flag, never a crash of
+        the user's backward pass."""
+        try:
+            work(*args)
+        except Exception as error:
+            self._fail(state, index, f"{type(error).__name__}: {error}")
+
     def _accept(self, state, index, part, low_precision=False):
-        """One use's individual gradients of parameter ``index``."""
+        """One use's individual gradients of parameter ``index`` (``_guarded``)."""
+        self._guarded(state, index, self._take, state, index, part, low_precision)
+
+    def _take(self, state, index, part, low_precision):
         if low_precision:
             state.low_precision = True
         if part.num_samples not in (state.batch_size, state.held):
@@ -654,20 +669,30 @@ class Engine:
         self.pass_grads = grads
         for index, grad in grads.items():
             state.served[index] = None if state.grads_before[index] is not None else grad
+        for index, error in window.errors.items():
+            self._fail(state, index, f"{type(error).__name__}: {error}")
         nan_where_failed(state.results, window.failed)
 
     def complete(self, window, transforms, grads_after):
         """The results of an accumulated step, after its last backward pass.
 
         Returns:
-            ``(results, batch_size)`` of the effective batch (``cockpit_lite.engine.window``).
+            ``(results, batch_size, flags)`` of the effective batch (``cockpit_lite.engine.window``).
         """
         with torch.no_grad():
             results, batch_size, grads, sizes = window.complete(self.params, transforms, self.group, grads_after)
         if self.group is not None:
             self.sizes, self.pass_grads = sizes, grads
         nan_where_failed(results, window.failed)
-        return results, batch_size
+        flags = []
+        for index, error in window.errors.items():  # NaN and a flag, never a crash of the optimizer's step
+            reason = f"individual gradients of {self.names[index]} unavailable at this step: {type(error).__name__}: {error}"
+            flags.append(reason)
+            self.force_global.add(index)
+            self._warn_once(("failed", index), f"cockpit-lite: {reason}; from the next step on they take the exact "
+                                               "global path (slower).")
+            self._nan_results(results, index, transforms, batch_size, batch_size)
+        return results, batch_size, flags
 
     def _fail(self, state, index, reason, demote=True):
         """Mark a parameter's values of this step NaN; it takes the global path from now on
@@ -694,13 +719,21 @@ class Engine:
                 f"({reason}); this step's values involving it are NaN, and from the next step on it "
                 "takes the exact global path (slower).",
             )
-        if index not in state.results:  # values of the right shapes, from zeros
+        self._nan_results(state.results, index, state.transforms, state.held, state.batch_size, state.sharded)
+
+    def _nan_results(self, results, index, transforms, samples, batch_size, sharded=None):
+        """Parameter ``index``'s values in ``results`` NaN, of the shapes the transforms give (run on
+        zeros where a value is missing)."""
+        if {t.key for t in transforms} - results.get(index, {}).keys():
             param = self.params[index]
-            zeros = torch.zeros((state.held or 1, *param.shape), dtype=param.dtype, device=param.device)
-            zeros = PerSample(param, index, grad_batch=zeros, batch_size=state.batch_size)
-            state.results[index] = (_transforms.run(state.transforms, zeros) if state.sharded is None
-                                    else state.sharded.run(state.transforms, zeros)[0])
-        state.results[index] = {k: nan_like(v) for k, v in state.results[index].items()}
+            zeros = torch.zeros((samples or 1, *param.shape), dtype=param.dtype, device=param.device)
+            zeros = PerSample(param, index, grad_batch=zeros, batch_size=batch_size)
+            try:
+                results[index] = (_transforms.run(transforms, zeros) if sharded is None
+                                  else sharded.run(transforms, zeros)[0])
+            except Exception:  # a transform that fails on any input: the quantities reading it fail, flagged
+                results.setdefault(index, {})
+        results[index] = {k: nan_like(v) for k, v in results[index].items()}
 
     def _leaves(self):
         """The tensors of the step's graph that stand for the tracked parameters (FSDP2: its unsharded ones)."""

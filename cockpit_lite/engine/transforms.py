@@ -258,6 +258,7 @@ class Batch:
 
     def __init__(self):
         self._pending = {}  # key -> (transform, [(per_sample, results)], elements)
+        self.failed = []  # (parameter index, error) of each parameter in a batch whose computation raised
 
     def add(self, transform, per_sample, results):
         _, entries, elements = self._pending.setdefault(transform.key, (transform, [], 0))
@@ -274,8 +275,12 @@ class Batch:
 
     def _compute(self, key):
         transform, entries, _ = self._pending.pop(key)
-        with torch.no_grad():
-            values = transform.batch([per_sample for per_sample, _ in entries])
+        try:
+            with torch.no_grad():
+                values = transform.batch([per_sample for per_sample, _ in entries])
+        except Exception as error:  # the engine makes them NaN with a flag (``Engine.finish``)
+            self.failed.extend((per_sample.index, error) for per_sample, _ in entries)
+            return
         for (_, results), value in zip(entries, values):
             results[key] = value
 

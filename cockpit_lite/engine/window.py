@@ -41,6 +41,7 @@ class Window:
         self.parts = {}  # index -> {pass number: PerSample}
         self.sizes = []  # B_m of every pass
         self.failed = set()
+        self.errors = {}  # index -> the error of the transforms on its individual gradients (``complete``)
 
     @property
     def passes(self):
@@ -91,13 +92,18 @@ class Window:
                 part.grad = grad
                 part.batch_size = scale
                 part.grad_before = before
-            if len(parts) == 1:
-                results[index] = _transforms.run(transforms, parts[0], batch, scratch)
-            else:
-                values = [_transforms.run(transforms, part, scratch=scratch) for part in parts]
-                results[index] = {t.key: t.combine([v[t.key] for v in values]) for t in transforms}
+            try:
+                if len(parts) == 1:
+                    results[index] = _transforms.run(transforms, parts[0], batch, scratch)
+                else:
+                    values = [_transforms.run(transforms, part, scratch=scratch) for part in parts]
+                    results[index] = {t.key: t.combine([v[t.key] for v in values]) for t in transforms}
+            except Exception as error:
+                self.errors[index] = error
             out[index] = grad
         batch.flush()
+        self.errors.update((index, error) for index, error in batch.failed if index not in self.errors)
+        self.failed |= self.errors.keys()
         self.parts = {}
         return results, total, out, sizes
 

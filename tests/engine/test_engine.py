@@ -102,12 +102,12 @@ class TiedFunctionally(nn.Module):
         return self.head(F.linear(h, self.lin.weight))
 
 
-def _flagged_then_global(model, name, index, caught_text, what, finite=()):
-    """Two steps of GradVariance: at the first, parameter ``name`` (record index ``index``) is
-    NaN with a flag and a warning naming ``caught_text`` and the parameters ``finite`` keep
-    their values; at the second, every parameter has the exact value (autograd on the
-    individual losses), the failed one by the global path."""
-    cp = Cockpit(model, [quantities.GradVariance()], diagnose=False)
+def _flagged_then_global(model, name, index, caught_text, what, finite=(), extra=()):
+    """Two steps of GradVariance (and the quantities ``extra``): at the first, parameter ``name``
+    (record index ``index``) is NaN with a flag and a warning naming ``caught_text`` and the
+    parameters ``finite`` keep their values; at the second, every parameter has the exact value
+    (autograd on the individual losses), the failed one by the global path."""
+    cp = Cockpit(model, [quantities.GradVariance(), *extra], diagnose=False)
     x, y = torch.randn(5, 4, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1])
     for step in range(2):
         model.zero_grad()
@@ -147,6 +147,45 @@ def test_a_layer_rule_that_fails_inside_backward_is_flagged_then_served_by_the_g
     model = nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6), nn.Linear(6, 3)).double()
     _flagged_then_global(model, "1.weight", 2, "planted failure", "GradVariance after a failed rule",
                          finite=(0, 1, 4, 5))
+
+
+def plant_failure_once(monkeypatch, cls, method, param=None):
+    """``cls.method`` (a transform's ``__call__`` or ``batch``) raises "planted failure" the first time it
+    is given the individual gradients of ``param`` (of any parameter: ``None``), then works."""
+    original, planted = getattr(cls, method), []
+
+    def failing(self, per_samples):
+        given = per_samples if isinstance(per_samples, list) else [per_samples]
+        if not planted and (param is None or any(p.param is param for p in given)):
+            planted.append(True)
+            raise RuntimeError("planted failure")
+        return original(self, per_samples)
+
+    monkeypatch.setattr(cls, method, failing)
+
+
+def test_a_transform_that_fails_on_a_rules_output_is_flagged_then_served_by_the_global_path(monkeypatch):
+    """A transform that raises on the individual gradients a rule gave (e.g. of a form it did not
+    foresee) inside the user's backward pass: NaN and a flag, never a crash."""
+    from cockpit_lite.engine.transforms import SumGradSquared
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+    plant_failure_once(monkeypatch, SumGradSquared, "__call__", model[2].weight)
+    _flagged_then_global(model, "2.weight", 2, "planted failure", "GradVariance after a failed transform",
+                         finite=(0, 1, 3))
+
+
+def test_a_batch_of_small_parameters_whose_transform_fails_is_flagged_then_served_by_the_global_path(monkeypatch):
+    """The histogram of the small parameters is computed for all of them at once after the
+    backward pass (``Batch.flush``): its failure makes each of them NaN with a flag."""
+    from cockpit_lite.engine.transforms import GradHistogram1d
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+    plant_failure_once(monkeypatch, GradHistogram1d, "batch")
+    _flagged_then_global(model, "0.weight", 0, "planted failure", "GradVariance after a failed batch",
+                         extra=[quantities.GradHist1d()])
 
 
 def test_observer_effect_on_realistic_models_is_zero():

@@ -68,7 +68,8 @@ def train(problem, quantities, steps, optimizer=None, validation=False, **cockpi
     """
     params = list(problem.model.parameters())
     opt = optimizer(params) if optimizer else torch.optim.SGD(params, lr=0.1)
-    cp = Cockpit(problem.model, quantities=quantities, strict=True, diagnose=False, accumulate=True, **cockpit_kwargs)
+    cp = Cockpit(problem.model, quantities=quantities, **{"strict": True, "diagnose": False, "accumulate": True,
+                                                           **cockpit_kwargs})
     snapshots = {}
     for step, (x, y) in enumerate(problem.batches[:steps]):
         snapshots[step] = problems.Snapshot(
@@ -219,3 +220,26 @@ def test_a_use_the_engine_did_not_see_is_nan_in_an_accumulated_step_not_a_partia
         rows += [torch.autograd.grad(c, reference.lin.weight, retain_graph=True)[0].reshape(-1) * 6 for c in losses]
     expected = torch.stack(rows).var(0).sum()
     problems.assert_close(record[1]["GradVariance"][0], expected, what="GradVariance lin.weight, global path")
+
+
+def test_a_transform_that_fails_when_the_accumulated_step_completes_is_nan_with_a_flag(monkeypatch):
+    """The transforms of an accumulated step run in the optimizer's step pre-hook: one that raises
+    there makes its parameter NaN with a flag (never a crash of ``opt.step()``), the others keep
+    the union's values, and the global path serves it exactly from the next step on."""
+    from cockpit_lite.engine.transforms import SumGradSquared
+    from test_engine import plant_failure_once
+
+    problem = Accumulated(problems.make("mlp", 6, "mean", steps=3), [3, 3])
+    failing = list(problem.model.parameters())[2]
+    plant_failure_once(monkeypatch, SumGradSquared, "__call__", failing)
+    with pytest.warns(UserWarning, match="planted failure"):
+        record, snapshots = train(problem, [GradVariance()], steps=2, strict=False)
+    assert any("unavailable at this step: RuntimeError: planted failure" in f for f in record[0]["flags"])
+    for step in range(2):
+        expected = test_grad_variance.reference(problem, snapshots, step)
+        for index, value in enumerate(record[step]["GradVariance"]):
+            if step == 0 and index == 2:
+                assert math.isnan(value)
+            else:
+                problems.assert_close(value, expected[index], rtol=1e-6, what=f"GradVariance, failed transform, step {step}")
+    assert "flags" not in record[1]
