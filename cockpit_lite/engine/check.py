@@ -47,7 +47,12 @@ def check_gradients(state, params, fail):
         if true is None:
             continue
         true = true.to(engine.dtype)
-        checked.append((index, param, engine, true, true.reshape(-1) if project is None else project(true)))
+        compared = true.reshape(-1) if project is None else project(true)
+        if engine.shape != compared.shape:  # a rule's output of another form: not this parameter's gradient
+            fail(state, index, f"the individual gradients sum to a tensor of shape {tuple(engine.shape)}, "
+                               f"autograd's gradient to {tuple(compared.shape)}")
+            continue
+        checked.append((index, param, engine, true, compared))
     if not checked:
         return
     # every parameter's norms in two fused operations (one host transfer each)

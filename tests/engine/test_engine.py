@@ -188,6 +188,40 @@ def test_a_batch_of_small_parameters_whose_transform_fails_is_flagged_then_serve
                          extra=[quantities.GradHist1d()])
 
 
+def test_a_rule_whose_gradient_has_another_shape_is_flagged_then_served_by_the_global_path(monkeypatch):
+    """A rule that gives a bias one output too few (a rule bug of the kind a new layer type brings):
+    the check against autograd names the shapes; the values are NaN, never a crash."""
+    from cockpit_lite.engine.per_sample import PerSample
+    from cockpit_lite.engine.rules.linear import LinearRule
+
+    original = LinearRule.per_sample
+
+    def short(self, call, tracked, batch_size):
+        out = original(self, call, tracked, batch_size)
+        if "bias" in out and call.module.out_features == 3:
+            part = out["bias"]
+            out["bias"] = PerSample(part.param, part.index, grad_batch=part.grad_batch[:, :-1])
+        return out
+
+    monkeypatch.setattr(LinearRule, "per_sample", short)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+    cp = Cockpit(model, [quantities.NormTest()], diagnose=False)  # (its transforms keep the short shape)
+    x, y = torch.randn(5, 4, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1])
+    for step in range(2):
+        model.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        with pytest.warns(UserWarning, match=r"tensor of shape \(2,\), autograd's gradient to \(3,\)") if not step \
+                else warnings.catch_warnings():
+            with cp(step, info={"loss": loss}):
+                loss.backward()
+    first, second = cp.get_output()[0], cp.get_output()[1]
+    layers = first["layers"]["NormTest"]
+    assert math.isnan(layers[3]) and all(math.isfinite(v) for v in layers[:3])
+    assert any("2.bias unavailable" in f for f in first["flags"])
+    assert "flags" not in second and all(math.isfinite(v) for v in second["layers"]["NormTest"])
+
+
 def test_observer_effect_on_realistic_models_is_zero():
     """Economy at every step leaves the training bit-identical (dropout models included)."""
     for name in models.REALISTIC:
