@@ -85,8 +85,12 @@ def plan(users, start, shape, batch_size):
     batch node, or ``None``.
 
     Returns a list of ``(node, input position)`` from the first consumer to the batch
-    node: the first node that is not shape-only (``SHAPE_ONLY``) nor an indexing one without an
-    axis of size ``batch_size`` (``INDEXING``), whose output must have such an axis (``_batch_axis``). Every node on the way must have a
+    node: the first node that is not shape-only (``SHAPE_ONLY``), nor an elementwise one that
+    leaves the shape as it is (``ELEMENTWISE``: a causal mask applied with ``torch.where``, as
+    T5's decoder applies it to its position bias; no sample comes in there, and each sample's
+    gradient is carried back through its backward as through a shape-only node's), nor an
+    indexing one without an axis of size ``batch_size`` (``INDEXING``), whose output must have
+    such an axis (``_batch_axis``). Every node on the way must have a
     single consumer and a single output. A shape-only node whose output gains an axis of size ``batch_size``
     unfolds a batch that the tensor held folded (``[2B, C]`` viewed as ``[B, 2C]``): the
     tensor is not shared, and there is no path.
@@ -107,7 +111,8 @@ def plan(users, start, shape, batch_size):
                 return None
             current, shape = (node, 0), out
             continue
-        if type(node).__name__ not in SHAPE_ONLY:
+        name = type(node).__name__
+        if name not in SHAPE_ONLY and not (name in ELEMENTWISE and out == shape):
             return path if _batch_axis(node, shape, out, batch_size) is not None else None
         if batch_size in out and batch_size not in shape:
             return None

@@ -38,12 +38,15 @@ COMBINE = {  # name: (shape of the shared tensor, how it meets the batch [B, T, 
     "broadcast_over_positions": ((D,), lambda x, s: x + s),  # summed over T per sample
     "broadcast_column": ((T, 1), lambda x, s: x + s),  # summed over D per sample
     "broadcast_over_pairs": ((D,), lambda x, s: x[:, :2] + s),  # summed over an axis of size 2
+    # elementwise nodes that keep the shared tensor's shape bring no sample in: carried back through
+    "scaled_before_the_batch": ((T, D), lambda x, s: x + 2 * s),
+    "masked_before_the_batch": ((T, D), lambda x, s: x + torch.where(torch.arange(D) < 3, s, -1.0)),
 }
 
 
 NOT_SHARED = {  # the shared tensor has no single path to the node that brings in the batch
     "used_twice": ((T, D), lambda x, s: x + s + s),
-    "scaled_before_the_batch": ((T, D), lambda x, s: x + 2 * s),
+    "squared_before_the_batch": ((T, D), lambda x, s: x + s * s),  # two uses in one node
 }
 
 
@@ -175,8 +178,8 @@ def test_a_shared_tensor_as_long_as_the_batch_plans_its_path(monkeypatch):
 def test_a_shared_tensor_as_long_as_the_batch_computed_on_before_the_batch(monkeypatch):
     """``x[:, :B] + 2 s`` with ``s`` of shape ``[B, D]``: the product's output is as long as the
     batch, but its axis of size B is ``s``'s own (no sample is in it yet). It is not taken for the
-    batch node (it was: each row of ``s`` a "sample", their sum 3.1 away from autograd's): the
-    global path, exact."""
+    batch node (it was: each row of ``s`` a "sample", their sum 3.1 away from autograd's): it keeps
+    ``s``'s shape, so the path goes through it to the addition, where the batch comes in; exact."""
     torch.manual_seed(0)
     model = Shared((B, D), lambda x, s: x[:, :B] + 2 * s).double()
     planned = _paths_planned(monkeypatch)
@@ -185,7 +188,7 @@ def test_a_shared_tensor_as_long_as_the_batch_computed_on_before_the_batch(monke
     got = engine_individual_gradients(model, x)
     for index, reference in enumerate(individual_reference(model, x)):
         torch.testing.assert_close(got[index], reference)
-    assert planned == [] and 0 in used[0]
+    assert planned == [(B, D)] and not any(used)
 
 
 COMPUTED_BEFORE = {  # operations on the shared tensor alone that the path's shapes cannot tell from the batch's
@@ -259,13 +262,17 @@ def test_a_masked_relative_position_bias_as_long_as_the_batch(length, monkeypatc
     """With T = B the bias table's lookup ``[B, B, 1]`` looked batched: the Embedding rule took the buckets'
     first axis for the samples (each row's gradient a "sample"; their sum is right, so the check against
     autograd's gradient passed, and NormTest of T5's decoder bias came out 1.354 against 1.276). The mask
-    keeps the shape and brings no batch in: shared, and exact (the global path)."""
+    keeps the shape and brings no batch in: shared, and exact. The path goes through the mask to the
+    addition, where the batch comes in (it stopped at the mask, and T5's decoder bias took the global
+    path at every step)."""
     torch.manual_seed(0)
     model = MaskedRelativeBias(length).double()
     x = torch.randn(B, length, D, dtype=torch.float64)
+    used = _global_path_uses(monkeypatch)
     got = engine_individual_gradients(model, x)
     for index, reference in enumerate(individual_reference(model, x)):
         torch.testing.assert_close(got[index], reference)
+    assert not any(used), used
 
 
 class Tanh(nn.Module):
