@@ -464,7 +464,12 @@ class Engine:
                 routes[index] = "global"
                 continue
             uses = []
-            for module, name in self._owners.get(index, ()):
+            owners = self._owners.get(index, ())
+            # a tied parameter whose holder is never called (T5's `shared`, whose embedding is called as the encoder's
+            # and the decoder's `embed_tokens`) is used where its other holders are; a use by a parent's own code as well
+            # fails the check against autograd (NaN and a flag at that step, the global path from the next)
+            called = [(module, name) for module, name in owners if module in by_module]
+            for module, name in called or owners:
                 while module not in by_module and module in self._parents:
                     module, child = self._parents[module]
                     name = f"{child}.{name}"

@@ -102,6 +102,41 @@ class TiedFunctionally(nn.Module):
         return self.head(F.linear(h, self.lin.weight))
 
 
+class UncalledHolder(nn.Module):
+    """T5's layout in small: ``shared`` holds a weight but is never called; ``first`` and ``second``
+    (T5's encoder and decoder ``embed_tokens``) hold the same weight and are called. ``read``: the
+    model's own code reads the holder's weight as well."""
+
+    def __init__(self, read=False):
+        super().__init__()
+        self.read = read
+        self.shared = nn.Linear(4, 4, bias=False)
+        self.first, self.second = nn.Linear(4, 4), nn.Linear(4, 4, bias=False)
+        self.first.weight = self.second.weight = self.shared.weight
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = self.second(torch.tanh(self.first(x)))
+        if self.read:
+            h = h + F.linear(x, self.shared.weight)
+        return self.head(torch.tanh(h))
+
+
+def test_a_tied_weight_whose_holder_is_never_called_is_served_where_its_other_holders_are(monkeypatch):
+    """Before, the uncalled holder's use was looked for in its parent's call (the whole model's own
+    code), which sent T5's shared embedding to the global path, B backward passes at every step."""
+    from test_rules import assert_matches_autograd
+
+    torch.manual_seed(0)
+    assert_matches_autograd(UncalledHolder().double(), torch.randn(5, 4, dtype=torch.float64), monkeypatch)
+
+
+def test_a_read_of_an_uncalled_holders_weight_by_the_models_code_is_caught_then_served_by_the_global_path():
+    torch.manual_seed(0)
+    _flagged_then_global(UncalledHolder(read=True).double(), "shared.weight", 0, "used somewhere the engine did not see",
+                         "GradVariance missed read of a holder", finite=(1, 2, 3))
+
+
 def _flagged_then_global(model, name, index, caught_text, what, finite=(), extra=()):
     """Two steps of GradVariance (and the quantities ``extra``): at the first, parameter ``name``
     (record index ``index``) is NaN with a flag and a warning naming ``caught_text`` and the
