@@ -197,8 +197,7 @@ class StepData:
         for index, param in enumerate(self.params):
             results = self._per_sample.get(index)
             if results is None:
-                zeros = torch.zeros((self.samples, *param.shape), dtype=param.dtype, device=param.device)
-                per_sample = PerSample(param, index, grad_batch=zeros, batch_size=self.batch_size)
+                per_sample = PerSample.zeros(param, index, self.samples, batch_size=self.batch_size)
                 results = _transforms.run([self._transforms[key]], per_sample)
             values.append(results[key])
         return values

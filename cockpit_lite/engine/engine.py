@@ -730,9 +730,7 @@ class Engine:
         """Parameter ``index``'s values in ``results`` NaN, of the shapes the transforms give (run on
         zeros where a value is missing)."""
         if {t.key for t in transforms} - results.get(index, {}).keys():
-            param = self.params[index]
-            zeros = torch.zeros((samples or 1, *param.shape), dtype=param.dtype, device=param.device)
-            zeros = PerSample(param, index, grad_batch=zeros, batch_size=batch_size)
+            zeros = PerSample.zeros(self.params[index], index, samples or 1, batch_size=batch_size)
             try:
                 results[index] = (_transforms.run(transforms, zeros) if sharded is None
                                   else sharded.run(transforms, zeros)[0])

@@ -166,13 +166,15 @@ def serve(state, info, indices, tracked, names, mode):
             f"parameters inside it ({', '.join(hidden[:5])}{', ...' if len(hidden) > 5 else ''}) from every "
             f"backward pass but the user's own, so their individual gradients cannot be formed. Fix: {REENTRANT_FIX}"
         )
+    reached = [j for j, g in enumerate(totals) if g is not None]  # the others (an unused head) have zeros
     totals = [torch.zeros_like(p) if g is None else dense(g.detach()) for g, p in zip(totals, params)]
-    parts = {i: [] for i in indices}
+    parts = {indices[j]: [] for j in reached}
     if state.subset is not None:  # the subsample's vector-Jacobian products only
         contributions = contributions[state.subset.to(contributions.device)]
-    for samples, grads in individual_gradients(contributions, params, mode):
+    for _, grads in individual_gradients(contributions, [params[j] for j in reached], mode) if reached else ():
         with torch.no_grad():
-            for index, grad_batch, total in zip(indices, grads, totals):
+            for j, grad_batch in zip(reached, grads):
+                index = indices[j]
                 if state.subset is None:  # a second sum of the same gradient (``cockpit_lite.engine.check``: noise)
                     part = grad_batch.sum(0).reshape(-1)
                     state.resummed[index] = part if index not in state.resummed else state.resummed[index] + part
@@ -180,22 +182,25 @@ def serve(state, info, indices, tracked, names, mode):
                     tracked[index], index, grad_batch=grad_batch, batch_size=state.batch_size,
                     grad_before=state.grads_before[index],
                 )
-                per_sample.grad = total.reshape(-1)
+                per_sample.grad = totals[j].reshape(-1)
                 parts[index].append(grad_batch if state.deferred else _transforms.run(state.transforms, per_sample))
-    for (index, chunks), total in zip(parts.items(), totals):
+    for index, total in zip(indices, totals):
+        chunks = parts.get(index)
+        whole = None
+        if chunks is None:  # not reached: zeros, without a backward pass through the graph per sample
+            whole = PerSample.zeros(tracked[index], index, contributions.shape[0], batch_size=state.batch_size,
+                                    grad_before=state.grads_before[index])
+        elif state.deferred:
+            whole = PerSample(tracked[index], index, grad_batch=torch.cat(chunks), batch_size=state.batch_size,
+                              grad_before=state.grads_before[index])
         if state.deferred:  # the transforms wait for the step's gradient (DDP, accumulation)
-            grad_batch = torch.cat([chunk for chunk in chunks])
-            state.ready(index, PerSample(
-                tracked[index], index, grad_batch=grad_batch, batch_size=state.batch_size,
-                grad_before=state.grads_before[index],
-            ))
+            state.ready(index, whole)
             if not state.distributed:  # checked: was info["loss"] what ran backward?
                 state.served[index] = total.reshape(-1)
                 state.global_path.add(index)
             continue
-        state.results[index] = {
-            t.key: t.combine([chunk[t.key] for chunk in chunks]) for t in state.transforms
-        }
+        state.results[index] = (_transforms.run(state.transforms, whole) if chunks is None else
+                                {t.key: t.combine([chunk[t.key] for chunk in chunks]) for t in state.transforms})
         state.served[index] = total.reshape(-1)  # checked too: was info["loss"] what ran backward?
         state.global_path.add(index)
 

@@ -91,6 +91,17 @@ class PerSample:
             self.grad_batch = at_least_float32(grad_batch)
         self.batch_size = self.num_samples if batch_size is None else int(batch_size)
 
+    @classmethod
+    def zeros(cls, param, index, samples, **kwargs):
+        """``samples`` individual gradients that are all zero (a parameter the loss does not reach), in
+        the rows form without a row: no ``[K, *shape]`` tensor is formed unless a transform reads every
+        element (the 2-d histogram), and then in chunks."""
+        if not param.dim():
+            return cls(param, index, grad_batch=param.new_zeros((samples,)), **kwargs)
+        values = at_least_float32(param.new_zeros((0, param.numel() // max(param.shape[0], 1))))
+        none = torch.zeros(0, dtype=torch.long, device=param.device)
+        return cls(param, index, rows=(values, none, none, samples), **kwargs)
+
     @property
     def dtype(self):
         """The dtype the statistics are computed in (float32 or wider)."""

@@ -114,7 +114,5 @@ class Window:
         """Pass ``number``'s chunk of parameter ``index``: zeros if the parameter took no part in it."""
         part = self.parts[index].get(number)
         if part is None:
-            param = params[index]
-            zeros = torch.zeros((self.sizes[number], *param.shape), dtype=param.dtype, device=param.device)
-            part = PerSample(param, index, grad_batch=zeros)
+            part = PerSample.zeros(params[index], index, self.sizes[number])
         return part

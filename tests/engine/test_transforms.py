@@ -373,3 +373,19 @@ def test_sketches_of_a_parameters_uses_in_any_form_add_up_to_the_sketch_of_their
     (first, project), (second, _) = (p.sketch(torch.Generator().manual_seed(7)) for p in (head, embedding))
     torch.testing.assert_close(first + second, project(total))
     assert not torch.allclose(first, project(total))
+
+
+@pytest.mark.parametrize("shape", [(), (3,), (4, 3), (2, 3, 2, 2)], ids=str)
+def test_zero_individual_gradients_give_the_values_of_explicit_zeros(shape):
+    """``PerSample.zeros`` (a parameter the loss does not reach: no ``[K, *shape]`` tensor formed) against
+    an explicit ``[K, *shape]`` tensor of zeros, for every transform."""
+    param = torch.randn(shape, dtype=torch.float64)
+    every = [transforms.BatchL2(), transforms.GradL2(), transforms.SumGradSquared(), transforms.SumGrad(),
+             transforms.IndividualSquares(), transforms.BatchDotGrad(),
+             transforms.GradHistogram1d(8, (-1, 1)), transforms.GradHistogram2d((4, 5), ((-1, 1), (-2, 2)))]
+    PerSample = per_sample_module.PerSample
+    cheap = transforms.run(every, PerSample.zeros(param, 0, 5, batch_size=7))
+    dense = transforms.run(every, PerSample(param, 0, grad_batch=torch.zeros(5, *shape, dtype=torch.float64), batch_size=7))
+    for t in every:
+        for got, expected in zip(*(v if isinstance(v, tuple) else (v,) for v in (cheap[t.key], dense[t.key]))):
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)
