@@ -96,9 +96,10 @@ class PerSample:
         """``samples`` individual gradients that are all zero (a parameter the loss does not reach), in
         the rows form without a row: no ``[K, *shape]`` tensor is formed unless a transform reads every
         element (the 2-d histogram), and then in chunks."""
+        like = {"dtype": param.dtype, "device": param.device}  # (plain tensors: FSDP2's parameters are DTensors)
         if not param.dim():
-            return cls(param, index, grad_batch=param.new_zeros((samples,)), **kwargs)
-        values = at_least_float32(param.new_zeros((0, param.numel() // max(param.shape[0], 1))))
+            return cls(param, index, grad_batch=torch.zeros((samples,), **like), **kwargs)
+        values = at_least_float32(torch.zeros((0, param.numel() // max(param.shape[0], 1)), **like))
         none = torch.zeros(0, dtype=torch.long, device=param.device)
         return cls(param, index, rows=(values, none, none, samples), **kwargs)
 
