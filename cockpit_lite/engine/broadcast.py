@@ -14,10 +14,15 @@ pass, while the nodes on the path still hold their saved tensors. An addition (t
 common case) is vectorised; any other batch node is called once per sample.
 """
 
+import functools
+
 import torch
 
 MAX_DEPTH = 8
 """Nodes followed from the shared tensor before giving up (the global path takes over)."""
+MAX_PATHS = 64
+"""Paths from one shared tensor to the batch nodes (each computes its part per sample), beyond which the
+global path takes over."""
 
 
 def consumers(root):
@@ -81,43 +86,50 @@ an index as long as the batch (``T = B``): no path."""
 
 
 def plan(users, start, shape, batch_size):
-    """The path from ``start = (node, output index)``, a tensor of ``shape``, down to its
-    batch node, or ``None``.
+    """The paths from ``start = (node, output index)``, a tensor of ``shape``, down to the batch
+    nodes, or ``None``.
 
-    Returns a list of ``(node, input position)`` from the first consumer to the batch
+    A path is a list of ``(node, input position)`` from a consumer of the tensor to a batch
     node: the first node that is not shape-only (``SHAPE_ONLY``), nor an elementwise one that
     leaves the shape as it is (``ELEMENTWISE``: a causal mask applied with ``torch.where``, as
     T5's decoder applies it to its position bias; no sample comes in there, and each sample's
     gradient is carried back through its backward as through a shape-only node's), nor an
     indexing one without an axis of size ``batch_size`` (``INDEXING``), whose output must have
-    such an axis (``_batch_axis``). Every node on the way must have a
-    single consumer and a single output. A shape-only node whose output gains an axis of size ``batch_size``
+    such an axis (``_batch_axis``). Every node on the way must have a single output. A tensor
+    on the way with several consumers (T5's position bias, computed once and added to the
+    scores of every layer) has a path through each, and sample n's gradient is the sum of theirs
+    (at most ``MAX_PATHS``). A shape-only node whose output gains an axis of size ``batch_size``
     unfolds a batch that the tensor held folded (``[2B, C]`` viewed as ``[B, 2C]``): the
     tensor is not shared, and there is no path.
     """
-    path, current, shape = [], start, tuple(shape)
-    for _ in range(MAX_DEPTH):
-        following = users.get(current)
-        if not following or len(following) != 1:
-            return None
-        node, position = following[0]
+    found = _paths(users, start, tuple(shape), batch_size, [], MAX_DEPTH)
+    return found if found is not None and len(found) <= MAX_PATHS else None
+
+
+def _paths(users, current, shape, batch_size, path, depth):
+    following = users.get(current)
+    if not following or depth == 0:
+        return None
+    found = []
+    for node, position in following:
         metadata = node._input_metadata
         if len(metadata) != 1:
             return None
-        path.append((node, position))
-        out = tuple(metadata[0].shape)
-        if type(node).__name__ in INDEXING:
+        out, name, step = tuple(metadata[0].shape), type(node).__name__, path + [(node, position)]
+        if name in INDEXING:
             if batch_size in out:
                 return None
-            current, shape = (node, 0), out
-            continue
-        name = type(node).__name__
-        if name not in SHAPE_ONLY and not (name in ELEMENTWISE and out == shape):
-            return path if _batch_axis(node, shape, out, batch_size) is not None else None
-        if batch_size in out and batch_size not in shape:
+            rest = _paths(users, (node, 0), out, batch_size, step, depth - 1)
+        elif name not in SHAPE_ONLY and not (name in ELEMENTWISE and out == shape):
+            rest = [step] if _batch_axis(node, shape, out, batch_size) is not None else None
+        elif batch_size in out and batch_size not in shape:
             return None
-        current, shape = (node, 0), out
-    return None
+        else:
+            rest = _paths(users, (node, 0), out, batch_size, step, depth - 1)
+        if rest is None or len(found) + len(rest) > MAX_PATHS:
+            return None
+        found += rest
+    return found
 
 
 def broadcast_into_batch(users, start, shape, batch_size):
@@ -150,46 +162,59 @@ def broadcast_into_batch(users, start, shape, batch_size):
     return False
 
 
-def batch_node(path, start_shape, batch_size):
-    """``(node, axis)``: the node of a planned path (``plan``) where the batch comes in, and the axis of
-    its output that indexes the samples (what the independence probe checks for it)."""
+def batch_nodes(paths, start_shape, batch_size):
+    """``[(node, axis)]``: for each planned path (``plan``), the node where the batch comes in and the
+    axis of its output that indexes the samples (what the independence probe checks for it)."""
+    return [_batch_node(path, start_shape, batch_size) for path in paths]
+
+
+def _batch_node(path, start_shape, batch_size):
     node = path[-1][0]
     below = tuple(start_shape) if len(path) == 1 else tuple(path[-2][0]._input_metadata[0].shape)
     return node, _batch_axis(node, below, tuple(node._input_metadata[0].shape), batch_size)
 
 
 class Path:
-    """Per-sample gradients at the start of a planned path, computed in the batch node's pre-hook."""
+    """Per-sample gradients at the start of planned paths, computed in their batch nodes' pre-hooks and
+    summed over the paths."""
 
-    def __init__(self, path, start_shape, batch_size, on_result):
+    def __init__(self, paths, start_shape, batch_size, on_result):
         """
         Args:
-            path: from ``plan``.
+            paths: from ``plan``.
             start_shape: shape of the shared tensor.
             batch_size: ``B``.
-            on_result: called with the ``[B, *start_shape]`` per-sample gradients.
+            on_result: called with the ``[B, *start_shape]`` per-sample gradients, once every path's
+                batch node has computed its part (or at ``complete``).
         """
-        self.path = path
+        self.paths = paths
         self.start_shape = tuple(start_shape)
         self.batch_size = batch_size
         self.on_result = on_result
-        node, self.axis = batch_node(path, start_shape, batch_size)
-        self.handle = node.register_prehook(self._hook)
+        self._sum, self._fired = None, 0
+        self.handles = [node.register_prehook(functools.partial(self._hook, path, axis))
+                        for path, (node, axis) in zip(paths, batch_nodes(paths, start_shape, batch_size))]
 
     def remove(self):
-        self.handle.remove()
+        for handle in self.handles:
+            handle.remove()
 
-    def _shape_below(self, k):
-        """Forward output shape of the node below step ``k`` of the path (the start for k = 0)."""
-        return self.start_shape if k == 0 else tuple(self.path[k - 1][0]._input_metadata[0].shape)
+    def complete(self):
+        """Deliver the sum of the parts computed so far (a path that no gradient reached adds nothing)."""
+        if self._sum is not None:
+            result, self._sum = self._sum, None
+            self.on_result(result)
 
-    def _hook(self, grad_outputs):
+    def _shape_below(self, path, k):
+        """Forward output shape of the node below step ``k`` of ``path`` (the start for k = 0)."""
+        return self.start_shape if k == 0 else tuple(path[k - 1][0]._input_metadata[0].shape)
+
+    def _hook(self, path, axis, grad_outputs):
         grad = grad_outputs[0]
         if grad is None:
             return None
-        node, position = self.path[-1]
-        axis = self.axis
-        below = self._shape_below(len(self.path) - 1)
+        node, position = path[-1]
+        below = self._shape_below(path, len(path) - 1)
         with torch.no_grad():
             name = type(node).__name__
             if name in ("AddBackward0", "SubBackward0"):
@@ -201,11 +226,14 @@ class Path:
                     _sum_to(_call(node, _only_sample(grad, axis, n), position), below)
                     for n in range(self.batch_size)
                 ])
-            for k in range(len(self.path) - 2, -1, -1):  # the shape-only nodes, back to the start
-                step, step_position = self.path[k]
-                target = self._shape_below(k)
+            for k in range(len(path) - 2, -1, -1):  # the nodes that carry it back, to the start
+                step, step_position = path[k]
+                target = self._shape_below(path, k)
                 per_sample = torch.stack([_sum_to(_call(step, g, step_position), target) for g in per_sample])
-        self.on_result(per_sample)
+            self._sum = per_sample if self._sum is None else self._sum + per_sample
+        self._fired += 1
+        if self._fired % len(self.paths) == 0:
+            self.complete()
         return None
 
 

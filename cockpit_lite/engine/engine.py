@@ -358,6 +358,9 @@ class Engine:
             return {}, None, []
         try:
             with torch.no_grad():
+                for path in state.paths:  # a shared tensor's paths some of which no gradient reached
+                    if isinstance(path, broadcast.Path):
+                        path.complete()
                 for call, tracked in state.calls.items():
                     if id(call) not in state.done:
                         self._run_rule(state, call, tracked)
@@ -482,7 +485,8 @@ class Engine:
                 if route is None:
                     break
                 routed.append(route)
-            routes[index] = routed if len(routed) == len(uses) else "global"
+            whole = [route for route in routed if route[0] is None]  # a path from the parameter: all its uses
+            routes[index] = "global" if len(routed) < len(uses) else whole[:1] or routed
         return routes
 
     def _mixed(self, routes, info, needed_by, state, step_calls):
@@ -493,8 +497,9 @@ class Engine:
         calls = list(dict.fromkeys(  # the calls whose rules read rows of their output gradients
             call for uses in served.values() for call, _, path in uses if call is not None and path in (None, "attention")
         ))
-        shared = [(index, *broadcast.batch_node(*path))  # where shared tensors' paths read the batch's rows
-                  for index, uses in served.items() for _, _, path in uses if path not in (None, "attention")]
+        shared = [(index, *found)  # where shared tensors' paths read the batch's rows
+                  for index, uses in served.items() for _, _, path in uses if path not in (None, "attention")
+                  for found in broadcast.batch_nodes(*path)]
         models = (self.model, *self._roots)
         roots = [call for call in step_calls if any(call.module is model for model in models)]
         if state.pseudo is not None:

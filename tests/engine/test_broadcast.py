@@ -41,12 +41,16 @@ COMBINE = {  # name: (shape of the shared tensor, how it meets the batch [B, T, 
     # elementwise nodes that keep the shared tensor's shape bring no sample in: carried back through
     "scaled_before_the_batch": ((T, D), lambda x, s: x + 2 * s),
     "masked_before_the_batch": ((T, D), lambda x, s: x + torch.where(torch.arange(D) < 3, s, -1.0)),
+    # several consumers: a path through each, their per-sample gradients summed
+    "used_twice": ((T, D), lambda x, s: x + s + s),
+    "squared_before_the_batch": ((T, D), lambda x, s: x + s * s),  # two uses in one node
+    "in_two_layers": ((T, D), lambda x, s: torch.tanh(x + s) + x * s.unsqueeze(0)),
 }
 
 
-NOT_SHARED = {  # the shared tensor has no single path to the node that brings in the batch
-    "used_twice": ((T, D), lambda x, s: x + s + s),
-    "squared_before_the_batch": ((T, D), lambda x, s: x + s * s),  # two uses in one node
+NOT_SHARED = {  # the shared tensor has no path to the nodes that bring in the batch
+    "through_a_nonlinearity": ((T, D), lambda x, s: x + torch.tanh(s)),
+    "one_use_without_a_path": ((T, D), lambda x, s: x + s + s.sum()),
 }
 
 
