@@ -450,7 +450,8 @@ def assert_lost_spread_flagged(quantity, reference, offset):
     layers = entry["layers"][name]
     assert math.isnan(layers[3])
     assert len(entry["flags"]) == 1
-    assert entry["flags"][0].startswith(f"{name}: ") and "of 2.bias is lost in the rounding" in entry["flags"][0]
+    assert entry["flags"][0].startswith(f"{name}: the ")  # names what was lost: "the spread ..."
+    assert "of 2.bias is lost in the rounding" in entry["flags"][0]
     assert_close(layers[:3], [reference(f) for f in flat[:3]], rtol=1e-4)
     assert_close(entry[name], reference(torch.cat(flat, 1)), rtol=1e-4)
 

@@ -39,5 +39,6 @@ def test_a_variance_that_comes_out_zero_is_nan_and_flagged():
     assert flat[3].var(0, unbiased=True).sum() > 0
     assert math.isnan(entry["GradVariance"][3])
     assert len(entry["flags"]) == 1
-    assert entry["flags"][0].startswith("GradVariance: ") and "of 2.bias is lost in the rounding" in entry["flags"][0]
+    assert entry["flags"][0].startswith("GradVariance: the variance Σ_n ‖g̃_n − g‖² = Σ_n ‖g̃_n‖² − B ‖g‖²")
+    assert "of 2.bias is lost in the rounding" in entry["flags"][0]
     problems.assert_close(entry["GradVariance"][:3], [f.var(0, unbiased=True).sum() for f in flat[:3]], rtol=1e-4)
