@@ -153,6 +153,8 @@ class Engine:
         called more than once, or to find the model, ``discover``).
         """
         self._graph = Graph(loss, self._aliases())
+        if self.model is not None and self.capture.calls and not any(c.module is self.model for c in self.capture.calls):
+            self._roots = tuple(self._outermost())  # a container never called itself (a ModuleDict): its called parts
         roots = (self.model, *self._roots)
         forwards = sum(1 for c in self.capture.calls if any(c.module is root for root in roots))
         if (self.model is None or forwards > 1) and self.capture.calls and self._graph.ready():
@@ -176,15 +178,7 @@ class Engine:
         """
         if self.model is not None:
             return
-        calls = self.capture.calls
-        roots = []
-        for call in calls:
-            if self._owns(call.module) and not any(other.contains(call) for other in calls):
-                module = call.module
-                if isinstance(module, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
-                    module = module.module
-                if module not in roots:
-                    roots.append(module)
+        roots = self._outermost()
         if not roots:
             if self.capture.saw_a_call:  # modules ran, none owns a tracked parameter: stop looking
                 self.capture.watch({})
@@ -196,6 +190,18 @@ class Engine:
         self.capture.calls = [c for c in self.capture.calls if c.module in modules]
         for call in self.capture.calls:
             call.name = modules[call.module]
+
+    def _outermost(self):
+        """The modules of the outermost watched calls that own tracked parameters, in call order."""
+        calls, roots = self.capture.calls, []
+        for call in calls:
+            if self._owns(call.module) and not any(other.contains(call) for other in calls):
+                module = call.module
+                if isinstance(module, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
+                    module = module.module
+                if module not in roots:
+                    roots.append(module)
+        return roots
 
     def _owns(self, module):
         """Whether ``module`` holds a tracked parameter somewhere below it (cached)."""
