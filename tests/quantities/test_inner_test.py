@@ -34,3 +34,39 @@ def test_a_spread_lost_in_rounding_is_nan_and_flagged():
     of the same float32 gradients is tiny but not 0 (2.3e-9). The last bias is NaN with one flag
     naming it; the other layers and the total keep their values."""
     problems.assert_lost_spread_flagged(InnerTest(), inner_test, offset=1e7)
+
+
+class _TwoWeights(torch.nn.Module):
+    """``y = a x₀ + c x₁``, each weight its own layer, both zero."""
+
+    def __init__(self):
+        super().__init__()
+        self.large, self.small = torch.nn.Linear(1, 1, bias=False), torch.nn.Linear(1, 1, bias=False)
+        with torch.no_grad():
+            self.large.weight.zero_(), self.small.weight.zero_()
+
+    def forward(self, inputs):
+        return self.large(inputs[:, :1]) + self.small(inputs[:, 1:])
+
+
+def test_each_parameters_rounding_level_is_its_own():
+    """Two weights of a float32 linear regression whose projections differ by 10⁶ (inputs 10³ and 1, the
+    residuals the same to 10⁻⁴ in every sample): the small weight's spread, 10⁻⁴ of its projections, is far
+    above the rounding of float32, so it is resolved against the brute force; judged by the rounding level of
+    the large weight's projections (the whole tensor's norm) it would be NaN."""
+    from cockpit_lite import Cockpit
+
+    b = 8
+    x = torch.stack([torch.full((b,), 1e3), torch.ones(b)], 1)
+    y = 5.0 + 1e-4 * torch.randn(b, generator=torch.Generator().manual_seed(0))
+    model = _TwoWeights()
+    cp = Cockpit(model, [InnerTest()], diagnose=False)
+    loss = ((model(x)[:, 0] - y) ** 2).mean()
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    entry = cp.get_output()[0]
+    residuals = -y.double()  # the weights are zero
+    individual = [2 * residuals[:, None] * x[:, i:i + 1].double() for i in range(2)]  # g̃_n = B ∇(r_n² / B)
+    assert "flags" not in entry, entry.get("flags")
+    problems.assert_close(entry["layers"]["InnerTest"], [inner_test(f) for f in individual], rtol=1e-2,
+                          what="InnerTest, own rounding levels")
