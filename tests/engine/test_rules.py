@@ -1037,6 +1037,32 @@ def test_the_generic_rule_re_runs_in_the_widest_dtype_of_its_inputs_and_paramete
     torch.testing.assert_close(got, reference, rtol=1e-12, atol=1e-14)
 
 
+class Fourier(nn.Module):
+    def forward(self, x):
+        return torch.fft.rfft(x)
+
+
+class Magnitude(nn.Module):
+    """A custom layer on a complex input (a spectrum), ``|z · w|`` with a real ``w``."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, z):
+        return (z * self.w).abs()
+
+
+def test_a_complex_input_leaves_the_generic_rules_dtype_real(monkeypatch):
+    """The re-run's dtype is the widest floating dtype of the inputs and parameters: a complex input
+    (the spectrum of an FFT) is passed as it is, and the real weight's individual gradients stay real
+    and equal autograd's on the individual losses of one forward pass (served by the rule, not the
+    global path)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 6), Fourier(), Magnitude()).double()
+    assert_matches_autograd(model, torch.randn(5, 3, dtype=torch.float64), monkeypatch)
+
+
 def test_layers_before_an_evaluating_batch_norm_are_served_by_their_rules(monkeypatch):
     """BatchNorm in evaluation mode uses its running statistics: it does not mix the samples."""
     torch.manual_seed(0)
