@@ -293,6 +293,17 @@ def test_group_norm_in_float32_matches_float64_channels_last_and_a_frozen_bias()
     torch.testing.assert_close(got, loop.float(), rtol=1e-4, atol=1e-4 * loop.abs().max().item())
 
 
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")  # (torch: not fused, then)
+def test_an_rms_norm_wider_than_its_input_normalises_with_the_inputs_default_eps(monkeypatch):
+    """``RMSNorm(eps=None)`` adds the machine epsilon of its input's (computation) dtype: a float64 layer
+    on float32 inputs adds float32's (1.2e-7), which is 6% of the mean square of inputs of size 1e-3. The
+    rule computes in float64 (the widest dtype) with that ε: per-sample autograd of the individual losses
+    of one forward pass, within float32 rounding."""
+    torch.manual_seed(0)
+    model = nn.Sequential(_random_affine(nn.RMSNorm(4).double()), nn.Flatten())
+    assert_matches_autograd(model, 1e-3 * torch.randn(3, 5, 4), monkeypatch)
+
+
 def _global_path_uses(monkeypatch):
     """The parameter indices the engine sends to the global path, step by step."""
     from cockpit_lite.engine import global_path
