@@ -1251,3 +1251,23 @@ def test_a_layer_whose_forward_pre_hook_forms_its_weight_is_re_run_with_its_hook
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), Gated(), nn.Linear(4, 2)).double()
     assert_matches_autograd(model, torch.randn(5, 3, dtype=torch.float64), monkeypatch)
+
+
+def test_a_custom_layer_sharded_by_fsdp2_is_re_run_with_the_gathered_parameters(one_rank, monkeypatch):
+    """A custom layer ``fully_shard``-ed on its own (FSDP2, one rank) is re-run by its ``forward``, without
+    the hooks that would all-gather and put FSDP's own parameters in place of the re-run's, with its
+    keyword argument: the individual gradients of the same model unsharded (per-sample autograd of the
+    individual losses of one forward pass)."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = WithScale().double()
+    plain = copy.deepcopy(model)
+    fully_shard(model.scaled)
+    fully_shard(model)
+    x = torch.randn(5, 3, dtype=torch.float64)
+    used = _global_path_uses(monkeypatch)
+    got = engine_individual_gradients(model, x)
+    for index, reference in enumerate(individual_reference(plain, x)):
+        torch.testing.assert_close(got[index], reference)
+    assert used == []
