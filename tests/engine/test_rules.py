@@ -910,6 +910,35 @@ def test_the_generic_rule_serves_recurrent_attention_and_custom_layers(case, mon
     assert used == ([] if served else [list(range(n))])
 
 
+class WithPenalty(nn.Module):
+    """A custom layer returning its output and a term of its parameter alone (no batch axis)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return torch.tanh(x * self.w), self.w.square()
+
+
+class Penalised(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.layer = nn.Linear(3, 4), WithPenalty()
+
+    def forward(self, x):
+        y, penalty = self.layer(self.lin(x))
+        return y + penalty
+
+
+def test_a_custom_layer_with_an_output_without_a_batch_axis_takes_the_global_path(monkeypatch):
+    """Its second output has no axis of the batch's size: the generic rule cannot read it, so the
+    layer's parameter takes the exact global path and the Linear before it keeps its rule (per-sample
+    autograd of the individual losses of one forward pass)."""
+    torch.manual_seed(0)
+    assert_matches_autograd(Penalised().double(), torch.randn(5, 3, dtype=torch.float64), monkeypatch, global_path=(2,))
+
+
 def _reference_over_output_samples(model, x):
     """``individual_reference`` for a model whose output is ``[B, ...]`` whatever its input's layout."""
     out = model(x)
