@@ -10,8 +10,17 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 import problems
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    """A process group of this process alone (gloo): FSDP2's ``fully_shard`` on one rank."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
 
 
 def pytest_configure(config):

@@ -155,6 +155,7 @@ def _get(numbers, key):
 
 
 O = "measured/overhead/rows"
+E = "measured/mutation_full_engine_rules/parts"
 #: (file, quoted text, key in numbers.json: "/"-separated, list indices as numbers).
 QUOTES = [
     ("README.md", "economy costs 73.7× the plain step on an MLP", "measured/recipe/rows/0/3"),
@@ -228,13 +229,17 @@ QUOTES = [
      "measured/mutation_full_curvature/totals/killed_before|measured/mutation_full_curvature/totals/scored"
      "|measured/mutation_full_curvature/totals/survivors|measured/mutation_full_curvature/totals/missing_tests"),
     ("docs/development.md", "and 11 equivalent mutants", "measured/mutation_full_curvature/totals/equivalent"),
-    ("docs/development.md", "`engine_rules` (1,404 mutants, no message wording) was run the same way and stopped after 990",
-     "measured/mutation_full_engine_rules/totals/mutants|measured/mutation_full_engine_rules/totals/scored"),
-    ("docs/development.md", "920 of the 990 were killed. Its 70 survivors\nwere 11 missing tests",
-     "measured/mutation_full_engine_rules/totals/killed_before|measured/mutation_full_engine_rules/totals/scored"
-     "|measured/mutation_full_engine_rules/totals/survivors|measured/mutation_full_engine_rules/totals/missing_tests"),
-    ("docs/development.md", "52 equivalent mutants and 7 that only a GPU run can tell",
-     "measured/mutation_full_engine_rules/totals/equivalent|measured/mutation_full_engine_rules/totals/left"),
+    ("docs/development.md", "The first part ran 990 of the 1,404 mutants of 27d9f66",
+     f"{E}/first/run|{E}/first/mutants|{E}/first/baseline"),
+    ("docs/development.md", "920 were killed, and its 70 survivors were 11 missing tests, 52 equivalent\nmutants and 7 that",
+     f"{E}/first/killed_before|{E}/first/survivors|{E}/first/missing_tests|{E}/first/equivalent|{E}/first/left"),
+    ("docs/development.md", "593 mutants (the 414 not reached, `GenericRule.per_sample` again, 163 mutants\nfor its 157",
+     f"{E}/second/run|{E}/second/not_reached|{E}/second/per_sample|{E}/first/replaced"),
+    ("docs/development.md", "the tests of 27d9f66 for 833 mutants and those of\n1996784 for the other 593",
+     f"{E}/first/baseline|{E}/first/kept|{E}/second/baseline|{E}/second/run"),
+    ("docs/development.md", "Of the 593, 540 were\nkilled; its 53 survivors were 12 missing tests, 37 equivalent mutants and 4",
+     f"{E}/second/run|{E}/second/killed_before|{E}/second/survivors|{E}/second/missing_tests|{E}/second/equivalent"
+     f"|{E}/second/left"),
 ]
 
 

@@ -273,13 +273,6 @@ def test_mixed_precision_is_flagged_at_every_step(two_ranks):
             assert entry[name] == pytest.approx(single[step][name], rel=5e-2), (step, name)
 
 
-@pytest.fixture
-def one_rank(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def test_one_rank_equals_no_sharding(one_rank):
     """``fully_shard`` on one process (the docs' block run as is): the values of the unsharded model."""
     case = Case("transformer", "adamw", steps=2)

@@ -293,6 +293,17 @@ def test_group_norm_in_float32_matches_float64_channels_last_and_a_frozen_bias()
     torch.testing.assert_close(got, loop.float(), rtol=1e-4, atol=1e-4 * loop.abs().max().item())
 
 
+@pytest.mark.filterwarnings("ignore:Mismatch dtype between input and weight")  # (torch: not fused, then)
+def test_an_rms_norm_wider_than_its_input_normalises_with_the_inputs_default_eps(monkeypatch):
+    """``RMSNorm(eps=None)`` adds the machine epsilon of its input's (computation) dtype: a float64 layer
+    on float32 inputs adds float32's (1.2e-7), which is 6% of the mean square of inputs of size 1e-3. The
+    rule computes in float64 (the widest dtype) with that ε: per-sample autograd of the individual losses
+    of one forward pass, within float32 rounding."""
+    torch.manual_seed(0)
+    model = nn.Sequential(_random_affine(nn.RMSNorm(4).double()), nn.Flatten())
+    assert_matches_autograd(model, 1e-3 * torch.randn(3, 5, 4), monkeypatch)
+
+
 def _global_path_uses(monkeypatch):
     """The parameter indices the engine sends to the global path, step by step."""
     from cockpit_lite.engine import global_path
@@ -899,6 +910,35 @@ def test_the_generic_rule_serves_recurrent_attention_and_custom_layers(case, mon
     assert used == ([] if served else [list(range(n))])
 
 
+class WithPenalty(nn.Module):
+    """A custom layer returning its output and a term of its parameter alone (no batch axis)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return torch.tanh(x * self.w), self.w.square()
+
+
+class Penalised(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.layer = nn.Linear(3, 4), WithPenalty()
+
+    def forward(self, x):
+        y, penalty = self.layer(self.lin(x))
+        return y + penalty
+
+
+def test_a_custom_layer_with_an_output_without_a_batch_axis_takes_the_global_path(monkeypatch):
+    """Its second output has no axis of the batch's size: the generic rule cannot read it, so the
+    layer's parameter takes the exact global path and the Linear before it keeps its rule (per-sample
+    autograd of the individual losses of one forward pass)."""
+    torch.manual_seed(0)
+    assert_matches_autograd(Penalised().double(), torch.randn(5, 3, dtype=torch.float64), monkeypatch, global_path=(2,))
+
+
 def _reference_over_output_samples(model, x):
     """``individual_reference`` for a model whose output is ``[B, ...]`` whatever its input's layout."""
     out = model(x)
@@ -1035,6 +1075,32 @@ def test_the_generic_rule_re_runs_in_the_widest_dtype_of_its_inputs_and_paramete
     got, = engine_individual_gradients(layer, x)
     reference, = individual_reference(copy.deepcopy(layer).double(), x.double())
     torch.testing.assert_close(got, reference, rtol=1e-12, atol=1e-14)
+
+
+class Fourier(nn.Module):
+    def forward(self, x):
+        return torch.fft.rfft(x)
+
+
+class Magnitude(nn.Module):
+    """A custom layer on a complex input (a spectrum), ``|z · w|`` with a real ``w``."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4))
+
+    def forward(self, z):
+        return (z * self.w).abs()
+
+
+def test_a_complex_input_leaves_the_generic_rules_dtype_real(monkeypatch):
+    """The re-run's dtype is the widest floating dtype of the inputs and parameters: a complex input
+    (the spectrum of an FFT) is passed as it is, and the real weight's individual gradients stay real
+    and equal autograd's on the individual losses of one forward pass (served by the rule, not the
+    global path)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 6), Fourier(), Magnitude()).double()
+    assert_matches_autograd(model, torch.randn(5, 3, dtype=torch.float64), monkeypatch)
 
 
 def test_layers_before_an_evaluating_batch_norm_are_served_by_their_rules(monkeypatch):
@@ -1214,3 +1280,23 @@ def test_a_layer_whose_forward_pre_hook_forms_its_weight_is_re_run_with_its_hook
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), Gated(), nn.Linear(4, 2)).double()
     assert_matches_autograd(model, torch.randn(5, 3, dtype=torch.float64), monkeypatch)
+
+
+def test_a_custom_layer_sharded_by_fsdp2_is_re_run_with_the_gathered_parameters(one_rank, monkeypatch):
+    """A custom layer ``fully_shard``-ed on its own (FSDP2, one rank) is re-run by its ``forward``, without
+    the hooks that would all-gather and put FSDP's own parameters in place of the re-run's, with its
+    keyword argument: the individual gradients of the same model unsharded (per-sample autograd of the
+    individual losses of one forward pass)."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = WithScale().double()
+    plain = copy.deepcopy(model)
+    fully_shard(model.scaled)
+    fully_shard(model)
+    x = torch.randn(5, 3, dtype=torch.float64)
+    used = _global_path_uses(monkeypatch)
+    got = engine_individual_gradients(model, x)
+    for index, reference in enumerate(individual_reference(plain, x)):
+        torch.testing.assert_close(got[index], reference)
+    assert used == []

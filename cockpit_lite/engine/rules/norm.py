@@ -17,6 +17,9 @@ from cockpit_lite.engine.per_sample import PerSample
 
 
 class _AffineNorm(Rule):
+    """``normalised(module, x, dtype)``: ``x̂`` of ``x`` (in the rule's dtype) as the layer normalised its
+    input of dtype ``dtype``."""
+
     def check(self, call, batch_size):
         inputs = call.args[0] if call.args else None
         if not torch.is_tensor(inputs):
@@ -28,7 +31,7 @@ class _AffineNorm(Rule):
         dtype = compute_dtype(inputs, delta, tracked[0][1])
         x = inputs.detach().to(dtype)
         axis = self.axis(call.module, x, batch_size)
-        x_hat = self.normalised(call.module, x).movedim(axis, 0)
+        x_hat = self.normalised(call.module, x, inputs.dtype).movedim(axis, 0)
         d = delta.detach().to(dtype).movedim(axis, 0)
         out = {}
         for name, param, index in tracked:
@@ -51,15 +54,18 @@ class _TrailingNorm(_AffineNorm):
 class LayerNormRule(_TrailingNorm):
     """LayerNorm: ``x̂ = (x − mean) / sqrt(var + ε)`` over the last ``normalized_shape`` axes."""
 
-    def normalised(self, module, x):
+    def normalised(self, module, x, dtype):
         return F.layer_norm(x, module.normalized_shape, eps=module.eps)
 
 
 class RMSNormRule(_TrailingNorm):
-    """RMSNorm: ``x̂ = x / sqrt(mean(x²) + ε)`` over the last ``normalized_shape`` axes."""
+    """RMSNorm: ``x̂ = x / sqrt(mean(x²) + ε)`` over the last ``normalized_shape`` axes; ``ε`` by default
+    (``eps=None``) the machine epsilon of the dtype the layer computes in, its input's (float32 for a
+    bf16 or fp16 input), not the wider dtype the rule may compute in (a float64 layer on float32 inputs)."""
 
-    def normalised(self, module, x):
-        return F.rms_norm(x, module.normalized_shape, eps=module.eps)
+    def normalised(self, module, x, dtype):
+        eps = torch.finfo(torch.promote_types(dtype, torch.float32)).eps if module.eps is None else module.eps
+        return F.rms_norm(x, module.normalized_shape, eps=eps)
 
 
 class _ChannelNorm(_AffineNorm):
@@ -107,7 +113,7 @@ class BatchNormRule(_ChannelNorm):
     """BatchNorm: ``x̂`` normalised per channel with the batch statistics (training mode, or
     no running statistics) or the running ones (eval mode)."""
 
-    def normalised(self, module, x):
+    def normalised(self, module, x, dtype):
         if module.training or not module.track_running_stats:  # the batch's statistics, running ones untouched
             return F.batch_norm(x, None, None, training=True, eps=module.eps)
         return F.batch_norm(x, module.running_mean.to(x.dtype), module.running_var.to(x.dtype), eps=module.eps)
