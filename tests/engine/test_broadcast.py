@@ -24,6 +24,18 @@ class Shared(nn.Module):
         return self.lin(self.combine(x, self.shared))
 
 
+class _NoGradient(torch.autograd.Function):
+    """The identity whose backward pass gives its input no gradient (``None``)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None
+
+
 COMBINE = {  # name: (shape of the shared tensor, how it meets the batch [B, T, D])
     "x_plus_shared": ((T, D), lambda x, s: x + s),
     "shared_plus_x": ((T, D), lambda x, s: s + x),
@@ -45,6 +57,7 @@ COMBINE = {  # name: (shape of the shared tensor, how it meets the batch [B, T, 
     "used_twice": ((T, D), lambda x, s: x + s + s),
     "squared_before_the_batch": ((T, D), lambda x, s: x + s * s),  # two uses in one node
     "in_two_layers": ((T, D), lambda x, s: torch.tanh(x + s) + x * s.unsqueeze(0)),
+    "one_path_without_a_gradient": ((T, D), lambda x, s: torch.tanh(x + s) + _NoGradient.apply(x * s)),
 }
 
 
