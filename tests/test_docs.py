@@ -229,6 +229,13 @@ QUOTES = [
      "measured/mutation_full_curvature/totals/killed_before|measured/mutation_full_curvature/totals/scored"
      "|measured/mutation_full_curvature/totals/survivors|measured/mutation_full_curvature/totals/missing_tests"),
     ("docs/development.md", "and 11 equivalent mutants", "measured/mutation_full_curvature/totals/equivalent"),
+    ("docs/development.md", "379\nmutants, 19 of them message wording, so 360 scored",
+     "measured/mutation_full_formulas/totals/mutants|measured/mutation_full_formulas/totals/wording"
+     "|measured/mutation_full_formulas/totals/scored"),
+    ("docs/development.md", "350 of the\n360 were killed. Its 10 survivors were 9 missing tests and 1 left",
+     "measured/mutation_full_formulas/totals/killed_before|measured/mutation_full_formulas/totals/scored"
+     "|measured/mutation_full_formulas/totals/survivors|measured/mutation_full_formulas/totals/missing_tests"
+     "|measured/mutation_full_formulas/totals/left"),
     ("docs/development.md", "The first part ran 990 of the 1,404 mutants of 27d9f66",
      f"{E}/first/run|{E}/first/mutants|{E}/first/baseline"),
     ("docs/development.md", "920 were killed, and its 70 survivors were 11 missing tests, 52 equivalent\nmutants and 7 that",
@@ -290,6 +297,7 @@ WHOLE_GROUP_COLUMNS = {"mutants": 1, "scored": 2, "killed_before": 3, "killed": 
     ("mutation_seed3", SAMPLE_COLUMNS),
     ("mutation_full_curvature", WHOLE_GROUP_COLUMNS),
     ("mutation_full_engine_rules", WHOLE_GROUP_COLUMNS),
+    ("mutation_full_formulas", WHOLE_GROUP_COLUMNS),
 ])
 def test_the_later_mutation_runs_totals_are_their_rows(table, columns):
     """The totals the prose quotes add up from the table's rows (a whole group's mutants: the message

@@ -109,6 +109,7 @@ TABLES = {
     "mutation_seed3": _measured("mutation_seed3"),
     "mutation_full_curvature": _measured("mutation_full_curvature"),
     "mutation_full_engine_rules": _measured("mutation_full_engine_rules"),
+    "mutation_full_formulas": _measured("mutation_full_formulas"),
     "lr_comparison": _lr_table,
     "demo_last_epoch": _demo_summary,
 }
