@@ -133,8 +133,9 @@ def _paths(users, current, shape, batch_size, path, depth):
 
 
 def broadcast_into_batch(users, start, shape, batch_size):
-    """Whether the tensor at ``start`` (of ``shape``) reaches its first computing consumer
-    through shape-only nodes and is broadcast there along an axis of size ``batch_size``.
+    """Whether the tensor at ``start`` (of ``shape``) reaches its first computing consumers
+    through shape-only nodes and is broadcast there along an axis of size ``batch_size`` (each
+    of them, where it has several: T5's position bias, added in every layer).
 
     This tells a shared tensor whose length happens to equal the batch size (positions
     ``arange(T)`` with ``T = B``) from a batched one. An elementwise node that leaves the
@@ -142,24 +143,28 @@ def broadcast_into_batch(users, start, shape, batch_size):
     is walked through: it brings no batch in. Nothing is broadcast into a batch of one
     sample (every axis of size 1 would match it).
     """
-    if batch_size < 2:
+    return batch_size >= 2 and _broadcast(users, start, tuple(shape), batch_size, MAX_DEPTH)
+
+
+def _broadcast(users, current, shape, batch_size, depth):
+    following = users.get(current)
+    if not following or depth == 0 or len(following) > MAX_PATHS:
         return False
-    current, shape = start, tuple(shape)
-    for _ in range(MAX_DEPTH):
-        following = users.get(current)
-        if not following or len(following) != 1 or len(following[0][0]._input_metadata) != 1:
+    for node, _ in following:
+        if len(node._input_metadata) != 1:
             return False
-        node = following[0][0]
         out = tuple(node._input_metadata[0].shape)
         name = type(node).__name__
         if name in SHAPE_ONLY or (name in ELEMENTWISE and out == shape):  # (a mask applied before the batch)
-            current, shape = (node, 0), out
+            if not _broadcast(users, (node, 0), out, batch_size, depth - 1):
+                return False
             continue
         if len(shape) > len(out):
             return False
         aligned = (1,) * (len(out) - len(shape)) + shape
-        return any(c == 1 and o == batch_size for c, o in zip(aligned, out))
-    return False
+        if not any(c == 1 and o == batch_size for c, o in zip(aligned, out)):
+            return False
+    return True
 
 
 def batch_nodes(paths, start_shape, batch_size):

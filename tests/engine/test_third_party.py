@@ -40,10 +40,12 @@ def _t5():
         relative_attention_num_buckets=8, dropout_rate=0.0, decoder_start_token_id=0))
 
 
-@pytest.mark.parametrize("build", [_llama, _t5], ids=["llama", "t5"])
-def test_individual_gradients_match_autograd_without_the_global_path(build, monkeypatch):
+@pytest.mark.parametrize("build, batch", [(_llama, B), (_t5, B), (_t5, 4)], ids=["llama", "t5", "t5_decoder_as_long"])
+def test_individual_gradients_match_autograd_without_the_global_path(build, batch, monkeypatch):
+    """(``t5_decoder_as_long``: 4 decoder positions for 4 samples, so the decoder's bias table read
+    ``[4, 4, heads]`` looks batched; it is shared because every layer's scores take it broadcast.)"""
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
-    decoder = {"decoder_input_ids": torch.randint(0, VOCAB, (B, 4), generator=g)} if build is _t5 else {}
+    decoder = {"decoder_input_ids": torch.randint(0, VOCAB, (batch, 4), generator=g)} if build is _t5 else {}
     model = Logits(build().double(), **decoder)
-    assert_matches_autograd(model, torch.randint(0, VOCAB, (B, T), generator=g), monkeypatch)
+    assert_matches_autograd(model, torch.randint(0, VOCAB, (batch, T), generator=g), monkeypatch)
