@@ -159,6 +159,19 @@ def test_range_far_from_zero(device):
           reference2d(values, values, (10, 5), (range, range)), device)
 
 
+def test_float64_values_are_binned_with_float64_constants():
+    """Values 1e-10 of a bin (or less) above and below an interior edge land in the bins on either side (numpy's
+    rule), which needs the axis' constants in float64: the pivot 0.1 of the range (0.1, 0.2) (10 bins, first
+    binned in float32, whose constants are cached too: float32's pivot is 1.5e-9 larger, 0.15 ppm of a bin), and
+    the offset 1/7 of the range (-0.01, 0.2) with 3 bins (float32's is 6e-9 of a bin larger)."""
+    assert histogram1d(torch.tensor([0.15]), 10, (0.1, 0.2))[0].tolist() == [0, 0, 0, 0, 0, 1, 0, 0, 0, 0]
+    for bins, range, k in ((10, (0.1, 0.2), 3), (3, (-0.01, 0.2), 1)):
+        edge = edges(bins, range)[k]
+        for value, expected in ((edge + 1e-12, k), (edge - 1e-12, k - 1)):
+            counts = histogram1d(torch.tensor([value], dtype=torch.float64), bins, range)[0]
+            assert counts.argmax().item() == expected and counts.sum().item() == 1, (range, value, counts)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_out_of_range(device):
     values = torch.tensor([-1e30, -5.0, -2.0, -1.5, 0.0, 1.999, 2.0, 2.5, 1e4, 1e30], device=device)

@@ -115,6 +115,19 @@ def test_from_jsonable_makes_tagged_arrays_and_histograms_arrays():
         log.from_jsonable({"GradHist1d": {"hist": [1], "edges": ["a", "b"]}})
 
 
+def test_from_jsonable_takes_the_limits_it_is_given():
+    """A value nested three deep (``{"Custom": [[[1.0]]]}``) is read under the default limits and refused under
+    ``limits={"max_depth": 2}``, naming the limit and how to raise it; five list elements are refused under
+    ``max_items=3``."""
+    nested = {"Custom": [[[1.0]]]}
+    assert log.from_jsonable(nested) == nested
+    with pytest.raises(ValueError, match=r"field 'Custom': values nested deeper than the limit max_depth=2; .*"
+                                         r"limits=\{'max_depth': N\}"):
+        log.from_jsonable(nested, limits={"max_depth": 2})
+    with pytest.raises(ValueError, match="the limit max_items=3"):
+        log.from_jsonable({"Custom": [1.0] * 5}, limits={"max_items": 3})
+
+
 @pytest.mark.parametrize("endian", ["big", "little"])
 def test_an_encoded_array_is_read_in_the_byte_order_its_tag_names(endian):
     """json_tricks' ``b64:`` array with ``"endian"``: float32 1.5, −2, 0.25, 3 packed by hand (``struct``) in that
