@@ -153,8 +153,9 @@ class Engine:
         called more than once, or to find the model, ``discover``).
         """
         self._graph = Graph(loss, self._aliases())
-        if self.model is not None and self.capture.calls and not any(c.module is self.model for c in self.capture.calls):
-            self._roots = tuple(self._outermost())  # a container never called itself (a ModuleDict): its called parts
+        if self.model is not None and self.capture.calls:  # a model that never runs itself (a ModuleDict, the
+            called = any(c.module is self.model for c in self.capture.calls)  # ModuleList of the parts found):
+            self._roots = () if called else tuple(self._outermost())  # its outermost called parts stand for it
         roots = (self.model, *self._roots)
         forwards = sum(1 for c in self.capture.calls if any(c.module is root for root in roots))
         if (self.model is None or forwards > 1) and self.capture.calls and self._graph.ready():
@@ -193,9 +194,12 @@ class Engine:
 
     def _outermost(self):
         """The modules of the outermost watched calls that own tracked parameters, in call order."""
-        calls, roots = self.capture.calls, []
-        for call in calls:
-            if self._owns(call.module) and not any(other.contains(call) for other in calls):
+        roots, end = [], None
+        for call in sorted(self.capture.calls, key=lambda c: c.start):  # (calls nest: one sweep finds the outermost)
+            if end is not None and call.end < end:
+                continue
+            end = call.end
+            if self._owns(call.module):
                 module = call.module
                 if isinstance(module, (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)):
                     module = module.module
@@ -702,11 +706,7 @@ class Engine:
         nan_where_failed(results, window.failed)
         flags = []
         for index, error in window.errors.items():  # NaN and a flag, never a crash of the optimizer's step
-            reason = f"individual gradients of {self.names[index]} unavailable at this step: {type(error).__name__}: {error}"
-            flags.append(reason)
-            self.force_global.add(index)
-            self._warn_once(("failed", index), f"cockpit-lite: {reason}; from the next step on they take the exact "
-                                               "global path (slower).")
+            flags.append(self._failure(index, f"{type(error).__name__}: {error}"))
             self._nan_results(results, index, transforms, batch_size, batch_size)
         return results, batch_size, flags
 
@@ -714,11 +714,16 @@ class Engine:
         """Mark a parameter's values of this step NaN; it takes the global path from now on
         (``demote``; not if the global path would not change the reason)."""
         state.failed.add(index)
+        state.flags.append(self._failure(index, reason, demote, index in state.global_path))
+        self._nan_results(state.results, index, state.transforms, state.held, state.batch_size, state.sharded)
+
+    def _failure(self, index, reason, demote=True, global_path=False):
+        """The flag of parameter ``index``'s failure, with its warning (once) and, with ``demote``, the
+        global path from the next step on (``global_path``: it took that path at this step)."""
         if demote:
             self.force_global.add(index)
         name = self.names[index]
-        state.flags.append(f"individual gradients of {name} unavailable at this step: {reason}")
-        if index in state.global_path:
+        if global_path:
             self._warn_once(("loss", index), (
                 f"cockpit-lite: the individual gradients of {name} are not those of the backward "
                 f"pass ({reason}); its values are NaN at every step where this holds."
@@ -735,7 +740,7 @@ class Engine:
                 f"({reason}); this step's values involving it are NaN, and from the next step on it "
                 "takes the exact global path (slower).",
             )
-        self._nan_results(state.results, index, state.transforms, state.held, state.batch_size, state.sharded)
+        return f"individual gradients of {name} unavailable at this step: {reason}"
 
     def _nan_results(self, results, index, transforms, samples, batch_size, sharded=None):
         """Parameter ``index``'s values in ``results`` NaN, of the shapes the transforms give (run on

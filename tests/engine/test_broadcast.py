@@ -362,3 +362,48 @@ def test_a_layer_on_a_shared_tensor(case, monkeypatch):
     torch.manual_seed(0)
     model = LayerOnShared(layer(), keyword, table).double()
     assert_matches_autograd(model, torch.randn(B, T, D, dtype=torch.float64), monkeypatch, global_path=expected)
+
+
+class SharedBiasTwice(nn.Module):
+    """T5's layout in small: one causally masked relative-position bias, computed once and added to the
+    scores of two attention layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Embedding(T, 1)
+        self.values = nn.ModuleList([nn.Linear(D, D), nn.Linear(D, D)])
+
+    def forward(self, x):
+        positions = torch.arange(x.shape[1], device=x.device)
+        causal = positions[:, None] >= positions[None, :]
+        bias = torch.where(causal, self.bias((positions[:, None] - positions[None, :]).clamp(min=0))[..., 0], -1e4)
+        for value in self.values:
+            x = x + ((x @ x.transpose(1, 2) + bias).softmax(-1) @ value(x))
+        return x.sum(1)
+
+
+def test_a_bias_shared_by_two_layers_under_gradient_accumulation(monkeypatch):
+    """Two micro-batches of 3 behind one optimizer step, each loss divided by 2: GradVariance of the union
+    (g̃_n = 6 ∇c_n, each c_n from its own micro-batch's forward pass) against autograd, the bias by its two
+    paths, no parameter on the global path."""
+    from cockpit_lite import Cockpit, quantities
+
+    used = _global_path_uses(monkeypatch)
+    torch.manual_seed(0)
+    model = SharedBiasTwice().double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    cp = Cockpit(model, [quantities.GradVariance()], diagnose=False, accumulate=True, strict=True)
+    g = torch.Generator().manual_seed(1)
+    micro = [torch.randn(3, T, D, generator=g, dtype=torch.float64) for _ in range(2)]
+    for x in micro:
+        loss = (model(x) ** 2).sum(1).mean() / 2
+        with cp(0, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+    opt.step()
+    terms = torch.cat([(model(x) ** 2).sum(1) / 3 / 2 for x in micro])
+    params = list(model.parameters())
+    rows = [torch.autograd.grad(terms[n], params, retain_graph=True) for n in range(6)]
+    expected = [torch.stack([6 * r[i].reshape(-1) for r in rows]).var(0).sum() for i in range(len(params))]
+    torch.testing.assert_close(torch.tensor(cp.get_output()[0]["GradVariance"], dtype=torch.float64),
+                               torch.stack(expected))
+    assert not any(used), used

@@ -162,20 +162,23 @@ def test_modules_called_one_after_the_other_and_a_bare_parameter(monkeypatch):
     problems.assert_close(cp.get_output()[0]["GradVariance"], expected, what="GradVariance, two roots and a bare parameter")
 
 
-def test_a_container_given_as_the_model_whose_parts_the_loop_calls(monkeypatch):
+@pytest.mark.parametrize("container", [nn.ModuleDict, nn.ModuleList], ids=["ModuleDict", "ModuleList"])
+def test_a_container_given_as_the_model_whose_parts_the_loop_calls(container, monkeypatch):
     """``Cockpit(nn.ModuleDict({"encoder": ..., "head": ...}))`` with the parts called by the loop: the
     container itself never runs, so the batch size was not known and every parameter took the global path
     at every step (B backward passes); now its called parts stand for it, as for a Cockpit given their
     parameters. A validation pass with gradients on is not part of the step."""
     calls = _global_path_calls(monkeypatch)
     torch.manual_seed(0)
-    parts = nn.ModuleDict({"encoder": nn.Sequential(nn.Linear(4, 5), nn.Tanh()), "head": _Head()}).double()
+    encoder, head = nn.Sequential(nn.Linear(4, 5), nn.Tanh()), _Head()
+    parts = (container({"encoder": encoder, "head": head}) if container is nn.ModuleDict
+             else container([encoder, head])).double()
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(6, 4, generator=g, dtype=torch.float64), torch.randint(0, 3, (6,), generator=g)
     cp = Cockpit(parts, [quantities.GradVariance()], diagnose=False, strict=True)
 
     def forward(inputs):
-        return parts["head"](parts["encoder"](inputs))
+        return head(encoder(inputs))
 
     forward(torch.randn(2, 4, dtype=torch.float64))  # validation, gradients on
     loss = nn.functional.cross_entropy(forward(x), y)
