@@ -1,7 +1,7 @@
 """``StepData``: everything a quantity may read after one step's backward pass."""
 
 import math
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import torch
 
@@ -10,6 +10,17 @@ from cockpit_lite.engine.per_sample import PerSample
 from cockpit_lite.utils.grads import held
 from cockpit_lite.utils.norms import norms
 from cockpit_lite.utils.shards import totals
+
+
+@lru_cache(maxsize=64)
+def _level_factors(sizes, batch_size, total, dtype, device):
+    """``2 (u + √(D + B) u_acc)`` of ``StepData.rounding_level`` for parameters of ``sizes`` elements (their
+    total first with ``total``), in ``dtype`` on ``device``: the same at every step of a run (kept, never
+    written to)."""
+    sizes = torch.tensor([sum(sizes)] * total + list(sizes), dtype=torch.float64)
+    u = torch.finfo(dtype).eps / 2
+    u_acc = torch.finfo(torch.promote_types(dtype, torch.float32)).eps / 2
+    return (2 * (u + (sizes + batch_size).sqrt() * u_acc)).to(device, dtype)
 
 
 class StepData:
@@ -108,11 +119,8 @@ class StepData:
         bound of a chain of ``D + B`` additions, Higham & Mary 2019; tree and blocked reductions
         do better), and the difference carries both terms' errors.
         """
-        sizes = [p.numel() for p in self.params]
-        sizes = torch.tensor([sum(sizes)] * total + sizes, dtype=torch.float64)
-        u = torch.finfo(terms.dtype).eps / 2
-        u_acc = torch.finfo(torch.promote_types(terms.dtype, torch.float32)).eps / 2
-        return (2 * (u + (sizes + self.batch_size).sqrt() * u_acc)).to(terms.device, terms.dtype) * terms
+        sizes = tuple(p.numel() for p in self.params)
+        return _level_factors(sizes, self.batch_size, bool(total), terms.dtype, terms.device) * terms
 
     def resolved(self, quantity, what, values, difference, terms, total=True):
         """``values`` with NaN where ``difference`` is lost in the rounding of the ``terms`` it
@@ -147,12 +155,12 @@ class StepData:
         """
         level = self.rounding_level(terms, total)
         lost = difference < level
+        zero = (terms == 0) & values.isnan()  # a statistic divided by ‖g‖ = 0
+        if not self.noise and not bool((lost | zero).any()):
+            return values, []
         noise = torch.zeros_like(lost)
         for index in self.noise:  # a gradient zero up to rounding: its spread and its norm are noise alike
             noise[index + total] = True
-        zero = (terms == 0) & values.isnan()  # a statistic divided by ‖g‖ = 0
-        if not bool((lost | noise | zero).any()):
-            return values, []
         names = ["the whole network"] * total + list(self.names)
         indices = lost.nonzero().reshape(-1).tolist()
         flags = [

@@ -276,8 +276,8 @@ class PerSample:
     def squared_norms(self):
         """``‖grad_batch[n]‖²`` for every sample, shape ``[B]``."""
         if self._single_position():
-            a, delta = self._factors  # ‖δ aᵀ‖² = ‖δ‖² ‖a‖²
-            return (delta[:, 0] ** 2).sum(1) * (a[:, 0] ** 2).sum(1)
+            a2, delta2 = self._squared_factors  # ‖δ aᵀ‖² = ‖δ‖² ‖a‖²
+            return delta2.sum(1) * a2.sum(1)
         if self._sparse():
             values, samples, _, k = self._rows
             return values.new_zeros(k).index_add_(0, samples, values.square().sum(1))
@@ -286,8 +286,8 @@ class PerSample:
     def sum_of_squares(self):
         """``Σ_n grad_batch[n]²`` elementwise, shape ``[D]``."""
         if self._single_position():
-            a, delta = self._factors  # Σ_n δ_{n,o}² a_{n,i}²
-            return ((delta[:, 0] ** 2).T @ (a[:, 0] ** 2)).reshape(-1)
+            a2, delta2 = self._squared_factors  # Σ_n δ_{n,o}² a_{n,i}²
+            return (delta2.T @ a2).reshape(-1)
         if self._sparse():
             values, _, index, _ = self._rows
             squares = values.new_zeros((self.param.shape[0], values.shape[1]))
@@ -473,6 +473,13 @@ class PerSample:
     def _dense(self):
         """``grad_batch`` form (given, not built from another form)."""
         return self._factors is None and self._rows is None and self._parts is None
+
+    @cached_property
+    def _squared_factors(self):
+        """``(a², δ²)`` of single-position factors, ``[K, I]`` and ``[K, O]`` (read by both ``squared_norms``
+        and ``sum_of_squares``)."""
+        a, delta = self._factors
+        return a[:, 0].square(), delta[:, 0].square()
 
     def _single_position(self):
         """Factors without sequence axes, where the ghost formulas are exact and cheapest."""

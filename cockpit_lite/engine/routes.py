@@ -36,12 +36,9 @@ def route_use(call, name, param, calls, mixing, state, graph):
     if rule is GENERIC and call.buffers is None and call.buffers_moved():
         state.replays.add(call.module)  # its forward pass updated its buffers (spectral_norm's power iteration):
         return None  # re-run from their values now, it would not be this call; its next calls keep copies
-    shared = call.leaves and (
-        takes_no_samples(call) or all(no_batch_axis(leaf, state.batch_size) for leaf in call.leaves)
-    )
-    if not shared and len(call.leaves) == 1 and graph.ready():  # a shared tensor of length B?
-        shared = graph.broadcast_into_batch(call.leaves[0], state.batch_size)
-    if shared:
+    if call not in state.shared:  # (once per call: a layer's parameters share the answer)
+        state.shared[call] = shares_its_output(call, state.batch_size, graph)
+    if state.shared[call]:
         if len(call.leaves) != 1:
             return None
         try:
@@ -57,11 +54,24 @@ def route_use(call, name, param, calls, mixing, state, graph):
     return (call, name, None)
 
 
+def shares_its_output(call, batch_size, graph):
+    """Whether every sample shares ``call``'s output (it takes no samples, or its output has no batch axis,
+    or is a tensor of length ``B`` that its consumers broadcast into the batch)."""
+    shared = call.leaves and (
+        takes_no_samples(call) or all(no_batch_axis(leaf, batch_size) for leaf in call.leaves)
+    )
+    if not shared and len(call.leaves) == 1 and graph.ready():  # a shared tensor of length B?
+        shared = graph.broadcast_into_batch(call.leaves[0], batch_size)
+    return bool(shared)
+
+
 def takes_no_samples(call):
     """Whether no input of ``call`` can hold a sample: it has no tensor inputs (a
     parametrisation's ``ParametrizationList`` computing a weight from its own tensors, a learned
     table called without arguments) or only parameters. Its output is then shared by every
     sample, even when one of its axes is as long as the batch (``weight_norm(nn.Linear(64, B))``
     at B = 64), which the shapes alone would take for the batch axis."""
+    if any(torch.is_tensor(a) and not isinstance(a, torch.nn.Parameter) for a in call.args):
+        return False  # (the common case, a tensor argument, without walking the nested arguments)
     inputs = [t for t in pytree.tree_leaves((call.args, call.kwargs)) if torch.is_tensor(t)]
     return all(isinstance(t, torch.nn.Parameter) for t in inputs)

@@ -119,6 +119,9 @@ def totals(tensors):
     """``Σ_d t_d`` of every tensor, one tensor ``[P]`` (the dtype of the first; ``torch.stack`` of
     the sums): a ``DTensor``'s over all ranks' elements (one all-reduce for all of them)."""
     tensors = list(tensors)
+    dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+    if dtensor is None or not any(isinstance(t, dtensor) for t in tensors):  # (plain tensors: their sums)
+        return torch.stack([t.sum() for t in tensors])
     group = group_of(tensors)
     sums = torch.stack([local(t).sum() for t in tensors])
     if group is None:
