@@ -360,7 +360,7 @@ def centred_squares(data):
     operations over all parameters (``torch._foreach_*``), one host sync for the sign check."""
     b = data.batch_size
     sums = data.per_sample(SumGrad.key)
-    centred = list(torch._foreach_sub(data.per_sample(SumGradSquared.key), torch._foreach_div(torch._foreach_mul(sums, sums), b)))
+    centred = list(torch._foreach_addcmul(data.per_sample(SumGradSquared.key), sums, sums, value=-1 / b))  # (one pass)
     negative = totals(torch._foreach_clamp_max(centred, 0.0)) < 0  # (sharded: over all ranks' elements)
     lost = []
     if bool(negative.any()):
