@@ -58,7 +58,10 @@ def check_gradients(state, params, fail):
     # every parameter's norms in two fused operations (one host transfer each)
     norms = torch._foreach_norm([true for _, _, _, true, _ in checked])
     errors = torch._foreach_norm(torch._foreach_sub([e for _, _, e, _, _ in checked], [c for *_, c in checked]))
-    norms, errors = ([float(n) for n in values] for values in (norms, errors))
+    values = list(norms) + list(errors)
+    if len({(v.dtype, v.device) for v in values}) == 1:  # (one transfer for all)
+        values = torch.stack(values).tolist()
+    norms, errors = [float(v) for v in values[: len(checked)]], [float(v) for v in values[len(checked) :]]
     if state.sharded is not None:
         norms, errors = state.sharded.check_norms(norms, errors)
     size = sum(param.numel() for _, param, _, _, _ in checked)
