@@ -318,6 +318,7 @@ class Engine:
             for index in global_indices:  # (cockpit_lite.sharded.GLOBAL_PATH)
                 self._fail(state, index, state.sharded.GLOBAL_PATH, demote=False)
             global_indices = []
+        self._note_global(state, global_indices)
         if global_indices:  # before any hook of this step exists: its backward passes must not fire them
             try:
                 global_path.serve(state, info, global_indices, self.params, self.names, self._global_mode)
@@ -492,7 +493,8 @@ class Engine:
             routed = []
             for call, name in uses:
                 route = route_use(call, name, param, calls, mixing, state, graph)
-                if route is None:
+                if isinstance(route, str):  # (why it takes the global path)
+                    state.global_reasons[index] = route
                     break
                 routed.append(route)
             whole = [route for route in routed if route[0] is None]  # a path from the parameter: all its uses
@@ -762,7 +764,27 @@ class Engine:
         """FSDP2: the unsharded parameters in the graph and the tracked ones they stand for."""
         return self.group.unsharded(self.model) if self.group is not None and self.model is not None else None
 
-    def _warn_once(self, key, message):
+    def _note_global(self, state, indices):
+        """Say once which parameters the plan of this step sends to the global path, and why (those the
+        engine moved there after a failure or the probe's finding were named by their own warning)."""
+        reasons = {}
+        for index in indices:
+            if state.global_reasons.get(index) and index not in self.force_global:
+                reasons.setdefault(state.global_reasons[index], []).append(self.names[index])
+        if not reasons:
+            return
+        count = sum(len(names) for names in reasons.values())
+        told = "; ".join(f"{', '.join(names[:3])}{f' and {len(names) - 3} more' if len(names) > 3 else ''}: {why}"
+                         for why, names in reasons.items())
+        self._warn_once(("global", *sorted(i for i in indices if i in state.global_reasons)), (  # (the reasons may name shapes)
+            f"cockpit-lite: the individual gradients of {count} parameter(s) take the exact but slow global "
+            f"path, a vector-Jacobian product of each sample's loss ({state.batch_size} at this step), at every "
+            f"tracked step ({told}). "
+            "Fix: track the quantities that need individual gradients on a sparser schedule (docs/models.md "
+            "lists what the fast rules serve)"
+        ), stacklevel=5)  # (the user's `with cp(step)`)
+
+    def _warn_once(self, key, message, stacklevel=4):
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(message, stacklevel=4)
+            warnings.warn(message, stacklevel=stacklevel)

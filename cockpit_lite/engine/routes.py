@@ -10,11 +10,13 @@ from cockpit_lite.utils.shards import module_class
 
 
 def route_use(call, name, param, calls, mixing, state, graph):
-    """How one use of a parameter is served: ``(call, name, path)``, or ``None`` (global)."""
-    if any(call.end < m.start or call.contains(m) for m in mixing if m is not call):
-        return None  # a later layer mixes the samples: δ_n is not ∂c_n/∂output
+    """How one use of a parameter is served: ``(call, name, path)``, or why it takes the global path (a
+    string; empty where that holds at this step only and says nothing to the user)."""
+    later = [m for m in mixing if m is not call and (call.end < m.start or call.contains(m))]
+    if later:  # δ_n is not ∂c_n/∂output
+        return f"a later {type(later[0].module).__name__} mixes the samples of the batch (batch statistics)"
     if state.batch_size is None:
-        return None
+        return "the batch size is unknown"
     if module_class(call.module) is torch.nn.MultiheadAttention and graph.ready():
         if call not in state.attention_nodes:
             state.attention_nodes[call] = attention.plan(
@@ -25,33 +27,40 @@ def route_use(call, name, param, calls, mixing, state, graph):
     rule = GENERIC if "." in name else rule_for(call.module)
     if rule.parameters is not None and name not in rule.parameters:  # not the layer's (the old weight_norm's weight_g)
         path = graph.path_from_parameter(param, state.batch_size)
-        return None if path is None else (None, name, path)
+        return f"it is used outside its layer's own call, and {_NO_PATH}" if path is None else (None, name, path)
     if rule is GENERIC and mixes_samples(call.module):  # (timm's BatchNormAct2d: one sample alone is not the batch)
-        return None
+        return f"its layer {type(call.module).__name__} mixes the samples of the batch (batch statistics)"
     if rule is GENERIC and any(call.contains(c) for c in calls):
         if "." in name or mixing:  # own code around sub-module calls: only a shared parameter it uses
-            return None
+            return f"{type(call.module).__name__} runs its own code around its sub-modules' calls"
         path = graph.path_from_parameter(param, state.batch_size)
-        return None if path is None else (None, name, path)
+        return f"it is used outside its layer's own call, and {_NO_PATH}" if path is None else (None, name, path)
     if rule is GENERIC and call.buffers is None and call.buffers_moved():
         state.replays.add(call.module)  # its forward pass updated its buffers (spectral_norm's power iteration):
-        return None  # re-run from their values now, it would not be this call; its next calls keep copies
+        return ""  # re-run from their values now, it would not be this call; its next calls keep copies
     if call not in state.shared:  # (once per call: a layer's parameters share the answer)
         state.shared[call] = shares_its_output(call, state.batch_size, graph)
     if state.shared[call]:
         if len(call.leaves) != 1:
-            return None
+            return f"{type(call.module).__name__} has several outputs that every sample shares"
         try:
             rule.check(as_if_batched(call, state.batch_size), state.batch_size)
-        except UnsupportedCall:
-            return None
+        except UnsupportedCall as error:
+            return str(error)
         path = graph.path_from_tensor(call.leaves[0], state.batch_size)
-        return None if path is None else (call, name, path)
+        if path is None:
+            return (f"the output of its {type(call.module).__name__}, of shape {tuple(call.leaves[0].shape)}, has no "
+                    f"axis of size {state.batch_size} (the batch), and {_NO_PATH}")
+        return (call, name, path)
     try:
         rule.check(call, state.batch_size)
-    except UnsupportedCall:
-        return None
+    except UnsupportedCall as error:
+        return str(error)
     return (call, name, None)
+
+
+_NO_PATH = ("no path to where the batch comes in was found (one through the batch folded with another axis, a "
+            "repeat or a gather is not followed)")
 
 
 def shares_its_output(call, batch_size, graph):

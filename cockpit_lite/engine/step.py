@@ -29,6 +29,7 @@ class Step:
         self.broadcast = {}  # call whose output all samples share -> [(name, param, index)]
         self.attention = {}  # MultiheadAttention call served from its projections -> [(name, param, index)]
         self.attention_nodes = {}
+        self.global_reasons = {}  # index -> why its use takes the global path at this step (``routes.route_use``)
         self.shared = {}  # call -> whether every sample shares its output (``routes.shares_its_output``)
         self.replays = set()  # modules whose forward pass updated their buffers: their next calls keep copies
         self.paths = []

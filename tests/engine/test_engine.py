@@ -1032,3 +1032,55 @@ def test_a_finished_step_is_freed_without_the_cycle_collector(monkeypatch, name)
     finally:
         if enabled:
             gc.enable()
+
+
+class _FoldedLinear(nn.Module):
+    """A Linear on pairs of features folded into the batch axis (``[B, 6] -> [2B, 3]``): no axis of its
+    input is the samples' (Swin's windows, folded into the batch, are such a case)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.inner(x.reshape(2 * x.shape[0], -1)).reshape(x.shape[0], -1)
+
+
+def _global_path_warnings(model, x, y, steps=2):
+    cp = Cockpit(model, [quantities.GradVariance()], diagnose=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(steps):
+            model.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            with cp(step, info={"loss": loss}):
+                loss.backward()
+    return cp, [w for w in caught if "global path" in str(w.message)]
+
+
+@pytest.mark.parametrize("case", ["batch_norm", "folded", "served"])
+def test_the_parameters_a_plan_sends_to_the_global_path_are_named_once_with_the_reason(case):
+    """The global path costs a vector-Jacobian product per sample at every tracked step: the parameters
+    that the routing sends there are named once, with why, in a warning at the user's line; a model
+    the rules serve says nothing."""
+    torch.manual_seed(0)
+    x, y = torch.randn(6, 3, 4, 4), torch.randint(0, 3, (6,))
+    if case == "batch_norm":
+        model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(16, 3))
+        expected = "0.weight, 0.bias: a later BatchNorm2d mixes the samples of the batch", "2 parameter(s)"
+    elif case == "folded":
+        model = nn.Sequential(nn.Flatten(), nn.Linear(48, 6), _FoldedLinear(), nn.Linear(6, 3))
+        expected = ("2.inner.weight, 2.inner.bias: the output of its Linear, of shape (12, 3), has no axis of size 6 "
+                    "(the batch)", "2 parameter(s)")
+    else:
+        model = nn.Sequential(nn.Flatten(), nn.Linear(48, 6), nn.ReLU(), nn.Linear(6, 3))
+        expected = None
+    cp, said = _global_path_warnings(model, x, y)
+    if expected is None:
+        assert said == []
+        return
+    assert len(said) == 1 and said[0].filename == __file__  # once, at the user's `with cp(step)`
+    for words in expected:
+        assert words in str(said[0].message)
+    weight = expected[0].split(",")[0]  # served (exactly: the global path's own tests check the numbers)
+    assert math.isfinite(cp.get_output()[1]["GradVariance"][cp.names.index(weight)])
