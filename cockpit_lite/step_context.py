@@ -81,8 +81,8 @@ class StepContext:
         self.debug = debug
         self.entered = False
         self.owner = owner  # the first context of this accumulated step, or None (this is the first)
-        if last is not None and step > last + 1:
-            cockpit._jumped = True  # step numbers are not consecutive: keep watching every forward
+        if last is not None and step != last:  # jumped: watch every forward pass until the numbers run on by one
+            cockpit._jumped = step > last + 1  # (a run resumed at another step, or a cp(step) only every k steps)
         if cockpit.budget is not None and owner is None and (
                 self._timed(step, info, began) if step != last else cockpit.budget.bare(step)):
             self.idle, self.bare, self.due = True, True, []  # a bare step (its every micro-batch)

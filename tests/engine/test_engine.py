@@ -1084,3 +1084,21 @@ def test_the_parameters_a_plan_sends_to_the_global_path_are_named_once_with_the_
         assert words in str(said[0].message)
     weight = expected[0].split(",")[0]  # served (exactly: the global path's own tests check the numbers)
     assert math.isfinite(cp.get_output()[1]["GradVariance"][cp.names.index(weight)])
+
+
+def test_after_a_jump_in_the_step_numbers_the_forward_passes_are_watched_until_they_run_on_by_one():
+    """A jump (a run resumed at another step, a loop that enters cp(step) every k steps) leaves the next
+    step unpredictable: every forward pass is watched while the numbers jump, and only the due ones
+    once they run on by one again (before, one jump watched every forward pass of the run)."""
+    problem = problems.make("mlp", 4, steps=1)
+    cp = Cockpit(problem.model, [quantities.NormTest(track_schedule=lambda s: s % 10 == 0)], diagnose=False)
+    x, y = problem.batches[0]
+    armed = {}
+    for step in (0, 1, 5, 8, 9, 10, 11, 12):
+        loss = problem.lossfunc(problem.model(x), y)
+        with cp(step, info={"loss": loss}):
+            loss.backward()
+        problem.model.zero_grad()
+        armed[step] = cp.engine.capture.armed  # (for the next forward pass)
+    assert armed == {0: False, 1: False, 5: True, 8: True, 9: True, 10: False, 11: False, 12: False}
+    assert math.isfinite(cp.get_output()[10]["NormTest"])
