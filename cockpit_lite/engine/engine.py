@@ -469,7 +469,7 @@ class Engine:
         by_module = {}
         for call in calls:
             by_module.setdefault(call.module, []).append(call)
-        mixing = [c for c in calls if mixes_samples(c.module)]
+        mixing = [c for c in calls if mixes_samples(c)]
         routes = {}
         for index, param in enumerate(self.params):
             if not param.requires_grad:  # frozen since: no individual gradients (zeros in the statistics)

@@ -14,9 +14,11 @@ def route_use(call, name, param, calls, mixing, state, graph):
     string; empty where that holds at this step only and says nothing to the user)."""
     later = [m for m in mixing if m is not call and (call.end < m.start or call.contains(m))]
     if later:  # δ_n is not ∂c_n/∂output
-        return f"a later {type(later[0].module).__name__} mixes the samples of the batch (batch statistics)"
+        return f"a later {type(later[0].module).__name__} mixes the samples of the batch"
     if state.batch_size is None:
         return "the batch size is unknown"
+    if module_class(call.module) is torch.nn.MultiheadAttention and mixes_samples(call):
+        return "its MultiheadAttention takes an unbatched query [T, E]: it attends over the axis read as the samples'"
     if module_class(call.module) is torch.nn.MultiheadAttention and graph.ready():
         if call not in state.attention_nodes:
             state.attention_nodes[call] = attention.plan(
@@ -28,7 +30,7 @@ def route_use(call, name, param, calls, mixing, state, graph):
     if rule.parameters is not None and name not in rule.parameters:  # not the layer's (the old weight_norm's weight_g)
         path = graph.path_from_parameter(param, state.batch_size)
         return f"it is used outside its layer's own call, and {_NO_PATH}" if path is None else (None, name, path)
-    if rule is GENERIC and mixes_samples(call.module):  # (timm's BatchNormAct2d: one sample alone is not the batch)
+    if rule is GENERIC and mixes_samples(call):  # (timm's BatchNormAct2d: one sample alone is not the batch)
         return f"its layer {type(call.module).__name__} mixes the samples of the batch (batch statistics)"
     if rule is GENERIC and any(call.contains(c) for c in calls):
         if "." in name or mixing:  # own code around sub-module calls: only a shared parameter it uses

@@ -1295,3 +1295,24 @@ def test_a_custom_layer_sharded_by_fsdp2_is_re_run_with_the_gathered_parameters(
     fully_shard(model.scaled)
     fully_shard(model)
     assert_matches_autograd(model, torch.randn(5, 3, dtype=torch.float64), monkeypatch, twin=plain)
+
+
+class RowAttention(nn.Module):
+    """A MultiheadAttention given a batch ``[B, E]`` as its unbatched query ``[T, E]``: the rows, read as
+    the samples, attend to each other."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(4, 6)
+        self.attn = nn.MultiheadAttention(6, 2, batch_first=True)
+
+    def forward(self, x):
+        h = self.inp(x)
+        return self.attn(h, h, h)[0]
+
+
+def test_an_attention_over_the_rows_of_the_batch_mixes_the_samples(monkeypatch):
+    """Its own parameters and the layer before it take the global path (before: the attention planner read
+    the rows as samples, and the check against autograd blamed a penalty on the loss)."""
+    assert_matches_autograd(RowAttention().double(), torch.randn(5, 4, dtype=torch.float64), monkeypatch,
+                            global_path=range(6))

@@ -61,14 +61,21 @@ def rule_for(module):
     return rule
 
 
-def mixes_samples(module):
-    """Whether ``module`` (when called) makes each sample's output depend on the others.
+def mixes_samples(call):
+    """Whether a call (``capture.Call``) makes each sample's output depend on the others.
 
     BatchNorm normalises with the statistics of the batch in training mode (and
-    always without running statistics).
+    always without running statistics); a ``MultiheadAttention`` given an unbatched query
+    ``[T, E]`` attends over its first axis, the one read as the samples' (rows of a ``[B, E]``
+    batch attending to each other).
     """
+    from torch.nn import MultiheadAttention
     from torch.nn.modules.batchnorm import _BatchNorm
 
+    module = call.module
+    if isinstance(module, MultiheadAttention):
+        query = call.args[0] if call.args else call.kwargs.get("query")
+        return getattr(query, "ndim", None) == 2
     return isinstance(module, _BatchNorm) and (module.training or not module.track_running_stats)
 
 
