@@ -44,7 +44,9 @@ def route_use(call, name, param, calls, mixing, state, graph):
         state.shared[call] = shares_its_output(call, state.batch_size, graph)
     if state.shared[call]:
         if len(call.leaves) != 1:
-            return f"{type(call.module).__name__} has several outputs that every sample shares"
+            shapes = ", ".join(str(tuple(leaf.shape)) for leaf in call.leaves)
+            return (f"the outputs of its {type(call.module).__name__}, of shapes {shapes}, have no axis of size "
+                    f"{state.batch_size} (the batch)")
         try:
             rule.check(as_if_batched(call, state.batch_size), state.batch_size)
         except UnsupportedCall as error:
