@@ -304,14 +304,23 @@ def run(transforms, per_sample, batch=None, scratch=None):
     """
     ordered = sorted(transforms, key=lambda t: isinstance(t, (GradHistogram1d, GradHistogram2d)))
     if per_sample.chunked():
+        # a transform of ``g`` alone (``GradL2``) runs after the chunks, on their sums, where no transform of the
+        # samples reads ``g``: the first chunk would otherwise form it as a product over every position
+        # (autograd's own weight-gradient product again), where the chunks' sums cost ``B·D`` additions
+        later = [t for t in ordered if t.from_grad_only] if per_sample.reads_own_sum() and not any(
+            t.reads_grad and not t.from_grad_only for t in ordered) else []
+        chunked = [t for t in ordered if t not in later]
         values, sums = [], []
         for chunk in per_sample.sample_chunks(scratch):
-            values.append(_run_whole(ordered, chunk))
+            values.append(_run_whole(chunked, chunk))
             if per_sample.reads_own_sum():  # no transform has read ``g`` yet: the chunks' sums give it
                 sums.append(chunk.sample_sum())
         if per_sample.reads_own_sum():
             per_sample.grad = functools.reduce(torch.add, sums)
-        return {t.key: t.combine([v[t.key] for v in values]) for t in ordered}
+        results = {t.key: t.combine([v[t.key] for v in values]) for t in chunked}
+        with torch.no_grad():
+            results.update((t.key, t(per_sample)) for t in later)
+        return results
     return _run_whole(ordered, per_sample, batch)
 
 
