@@ -228,9 +228,10 @@ def test_parameters_sharing_a_scratch_each_get_their_own_values(monkeypatch):
 
 
 def test_chunks_of_samples_give_the_gradient_their_sums_add_up_to(monkeypatch):
-    """When no transform reads ``g`` while the chunks go by, the parameter's gradient (which the
-    check against autograd reads) is the sum of the chunks' own sums: the factors' product over
-    all positions, the work of the layer's weight gradient again, is never formed."""
+    """When no transform of the samples reads ``g`` while the chunks go by (a transform of ``g`` alone,
+    ``GradL2``, runs after them, on their sums), the parameter's gradient (which the check against
+    autograd reads) is the sum of the chunks' own sums: the factors' product over all positions,
+    the work of the layer's weight gradient again, is never formed."""
     per_sample, _, flat = factored_and_explicit(7)
     monkeypatch.setattr(per_sample_module, "GRAD_BATCH_ELEMENTS", 2 * O * I)
 
@@ -238,9 +239,11 @@ def test_chunks_of_samples_give_the_gradient_their_sums_add_up_to(monkeypatch):
         raise AssertionError("the gradient was formed from the factors")
 
     monkeypatch.setattr(per_sample_module, "_positions", no_product)
-    values = transforms.run([transforms.BatchL2(), transforms.SumGradSquared(), transforms.SumGrad()], per_sample)
+    chosen = [transforms.BatchL2(), transforms.GradL2(), transforms.SumGradSquared(), transforms.SumGrad()]
+    values = transforms.run(chosen, per_sample)
     torch.testing.assert_close(per_sample.grad, flat.sum(0))
     torch.testing.assert_close(values["sum_grad"], B * flat.sum(0).reshape(O, I))
+    torch.testing.assert_close(values["grad_l2"], (flat.sum(0) ** 2).sum())
 
 
 def test_chunks_are_cache_sized_on_the_cpu_only():
