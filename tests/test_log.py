@@ -128,6 +128,16 @@ def test_from_jsonable_takes_the_limits_it_is_given():
         log.from_jsonable({"Custom": [1.0] * 5}, limits={"max_items": 3})
 
 
+@pytest.mark.parametrize("shape", [[0], [1]])
+def test_complex_histogram_counts_are_refused_even_when_empty(shape):
+    """A histogram's counts are real numbers: a json_tricks array of complex128 counts is refused naming its field,
+    an empty one (shape [0]) as well as one of one count; empty real counts (``[]``) are read."""
+    tagged = {"__ndarray__": [1j] * shape[0], "dtype": "complex128", "shape": shape}
+    with pytest.raises(ValueError, match="field 'GradHist1d.hist': expected an array of numbers"):
+        log.from_jsonable({"GradHist1d": {"hist": tagged, "edges": [0.0]}})
+    assert log.from_jsonable({"GradHist1d": {"hist": [], "edges": [0.0]}})["GradHist1d"]["hist"].shape == (0,)
+
+
 @pytest.mark.parametrize("endian", ["big", "little"])
 def test_an_encoded_array_is_read_in_the_byte_order_its_tag_names(endian):
     """json_tricks' ``b64:`` array with ``"endian"``: float32 1.5, −2, 0.25, 3 packed by hand (``struct``) in that
@@ -402,7 +412,11 @@ def test_a_full_disk_warns_once_keeps_the_lines_and_catches_up_in_order(tmp_path
     assert log.read(path) == {s: {"Loss": float(s)} for s in range(7)}
 
 
-def test_a_full_disk_at_close_warns_and_does_not_raise(tmp_path):
+def test_a_full_disk_at_close_warns_and_does_not_raise(tmp_path, monkeypatch):
+    """The step's line and close's retry of it both fail: one warning, both failures kept, the line pending, and
+    no ``fsync`` (the file does not hold the line: there is nothing complete to sync)."""
+    synced = []
+    monkeypatch.setattr(os, "fsync", synced.append)
     writer = log.JSONLinesWriter(tmp_path / "run.jsonl", {})
     disk = writer._file = FullDisk(writer._file)
     disk.full = True
@@ -410,6 +424,31 @@ def test_a_full_disk_at_close_warns_and_does_not_raise(tmp_path):
         writer.append(0, {"Loss": 1.0})
         writer.close()
     assert len(caught) == 1 and writer.closed and writer.pending == 1
+    assert [e.errno for e in writer.errors] == [28, 28] and synced == []
+
+
+class FailingClose:
+    """A file whose ``close`` fails with EIO (a network file system reports a failed write-back at close)."""
+
+    def __init__(self, file):
+        self.file = file
+
+    def close(self):
+        self.file.close()
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+
+def test_a_failing_close_is_kept_in_errors_and_does_not_raise(tmp_path):
+    path = tmp_path / "run.jsonl"
+    writer = log.JSONLinesWriter(path, {})
+    writer._file = FailingClose(writer._file)
+    writer.append(0, {"Loss": 1.0})
+    writer.close()
+    assert writer.closed and [e.errno for e in writer.errors] == [errno.EIO]
+    assert log.read(path) == {0: {"Loss": 1.0}}
 
 
 def test_strict_raises_on_a_full_disk_and_keeps_the_line(tmp_path):
