@@ -626,6 +626,16 @@ def test_the_square_roots_jackknife_bias_correction_by_hand():
     assert ses[1] == pytest.approx(se / (2 * math.sqrt(6)), rel=1e-12)
 
 
+def test_the_square_roots_jackknife_at_the_smallest_subsample_by_hand():
+    """k = 2 (``MIN_SAMPLES``) of 5 with terms (1, 4): T̂ = 12.5; the totals without each sample rest on
+    k − 1 = 1 sample, 5·4 = 20 and 5·1 = 5, so the value is √12.5 − (3/5)·1·((√20 + √5)/2 − √12.5)."""
+    out = subsample.sqrt_estimates(torch.tensor([[1.0], [4.0]], dtype=torch.float64), 5,
+                                   torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.float64))
+    expected = math.sqrt(12.5) - 3 / 5 * ((math.sqrt(20) + math.sqrt(5)) / 2 - math.sqrt(12.5))
+    assert float(out.value) == pytest.approx(expected, rel=1e-12)
+    assert float(out.value) == pytest.approx(root([1.0, 4.0], 5, 0.0, 1.0)[0], rel=1e-12)
+
+
 def test_the_jackknife_standard_error_by_hand():
     """sqrt((1 − k/B) (k − 1)/k Σ (θ_(i) − θ̄)²): k = 2 of 10 leave-one-out values 1 and 3 give
     sqrt(0.8 · 1/2 · 2); all B samples drawn give 0; one value or a non-finite one: NaN."""
