@@ -626,6 +626,20 @@ def test_the_square_roots_jackknife_bias_correction_by_hand():
     assert ses[1] == pytest.approx(se / (2 * math.sqrt(6)), rel=1e-12)
 
 
+def test_the_total_and_its_standard_error_from_two_samples_and_from_one_by_hand():
+    """k = 2 of 5 with terms (1, 4): T̂ = 5·2.5 = 12.5 and se = 5·√((1 − 2/5)·4.5/2) (sample variance 4.5,
+    as ``srswor``). k = 1 of 5 with the term 3: T̂ = 15 and no standard error (NaN: one sample has no variance),
+    without a warning."""
+    estimate, se = subsample.total(torch.tensor([1.0, 4.0], dtype=torch.float64), 5)
+    assert float(estimate) == pytest.approx(12.5, rel=1e-15)
+    assert float(se) == pytest.approx(5 * math.sqrt(0.6 * 4.5 / 2), rel=1e-12)
+    assert float(se) == pytest.approx(srswor([1.0, 4.0], 5)[1], rel=1e-12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        estimate, se = subsample.total(torch.tensor([[3.0, 0.5]], dtype=torch.float64), 5)
+    assert estimate.tolist() == [15.0, 2.5] and se.shape == (2,) and torch.isnan(se).all()
+
+
 def test_the_square_roots_jackknife_at_the_smallest_subsample_by_hand():
     """k = 2 (``MIN_SAMPLES``) of 5 with terms (1, 4): T̂ = 12.5; the totals without each sample rest on
     k − 1 = 1 sample, 5·4 = 20 and 5·1 = 5, so the value is √12.5 − (3/5)·1·((√20 + √5)/2 − √12.5)."""
