@@ -678,6 +678,14 @@ def test_draws_are_reproducible_and_leave_the_users_random_state_alone():
     assert rows.tolist() == sorted(set(rows.tolist())) and len(rows) == 3
 
 
+def test_a_draw_is_moved_to_the_device_asked_for():
+    """The indices are drawn on the CPU (their generator's device) and moved to the device asked for, the
+    parameters' (the ``meta`` device stands in for a GPU); without one they stay on the CPU."""
+    assert subsample.draw(3, 10, (0, 4)).device.type == "cpu"
+    moved = subsample.draw(3, 10, (0, 4), device="meta")
+    assert moved.device.type == "meta" and moved.shape == (3,)
+
+
 def test_draws_are_the_same_in_another_process():
     """Whatever the process's hash salt (PYTHONHASHSEED)."""
     import os
