@@ -42,6 +42,18 @@ def test_round_trip_merges_parts_of_a_step(tmp_path):
     assert lines[3]["GradHist2d"] == {"hist": [[1, 1, 1]] * 2, "edges": [[0.0] * 3, [0.0] * 4]}
 
 
+def test_merge_combines_the_parts_of_a_step_without_repeating_a_flag_or_finding():
+    """Three hand-made parts of step 3 (its key once a string): "layers" and "meta" merged key by key, "flags" and
+    "findings" concatenated without what an earlier part already holds, any other key replaced by the later part."""
+    record = {}
+    log.merge(record, 3, {"flags": ["a"], "layers": {"X": [1.0]}, "meta": {"X": {"se": 0.5}}, "Loss": 1.0})
+    log.merge(record, "3", {"flags": ["a", "b"], "findings": [{"kind": "k"}], "layers": {"Y": [2.0]},
+                            "meta": {"Y": {}}, "Loss": 2.0})
+    log.merge(record, 3, {"findings": [{"kind": "k"}, {"kind": "j"}]})
+    assert record == {3: {"flags": ["a", "b"], "findings": [{"kind": "k"}, {"kind": "j"}],
+                          "layers": {"X": [1.0], "Y": [2.0]}, "meta": {"X": {"se": 0.5}, "Y": {}}, "Loss": 2.0}}
+
+
 def test_torn_last_line_is_skipped_with_one_warning(tmp_path):
     path = tmp_path / "run.jsonl"
     write_sample(path)
