@@ -225,6 +225,19 @@ def test_a_run_id_that_heads_two_segments_reads_as_the_last_of_them(tmp_path):
     assert log.read_segment(path, "X")[1:] == ({0: {"Loss": 3.0}}, 3)
     assert log.read(path, segment="Y") == {0: {"Loss": 2.0}}
     assert log.read(path, segment=0) == {0: {"Loss": 1.0}, 1: {"Loss": 1.5}}  # the first X: by its index
+    with pytest.raises(ValueError, match=re.escape("no run segment with run id 'Z' (the runs: ['X', 'Y', 'X'])")):
+        log.read(path, segment="Z")
+
+
+def test_all_segments_are_read_under_the_limits_given_and_a_torn_line_names_the_file(tmp_path):
+    path = tmp_path / "run.jsonl"
+    write_sample(path)
+    with pytest.raises(log.RecordError, match="line 1: line longer than the limit max_line_bytes=50"):
+        log.read_jsonl(path, segment="all", limits={"max_line_bytes": 50})
+    text = path.read_text()
+    path.write_text(text[: len(text) - 7])
+    with pytest.warns(UserWarning, match=re.escape(f"{path}: last line (5) of a run segment is incomplete")):
+        assert len(log.read_jsonl(path, segment="all")) == 1
 
 
 def test_read_segment_refuses_all_and_names_the_reader_that_takes_it(tmp_path):
