@@ -240,6 +240,15 @@ def test_all_segments_are_read_under_the_limits_given_and_a_torn_line_names_the_
         assert len(log.read_jsonl(path, segment="all")) == 1
 
 
+def test_an_empty_log_reads_as_one_empty_segment_at_index_0_and_minus_1_only(tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_bytes(b"")
+    assert log.read(path) == {} and log.read(path, segment=0) == {} and log.read_segment(path, -1) == ({}, {}, 0)
+    for segment in (1, -2):
+        with pytest.raises(ValueError, match=f"the log is empty; segment={segment} does not exist"):
+            log.read(path, segment=segment)
+
+
 def test_read_segment_refuses_all_and_names_the_reader_that_takes_it(tmp_path):
     path = tmp_path / "run.jsonl"
     write_sample(path)
