@@ -59,7 +59,7 @@ def test_torn_last_line_is_skipped_with_one_warning(tmp_path):
     write_sample(path)
     text = path.read_text()
     path.write_text(text[: len(text) - 7])
-    with pytest.warns(UserWarning, match="last line .* incomplete") as caught:
+    with pytest.warns(UserWarning, match=re.escape(f"{path}: last line (5) of a run segment is incomplete")) as caught:
         record = log.read(path)
     assert len(caught) == 1
     assert record[1].keys() == {"GradHist2d"}
@@ -225,7 +225,8 @@ def test_a_run_id_that_heads_two_segments_reads_as_the_last_of_them(tmp_path):
     assert log.read_segment(path, "X")[1:] == ({0: {"Loss": 3.0}}, 3)
     assert log.read(path, segment="Y") == {0: {"Loss": 2.0}}
     assert log.read(path, segment=0) == {0: {"Loss": 1.0}, 1: {"Loss": 1.5}}  # the first X: by its index
-    with pytest.raises(ValueError, match=re.escape("no run segment with run id 'Z' (the runs: ['X', 'Y', 'X'])")):
+    unknown = f"{path}: no run segment with run id 'Z' (the runs: ['X', 'Y', 'X'])"
+    with pytest.raises(ValueError, match=re.escape(unknown)):
         log.read(path, segment="Z")
 
 
@@ -256,6 +257,33 @@ def test_read_segment_refuses_all_and_names_the_reader_that_takes_it(tmp_path):
         log.read_segment(path, "all")
     everything = log.read_jsonl(path, segment="all")  # the named fix
     assert len(everything) == 1 and sorted(everything[0][1]) == [0, 1]
+
+
+def test_a_header_repeating_the_previous_run_id_continues_its_segment_and_a_resumed_one_may_start_a_log(tmp_path):
+    """Hand-made logs: a header that repeats the run id of the segment before it, without ``"resumed"``, continues
+    that segment; a log whose first header is marked ``"resumed"`` (a run resumed into a new file) is one segment."""
+    header = {"format": "cockpit-lite", "version": 1}
+    path = tmp_path / "repeated.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in [
+        {**header, "run": "X"}, {"step": 0, "Loss": 1.0}, {**header, "run": "X"}, {"step": 1, "Loss": 0.5}]))
+    assert [(s["run"], s["steps"]) for s in log.segments(path)] == [("X", 2)]
+    path = tmp_path / "resumed.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in [
+        {**header, "run": "X", "resumed": True, "resumed_after": 4}, {"step": 5, "Loss": 1.0}]))
+    assert [(s["run"], s["steps"]) for s in log.segments(path)] == [("X", 1)] and log.read(path) == {5: {"Loss": 1.0}}
+
+
+def test_the_line_limit_counts_a_lines_bytes_without_its_newline(tmp_path):
+    """``max_line_bytes`` = L: a step line of L bytes is read, ended by its newline or last in the file without one;
+    under L − 1 it is refused either way, naming the line and the limit."""
+    header = json.dumps({"format": "cockpit-lite", "version": 1})
+    step = json.dumps({"step": 0, "Loss": 1.0}).ljust(len(header) + 10)  # JSON allows the trailing blanks
+    path = tmp_path / "run.jsonl"
+    for end in ("\n", ""):
+        path.write_text(header + "\n" + step + end)
+        assert log.read(path, limits={"max_line_bytes": len(step)}) == {0: {"Loss": 1.0}}
+        with pytest.raises(log.RecordError, match=f"line 2: line longer than the limit max_line_bytes={len(step) - 1}"):
+            log.read(path, limits={"max_line_bytes": len(step) - 1})
 
 
 def test_a_resumed_run_continues_its_segment(tmp_path):
