@@ -273,6 +273,14 @@ def test_a_header_repeating_the_previous_run_id_continues_its_segment_and_a_resu
     assert [(s["run"], s["steps"]) for s in log.segments(path)] == [("X", 1)] and log.read(path) == {5: {"Loss": 1.0}}
 
 
+def test_a_step_line_with_a_format_key_is_a_step(tmp_path):
+    """A line with ``"step"`` is a step even when it holds a key ``"format"`` (a custom quantity's), not a header."""
+    path = tmp_path / "run.jsonl"
+    path.write_text(json.dumps({"format": "cockpit-lite", "version": 1, "run": "X"}) + "\n"
+                    + json.dumps({"step": 0, "format": "mine", "Loss": 1.0}) + "\n")
+    assert log.read(path) == {0: {"format": "mine", "Loss": 1.0}} and len(log.segments(path)) == 1
+
+
 def test_the_line_limit_counts_a_lines_bytes_without_its_newline(tmp_path):
     """``max_line_bytes`` = L: a step line of L bytes is read, ended by its newline or last in the file without one;
     under L − 1 it is refused either way, naming the line and the limit."""
@@ -351,7 +359,7 @@ def test_a_torn_line_before_a_new_segment_is_skipped(tmp_path):
     writer.append(0, {"Loss": 3.0})
     writer.close()
     assert log.read(path) == {0: {"Loss": 3.0}}
-    with pytest.warns(UserWarning, match="last line .* incomplete"):
+    with pytest.warns(UserWarning, match=re.escape(f"{path}: last line (5) of a run segment is incomplete")):
         old = log.read(path, segment=0)
     assert old[1].keys() == {"GradHist2d"}
 

@@ -83,6 +83,8 @@ BAD_LINES = {
                                                                       "shape": [1]}}})], 2, "not a number type"),
     "bad utf-8 in the middle": (["\udcff", GOOD], 2, "not valid JSON"),
     "corrupt line in the middle": (['{"step": 0, "Lo', GOOD], 2, "not valid JSON"),
+    "two corrupt lines": (['{"step": 0, "Lo', '{"step": 1, "Lo', GOOD], 2, "not valid JSON"),
+    "step a string": ([json.dumps({"step": "3", "Loss": 1.0})], 2, "field 'step'.*expected an integer, got \"3\""),
     "huge integer": ([json.dumps({"step": 0, "Loss": 10**400})], 2, "field 'Loss'"),
     "integer beyond a float": ([json.dumps({"step": 0, "Loss": 2**1024 - 1})], 2, "field 'Loss'"),
 }
