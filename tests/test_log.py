@@ -273,6 +273,14 @@ def test_a_header_repeating_the_previous_run_id_continues_its_segment_and_a_resu
     assert [(s["run"], s["steps"]) for s in log.segments(path)] == [("X", 1)] and log.read(path) == {5: {"Loss": 1.0}}
 
 
+def test_a_log_holding_only_a_torn_header_is_refused_naming_its_line(tmp_path):
+    """A run that died writing its header left one incomplete line and nothing else: there is no segment to read."""
+    path = tmp_path / "run.jsonl"
+    path.write_text('{"format": "cockpit-lite", "vers')
+    with pytest.raises(log.RecordError, match=re.escape(f"{path}, line 1: not valid JSON")):
+        log.read(path)
+
+
 def test_a_step_line_with_a_format_key_is_a_step(tmp_path):
     """A line with ``"step"`` is a step even when it holds a key ``"format"`` (a custom quantity's), not a header."""
     path = tmp_path / "run.jsonl"
