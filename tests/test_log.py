@@ -150,6 +150,27 @@ def test_complex_histogram_counts_are_refused_even_when_empty(shape):
     assert log.from_jsonable({"GradHist1d": {"hist": [], "edges": [0.0]}})["GradHist1d"]["hist"].shape == (0,)
 
 
+def test_an_array_shape_is_a_list_of_at_most_32_non_negative_integers():
+    """A json_tricks array's ``"shape"``: an empty axis and 32 axes are read; a shape that is no list, a negative,
+    fractional or boolean length and 33 axes are refused naming the rule."""
+    def decoded(data, shape):
+        return log.from_jsonable({"Custom": {"__ndarray__": data, "dtype": "float64", "shape": shape}})["Custom"]
+
+    assert decoded([], [0]).shape == (0,) and decoded([1.0], [1] * 32).shape == (1,) * 32
+    for shape in (3, [-1], [1.5], [True], [1] * 33):
+        with pytest.raises(ValueError, match="field 'Custom': array shape must be a list of at most 32 non-negative"):
+            decoded([1.0], shape)
+
+
+def test_an_encoded_array_marked_fortran_ordered_is_read_in_fortran_order():
+    """A ``b64:`` payload is the array's memory: ``"Corder": false`` reads it column by column, true (the default)
+    row by row. The bytes of 0, 3, 1, 4, 2, 5 are [[0, 1, 2], [3, 4, 5]] in Fortran order."""
+    payload = "b64:" + base64.b64encode(struct.pack("<6d", 0, 3, 1, 4, 2, 5)).decode()
+    for corder, rows in ((False, [[0, 1, 2], [3, 4, 5]]), (True, [[0, 3, 1], [4, 2, 5]])):
+        tagged = {"__ndarray__": payload, "dtype": "float64", "shape": [2, 3], "Corder": corder, "endian": "little"}
+        assert log.from_jsonable({"Custom": tagged})["Custom"].tolist() == rows
+
+
 @pytest.mark.parametrize("endian", ["big", "little"])
 def test_an_encoded_array_is_read_in_the_byte_order_its_tag_names(endian):
     """json_tricks' ``b64:`` array with ``"endian"``: float32 1.5, −2, 0.25, 3 packed by hand (``struct``) in that
