@@ -163,12 +163,13 @@ def test_an_array_shape_is_a_list_of_at_most_32_non_negative_integers():
 
 
 def test_an_encoded_array_marked_fortran_ordered_is_read_in_fortran_order():
-    """A ``b64:`` payload is the array's memory: ``"Corder": false`` reads it column by column, true (the default)
-    row by row. The bytes of 0, 3, 1, 4, 2, 5 are [[0, 1, 2], [3, 4, 5]] in Fortran order."""
+    """A ``b64:`` payload is the array's memory: ``"Corder": false`` reads it column by column, true (and no
+    ``"Corder"``: the default) row by row. The bytes of 0, 3, 1, 4, 2, 5 are [[0, 1, 2], [3, 4, 5]] in Fortran order."""
     payload = "b64:" + base64.b64encode(struct.pack("<6d", 0, 3, 1, 4, 2, 5)).decode()
-    for corder, rows in ((False, [[0, 1, 2], [3, 4, 5]]), (True, [[0, 3, 1], [4, 2, 5]])):
-        tagged = {"__ndarray__": payload, "dtype": "float64", "shape": [2, 3], "Corder": corder, "endian": "little"}
-        assert log.from_jsonable({"Custom": tagged})["Custom"].tolist() == rows
+    tagged = {"__ndarray__": payload, "dtype": "float64", "shape": [2, 3], "endian": "little"}
+    for order, rows in (({"Corder": False}, [[0, 1, 2], [3, 4, 5]]), ({"Corder": True}, [[0, 3, 1], [4, 2, 5]]),
+                        ({}, [[0, 3, 1], [4, 2, 5]])):
+        assert log.from_jsonable({"Custom": {**tagged, **order}})["Custom"].tolist() == rows
 
 
 @pytest.mark.parametrize("endian", ["big", "little"])
