@@ -8,6 +8,7 @@ import re
 import struct
 import time
 import warnings
+import zlib
 
 import numpy as np
 import pytest
@@ -170,6 +171,37 @@ def test_an_encoded_array_marked_fortran_ordered_is_read_in_fortran_order():
     for order, rows in (({"Corder": False}, [[0, 1, 2], [3, 4, 5]]), ({"Corder": True}, [[0, 3, 1], [4, 2, 5]]),
                         ({}, [[0, 3, 1], [4, 2, 5]])):
         assert log.from_jsonable({"Custom": {**tagged, **order}})["Custom"].tolist() == rows
+
+
+def _gzip_with_comment(data, length):
+    """``data`` gzipped, its header holding a comment of ``length`` bytes (the FCOMMENT field, RFC 1952)."""
+    compressor = zlib.compressobj(wbits=31)
+    member = compressor.compress(data) + compressor.flush()
+    header = bytearray(member[:10])
+    header[3] |= 0x10  # FLG.FCOMMENT: a zero-terminated comment follows the 10-byte header
+    return bytes(header) + b"c" * length + b"\0" + member[10:]
+
+
+def test_an_encoded_payload_may_be_twice_the_array_limit_plus_1024_characters():
+    """Under ``max_array_bytes=16`` two float64 (16 bytes) gzipped with a header comment: a payload of 2·16 + 1024 =
+    1056 characters is read (790 bytes, a 760-byte comment), one of 1060 (a 763-byte comment) is refused naming the
+    limit before it is decoded."""
+    def read(comment):
+        payload = base64.b64encode(_gzip_with_comment(struct.pack("<2d", 1.5, -2.0), comment)).decode()
+        tagged = {"__ndarray__": "b64.gz:" + payload, "dtype": "float64", "shape": [2], "endian": "little"}
+        return len(payload), log.from_jsonable({"Custom": tagged}, limits={"max_array_bytes": 16})["Custom"]
+
+    length, value = read(760)
+    assert length == 1056 and value.tolist() == [1.5, -2.0]
+    with pytest.raises(ValueError, match="encoded array of 1,060 characters, more than twice the limit max_array_bytes"):
+        read(763)
+
+
+def test_an_encoded_payload_with_a_character_outside_base64_is_refused():
+    payload = base64.b64encode(struct.pack("<d", 1.0)).decode()
+    assert log.from_jsonable({"Custom": {"__ndarray__": "b64:" + payload, "shape": [1]}})["Custom"].tolist() == [1.0]
+    with pytest.raises(ValueError, match="array data is not valid base64"):
+        log.from_jsonable({"Custom": {"__ndarray__": "b64:" + payload[:4] + "*" + payload[4:], "shape": [1]}})
 
 
 @pytest.mark.parametrize("endian", ["big", "little"])
