@@ -204,6 +204,35 @@ def test_an_encoded_payload_with_a_character_outside_base64_is_refused():
         log.from_jsonable({"Custom": {"__ndarray__": "b64:" + payload[:4] + "*" + payload[4:], "shape": [1]}})
 
 
+def test_an_encoded_payload_of_too_few_bytes_is_refused_naming_its_count():
+    payload = base64.b64encode(struct.pack("<d", 1.0)).decode()
+    with pytest.raises(ValueError, match=re.escape("array data holds 8 bytes, its shape [2] and dtype float64 need 16")):
+        log.from_jsonable({"Custom": {"__ndarray__": "b64:" + payload, "shape": [2]}})
+
+
+def test_the_endian_tag_sets_the_byte_order_over_the_dtypes_own():
+    """A hand-made tag ``"dtype": ">f8"`` (big-endian) with ``"endian": "little"``: the bytes of 1.5 packed
+    little-endian read as 1.5."""
+    payload = base64.b64encode(struct.pack("<d", 1.5)).decode()
+    tagged = {"__ndarray__": "b64:" + payload, "dtype": ">f8", "shape": [1], "endian": "little"}
+    assert log.from_jsonable({"Custom": tagged})["Custom"].tolist() == [1.5]
+
+
+def test_a_listed_array_takes_its_tagged_dtype_and_shape_within_the_size_limit():
+    """A list tagged float32 is float32 (not the float64 numpy infers), a flat list of four with shape [2, 2] is
+    2 × 2; under ``max_array_bytes=16`` two float64 (16 bytes) are read and three refused naming the limit."""
+    value = log.from_jsonable({"Custom": {"__ndarray__": [1, 2, 3, 4], "dtype": "float32", "shape": [2, 2]}})["Custom"]
+    assert value.dtype == np.float32 and value.tolist() == [[1.0, 2.0], [3.0, 4.0]]
+    assert log.from_jsonable({"Custom": {"__ndarray__": [1.0, 2.0]}}, limits={"max_array_bytes": 16})["Custom"].size == 2
+    with pytest.raises(ValueError, match="array of 24 bytes, more than the limit max_array_bytes=16"):
+        log.from_jsonable({"Custom": {"__ndarray__": [1.0, 2.0, 3.0]}}, limits={"max_array_bytes": 16})
+
+
+def test_check_entry_raises_a_value_error_saying_what_is_wrong():
+    with pytest.raises(ValueError, match=re.escape('expected a number or null, got "a"')):
+        log.check_entry({"Loss": "a"})
+
+
 @pytest.mark.parametrize("endian", ["big", "little"])
 def test_an_encoded_array_is_read_in_the_byte_order_its_tag_names(endian):
     """json_tricks' ``b64:`` array with ``"endian"``: float32 1.5, −2, 0.25, 3 packed by hand (``struct``) in that
