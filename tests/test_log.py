@@ -228,10 +228,12 @@ def test_a_listed_array_takes_its_tagged_dtype_and_shape_within_the_size_limit()
         log.from_jsonable({"Custom": {"__ndarray__": [1.0, 2.0, 3.0]}}, limits={"max_array_bytes": 16})
 
 
-def test_check_header_takes_a_header_without_a_version_and_refuses_another_format_showing_it():
+def test_check_header_takes_a_header_without_a_version_and_shows_what_it_refuses():
     log.check_header({"format": "cockpit-lite"})  # version 1 by default
     with pytest.raises(ValueError, match=re.escape("expected 'cockpit-lite' (not a cockpit-lite log), got \"other\"")):
         log.check_header({"format": "other", "version": 1})
+    with pytest.raises(ValueError, match=re.escape('expected an integer, got "1"')):
+        log.check_header({"format": "cockpit-lite", "version": "1"})
 
 
 def test_check_entry_raises_a_value_error_saying_what_is_wrong():
