@@ -10,6 +10,7 @@ import base64
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 import tracemalloc
@@ -124,6 +125,17 @@ BAD_HEADERS = {
     "params not a list": (json.dumps({"format": "cockpit-lite", "version": 1, "params": 5}), "field 'params'"),
     "foreign format": (json.dumps({"format": "tensorboard"}), "field 'format'.*not a cockpit-lite log"),
     "no header": (GOOD, "field 'format'.*header"),
+    **{what: (json.dumps({"format": "cockpit-lite", "version": 1, **fields}), re.escape(message))
+       for what, fields, message in [
+        ("run a number", {"run": 5}, "field 'run': expected a string (the run id), got 5"),
+        ("resumed_after a string", {"run": "r1", "resumed_after": "3"},
+         "field 'resumed_after': expected an integer (a step), got \"3\""),
+        ("a parameter without a name", {"params": [{"shape": [2]}]},
+         "field 'params': expected {'name': str, 'shape': [int, ...]}, got {\"shape\": [2]}"),
+        ("a negative parameter shape", {"params": [{"name": "w", "shape": [-1]}]},
+         "field 'params.shape': expected a list of non-negative integers, got [-1]"),
+        ("quantities not names", {"quantities": ["Loss", 5]},
+         "field 'quantities': expected a list of quantity names, got [\"Loss\", 5]")]},
 }
 
 
