@@ -122,7 +122,8 @@ def test_the_other_readers_give_the_same_error(bad_log):
 BAD_HEADERS = {
     "version a string": (json.dumps({"format": "cockpit-lite", "version": "2"}), "field 'version'.*integer"),
     "newer version": (json.dumps({"format": "cockpit-lite", "version": 99}), "newer"),
-    "params not a list": (json.dumps({"format": "cockpit-lite", "version": 1, "params": 5}), "field 'params'"),
+    "params not a list": (json.dumps({"format": "cockpit-lite", "version": 1, "params": 5}),
+                          re.escape("field 'params': expected a list of {'name', 'shape'}, got 5")),
     "foreign format": (json.dumps({"format": "tensorboard"}), "field 'format'.*not a cockpit-lite log"),
     "no header": (GOOD, "field 'format'.*header"),
     **{what: (json.dumps({"format": "cockpit-lite", "version": 1, **fields}), re.escape(message))
