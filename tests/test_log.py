@@ -230,6 +230,7 @@ def test_a_listed_array_takes_its_tagged_dtype_and_shape_within_the_size_limit()
 
 def test_check_header_takes_a_header_without_a_version_and_shows_what_it_refuses():
     log.check_header({"format": "cockpit-lite"})  # version 1 by default
+    log.check_header({"format": "cockpit-lite", "params": [{"name": "w", "shape": [0, 3]}, {"name": "s", "shape": []}]})
     with pytest.raises(ValueError, match=re.escape("expected 'cockpit-lite' (not a cockpit-lite log), got \"other\"")):
         log.check_header({"format": "other", "version": 1})
     with pytest.raises(ValueError, match=re.escape('expected an integer, got "1"')):
