@@ -238,8 +238,13 @@ def test_check_header_takes_a_header_without_a_version_and_shows_what_it_refuses
 
 
 def test_check_entry_raises_a_value_error_saying_what_is_wrong():
-    with pytest.raises(ValueError, match=re.escape('expected a number or null, got "a"')):
-        log.check_entry({"Loss": "a"})
+    """Hand-made steps: epoch-level values (``Cockpit.log``) may be numbers, null or lists of them."""
+    log.check_entry({"epoch_count": 3, "train_loss": 0.5, "learning_rate": [0.1, None], "valid_loss": None})
+    for entry, message in [({"Loss": "a"}, 'expected a number or null, got "a"'),
+                           ({"train_loss": "a"}, 'expected a number, null or a list of numbers, got "a"'),
+                           (5, "expected a step record (a JSON object), got 5")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            log.check_entry(entry)
 
 
 @pytest.mark.parametrize("endian", ["big", "little"])
