@@ -237,6 +237,19 @@ def test_check_header_takes_a_header_without_a_version_and_shows_what_it_refuses
         log.check_header({"format": "cockpit-lite", "version": "1"})
 
 
+def test_check_entry_takes_every_kind_of_value_a_record_holds():
+    """A hand-made step with a value of every checked kind, nulls where allowed, and a custom key."""
+    finding = {"kind": "dead_relu", "severity": "warning", "message": "m", "step": 0, "layer": None,
+               "suggestion": "s", "evidence": None}
+    log.check_entry({
+        "Loss": 1.0, "Alpha": None, "GradNorm": [0.1, None], "HessTrace": np.array([1.0]),
+        "GradHist1d": {"hist": np.array([1, 2]), "edges": np.array([0.0, 1.0, 2.0])}, "flags": ["nonfinite_loss"],
+        "findings": [finding], "layers": {"NormTest": [0.1, None], "GradHist1d": [{"hist": [1]}, [1.0]]},
+        "meta": {"NormTest": {"se": 0.1}}, "budget": {"version": 2}, "batch": {"size": 8, "accumulated": False},
+        "ActivationStats": {"fc1": {"dead": 0.5, "kind": "relu", "saturated": None}},
+        "InputStats": {"mean": 0.1, "std": None}, "Custom": {"any": ["json", 1, None]}})
+
+
 def test_check_entry_raises_a_value_error_saying_what_is_wrong():
     """Hand-made steps: epoch-level values (``Cockpit.log``) may be numbers, null or lists of them."""
     log.check_entry({"epoch_count": 3, "train_loss": 0.5, "learning_rate": [0.1, None], "valid_loss": None})
