@@ -8,6 +8,7 @@ import re
 import struct
 import time
 import warnings
+import zlib
 
 import numpy as np
 import pytest
@@ -42,12 +43,24 @@ def test_round_trip_merges_parts_of_a_step(tmp_path):
     assert lines[3]["GradHist2d"] == {"hist": [[1, 1, 1]] * 2, "edges": [[0.0] * 3, [0.0] * 4]}
 
 
+def test_merge_combines_the_parts_of_a_step_without_repeating_a_flag_or_finding():
+    """Three hand-made parts of step 3 (its key once a string): "layers" and "meta" merged key by key, "flags" and
+    "findings" concatenated without what an earlier part already holds, any other key replaced by the later part."""
+    record = {}
+    log.merge(record, 3, {"flags": ["a"], "layers": {"X": [1.0]}, "meta": {"X": {"se": 0.5}}, "Loss": 1.0})
+    log.merge(record, "3", {"flags": ["a", "b"], "findings": [{"kind": "k"}], "layers": {"Y": [2.0]},
+                            "meta": {"Y": {}}, "Loss": 2.0})
+    log.merge(record, 3, {"findings": [{"kind": "k"}, {"kind": "j"}]})
+    assert record == {3: {"flags": ["a", "b"], "findings": [{"kind": "k"}, {"kind": "j"}],
+                          "layers": {"X": [1.0], "Y": [2.0]}, "meta": {"X": {"se": 0.5}, "Y": {}}, "Loss": 2.0}}
+
+
 def test_torn_last_line_is_skipped_with_one_warning(tmp_path):
     path = tmp_path / "run.jsonl"
     write_sample(path)
     text = path.read_text()
     path.write_text(text[: len(text) - 7])
-    with pytest.warns(UserWarning, match="last line .* incomplete") as caught:
+    with pytest.warns(UserWarning, match=re.escape(f"{path}: last line (5) of a run segment is incomplete")) as caught:
         record = log.read(path)
     assert len(caught) == 1
     assert record[1].keys() == {"GradHist2d"}
@@ -128,6 +141,125 @@ def test_from_jsonable_takes_the_limits_it_is_given():
         log.from_jsonable({"Custom": [1.0] * 5}, limits={"max_items": 3})
 
 
+@pytest.mark.parametrize("shape", [[0], [1]])
+def test_complex_histogram_counts_are_refused_even_when_empty(shape):
+    """A histogram's counts are real numbers: a json_tricks array of complex128 counts is refused naming its field,
+    an empty one (shape [0]) as well as one of one count; empty real counts (``[]``) are read."""
+    tagged = {"__ndarray__": [1j] * shape[0], "dtype": "complex128", "shape": shape}
+    with pytest.raises(ValueError, match="field 'GradHist1d.hist': expected an array of numbers"):
+        log.from_jsonable({"GradHist1d": {"hist": tagged, "edges": [0.0]}})
+    assert log.from_jsonable({"GradHist1d": {"hist": [], "edges": [0.0]}})["GradHist1d"]["hist"].shape == (0,)
+
+
+def test_an_array_shape_is_a_list_of_at_most_32_non_negative_integers():
+    """A json_tricks array's ``"shape"``: an empty axis and 32 axes are read; a shape that is no list, a negative,
+    fractional or boolean length and 33 axes are refused naming the rule."""
+    def decoded(data, shape):
+        return log.from_jsonable({"Custom": {"__ndarray__": data, "dtype": "float64", "shape": shape}})["Custom"]
+
+    assert decoded([], [0]).shape == (0,) and decoded([1.0], [1] * 32).shape == (1,) * 32
+    for shape in (3, [-1], [1.5], [True], [1] * 33):
+        with pytest.raises(ValueError, match="field 'Custom': array shape must be a list of at most 32 non-negative"):
+            decoded([1.0], shape)
+
+
+def test_an_encoded_array_marked_fortran_ordered_is_read_in_fortran_order():
+    """A ``b64:`` payload is the array's memory: ``"Corder": false`` reads it column by column, true (and no
+    ``"Corder"``: the default) row by row. The bytes of 0, 3, 1, 4, 2, 5 are [[0, 1, 2], [3, 4, 5]] in Fortran order."""
+    payload = "b64:" + base64.b64encode(struct.pack("<6d", 0, 3, 1, 4, 2, 5)).decode()
+    tagged = {"__ndarray__": payload, "dtype": "float64", "shape": [2, 3], "endian": "little"}
+    for order, rows in (({"Corder": False}, [[0, 1, 2], [3, 4, 5]]), ({"Corder": True}, [[0, 3, 1], [4, 2, 5]]),
+                        ({}, [[0, 3, 1], [4, 2, 5]])):
+        assert log.from_jsonable({"Custom": {**tagged, **order}})["Custom"].tolist() == rows
+
+
+def _gzip_with_comment(data, length):
+    """``data`` gzipped, its header holding a comment of ``length`` bytes (the FCOMMENT field, RFC 1952)."""
+    compressor = zlib.compressobj(wbits=31)
+    member = compressor.compress(data) + compressor.flush()
+    header = bytearray(member[:10])
+    header[3] |= 0x10  # FLG.FCOMMENT: a zero-terminated comment follows the 10-byte header
+    return bytes(header) + b"c" * length + b"\0" + member[10:]
+
+
+def test_an_encoded_payload_may_be_twice_the_array_limit_plus_1024_characters():
+    """Under ``max_array_bytes=16`` two float64 (16 bytes) gzipped with a header comment: a payload of 2·16 + 1024 =
+    1056 characters is read (790 bytes, a 760-byte comment), one of 1060 (a 763-byte comment) is refused naming the
+    limit before it is decoded."""
+    def read(comment):
+        payload = base64.b64encode(_gzip_with_comment(struct.pack("<2d", 1.5, -2.0), comment)).decode()
+        tagged = {"__ndarray__": "b64.gz:" + payload, "dtype": "float64", "shape": [2], "endian": "little"}
+        return len(payload), log.from_jsonable({"Custom": tagged}, limits={"max_array_bytes": 16})["Custom"]
+
+    length, value = read(760)
+    assert length == 1056 and value.tolist() == [1.5, -2.0]
+    with pytest.raises(ValueError, match="encoded array of 1,060 characters, more than twice the limit max_array_bytes"):
+        read(763)
+
+
+def test_an_encoded_payload_with_a_character_outside_base64_is_refused():
+    payload = base64.b64encode(struct.pack("<d", 1.0)).decode()
+    assert log.from_jsonable({"Custom": {"__ndarray__": "b64:" + payload, "shape": [1]}})["Custom"].tolist() == [1.0]
+    with pytest.raises(ValueError, match="array data is not valid base64"):
+        log.from_jsonable({"Custom": {"__ndarray__": "b64:" + payload[:4] + "*" + payload[4:], "shape": [1]}})
+
+
+def test_an_encoded_payload_of_too_few_bytes_is_refused_naming_its_count():
+    payload = base64.b64encode(struct.pack("<d", 1.0)).decode()
+    with pytest.raises(ValueError, match=re.escape("array data holds 8 bytes, its shape [2] and dtype float64 need 16")):
+        log.from_jsonable({"Custom": {"__ndarray__": "b64:" + payload, "shape": [2]}})
+
+
+def test_the_endian_tag_sets_the_byte_order_over_the_dtypes_own():
+    """A hand-made tag ``"dtype": ">f8"`` (big-endian) with ``"endian": "little"``: the bytes of 1.5 packed
+    little-endian read as 1.5."""
+    payload = base64.b64encode(struct.pack("<d", 1.5)).decode()
+    tagged = {"__ndarray__": "b64:" + payload, "dtype": ">f8", "shape": [1], "endian": "little"}
+    assert log.from_jsonable({"Custom": tagged})["Custom"].tolist() == [1.5]
+
+
+def test_a_listed_array_takes_its_tagged_dtype_and_shape_within_the_size_limit():
+    """A list tagged float32 is float32 (not the float64 numpy infers), a flat list of four with shape [2, 2] is
+    2 × 2; under ``max_array_bytes=16`` two float64 (16 bytes) are read and three refused naming the limit."""
+    value = log.from_jsonable({"Custom": {"__ndarray__": [1, 2, 3, 4], "dtype": "float32", "shape": [2, 2]}})["Custom"]
+    assert value.dtype == np.float32 and value.tolist() == [[1.0, 2.0], [3.0, 4.0]]
+    assert log.from_jsonable({"Custom": {"__ndarray__": [1.0, 2.0]}}, limits={"max_array_bytes": 16})["Custom"].size == 2
+    with pytest.raises(ValueError, match="array of 24 bytes, more than the limit max_array_bytes=16"):
+        log.from_jsonable({"Custom": {"__ndarray__": [1.0, 2.0, 3.0]}}, limits={"max_array_bytes": 16})
+
+
+def test_check_header_takes_a_header_without_a_version_and_shows_what_it_refuses():
+    log.check_header({"format": "cockpit-lite"})  # version 1 by default
+    log.check_header({"format": "cockpit-lite", "params": [{"name": "w", "shape": [0, 3]}, {"name": "s", "shape": []}]})
+    with pytest.raises(ValueError, match=re.escape("expected 'cockpit-lite' (not a cockpit-lite log), got \"other\"")):
+        log.check_header({"format": "other", "version": 1})
+    with pytest.raises(ValueError, match=re.escape('expected an integer, got "1"')):
+        log.check_header({"format": "cockpit-lite", "version": "1"})
+
+
+def test_check_entry_takes_every_kind_of_value_a_record_holds():
+    """A hand-made step with a value of every checked kind, nulls where allowed, and a custom key."""
+    finding = {"kind": "dead_relu", "severity": "warning", "message": "m", "step": 0, "layer": None,
+               "suggestion": "s", "evidence": None}
+    log.check_entry({
+        "Loss": 1.0, "Alpha": None, "GradNorm": [0.1, None], "HessTrace": np.array([1.0]),
+        "GradHist1d": {"hist": np.array([1, 2]), "edges": np.array([0.0, 1.0, 2.0])}, "flags": ["nonfinite_loss"],
+        "findings": [finding], "layers": {"NormTest": [0.1, None], "GradHist1d": [{"hist": [1]}, [1.0]]},
+        "meta": {"NormTest": {"se": 0.1}}, "budget": {"version": 2}, "batch": {"size": 8, "accumulated": False},
+        "ActivationStats": {"fc1": {"dead": 0.5, "kind": "relu", "saturated": None}},
+        "InputStats": {"mean": 0.1, "std": None}, "Custom": {"any": ["json", 1, None]}})
+
+
+def test_check_entry_raises_a_value_error_saying_what_is_wrong():
+    """Hand-made steps: epoch-level values (``Cockpit.log``) may be numbers, null or lists of them."""
+    log.check_entry({"epoch_count": 3, "train_loss": 0.5, "learning_rate": [0.1, None], "valid_loss": None})
+    for entry, message in [({"Loss": "a"}, 'expected a number or null, got "a"'),
+                           ({"train_loss": "a"}, 'expected a number, null or a list of numbers, got "a"'),
+                           (5, "expected a step record (a JSON object), got 5")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            log.check_entry(entry)
+
+
 @pytest.mark.parametrize("endian", ["big", "little"])
 def test_an_encoded_array_is_read_in_the_byte_order_its_tag_names(endian):
     """json_tricks' ``b64:`` array with ``"endian"``: float32 1.5, −2, 0.25, 3 packed by hand (``struct``) in that
@@ -203,6 +335,29 @@ def test_a_run_id_that_heads_two_segments_reads_as_the_last_of_them(tmp_path):
     assert log.read_segment(path, "X")[1:] == ({0: {"Loss": 3.0}}, 3)
     assert log.read(path, segment="Y") == {0: {"Loss": 2.0}}
     assert log.read(path, segment=0) == {0: {"Loss": 1.0}, 1: {"Loss": 1.5}}  # the first X: by its index
+    unknown = f"{path}: no run segment with run id 'Z' (the runs: ['X', 'Y', 'X'])"
+    with pytest.raises(ValueError, match=re.escape(unknown)):
+        log.read(path, segment="Z")
+
+
+def test_all_segments_are_read_under_the_limits_given_and_a_torn_line_names_the_file(tmp_path):
+    path = tmp_path / "run.jsonl"
+    write_sample(path)
+    with pytest.raises(log.RecordError, match="line 1: line longer than the limit max_line_bytes=50"):
+        log.read_jsonl(path, segment="all", limits={"max_line_bytes": 50})
+    text = path.read_text()
+    path.write_text(text[: len(text) - 7])
+    with pytest.warns(UserWarning, match=re.escape(f"{path}: last line (5) of a run segment is incomplete")):
+        assert len(log.read_jsonl(path, segment="all")) == 1
+
+
+def test_an_empty_log_reads_as_one_empty_segment_at_index_0_and_minus_1_only(tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_bytes(b"")
+    assert log.read(path) == {} and log.read(path, segment=0) == {} and log.read_segment(path, -1) == ({}, {}, 0)
+    for segment in (1, -2):
+        with pytest.raises(ValueError, match=f"the log is empty; segment={segment} does not exist"):
+            log.read(path, segment=segment)
 
 
 def test_read_segment_refuses_all_and_names_the_reader_that_takes_it(tmp_path):
@@ -212,6 +367,49 @@ def test_read_segment_refuses_all_and_names_the_reader_that_takes_it(tmp_path):
         log.read_segment(path, "all")
     everything = log.read_jsonl(path, segment="all")  # the named fix
     assert len(everything) == 1 and sorted(everything[0][1]) == [0, 1]
+
+
+def test_a_header_repeating_the_previous_run_id_continues_its_segment_and_a_resumed_one_may_start_a_log(tmp_path):
+    """Hand-made logs: a header that repeats the run id of the segment before it, without ``"resumed"``, continues
+    that segment; a log whose first header is marked ``"resumed"`` (a run resumed into a new file) is one segment."""
+    header = {"format": "cockpit-lite", "version": 1}
+    path = tmp_path / "repeated.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in [
+        {**header, "run": "X"}, {"step": 0, "Loss": 1.0}, {**header, "run": "X"}, {"step": 1, "Loss": 0.5}]))
+    assert [(s["run"], s["steps"]) for s in log.segments(path)] == [("X", 2)]
+    path = tmp_path / "resumed.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in [
+        {**header, "run": "X", "resumed": True, "resumed_after": 4}, {"step": 5, "Loss": 1.0}]))
+    assert [(s["run"], s["steps"]) for s in log.segments(path)] == [("X", 1)] and log.read(path) == {5: {"Loss": 1.0}}
+
+
+def test_a_log_holding_only_a_torn_header_is_refused_naming_its_line(tmp_path):
+    """A run that died writing its header left one incomplete line and nothing else: there is no segment to read."""
+    path = tmp_path / "run.jsonl"
+    path.write_text('{"format": "cockpit-lite", "vers')
+    with pytest.raises(log.RecordError, match=re.escape(f"{path}, line 1: not valid JSON")):
+        log.read(path)
+
+
+def test_a_step_line_with_a_format_key_is_a_step(tmp_path):
+    """A line with ``"step"`` is a step even when it holds a key ``"format"`` (a custom quantity's), not a header."""
+    path = tmp_path / "run.jsonl"
+    path.write_text(json.dumps({"format": "cockpit-lite", "version": 1, "run": "X"}) + "\n"
+                    + json.dumps({"step": 0, "format": "mine", "Loss": 1.0}) + "\n")
+    assert log.read(path) == {0: {"format": "mine", "Loss": 1.0}} and len(log.segments(path)) == 1
+
+
+def test_the_line_limit_counts_a_lines_bytes_without_its_newline(tmp_path):
+    """``max_line_bytes`` = L: a step line of L bytes is read, ended by its newline or last in the file without one;
+    under L − 1 it is refused either way, naming the line and the limit."""
+    header = json.dumps({"format": "cockpit-lite", "version": 1})
+    step = json.dumps({"step": 0, "Loss": 1.0}).ljust(len(header) + 10)  # JSON allows the trailing blanks
+    path = tmp_path / "run.jsonl"
+    for end in ("\n", ""):
+        path.write_text(header + "\n" + step + end)
+        assert log.read(path, limits={"max_line_bytes": len(step)}) == {0: {"Loss": 1.0}}
+        with pytest.raises(log.RecordError, match=f"line 2: line longer than the limit max_line_bytes={len(step) - 1}"):
+            log.read(path, limits={"max_line_bytes": len(step) - 1})
 
 
 def test_a_resumed_run_continues_its_segment(tmp_path):
@@ -279,7 +477,7 @@ def test_a_torn_line_before_a_new_segment_is_skipped(tmp_path):
     writer.append(0, {"Loss": 3.0})
     writer.close()
     assert log.read(path) == {0: {"Loss": 3.0}}
-    with pytest.warns(UserWarning, match="last line .* incomplete"):
+    with pytest.warns(UserWarning, match=re.escape(f"{path}: last line (5) of a run segment is incomplete")):
         old = log.read(path, segment=0)
     assert old[1].keys() == {"GradHist2d"}
 
@@ -402,7 +600,11 @@ def test_a_full_disk_warns_once_keeps_the_lines_and_catches_up_in_order(tmp_path
     assert log.read(path) == {s: {"Loss": float(s)} for s in range(7)}
 
 
-def test_a_full_disk_at_close_warns_and_does_not_raise(tmp_path):
+def test_a_full_disk_at_close_warns_and_does_not_raise(tmp_path, monkeypatch):
+    """The step's line and close's retry of it both fail: one warning, both failures kept, the line pending, and
+    no ``fsync`` (the file does not hold the line: there is nothing complete to sync)."""
+    synced = []
+    monkeypatch.setattr(os, "fsync", synced.append)
     writer = log.JSONLinesWriter(tmp_path / "run.jsonl", {})
     disk = writer._file = FullDisk(writer._file)
     disk.full = True
@@ -410,6 +612,31 @@ def test_a_full_disk_at_close_warns_and_does_not_raise(tmp_path):
         writer.append(0, {"Loss": 1.0})
         writer.close()
     assert len(caught) == 1 and writer.closed and writer.pending == 1
+    assert [e.errno for e in writer.errors] == [28, 28] and synced == []
+
+
+class FailingClose:
+    """A file whose ``close`` fails with EIO (a network file system reports a failed write-back at close)."""
+
+    def __init__(self, file):
+        self.file = file
+
+    def close(self):
+        self.file.close()
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+
+def test_a_failing_close_is_kept_in_errors_and_does_not_raise(tmp_path):
+    path = tmp_path / "run.jsonl"
+    writer = log.JSONLinesWriter(path, {})
+    writer._file = FailingClose(writer._file)
+    writer.append(0, {"Loss": 1.0})
+    writer.close()
+    assert writer.closed and [e.errno for e in writer.errors] == [errno.EIO]
+    assert log.read(path) == {0: {"Loss": 1.0}}
 
 
 def test_strict_raises_on_a_full_disk_and_keeps_the_line(tmp_path):

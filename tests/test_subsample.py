@@ -626,6 +626,30 @@ def test_the_square_roots_jackknife_bias_correction_by_hand():
     assert ses[1] == pytest.approx(se / (2 * math.sqrt(6)), rel=1e-12)
 
 
+def test_the_total_and_its_standard_error_from_two_samples_and_from_one_by_hand():
+    """k = 2 of 5 with terms (1, 4): T̂ = 5·2.5 = 12.5 and se = 5·√((1 − 2/5)·4.5/2) (sample variance 4.5,
+    as ``srswor``). k = 1 of 5 with the term 3: T̂ = 15 and no standard error (NaN: one sample has no variance),
+    without a warning."""
+    estimate, se = subsample.total(torch.tensor([1.0, 4.0], dtype=torch.float64), 5)
+    assert float(estimate) == pytest.approx(12.5, rel=1e-15)
+    assert float(se) == pytest.approx(5 * math.sqrt(0.6 * 4.5 / 2), rel=1e-12)
+    assert float(se) == pytest.approx(srswor([1.0, 4.0], 5)[1], rel=1e-12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        estimate, se = subsample.total(torch.tensor([[3.0, 0.5]], dtype=torch.float64), 5)
+    assert estimate.tolist() == [15.0, 2.5] and se.shape == (2,) and torch.isnan(se).all()
+
+
+def test_the_square_roots_jackknife_at_the_smallest_subsample_by_hand():
+    """k = 2 (``MIN_SAMPLES``) of 5 with terms (1, 4): T̂ = 12.5; the totals without each sample rest on
+    k − 1 = 1 sample, 5·4 = 20 and 5·1 = 5, so the value is √12.5 − (3/5)·1·((√20 + √5)/2 − √12.5)."""
+    out = subsample.sqrt_estimates(torch.tensor([[1.0], [4.0]], dtype=torch.float64), 5,
+                                   torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.float64))
+    expected = math.sqrt(12.5) - 3 / 5 * ((math.sqrt(20) + math.sqrt(5)) / 2 - math.sqrt(12.5))
+    assert float(out.value) == pytest.approx(expected, rel=1e-12)
+    assert float(out.value) == pytest.approx(root([1.0, 4.0], 5, 0.0, 1.0)[0], rel=1e-12)
+
+
 def test_the_jackknife_standard_error_by_hand():
     """sqrt((1 − k/B) (k − 1)/k Σ (θ_(i) − θ̄)²): k = 2 of 10 leave-one-out values 1 and 3 give
     sqrt(0.8 · 1/2 · 2); all B samples drawn give 0; one value or a non-finite one: NaN."""
@@ -652,6 +676,14 @@ def test_draws_are_reproducible_and_leave_the_users_random_state_alone():
     state = torch.get_rng_state()
     assert torch.equal(subsample.draw(3, 10, (0, 4)), rows) and torch.equal(torch.get_rng_state(), state)
     assert rows.tolist() == sorted(set(rows.tolist())) and len(rows) == 3
+
+
+def test_a_draw_is_moved_to_the_device_asked_for():
+    """The indices are drawn on the CPU (their generator's device) and moved to the device asked for, the
+    parameters' (the ``meta`` device stands in for a GPU); without one they stay on the CPU."""
+    assert subsample.draw(3, 10, (0, 4)).device.type == "cpu"
+    moved = subsample.draw(3, 10, (0, 4), device="meta")
+    assert moved.device.type == "meta" and moved.shape == (3,)
 
 
 def test_draws_are_the_same_in_another_process():

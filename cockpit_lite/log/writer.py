@@ -170,5 +170,5 @@ class JSONLinesWriter:
             self.closed = True
             try:
                 self._file.close()
-            except OSError as error:  # pragma: no cover - unbuffered: nothing left to write
+            except OSError as error:  # a network file system may report a failed write-back here
                 self.errors.append(error)

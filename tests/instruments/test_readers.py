@@ -10,6 +10,7 @@ import base64
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 import tracemalloc
@@ -45,13 +46,14 @@ BAD_LINES = {
     "number": (["5"], 2, "JSON object"),
     "list": (["[1, 2]"], 2, "JSON object"),
     "null": (["null"], 2, "JSON object"),
-    "string step": ([json.dumps({"step": "3", "Loss": 1.0})], 2, "field 'step'.*integer"),
+    "string step": ([json.dumps({"step": "3", "Loss": 1.0})], 2, "field 'step'.*expected an integer, got \"3\""),
     "no step": ([json.dumps({"Loss": 1.0})], 2, "field 'step'.*missing"),
-    "flags a number": ([json.dumps({"step": 0, "flags": 5})], 2, "field 'flags'.*list of strings"),
+    "flags a number": ([json.dumps({"step": 0, "flags": 5})], 2, re.escape("field 'flags': expected a list of strings, got 5")),
     "loss a string": ([json.dumps({"step": 0, "Loss": "low"})], 2, "field 'Loss'.*expected a number or null, got \"low\""),
     "epoch loss a string": ([json.dumps({"step": 0, "train_loss": [0.5, "low"]})], 2,
                             r"field 'train_loss'.*expected a number, null or a list of numbers, got \[0.5, \"low\"\]"),
-    "grad norm a dict": ([json.dumps({"step": 0, "GradNorm": {"a": 1}})], 2, "field 'GradNorm'"),
+    "grad norm a dict": ([json.dumps({"step": 0, "GradNorm": {"a": 1}})], 2,
+                         re.escape("field 'GradNorm': expected a list of numbers (one per parameter), got {\"a\": 1}")),
     "finding not a dict": ([json.dumps({"step": 0, "findings": [5]})], 2,
                            "field 'findings'.*expected a finding \\(a dict\\), got 5"),
     "finding without kind": ([json.dumps({"step": 0, "findings": [{"step": 0, "severity": "error",
@@ -76,13 +78,33 @@ BAD_LINES = {
     "batch size a string": ([json.dumps({"step": 0, "batch": {"size": "8"}})], 2,
                             "field 'batch.size'.*expected a number or null, got \"8\""),
     "activation stats not dicts": ([json.dumps({"step": 0, "ActivationStats": {"1": 5}})], 2,
-                                   "ActivationStats.1"),
+                                   re.escape("field 'ActivationStats.1': expected a dict of statistics, got 5")),
     "deep nesting": ([json.dumps({"step": 0, "Custom": json.loads(_deep(500))})], 2, "nested deeper than the limit max_depth=64"),
     "very deep nesting": (['{"step": 0, "Custom": ' + _deep(100_000) + "}"], 2, "nested too deeply.*not a record"),
     "object dtype": ([json.dumps({"step": 0, "GradHist1d": {"hist": {"__ndarray__": [1], "dtype": "O",
                                                                       "shape": [1]}}})], 2, "not a number type"),
     "bad utf-8 in the middle": (["\udcff", GOOD], 2, "not valid JSON"),
     "corrupt line in the middle": (['{"step": 0, "Lo', GOOD], 2, "not valid JSON"),
+    **{what: ([json.dumps({"step": 0, **entry})], 2, re.escape(message)) for what, entry, message in [
+        ("grad norm item a string", {"GradNorm": [0.1, "a"]}, "field 'GradNorm': expected a number or null, got \"a\""),
+        ("histogram a list", {"GradHist1d": [1]},
+         "field 'GradHist1d': expected a histogram {'hist': [...], 'edges': [...]}, got [1]"),
+        ("findings a dict", {"findings": {}}, "field 'findings': expected a list of findings, got {}"),
+        ("layers a list", {"layers": [1]}, "field 'layers': expected a dict {quantity: per-layer list}, got [1]"),
+        ("layer values a number", {"layers": {"NormTest": 5}},
+         "field 'layers.NormTest': expected a list (one value per parameter), got 5"),
+        ("layer value a string", {"layers": {"NormTest": ["a"]}},
+         "field 'layers.NormTest': expected numbers or histograms, got \"a\""),
+        ("meta a list", {"meta": [1]}, "field 'meta': expected a dict, got [1]"),
+        ("budget a number", {"budget": 5}, "field 'budget': expected a dict, got 5"),
+        ("activation stats a list", {"ActivationStats": [1]},
+         "field 'ActivationStats': expected a dict {module: statistics}, got [1]"),
+        ("activation stat a list", {"ActivationStats": {"fc1": {"dead": [1]}}},
+         "field 'ActivationStats.fc1.dead': expected a number, a string or null, got [1]"),
+        ("input stats a list", {"InputStats": [1]}, "field 'InputStats': expected a dict of statistics, got [1]"),
+        ("input stat a string", {"InputStats": {"mean": "a"}},
+         "field 'InputStats.mean': expected a number or null, got \"a\"")]},
+    "two corrupt lines": (['{"step": 0, "Lo', '{"step": 1, "Lo', GOOD], 2, "not valid JSON"),
     "huge integer": ([json.dumps({"step": 0, "Loss": 10**400})], 2, "field 'Loss'"),
     "integer beyond a float": ([json.dumps({"step": 0, "Loss": 2**1024 - 1})], 2, "field 'Loss'"),
 }
@@ -119,9 +141,21 @@ def test_the_other_readers_give_the_same_error(bad_log):
 BAD_HEADERS = {
     "version a string": (json.dumps({"format": "cockpit-lite", "version": "2"}), "field 'version'.*integer"),
     "newer version": (json.dumps({"format": "cockpit-lite", "version": 99}), "newer"),
-    "params not a list": (json.dumps({"format": "cockpit-lite", "version": 1, "params": 5}), "field 'params'"),
+    "params not a list": (json.dumps({"format": "cockpit-lite", "version": 1, "params": 5}),
+                          re.escape("field 'params': expected a list of {'name', 'shape'}, got 5")),
     "foreign format": (json.dumps({"format": "tensorboard"}), "field 'format'.*not a cockpit-lite log"),
     "no header": (GOOD, "field 'format'.*header"),
+    **{what: (json.dumps({"format": "cockpit-lite", "version": 1, **fields}), re.escape(message))
+       for what, fields, message in [
+        ("run a number", {"run": 5}, "field 'run': expected a string (the run id), got 5"),
+        ("resumed_after a string", {"run": "r1", "resumed_after": "3"},
+         "field 'resumed_after': expected an integer (a step), got \"3\""),
+        ("a parameter without a name", {"params": [{"shape": [2]}]},
+         "field 'params': expected {'name': str, 'shape': [int, ...]}, got {\"shape\": [2]}"),
+        ("a negative parameter shape", {"params": [{"name": "w", "shape": [-1]}]},
+         "field 'params.shape': expected a list of non-negative integers, got [-1]"),
+        ("quantities not names", {"quantities": ["Loss", 5]},
+         "field 'quantities': expected a list of quantity names, got [\"Loss\", 5]")]},
 }
 
 
