@@ -12,6 +12,7 @@ from torch import nn
 
 import models
 import problems
+from test_rules import _global_path_uses
 from cockpit_lite import Cockpit, configuration, quantities
 
 
@@ -1046,8 +1047,8 @@ class _FoldedLinear(nn.Module):
         return self.inner(x.reshape(2 * x.shape[0], -1)).reshape(x.shape[0], -1)
 
 
-def _global_path_warnings(model, x, y, steps=2):
-    cp = Cockpit(model, [quantities.GradVariance()], diagnose=False)
+def _global_path_warnings(model, x, y, steps=2, schedule=None):
+    cp = Cockpit(model, [quantities.GradVariance(track_schedule=schedule)], diagnose=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for step in range(steps):
@@ -1084,6 +1085,17 @@ def test_the_parameters_a_plan_sends_to_the_global_path_are_named_once_with_the_
         assert words in str(said[0].message)
     weight = expected[0].split(",")[0]  # served (exactly: the global path's own tests check the numbers)
     assert math.isfinite(cp.get_output()[1]["GradVariance"][cp.names.index(weight)])
+
+
+def test_the_fix_the_global_path_note_names_runs_it_only_at_the_tracked_steps(monkeypatch):
+    """The note's fix, a sparser schedule: over 6 steps tracked every third, the global path's passes
+    run at steps 0 and 3 only, and the note is given once."""
+    used = _global_path_uses(monkeypatch)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(16, 3))
+    cp, said = _global_path_warnings(model, torch.randn(6, 3, 4, 4), torch.randint(0, 3, (6,)), steps=6,
+                                     schedule=lambda step: step % 3 == 0)
+    assert len(said) == 1 and used == [[0, 1], [0, 1]] and sorted(cp.get_output()) == [0, 3]
 
 
 def test_after_a_jump_in_the_step_numbers_the_forward_passes_are_watched_until_they_run_on_by_one():
