@@ -30,3 +30,13 @@ def test_a_record_without_a_finite_value_neither_counts_nor_breaks_the_streak():
         diagnosis.feed(step, {"ActivationStats": {"act": {"saturated": value, "type": "Tanh"}}})
     (finding,) = [f for f in diagnosis.findings if f.kind == "saturated_activations"]
     assert finding.step == 0 and finding.evidence["first"] == 0.6
+
+
+def test_a_module_entry_that_is_no_dict_is_skipped_and_the_rule_stays_on():
+    """A hand-made record's ``ActivationStats`` may hold a module without its statistics (``None``, a number):
+    that module is skipped; the rule neither fails (which would switch it off) nor stops naming the others."""
+    diagnosis = Diagnosis()
+    for step in range(3):
+        diagnosis.feed(step, {"ActivationStats": {"broken": None, "odd": 0.95, "act": {"saturated": 0.9, "type": "Tanh"}}})
+    assert diagnosis.failures == []
+    assert [f.layer for f in diagnosis.findings if f.kind == "saturated_activations"] == ["act"]
