@@ -13,26 +13,20 @@ from cockpit_lite.log.record import FORMAT, merge
 
 
 def _raw_lines(file, limit):
-    """``(number, bytes or None)`` per line; ``None`` for a line longer than ``limit`` (skipped unread)."""
+    """``(number, bytes or None)`` per line; ``None`` for a line longer than ``limit`` (read no further than
+    ``limit`` bytes: the reader refuses the log there)."""
     number = 0
     while True:
         line = file.readline(limit + 1)
         if not line:
             return
         number += 1
-        if len(line) > limit and not line.endswith(b"\n"):
-            while True:  # skip the rest of the overlong line without holding it
-                rest = file.readline(1 << 20)
-                if not rest or rest.endswith(b"\n"):
-                    break
-            yield number, None
-        else:
-            yield number, line
+        yield number, (None if len(line) > limit and not line.endswith(b"\n") else line)
 
 
 class _Segment:
-    def __init__(self, header, line):
-        self.header, self.record, self.first_line, self.torn = header, {}, line, []
+    def __init__(self, header):
+        self.header, self.record, self.torn = header, {}, []
 
 
 def _read_segments(path, limits):
@@ -80,7 +74,7 @@ def _read_segments(path, limits):
                         resumed.header = {**resumed.header, **obj}
                         current = resumed
                     else:
-                        current = _Segment(obj, number)
+                        current = _Segment(obj)
                         segments.append(current)
                     continue
                 if current is None:
@@ -128,7 +122,7 @@ def _pick(segments, segment, path):
         raise ValueError(f"segment must be an index, a run id or 'all', not {segment!r}")
     if not segments:
         if segment in (0, -1):
-            return [_Segment({}, 0)]
+            return [_Segment({})]
         raise ValueError(f"{path}: the log is empty; segment={segment} does not exist")
     if not -len(segments) <= segment < len(segments):
         raise ValueError(f"{path} holds {len(segments)} run segment(s): segment={segment} does not exist "
