@@ -40,3 +40,14 @@ def test_a_module_entry_that_is_no_dict_is_skipped_and_the_rule_stays_on():
         diagnosis.feed(step, {"ActivationStats": {"broken": None, "odd": 0.95, "act": {"saturated": 0.9, "type": "Tanh"}}})
     assert diagnosis.failures == []
     assert [f.layer for f in diagnosis.findings if f.kind == "saturated_activations"] == ["act"]
+
+
+def test_the_message_names_the_step_the_streak_began():
+    """Calm at steps 0 and 1, saturated from step 2 on: the finding is of step 2, and its message says so."""
+    diagnosis = Diagnosis()
+    for step, value in enumerate([0.1, 0.1, 0.6, 0.7, 0.8]):
+        diagnosis.feed(step, {"ActivationStats": {"act": {"saturated": value, "type": "Tanh"}}})
+    (finding,) = [f for f in diagnosis.findings if f.kind == "saturated_activations"]
+    assert finding.step == 2
+    assert finding.message.endswith("60% of its outputs are saturated (flat tails, almost no gradient) since step 2"), \
+        finding.message
