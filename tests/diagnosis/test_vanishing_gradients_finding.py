@@ -50,3 +50,25 @@ def test_it_is_reported_once_even_when_its_first_tensor_changes():
         first = 1e-4 if step < 4 else float("nan")
         diagnosis.feed(step, {"GradNorm": [first, 1e-4, 1e-3, 0.3, 0.5], "ParamNorm": [1.0] * 5})
     assert [(f.layer, f.step) for f in diagnosis.findings if f.kind == "vanishing_gradients"] == [("l1", 0)]
+
+
+def test_the_output_end_is_the_last_two_weight_tensors_only():
+    """r = 1e-4, 0.15, 1.0, 0.2, 0.3: the output end is max(0.2, 0.3) = 0.3, so the first gets 1e-4 / 0.3 ≈ 3.3e-4
+    of it; the third tensor's 1.0, before the output end, must not count (with it the shrink would read 1e-4)."""
+    diagnosis = Diagnosis(names=NAMES, shapes=[(4, 4)] * 5)
+    for step in range(3):
+        diagnosis.feed(step, {"GradNorm": [1e-4, 0.15, 1.0, 0.2, 0.3], "ParamNorm": [1.0] * 5})
+    (finding,) = [f for f in diagnosis.findings if f.kind == "vanishing_gradients"]
+    assert finding.evidence["first_to_output"] == pytest.approx(1e-4 / 0.3, rel=1e-3)  # (4 digits kept)
+
+
+def test_a_record_without_the_relative_gradients_breaks_the_streak():
+    """Vanishing at steps 0 and 1, a record of step 2 without GradNorm (nothing to compare), vanishing again
+    from step 3: three records in a row only at step 5, and the finding names step 3."""
+    diagnosis = Diagnosis(names=NAMES, shapes=[(4, 4)] * 5)
+    for step in range(6):
+        entry = {"Loss": 1.0} if step == 2 else {"GradNorm": [1e-4, 5e-4, 1e-3, 0.3, 0.5], "ParamNorm": [1.0] * 5}
+        diagnosis.feed(step, entry)
+        found = [f for f in diagnosis.findings if f.kind == "vanishing_gradients"]
+        assert bool(found) == (step >= 5), step
+    assert found[0].step == 3
