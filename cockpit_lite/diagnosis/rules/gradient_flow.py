@@ -1,10 +1,8 @@
-"""Shared by ``exploding_gradients`` and ``vanishing_gradients``: per weight tensor the
-relative gradient r = ‖g‖/‖θ‖, in parameter (≈ forward) order, compared between the
-input end (the first weight tensor) and the output end (``reference``)."""
+"""The relative gradients r = ‖g‖/‖θ‖ per weight tensor, in parameter (≈ forward) order, read
+between the input end (the first weight tensor) and the output end (``reference``), by
+``vanishing_gradients`` and ``shuffled_labels``."""
 
-from cockpit_lite.diagnosis import thresholds as T
-from cockpit_lite.diagnosis.history import Streak, module_of
-from cockpit_lite.diagnosis.rules.base import Rule
+from cockpit_lite.diagnosis.history import module_of
 
 
 def layer(history, index):
@@ -14,33 +12,3 @@ def layer(history, index):
 def reference(ratios):
     """max r over the last two weight tensors (the output end)."""
     return max(r for _, r in ratios[-2:])
-
-
-class GradientFlowRule(Rule):
-    """A condition on the relative gradients that must hold ``T.SUSTAIN`` records in a row;
-    reported once. Subclasses define ``holds`` and ``finding``."""
-
-    SIGNALS = ("GradNorm", "ParamNorm")
-
-    def __init__(self):
-        self.streak = Streak(T.SUSTAIN)
-        self.done = False
-
-    def observe(self, step, entry, history):
-        ratios = None if self.done else history.relative_gradients(entry)
-        if ratios is None:
-            self.streak.see(step, False)
-            return []
-        ref, first = reference(ratios), ratios[0][1]
-        if not self.streak.see(step, self.holds(entry, ratios, ref, first)):
-            return []
-        self.done = True
-        return [self.finding(history, ratios, ref, first)]
-
-    def holds(self, entry, ratios, ref, first):
-        """Whether the condition holds at this record."""
-        raise NotImplementedError
-
-    def finding(self, history, ratios, ref, first):
-        """The ``Finding`` once the condition held long enough (``self.streak.start``: since when)."""
-        raise NotImplementedError
