@@ -19,7 +19,8 @@ def test_affected_tensors_count_the_bound_and_the_shrink_is_first_over_output_en
     assert finding.layer == "l1" and finding.step == 0
     assert finding.evidence["first_to_output"] == pytest.approx(2e-4, rel=1e-12)
     assert finding.evidence["affected"] == 2 and finding.evidence["weights"] == 5
-    assert "2 of 5 weight tensors" in finding.message
+    assert finding.message.endswith("since step 0; 2 of 5 weight tensors are below 0.001 of it"), finding.message
+    assert finding.suggestion.startswith("use ReLU-family activations instead of sigmoid/tanh, Kaiming initialisation")
 
 
 def test_the_message_quotes_the_shrink_to_two_digits():
