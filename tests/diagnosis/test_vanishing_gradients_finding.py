@@ -73,3 +73,12 @@ def test_a_record_without_the_relative_gradients_breaks_the_streak():
         found = [f for f in diagnosis.findings if f.kind == "vanishing_gradients"]
         assert bool(found) == (step >= 5), step
     assert found[0].step == 3
+
+
+def test_a_shrink_exactly_at_the_bound_is_found():
+    """r of the first tensor 5e-4, of the output end 0.5: the shrink is exactly ``VANISH_RATIO`` (1e-3), included."""
+    diagnosis = Diagnosis(names=NAMES, shapes=[(4, 4)] * 5)
+    for step in range(3):
+        diagnosis.feed(step, {"GradNorm": [5e-4, 0.1, 0.2, 0.3, 0.5], "ParamNorm": [1.0] * 5})
+    (finding,) = [f for f in diagnosis.findings if f.kind == "vanishing_gradients"]
+    assert finding.evidence["first_to_output"] == 1e-3 and finding.evidence["affected"] == 1
