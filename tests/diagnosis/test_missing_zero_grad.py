@@ -79,6 +79,8 @@ def test_hand_made_records_quote_the_gradients_the_first_backward_found():
     (finding,) = _found([{"first_backward": 0.7, "before": 0.2, "after": 0.9, "stepped": 1}] * 2)
     assert finding.step == 0
     assert finding.evidence == {"held": 0.7, "before": 0.2, "after": 0.9, "stepped": 1}
+    assert "the parameters still held (norm 0.7) from batches that update had already used" in finding.message
+    assert finding.suggestion.startswith("call optimizer.zero_grad() (or model.zero_grad()) once per optimizer step")
 
 
 @pytest.mark.parametrize("before, stepped, found", [
