@@ -185,7 +185,7 @@ def _gzip_with_comment(data, length):
 def test_an_encoded_payload_may_be_twice_the_array_limit_plus_1024_characters():
     """Under ``max_array_bytes=16`` two float64 (16 bytes) gzipped with a header comment: a payload of 2·16 + 1024 =
     1056 characters is read (790 bytes, a 760-byte comment), one of 1060 (a 763-byte comment) is refused naming the
-    limit before it is decoded."""
+    limit before it is decoded, and so is one of 1057 (which, decoded, would be no base64)."""
     def read(comment):
         payload = base64.b64encode(_gzip_with_comment(struct.pack("<2d", 1.5, -2.0), comment)).decode()
         tagged = {"__ndarray__": "b64.gz:" + payload, "dtype": "float64", "shape": [2], "endian": "little"}
@@ -195,6 +195,9 @@ def test_an_encoded_payload_may_be_twice_the_array_limit_plus_1024_characters():
     assert length == 1056 and value.tolist() == [1.5, -2.0]
     with pytest.raises(ValueError, match="encoded array of 1,060 characters, more than twice the limit max_array_bytes"):
         read(763)
+    tagged = {"__ndarray__": "b64.gz:" + "A" * 1057, "dtype": "float64", "shape": [2]}
+    with pytest.raises(ValueError, match="encoded array of 1,057 characters, more than twice the limit max_array_bytes"):
+        log.from_jsonable({"Custom": tagged}, limits={"max_array_bytes": 16})
 
 
 def test_an_encoded_payload_with_a_character_outside_base64_is_refused():
