@@ -215,6 +215,21 @@ def test_an_encoded_payload_of_too_few_bytes_is_refused_naming_its_count():
         log.from_jsonable({"Custom": {"__ndarray__": "b64:" + payload, "shape": [2]}})
 
 
+def test_an_encoded_payload_is_inflated_one_byte_beyond_its_shape_at_most():
+    """A gzip member whose deflate data, after 16 + 1 bytes, copies from before its start (a preset dictionary it
+    lacks: corrupt): under shape [2] float64 (16 bytes) it is refused as holding more than 16 bytes, the corrupt
+    part never inflated."""
+    dictionary = b"a preset dictionary the member lacks"
+    compressor = zlib.compressobj(level=9, wbits=-15, zdict=dictionary)
+    deflated = compressor.compress(bytes(range(16)) + dictionary) + compressor.flush()
+    member = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff" + deflated + bytes(8)  # gzip header, no name, no CRC
+    with pytest.raises(zlib.error, match="invalid distance too far back"):
+        zlib.decompress(member, wbits=31)
+    tagged = {"__ndarray__": "b64.gz:" + base64.b64encode(member).decode(), "dtype": "float64", "shape": [2]}
+    with pytest.raises(ValueError, match=re.escape("array data holds more than 16 bytes, its shape [2]")):
+        log.from_jsonable({"Custom": tagged})
+
+
 def test_the_endian_tag_sets_the_byte_order_over_the_dtypes_own():
     """A hand-made tag ``"dtype": ">f8"`` (big-endian) with ``"endian": "little"``: the bytes of 1.5 packed
     little-endian read as 1.5."""
