@@ -280,6 +280,16 @@ def test_check_entry_raises_a_value_error_saying_what_is_wrong():
             log.check_entry(entry)
 
 
+def test_check_entry_takes_integers_below_2_to_the_1023():
+    """An integer is a number if its magnitude is below 2**1023, the bound excluded: 2**1023 - 1 and its negative
+    are taken (as a scalar and as a per-parameter item), 2**1023 and its negative refused."""
+    for value in (2**1023 - 1, -(2**1023 - 1)):
+        log.check_entry({"Loss": value, "GradNorm": [value]})
+    for value in (2**1023, -2**1023):
+        with pytest.raises(ValueError, match=re.escape(f"expected a number or null, got {str(value)[:60]}")):
+            log.check_entry({"Loss": value})
+
+
 @pytest.mark.parametrize("endian", ["big", "little"])
 def test_an_encoded_array_is_read_in_the_byte_order_its_tag_names(endian):
     """json_tricks' ``b64:`` array with ``"endian"``: float32 1.5, −2, 0.25, 3 packed by hand (``struct``) in that
