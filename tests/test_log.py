@@ -151,6 +151,15 @@ def test_complex_histogram_counts_are_refused_even_when_empty(shape):
     assert log.from_jsonable({"GradHist1d": {"hist": [], "edges": [0.0]}})["GradHist1d"]["hist"].shape == (0,)
 
 
+def test_in_memory_histogram_counts_of_objects_are_taken_only_when_empty():
+    """``from_jsonable`` of an in-memory value: counts held as an empty object array (no counts) are taken as they
+    are, an object array holding a count is refused naming its field."""
+    empty = np.array([], dtype=object)
+    assert log.from_jsonable({"GradHist1d": {"hist": empty, "edges": [0.0]}})["GradHist1d"]["hist"] is empty
+    with pytest.raises(ValueError, match="field 'GradHist1d.hist': expected an array of numbers"):
+        log.from_jsonable({"GradHist1d": {"hist": np.array([1], dtype=object), "edges": [0.0, 1.0]}})
+
+
 def test_an_array_shape_is_a_list_of_at_most_32_non_negative_integers():
     """A json_tricks array's ``"shape"``: an empty axis and 32 axes are read; a shape that is no list, a negative,
     fractional or boolean length and 33 axes are refused naming the rule."""
