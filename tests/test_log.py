@@ -289,6 +289,15 @@ def test_check_entry_raises_a_value_error_saying_what_is_wrong():
             log.check_entry(entry)
 
 
+def test_check_entry_names_the_field_it_is_given():
+    """``field``: where the step is; the error's ``field`` starts with it, for a step that is no object and for one
+    of its values."""
+    for entry, field in [(5, ("run", 3)), ({"Loss": "a"}, ("run", 3, "Loss"))]:
+        with pytest.raises(ValueError) as raised:
+            log.check_entry(entry, field=("run", 3))
+        assert raised.value.field == field
+
+
 def test_check_entry_takes_integers_below_2_to_the_1023():
     """An integer is a number if its magnitude is below 2**1023, the bound excluded: 2**1023 - 1 and its negative
     are taken (as a scalar and as a per-parameter item), 2**1023 and its negative refused."""
