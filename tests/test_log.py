@@ -289,6 +289,18 @@ def test_check_entry_raises_a_value_error_saying_what_is_wrong():
             log.check_entry(entry)
 
 
+def test_check_entry_shows_a_refused_value_in_60_characters_of_json():
+    """A refused value is shown as its JSON cut to 60 characters (a string of 100 x: its quote and 59 x), with what
+    JSON cannot hold as text (edges left an array inside a histogram), and an array on its own as "an array"."""
+    for entry, message in [({"Loss": "x" * 100}, 'expected a number or null, got "' + "x" * 59),
+                           ({"GradHist1d": {"hist": [1, 2], "edges": np.array([0.0, 1.0, 2.0])}},
+                            "expected a histogram {'hist': [...], 'edges': [...]}, got "
+                            '{"hist": [1, 2], "edges": "[0. 1. 2.]"}'),
+                           ({"Loss": np.array([1.0])}, "expected a number or null, got an array")]:
+        with pytest.raises(ValueError, match=re.escape(message) + "$"):
+            log.check_entry(entry)
+
+
 def test_check_entry_names_the_field_it_is_given():
     """``field``: where the step is; the error's ``field`` starts with it, for a step that is no object and for one
     of its values."""
