@@ -141,6 +141,15 @@ def test_from_jsonable_takes_the_limits_it_is_given():
         log.from_jsonable({"Custom": [1.0] * 5}, limits={"max_items": 3})
 
 
+def test_the_depth_limit_counts_every_level_of_nested_lists():
+    """``{"Custom": [[[1.0]]]}`` is four levels, the step's dict and three lists: read under ``max_depth=4``,
+    refused under 3."""
+    nested = {"Custom": [[[1.0]]]}
+    assert log.from_jsonable(nested, limits={"max_depth": 4}) == nested
+    with pytest.raises(ValueError, match="field 'Custom': values nested deeper than the limit max_depth=3"):
+        log.from_jsonable(nested, limits={"max_depth": 3})
+
+
 @pytest.mark.parametrize("shape", [[0], [1]])
 def test_complex_histogram_counts_are_refused_even_when_empty(shape):
     """A histogram's counts are real numbers: a json_tricks array of complex128 counts is refused naming its field,
