@@ -150,6 +150,16 @@ def test_the_depth_limit_counts_every_level_of_nested_lists():
         log.from_jsonable(nested, limits={"max_depth": 3})
 
 
+def test_the_item_limit_counts_the_elements_of_nested_lists():
+    """``{"Custom": [[1.0] * 3, [1.0] * 3]}`` holds 1 + 2 + 3 + 3 = 9 elements: read under ``max_items=9``,
+    refused under 8."""
+    nested = {"Custom": [[1.0] * 3, [1.0] * 3]}
+    assert log.from_jsonable(nested, limits={"max_items": 9}) == nested
+    with pytest.raises(ValueError, match="field 'Custom': more list and dict elements in one step than the limit "
+                                         "max_items=8"):
+        log.from_jsonable(nested, limits={"max_items": 8})
+
+
 @pytest.mark.parametrize("shape", [[0], [1]])
 def test_complex_histogram_counts_are_refused_even_when_empty(shape):
     """A histogram's counts are real numbers: a json_tricks array of complex128 counts is refused naming its field,
