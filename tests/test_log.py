@@ -150,6 +150,12 @@ def test_the_depth_limit_counts_every_level_of_nested_lists():
         log.from_jsonable(nested, limits={"max_depth": 3})
 
 
+def test_a_field_names_at_most_three_keys_before_a_histograms_own():
+    """A bad histogram five dicts deep is named by the first three keys and its own: ``a.b.c.hist``."""
+    with pytest.raises(ValueError, match=re.escape("field 'a.b.c.hist': expected an array of numbers")):
+        log.from_jsonable({"a": {"b": {"c": {"d": {"hist": ["x"]}}}}})
+
+
 def test_the_item_limit_counts_the_elements_of_nested_lists():
     """``{"Custom": [[1.0] * 3, [1.0] * 3]}`` holds 1 + 2 + 3 + 3 = 9 elements: read under ``max_items=9``,
     refused under 8."""
