@@ -128,6 +128,16 @@ def test_from_jsonable_makes_tagged_arrays_and_histograms_arrays():
         log.from_jsonable({"GradHist1d": {"hist": [1], "edges": ["a", "b"]}})
 
 
+def test_from_jsonable_makes_a_2d_histograms_edges_one_float_array_per_axis():
+    """Edges listed per axis (integers here) become a list of float arrays, one per axis, under ``"edges"``; a bad
+    axis is refused naming the field."""
+    value = log.from_jsonable({"GradHist2d": {"hist": [[1, 2]], "edges": [[0, 1], [0, 1, 2]]}})["GradHist2d"]
+    assert value.keys() == {"hist", "edges"} and isinstance(value["edges"], list)
+    assert [(e.dtype, e.tolist()) for e in value["edges"]] == [(np.float64, [0.0, 1.0]), (np.float64, [0.0, 1.0, 2.0])]
+    with pytest.raises(ValueError, match="field 'GradHist2d.edges': expected an array of numbers"):
+        log.from_jsonable({"GradHist2d": {"hist": [[1, 2]], "edges": [[0, 1], ["a", "b", "c"]]}})
+
+
 def test_from_jsonable_takes_the_limits_it_is_given():
     """A value nested three deep (``{"Custom": [[[1.0]]]}``) is read under the default limits and refused under
     ``limits={"max_depth": 2}``, naming the limit and how to raise it; five list elements are refused under
