@@ -151,13 +151,13 @@ def test_from_jsonable_takes_the_limits_it_is_given():
         log.from_jsonable({"Custom": [1.0] * 5}, limits={"max_items": 3})
 
 
-def test_the_depth_limit_counts_every_level_of_nested_lists():
+def test_the_depth_limit_counts_every_level_of_nested_lists_and_dicts():
     """``{"Custom": [[[1.0]]]}`` is four levels, the step's dict and three lists: read under ``max_depth=4``,
-    refused under 3."""
-    nested = {"Custom": [[[1.0]]]}
-    assert log.from_jsonable(nested, limits={"max_depth": 4}) == nested
-    with pytest.raises(ValueError, match="field 'Custom': values nested deeper than the limit max_depth=3"):
-        log.from_jsonable(nested, limits={"max_depth": 3})
+    refused under 3; so is ``{"Custom": {"a": {"b": {"c": 1.0}}}}``, four dicts."""
+    for nested in ({"Custom": [[[1.0]]]}, {"Custom": {"a": {"b": {"c": 1.0}}}}):
+        assert log.from_jsonable(nested, limits={"max_depth": 4}) == nested
+        with pytest.raises(ValueError, match="field 'Custom.*': values nested deeper than the limit max_depth=3"):
+            log.from_jsonable(nested, limits={"max_depth": 3})
 
 
 def test_a_field_names_at_most_three_keys_before_a_histograms_own():
