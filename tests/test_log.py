@@ -151,6 +151,12 @@ def test_from_jsonable_takes_the_limits_it_is_given():
         log.from_jsonable({"Custom": [1.0] * 5}, limits={"max_items": 3})
 
 
+def test_an_unknown_reader_limit_is_refused_naming_the_known_ones():
+    with pytest.raises(ValueError, match=re.escape("unknown reader limit(s) ['max_bytes', 'max_dpeth']; known: [")
+                                         + ".*'max_depth'"):
+        log.from_jsonable({"Loss": 1.0}, limits={"max_depth": 4, "max_dpeth": 4, "max_bytes": 1})
+
+
 def test_the_depth_limit_counts_every_level_of_nested_lists_and_dicts():
     """``{"Custom": [[[1.0]]]}`` is four levels, the step's dict and three lists: read under ``max_depth=4``,
     refused under 3; so is ``{"Custom": {"a": {"b": {"c": 1.0}}}}``, four dicts."""
