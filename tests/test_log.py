@@ -128,6 +128,16 @@ def test_from_jsonable_makes_tagged_arrays_and_histograms_arrays():
         log.from_jsonable({"GradHist1d": {"hist": [1], "edges": ["a", "b"]}})
 
 
+def test_from_jsonable_makes_a_2d_histograms_edges_one_float_array_per_axis():
+    """Edges listed per axis (integers here) become a list of float arrays, one per axis, under ``"edges"``; a bad
+    axis is refused naming the field."""
+    value = log.from_jsonable({"GradHist2d": {"hist": [[1, 2]], "edges": [[0, 1], [0, 1, 2]]}})["GradHist2d"]
+    assert value.keys() == {"hist", "edges"} and isinstance(value["edges"], list)
+    assert [(e.dtype, e.tolist()) for e in value["edges"]] == [(np.float64, [0.0, 1.0]), (np.float64, [0.0, 1.0, 2.0])]
+    with pytest.raises(ValueError, match="field 'GradHist2d.edges': expected an array of numbers"):
+        log.from_jsonable({"GradHist2d": {"hist": [[1, 2]], "edges": [[0, 1], ["a", "b", "c"]]}})
+
+
 def test_from_jsonable_takes_the_limits_it_is_given():
     """A value nested three deep (``{"Custom": [[[1.0]]]}``) is read under the default limits and refused under
     ``limits={"max_depth": 2}``, naming the limit and how to raise it; five list elements are refused under
@@ -141,6 +151,37 @@ def test_from_jsonable_takes_the_limits_it_is_given():
         log.from_jsonable({"Custom": [1.0] * 5}, limits={"max_items": 3})
 
 
+def test_an_unknown_reader_limit_is_refused_naming_the_known_ones():
+    with pytest.raises(ValueError, match=re.escape("unknown reader limit(s) ['max_bytes', 'max_dpeth']; known: [")
+                                         + ".*'max_depth'"):
+        log.from_jsonable({"Loss": 1.0}, limits={"max_depth": 4, "max_dpeth": 4, "max_bytes": 1})
+
+
+def test_the_depth_limit_counts_every_level_of_nested_lists_and_dicts():
+    """``{"Custom": [[[1.0]]]}`` is four levels, the step's dict and three lists: read under ``max_depth=4``,
+    refused under 3; so is ``{"Custom": {"a": {"b": {"c": 1.0}}}}``, four dicts."""
+    for nested in ({"Custom": [[[1.0]]]}, {"Custom": {"a": {"b": {"c": 1.0}}}}):
+        assert log.from_jsonable(nested, limits={"max_depth": 4}) == nested
+        with pytest.raises(ValueError, match="field 'Custom.*': values nested deeper than the limit max_depth=3"):
+            log.from_jsonable(nested, limits={"max_depth": 3})
+
+
+def test_a_field_names_at_most_three_keys_before_a_histograms_own():
+    """A bad histogram five dicts deep is named by the first three keys and its own: ``a.b.c.hist``."""
+    with pytest.raises(ValueError, match=re.escape("field 'a.b.c.hist': expected an array of numbers")):
+        log.from_jsonable({"a": {"b": {"c": {"d": {"hist": ["x"]}}}}})
+
+
+def test_the_item_limit_counts_the_elements_of_nested_lists():
+    """``{"Custom": [[1.0] * 3, [1.0] * 3]}`` holds 1 + 2 + 3 + 3 = 9 elements: read under ``max_items=9``,
+    refused under 8."""
+    nested = {"Custom": [[1.0] * 3, [1.0] * 3]}
+    assert log.from_jsonable(nested, limits={"max_items": 9}) == nested
+    with pytest.raises(ValueError, match="field 'Custom': more list and dict elements in one step than the limit "
+                                         "max_items=8"):
+        log.from_jsonable(nested, limits={"max_items": 8})
+
+
 @pytest.mark.parametrize("shape", [[0], [1]])
 def test_complex_histogram_counts_are_refused_even_when_empty(shape):
     """A histogram's counts are real numbers: a json_tricks array of complex128 counts is refused naming its field,
@@ -149,6 +190,15 @@ def test_complex_histogram_counts_are_refused_even_when_empty(shape):
     with pytest.raises(ValueError, match="field 'GradHist1d.hist': expected an array of numbers"):
         log.from_jsonable({"GradHist1d": {"hist": tagged, "edges": [0.0]}})
     assert log.from_jsonable({"GradHist1d": {"hist": [], "edges": [0.0]}})["GradHist1d"]["hist"].shape == (0,)
+
+
+def test_in_memory_histogram_counts_of_objects_are_taken_only_when_empty():
+    """``from_jsonable`` of an in-memory value: counts held as an empty object array (no counts) are taken as they
+    are, an object array holding a count is refused naming its field."""
+    empty = np.array([], dtype=object)
+    assert log.from_jsonable({"GradHist1d": {"hist": empty, "edges": [0.0]}})["GradHist1d"]["hist"] is empty
+    with pytest.raises(ValueError, match="field 'GradHist1d.hist': expected an array of numbers"):
+        log.from_jsonable({"GradHist1d": {"hist": np.array([1], dtype=object), "edges": [0.0, 1.0]}})
 
 
 def test_an_array_shape_is_a_list_of_at_most_32_non_negative_integers():
@@ -185,7 +235,7 @@ def _gzip_with_comment(data, length):
 def test_an_encoded_payload_may_be_twice_the_array_limit_plus_1024_characters():
     """Under ``max_array_bytes=16`` two float64 (16 bytes) gzipped with a header comment: a payload of 2·16 + 1024 =
     1056 characters is read (790 bytes, a 760-byte comment), one of 1060 (a 763-byte comment) is refused naming the
-    limit before it is decoded."""
+    limit before it is decoded, and so is one of 1057 (which, decoded, would be no base64)."""
     def read(comment):
         payload = base64.b64encode(_gzip_with_comment(struct.pack("<2d", 1.5, -2.0), comment)).decode()
         tagged = {"__ndarray__": "b64.gz:" + payload, "dtype": "float64", "shape": [2], "endian": "little"}
@@ -195,19 +245,39 @@ def test_an_encoded_payload_may_be_twice_the_array_limit_plus_1024_characters():
     assert length == 1056 and value.tolist() == [1.5, -2.0]
     with pytest.raises(ValueError, match="encoded array of 1,060 characters, more than twice the limit max_array_bytes"):
         read(763)
+    tagged = {"__ndarray__": "b64.gz:" + "A" * 1057, "dtype": "float64", "shape": [2]}
+    with pytest.raises(ValueError, match="encoded array of 1,057 characters, more than twice the limit max_array_bytes"):
+        log.from_jsonable({"Custom": tagged}, limits={"max_array_bytes": 16})
 
 
 def test_an_encoded_payload_with_a_character_outside_base64_is_refused():
+    """Also a colon: the encoding is the text before the first one (``b64``), the rest is the payload."""
     payload = base64.b64encode(struct.pack("<d", 1.0)).decode()
     assert log.from_jsonable({"Custom": {"__ndarray__": "b64:" + payload, "shape": [1]}})["Custom"].tolist() == [1.0]
-    with pytest.raises(ValueError, match="array data is not valid base64"):
-        log.from_jsonable({"Custom": {"__ndarray__": "b64:" + payload[:4] + "*" + payload[4:], "shape": [1]}})
+    for character in "*:":
+        with pytest.raises(ValueError, match="array data is not valid base64"):
+            log.from_jsonable({"Custom": {"__ndarray__": "b64:" + payload[:4] + character + payload[4:], "shape": [1]}})
 
 
 def test_an_encoded_payload_of_too_few_bytes_is_refused_naming_its_count():
     payload = base64.b64encode(struct.pack("<d", 1.0)).decode()
     with pytest.raises(ValueError, match=re.escape("array data holds 8 bytes, its shape [2] and dtype float64 need 16")):
         log.from_jsonable({"Custom": {"__ndarray__": "b64:" + payload, "shape": [2]}})
+
+
+def test_an_encoded_payload_is_inflated_one_byte_beyond_its_shape_at_most():
+    """A gzip member whose deflate data, after 16 + 1 bytes, copies from before its start (a preset dictionary it
+    lacks: corrupt): under shape [2] float64 (16 bytes) it is refused as holding more than 16 bytes, the corrupt
+    part never inflated."""
+    dictionary = b"a preset dictionary the member lacks"
+    compressor = zlib.compressobj(level=9, wbits=-15, zdict=dictionary)
+    deflated = compressor.compress(bytes(range(16)) + dictionary) + compressor.flush()
+    member = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff" + deflated + bytes(8)  # gzip header, no name, no CRC
+    with pytest.raises(zlib.error, match="invalid distance too far back"):
+        zlib.decompress(member, wbits=31)
+    tagged = {"__ndarray__": "b64.gz:" + base64.b64encode(member).decode(), "dtype": "float64", "shape": [2]}
+    with pytest.raises(ValueError, match=re.escape("array data holds more than 16 bytes, its shape [2]")):
+        log.from_jsonable({"Custom": tagged})
 
 
 def test_the_endian_tag_sets_the_byte_order_over_the_dtypes_own():
@@ -258,6 +328,37 @@ def test_check_entry_raises_a_value_error_saying_what_is_wrong():
                            (5, "expected a step record (a JSON object), got 5")]:
         with pytest.raises(ValueError, match=re.escape(message)):
             log.check_entry(entry)
+
+
+def test_check_entry_shows_a_refused_value_in_60_characters_of_json():
+    """A refused value is shown as its JSON cut to 60 characters (a string of 100 x: its quote and 59 x), with what
+    JSON cannot hold as text (edges left an array inside a histogram), and an array on its own as "an array"."""
+    for entry, message in [({"Loss": "x" * 100}, 'expected a number or null, got "' + "x" * 59),
+                           ({"GradHist1d": {"hist": [1, 2], "edges": np.array([0.0, 1.0, 2.0])}},
+                            "expected a histogram {'hist': [...], 'edges': [...]}, got "
+                            '{"hist": [1, 2], "edges": "[0. 1. 2.]"}'),
+                           ({"Loss": np.array([1.0])}, "expected a number or null, got an array")]:
+        with pytest.raises(ValueError, match=re.escape(message) + "$"):
+            log.check_entry(entry)
+
+
+def test_check_entry_names_the_field_it_is_given():
+    """``field``: where the step is; the error's ``field`` starts with it, for a step that is no object and for one
+    of its values."""
+    for entry, field in [(5, ("run", 3)), ({"Loss": "a"}, ("run", 3, "Loss"))]:
+        with pytest.raises(ValueError) as raised:
+            log.check_entry(entry, field=("run", 3))
+        assert raised.value.field == field
+
+
+def test_check_entry_takes_integers_below_2_to_the_1023():
+    """An integer is a number if its magnitude is below 2**1023, the bound excluded: 2**1023 - 1 and its negative
+    are taken (as a scalar and as a per-parameter item), 2**1023 and its negative refused."""
+    for value in (2**1023 - 1, -(2**1023 - 1)):
+        log.check_entry({"Loss": value, "GradNorm": [value]})
+    for value in (2**1023, -2**1023):
+        with pytest.raises(ValueError, match=re.escape(f"expected a number or null, got {str(value)[:60]}")):
+            log.check_entry({"Loss": value})
 
 
 @pytest.mark.parametrize("endian", ["big", "little"])
