@@ -236,6 +236,11 @@ QUOTES = [
      "measured/mutation_full_formulas/totals/killed_before|measured/mutation_full_formulas/totals/scored"
      "|measured/mutation_full_formulas/totals/survivors|measured/mutation_full_formulas/totals/missing_tests"
      "|measured/mutation_full_formulas/totals/left"),
+    ("docs/development.md", "2,266 mutants, 68 of them message wording, so 2,198\nscored",
+     "measured/mutation_full_subsample_histogram_log/totals/mutants|measured/mutation_full_subsample_histogram_log/totals/wording|measured/mutation_full_subsample_histogram_log/totals/scored"),
+    ("docs/development.md", "1,995 were killed before", "measured/mutation_full_subsample_histogram_log/totals/killed_before"),
+    ("docs/development.md", "Its 203 survivors were 77\nmissing tests, 90 equivalent mutants and 36 that only a GPU reaches",
+     "measured/mutation_full_subsample_histogram_log/totals/survivors|measured/mutation_full_subsample_histogram_log/totals/missing_tests|measured/mutation_full_subsample_histogram_log/totals/equivalent|measured/mutation_full_subsample_histogram_log/totals/left"),
     ("docs/development.md", "The first part ran 990 of the 1,404 mutants of 27d9f66",
      f"{E}/first/run|{E}/first/mutants|{E}/first/baseline"),
     ("docs/development.md", "920 were killed, and its 70 survivors were 11 missing tests, 52 equivalent\nmutants and 7 that",
@@ -301,6 +306,7 @@ WHOLE_GROUP_COLUMNS = {"mutants": 1, "scored": 2, "killed_before": 3, "killed": 
     ("mutation_full_curvature", WHOLE_GROUP_COLUMNS),
     ("mutation_full_engine_rules", WHOLE_GROUP_COLUMNS),
     ("mutation_full_formulas", WHOLE_GROUP_COLUMNS),
+    ("mutation_full_subsample_histogram_log", WHOLE_GROUP_COLUMNS),
 ])
 def test_the_later_mutation_runs_totals_are_their_rows(table, columns):
     """The totals the prose quotes add up from the table's rows (a whole group's mutants: the message

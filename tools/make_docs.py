@@ -110,6 +110,7 @@ TABLES = {
     "mutation_full_curvature": _measured("mutation_full_curvature"),
     "mutation_full_engine_rules": _measured("mutation_full_engine_rules"),
     "mutation_full_formulas": _measured("mutation_full_formulas"),
+    "mutation_full_subsample_histogram_log": _measured("mutation_full_subsample_histogram_log"),
     "lr_comparison": _lr_table,
     "demo_last_epoch": _demo_summary,
 }
