@@ -18,6 +18,23 @@ def test_a_non_finite_loss_without_a_flag_is_found_at_its_step(bad):
     assert finding.message.startswith(f"the loss is {bad} at step 2") and "(origin not tracked)" in finding.message
 
 
+def test_a_null_loss_in_a_log_is_found_as_non_finite_and_ends_the_diagnosis():
+    """A tool that writes NaN as JSON null (pandas' ``to_json``): the history takes the null loss of step 2 as
+    non-finite and feeds the rules no later step, so ``nan_loss`` must report it (before, nothing was found)."""
+    diagnosis = Diagnosis()
+    for step, loss in enumerate([2.3, 2.2, None, 2.1]):
+        diagnosis.feed(step, {"Loss": loss})
+    (finding,) = [f for f in diagnosis.findings if f.kind == "nan_loss"]
+    assert finding.step == 2 and finding.message.startswith("the loss is non-finite at step 2")
+
+
+def test_a_record_without_a_loss_is_not_a_non_finite_one():
+    diagnosis = Diagnosis()
+    for step in range(4):
+        diagnosis.feed(step, {"Loss": 2.3} if step % 2 else {"GradNorm": [1.0, 1.0]})
+    assert not [f for f in diagnosis.findings if f.kind == "nan_loss"]
+
+
 @pytest.mark.parametrize("origin, layer, where, fix", [
     ({"module": "head", "op": "log"}, "head", "first in the output of 'head', made by 'log'", "clamp the argument of log"),
     ({"op": "exp"}, None, "in a forward pass no hook watched (its module is unknown), made by 'exp'", "logsumexp"),

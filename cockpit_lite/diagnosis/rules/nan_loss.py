@@ -1,4 +1,4 @@
-"""``nan_loss``: the first non-finite loss, with the module (or ``"loss_fn"``) and the
+"""``nan_loss``: the first non-finite loss (NaN, ±Inf, or ``null`` in a log), with the module (or ``"loss_fn"``) and the
 op where the first non-finite value appeared (``NonfiniteOrigin``)."""
 
 import math
@@ -30,8 +30,9 @@ class NanLoss(Rule):
         if self.done:
             return []
         loss = entry.get("Loss")
-        bad = "nonfinite_loss" in (entry.get("flags") or []) or (
-            isinstance(loss, (int, float)) and not math.isfinite(float(loss)))
+        # a null loss (a log written by a tool that writes NaN as null) is non-finite, as the history reads it
+        bad = "nonfinite_loss" in (entry.get("flags") or []) or ("Loss" in entry and (
+            loss is None or isinstance(loss, (int, float)) and not math.isfinite(float(loss))))
         if not bad:
             return []
         self.done = True
