@@ -41,6 +41,8 @@ def test_a_record_without_a_loss_is_not_a_non_finite_one():
     ({"module": "input", "op": "input"}, None, "in the model's input", "clean the data"),
     ({"module": "head", "op": "mul", "params_nonfinite": True}, "head", "first in the output of 'head'",
      "an earlier update diverged"),
+    ({"module": "loss_fn", "op": "mul"}, "loss_fn", "in the loss function, made by 'mul'",
+     "find the operation named here and guard its argument"),
 ])
 def test_the_origin_names_the_layer_the_op_and_its_fix(origin, layer, where, fix):
     diagnosis = Diagnosis()
