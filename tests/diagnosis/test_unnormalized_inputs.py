@@ -6,11 +6,13 @@ import pytest
 from cockpit_lite.diagnosis import Diagnosis
 
 
-@pytest.mark.parametrize("layer, severity, said", [
-    ({"name": "stem.bn", "type": "BatchNorm2d"}, "info", "the first layer 'stem.bn' (BatchNorm2d) normalises them"),
-    ({"name": "stem.conv", "type": "Conv2d"}, "warning", "far from unit scale"),
+@pytest.mark.parametrize("layer, severity, said, fix", [
+    ({"name": "stem.bn", "type": "BatchNorm2d"}, "info", "the first layer 'stem.bn' (BatchNorm2d) normalises them",
+     "none needed; standardising the inputs would still make the layer's running statistics easier to read"),
+    ({"name": "stem.conv", "type": "Conv2d"}, "warning", "far from unit scale",
+     "standardise the inputs (subtract the training mean, divide by the std; images: divide by 255 first)"),
 ])
-def test_inputs_at_pixel_scale_are_a_note_when_the_first_layer_normalises_them(layer, severity, said):
+def test_inputs_at_pixel_scale_are_a_note_when_the_first_layer_normalises_them(layer, severity, said, fix):
     diagnosis = Diagnosis()
     for step in range(2):
         diagnosis.feed(step, {"InputStats": {"mean": 120.0, "std": 70.0, "min": 0.0, "max": 255.0},
@@ -18,6 +20,7 @@ def test_inputs_at_pixel_scale_are_a_note_when_the_first_layer_normalises_them(l
     (finding,) = [f for f in diagnosis.findings if f.kind == "unnormalized_inputs"]
     assert finding.severity == severity and said in finding.message, finding.message
     assert finding.evidence["input_layer"] == layer and finding.evidence["mean"] == 120.0
+    assert finding.suggestion == fix
 
 
 def test_the_finding_quotes_the_range_of_the_streak_s_first_record():
