@@ -36,3 +36,14 @@ def test_momentum_raises_the_limit_to_2_times_1_plus_beta(sharpness, found):
     evidence = {"lr": 0.5, "lambda_max": 8.0, "product": 4.0, "limit": 3.0, "step_confirmed": 4, "product_confirmed": 4.0}
     assert [(f.step, f.evidence) for f in diagnosis.findings if f.kind == "edge_of_stability"] == \
         ([(3, evidence)] if found else [])
+
+
+@pytest.mark.parametrize("optimizer, found", [("SGD", True), (None, True), ("Adam", False), ("AdamW", False)])
+def test_only_sgd_is_judged(optimizer, found):
+    """η λ_max = 3 ≥ 2 on two records: the limit is SGD's (an optimizer not recorded counts as SGD); Adam's
+    step is not η g, so the rule says nothing for it."""
+    diagnosis = Diagnosis(names=["w"], shapes=[(1, 5)])
+    presence = {"lr": 0.5, "optimizer": optimizer, "momentum": 0.0}
+    for step in range(2):
+        diagnosis.feed(step, {"Loss": 2.0, "HessMaxEV": 6.0, "GradPresence": presence})
+    assert bool([f for f in diagnosis.findings if f.kind == "edge_of_stability"]) is found
