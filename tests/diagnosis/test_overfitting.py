@@ -88,3 +88,39 @@ def test_a_log_of_epoch_losses_alone_is_read_and_quoted():
     assert finding.evidence["noise"] == pytest.approx(noise, rel=1e-3)
     assert "14x its noise" in finding.message and "3.1x below it" in finding.message, finding.message
     assert "the training loss fell from 1 to 0.8," in finding.message, finding.message
+
+
+def _logged_every_10(held, train_loss=None):
+    """Findings of records with a mini-batch loss 1 - 0.01 s at every step s and ``held`` (valid_loss) logged at
+    every 10th step, with ``train_loss`` beside it when given."""
+    diagnosis, found = Diagnosis(), []
+    for step in range(10 * len(held)):
+        entry = {"Loss": 1.0 - 0.01 * step}
+        if step % 10 == 0:
+            entry["valid_loss"] = held[step // 10]
+            if train_loss is not None:
+                entry["train_loss"] = train_loss[step // 10]
+        found += [(f, step) for f in diagnosis.feed(step, entry)[0] if f.kind == "overfitting"]
+    return found
+
+
+def test_without_a_logged_training_loss_the_median_of_the_last_5_batch_losses_is_read():
+    """No train_loss: at a log of step t the training loss is the median of the last 5 mini-batch losses, that of
+    step t - 2 (1 at step 0, of its one record): logs 0, 10, 20 give 1, 0.92, 0.82 (level 0.92, the best held-out
+    level's, step 20), logs 20, 30, 40 give 0.82, 0.72, 0.62 (level 0.72 at step 40, where the held-out level is 2.5)."""
+    (finding, seen), = _logged_every_10([1.0, 1.1, 1.0, 2.5, 2.6, 2.5])
+    assert (finding.step, seen) == (20, 40)
+    assert finding.evidence["train_then"] == 0.92 and finding.evidence["train"] == 0.72
+
+
+def test_a_logged_training_loss_is_read_before_the_batch_losses():
+    """The same records with train_loss logged at 1.0, then 0.5 from log 3: the logged values decide (levels 1.0
+    and 0.5), not the mini-batch losses."""
+    (finding, _), = _logged_every_10([1.0, 1.1, 1.0, 2.5, 2.6, 2.5], train_loss=[1.0, 1.0, 1.0, 0.5, 0.5, 0.5])
+    assert finding.evidence["train_then"] == 1.0 and finding.evidence["train"] == 0.5
+
+
+def test_a_tie_with_the_best_held_out_level_keeps_the_earlier_step():
+    """Held-out levels 1.0 at logs 2 and 3 (steps 20 and 30): where to stop is the first, step 20."""
+    (finding, _), = _logged_every_10([1.0, 1.0, 1.0, 1.0, 2.5, 2.6, 2.5])
+    assert finding.step == 20 and finding.evidence["held_out_min"] == 1.0
