@@ -47,3 +47,22 @@ def test_only_sgd_is_judged(optimizer, found):
     for step in range(2):
         diagnosis.feed(step, {"Loss": 2.0, "HessMaxEV": 6.0, "GradPresence": presence})
     assert bool([f for f in diagnosis.findings if f.kind == "edge_of_stability"]) is found
+
+
+def test_a_logged_learning_rate_stands_in_for_grad_presence():
+    """No GradPresence (a log of another tool, or a Cockpit without the diagnosis' signals): ``cp.log``'s
+    learning_rate 0.5 is read, the optimizer counts as SGD; λ_max 6 twice: η λ = 3 ≥ 2, found at step 0."""
+    diagnosis = Diagnosis(names=["w"], shapes=[(1, 5)])
+    for step in range(2):
+        diagnosis.feed(step, {"Loss": 2.0, "HessMaxEV": 6.0, "learning_rate": 0.5})
+    (finding,) = [f for f in diagnosis.findings if f.kind == "edge_of_stability"]
+    assert finding.step == 0 and finding.evidence["lr"] == 0.5 and finding.evidence["product"] == 3.0
+
+
+def test_a_non_finite_sharpness_is_not_judged():
+    """λ_max NaN (a failed Lanczos run) on every record, at a known learning rate: nothing to compare, no finding."""
+    diagnosis = Diagnosis(names=["w"], shapes=[(1, 5)])
+    for step in range(4):
+        diagnosis.feed(step, {"Loss": 2.0, "HessMaxEV": float("nan"),
+                              "GradPresence": {"lr": 0.5, "optimizer": "SGD", "momentum": 0.0}})
+    assert not [f for f in diagnosis.findings if f.kind == "edge_of_stability"] and diagnosis.failures == []
