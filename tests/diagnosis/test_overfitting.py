@@ -124,3 +124,17 @@ def test_a_tie_with_the_best_held_out_level_keeps_the_earlier_step():
     """Held-out levels 1.0 at logs 2 and 3 (steps 20 and 30): where to stop is the first, step 20."""
     (finding, _), = _logged_every_10([1.0, 1.0, 1.0, 1.0, 2.5, 2.6, 2.5])
     assert finding.step == 20 and finding.evidence["held_out_min"] == 1.0
+
+
+def test_the_noise_is_read_from_the_last_10_differences_between_logs():
+    """A held-out loss alternating around 1 with a shrinking swing (1.13, 0.88, 1.11, ...), then 3.0, 3.1, 3.0:
+    found at log 14 (step 140). Its last 10 differences (logs 4-14) are 0.17, 0.15, ..., 0.03, 1.99 and 0.1,
+    median (0.1 + 0.11) / 2, so σ = 1.4826 · 0.105 / √2 (9 or 11 differences give another median)."""
+    held = [1.0 + 0.01 * (13 - k) * (-1) ** k for k in range(13)] + [3.0, 3.1, 3.0]
+    diagnosis, found = Diagnosis(), []
+    for step in range(10 * len(held)):
+        entry = {"Loss": 1.0 - 0.005 * step, **({"valid_loss": held[step // 10]} if step % 10 == 0 else {})}
+        found += [(f, step) for f in diagnosis.feed(step, entry)[0] if f.kind == "overfitting"]
+    (finding, seen), = found
+    assert seen == 140
+    assert finding.evidence["noise"] == pytest.approx(1.4826 * 0.105 / 2 ** 0.5, rel=1e-3)
