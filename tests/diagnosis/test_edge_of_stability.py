@@ -57,6 +57,16 @@ def test_a_logged_learning_rate_stands_in_for_grad_presence():
         diagnosis.feed(step, {"Loss": 2.0, "HessMaxEV": 6.0, "learning_rate": 0.5})
     (finding,) = [f for f in diagnosis.findings if f.kind == "edge_of_stability"]
     assert finding.step == 0 and finding.evidence["lr"] == 0.5 and finding.evidence["product"] == 3.0
+    assert finding.message.startswith("lr * lambda_max = 0.5 * 6 = 3 >= 2 (the stability limit"), finding.message
+
+
+def test_a_product_exactly_at_the_limit_is_found():
+    """η = 0.5, λ_max = 4 on two records: η λ = 2, the limit 2 of plain SGD, included."""
+    diagnosis = Diagnosis(names=["w"], shapes=[(1, 5)])
+    for step in range(2):
+        diagnosis.feed(step, {"Loss": 2.0, "HessMaxEV": 4.0,
+                              "GradPresence": {"lr": 0.5, "optimizer": "SGD", "momentum": 0.0}})
+    assert [f.step for f in diagnosis.findings if f.kind == "edge_of_stability"] == [0]
 
 
 def test_a_non_finite_sharpness_is_not_judged():
