@@ -138,3 +138,28 @@ def test_the_noise_is_read_from_the_last_10_differences_between_logs():
     (finding, seen), = found
     assert seen == 140
     assert finding.evidence["noise"] == pytest.approx(1.4826 * 0.105 / 2 ** 0.5, rel=1e-3)
+
+
+def _epoch_findings(held, train):
+    """Findings of a log of epoch losses alone, one log every 10 steps."""
+    diagnosis, found = Diagnosis(), []
+    for i, (h, t) in enumerate(zip(held, train)):
+        found += [(f, 10 * i) for f in diagnosis.feed(10 * i, {"valid_loss": h, "train_loss": t})[0]
+                  if f.kind == "overfitting"]
+    return found
+
+
+@pytest.mark.parametrize("held, train, seen", [
+    # the rise's bound: the held-out level 1.1 is exactly 1.1 x the best level 1.0 (no noise between logs)
+    ([1.0, 1.0, 1.0, 1.0, 1.1, 1.1, 1.1], [1.0, 1.0, 1.0, 0.3, 0.3, 0.3, 0.3], 50),
+    # the gap's bound: the held-out level 1.5 is exactly 3 x the training level 0.5
+    ([1.0, 1.0, 1.0, 1.0, 1.5, 1.5, 1.5], [1.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.5], 50),
+    # the training level fell by 10 % only (0.9 of 1.0, not the 20 % needed), the held-out level 3.9x above it
+    ([1.0, 1.1, 1.0, 3.5, 3.6, 3.5], [1.0, 1.0, 1.0, 0.9, 0.9, 0.9], None),
+])
+def test_the_bounds_of_the_rise_and_the_gap_are_included_and_the_training_loss_must_fall(held, train, seen):
+    found = _epoch_findings(held, train)
+    assert [s for _, s in found] == ([seen] if seen is not None else [])
+    if found:
+        assert found[0][0].step == 20
+        assert found[0][0].suggestion.startswith("stop early (keep the checkpoint of step 20, the held-out minimum)")
