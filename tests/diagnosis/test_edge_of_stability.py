@@ -51,13 +51,14 @@ def test_only_sgd_is_judged(optimizer, found):
 
 def test_a_logged_learning_rate_stands_in_for_grad_presence():
     """No GradPresence (a log of another tool, or a Cockpit without the diagnosis' signals): ``cp.log``'s
-    learning_rate 0.5 is read, the optimizer counts as SGD; λ_max 6 twice: η λ = 3 ≥ 2, found at step 0."""
+    learning_rate 0.5 is read, the optimizer counts as SGD; λ_max 6, then 7: η λ = 3, then 3.5 ≥ 2, found at step 0."""
     diagnosis = Diagnosis(names=["w"], shapes=[(1, 5)])
-    for step in range(2):
-        diagnosis.feed(step, {"Loss": 2.0, "HessMaxEV": 6.0, "learning_rate": 0.5})
+    for step, lam in enumerate([6.0, 7.0]):
+        diagnosis.feed(step, {"Loss": 2.0, "HessMaxEV": lam, "learning_rate": 0.5})
     (finding,) = [f for f in diagnosis.findings if f.kind == "edge_of_stability"]
     assert finding.step == 0 and finding.evidence["lr"] == 0.5 and finding.evidence["product"] == 3.0
-    assert finding.message.startswith("lr * lambda_max = 0.5 * 6 = 3 >= 2 (the stability limit"), finding.message
+    assert finding.message == ("lr * lambda_max = 0.5 * 6 = 3 >= 2 (the stability limit 2(1+momentum)) at step 0, "
+                               "and 3.5 at step 1: the step size is at the edge of stability")
 
 
 def test_a_product_exactly_at_the_limit_is_found():
