@@ -241,6 +241,9 @@ QUOTES = [
     ("docs/development.md", "1,995 were killed before", "measured/mutation_full_subsample_histogram_log/totals/killed_before"),
     ("docs/development.md", "Its 203 survivors were 77\nmissing tests, 90 equivalent mutants and 36 that only a GPU reaches",
      "measured/mutation_full_subsample_histogram_log/totals/survivors|measured/mutation_full_subsample_histogram_log/totals/missing_tests|measured/mutation_full_subsample_histogram_log/totals/equivalent|measured/mutation_full_subsample_histogram_log/totals/left"),
+    ("docs/development.md", "531 mutants, 31 of them message\nwording, so 500 scored", "measured/mutation_full_diagnosis_rules/totals/mutants|measured/mutation_full_diagnosis_rules/totals/wording|measured/mutation_full_diagnosis_rules/totals/scored"),
+    ("docs/development.md", "432 of the 500 were killed. Their 68 survivors were 55 missing\ntests and 13 equivalent",
+     "measured/mutation_full_diagnosis_rules/totals/killed_before|measured/mutation_full_diagnosis_rules/totals/scored|measured/mutation_full_diagnosis_rules/totals/survivors|measured/mutation_full_diagnosis_rules/totals/missing_tests|measured/mutation_full_diagnosis_rules/totals/equivalent"),
     ("docs/development.md", "The first part ran 990 of the 1,404 mutants of 27d9f66",
      f"{E}/first/run|{E}/first/mutants|{E}/first/baseline"),
     ("docs/development.md", "920 were killed, and its 70 survivors were 11 missing tests, 52 equivalent\nmutants and 7 that",
@@ -307,6 +310,7 @@ WHOLE_GROUP_COLUMNS = {"mutants": 1, "scored": 2, "killed_before": 3, "killed": 
     ("mutation_full_engine_rules", WHOLE_GROUP_COLUMNS),
     ("mutation_full_formulas", WHOLE_GROUP_COLUMNS),
     ("mutation_full_subsample_histogram_log", WHOLE_GROUP_COLUMNS),
+    ("mutation_full_diagnosis_rules", WHOLE_GROUP_COLUMNS),
 ])
 def test_the_later_mutation_runs_totals_are_their_rows(table, columns):
     """The totals the prose quotes add up from the table's rows (a whole group's mutants: the message
