@@ -1,5 +1,5 @@
-"""``nan_loss``: the first non-finite loss (NaN, ±Inf, or ``null`` in a log), with the module (or ``"loss_fn"``) and the
-op where the first non-finite value appeared (``NonfiniteOrigin``)."""
+"""``nan_loss``: the first non-finite loss (NaN, ±Inf, or ``null`` in a log), with the module
+(or ``"loss_fn"``) and the op where the first non-finite value appeared (``NonfiniteOrigin``)."""
 
 import math
 
