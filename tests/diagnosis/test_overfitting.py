@@ -82,12 +82,12 @@ def test_a_log_of_epoch_losses_alone_is_read_and_quoted():
                   if f.kind == "overfitting"]
     (finding, seen), = found
     assert finding.step == 20 and seen == 40
-    noise = 1.4826 * 0.1 / 2 ** 0.5
-    assert finding.evidence["held_out"] == 2.5 and finding.evidence["held_out_min"] == 1.0
-    assert finding.evidence["train"] == 0.8 and finding.evidence["train_then"] == 1.0
-    assert finding.evidence["noise"] == pytest.approx(noise, rel=1e-3)
-    assert "14x its noise" in finding.message and "3.1x below it" in finding.message, finding.message
-    assert "the training loss fell from 1 to 0.8," in finding.message, finding.message
+    noise = finding.evidence.pop("noise")
+    assert noise == pytest.approx(1.4826 * 0.1 / 2 ** 0.5, rel=1e-3)
+    assert finding.evidence == {"held_out_min": 1.0, "held_out": 2.5, "train_then": 1.0, "train": 0.8, "step_seen": 40}
+    assert finding.message == ("the held-out loss rose from 1 (step 20) to 2.5 at step 40 (medians of 3 logs; 14x its "
+                               "noise between logs) while the training loss fell from 1 to 0.8, 3.1x below it: the "
+                               "model memorises the training set")
 
 
 def _logged_every_10(held, train_loss=None):
@@ -163,3 +163,16 @@ def test_the_bounds_of_the_rise_and_the_gap_are_included_and_the_training_loss_m
     if found:
         assert found[0][0].step == 20
         assert found[0][0].suggestion.startswith("stop early (keep the checkpoint of step 20, the held-out minimum)")
+
+
+def test_a_rise_of_exactly_twice_the_noise_is_found():
+    """The held-out loss alternates 1, h for 12 logs (h = 1 + 0.060001: every difference d = h - 1, best level 1
+    at log 2), then v, v: at log 13 the level is v, the last 10 differences are 8 x d, v - h and 0 (median d), and
+    v = 1 + 2σ with σ = 1.4826 d / √2, so the rise is 2σ exactly (d was picked so that 1 + 2σ - 1 rounds back to
+    2σ). The training level fell from 1 to 0.1."""
+    h = 1.0 + 0.060001
+    sigma = 1.4826 * (h - 1.0) / 2 ** 0.5
+    v = 1.0 + 2.0 * sigma
+    assert v - 1.0 == 2.0 * sigma and v >= 1.1  # the bound of the noise, not of the rise, is the one met
+    found = _epoch_findings([1.0, h] * 6 + [v, v], [1.0] * 6 + [0.1] * 8)
+    assert [(f.step, seen) for f, seen in found] == [(20, 130)]
