@@ -107,6 +107,7 @@ def test_the_layer_is_the_first_within_a_factor_2_of_the_largest():
     assert robust_argmax([98.0, 98.1, 40.0]) == 0
     assert robust_argmax([98.1, 98.0, 40.0]) == 0
     assert robust_argmax([10.0, 98.0, 60.0]) == 1
+    assert robust_argmax([1.0, 2.0]) == 0  # exactly half of the largest: within the factor 2
 
 
 def test_gradients_that_start_exploding_at_step_100_are_found_within_30_steps():
@@ -169,3 +170,26 @@ def test_activations_growing_through_the_layers_at_initialisation(rms, found):
         assert hits[0].evidence["modules"] == 3
         # the fix names the init of the third case, which is not found
         assert "Kaiming" in hits[0].suggestion and "PyTorch's default init" in hits[0].suggestion
+
+
+
+def _gains(gains):
+    """Findings of records whose two ReLU modules have RMS 1 and g (std 0): the gain per layer is g exactly."""
+    diagnosis = Diagnosis(names=NAMES, shapes=SHAPES)
+    for step, gain in enumerate(gains):
+        stats = {"2": {"type": "ReLU", "mean": 1.0, "std": 0.0}, "4": {"type": "ReLU", "mean": gain, "std": 0.0}}
+        diagnosis.feed(step, {**entry(step, 0.5), "ActivationStats": stats})
+    return [f for f in diagnosis.findings if f.kind == "exploding_gradients"]
+
+
+def test_a_gain_of_exactly_3_per_layer_on_the_first_3_records_is_found():
+    (hit,) = _gains([3.0, 3.0, 3.0])
+    assert hit.step == 0 and hit.evidence == {"gain": 3.0, "rms_first": 1.0, "rms_last": 3.0, "modules": 2}
+
+
+def test_the_message_quotes_the_first_record_s_gain_and_rms_and_the_last_record_s_gain():
+    """Gains 3.25, 4, 5.125 on the first three records: 2 digits of the gains, 3 of the RMS."""
+    (hit,) = _gains([3.25, 4.0, 5.125])
+    assert hit.message == ("at step 0 the activations grow 3.2x per layer on average (RMS 1 in '2' to 3.25 in '4', 2 "
+                           "activation modules; still 5.1x at step 2): the initial weights are too large, and the "
+                           "gradients grow by the same factor per layer towards the input")
