@@ -193,3 +193,11 @@ def test_the_message_quotes_the_first_record_s_gain_and_rms_and_the_last_record_
     assert hit.message == ("at step 0 the activations grow 3.2x per layer on average (RMS 1 in '2' to 3.25 in '4', 2 "
                            "activation modules; still 5.1x at step 2): the initial weights are too large, and the "
                            "gradients grow by the same factor per layer towards the input")
+
+
+def test_an_overflowed_gradient_norm_is_not_judged_against_the_early_level():
+    """A record whose gradient norm is inf (a GradScaler's overflow, a step the scaler skips) is no growth of
+    "infx its early level": the rule reads finite norms only."""
+    grads = [0.33, 0.5, 0.05, 0.4, 0.05, 0.3, 0.05]
+    entries = [entry(step, 0.5) for step in range(4)] + [entry(4, 0.5, grads=[float("inf")] + grads[1:])]
+    assert not [f for f in kinds(entries) if f.kind == "exploding_gradients"]
