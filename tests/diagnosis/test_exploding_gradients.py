@@ -201,3 +201,35 @@ def test_an_overflowed_gradient_norm_is_not_judged_against_the_early_level():
     grads = [0.33, 0.5, 0.05, 0.4, 0.05, 0.3, 0.05]
     entries = [entry(step, 0.5) for step in range(4)] + [entry(4, 0.5, grads=[float("inf")] + grads[1:])]
     assert not [f for f in kinds(entries) if f.kind == "exploding_gradients"]
+
+
+def _totals(grads, names=("a.weight", "b.weight")):
+    """exploding_gradients' findings of records with these per-tensor gradient norms (no parameter norms)."""
+    diagnosis = Diagnosis(names=list(names), shapes=[(4, 4)] * len(names))
+    for step, norms in enumerate(grads):
+        diagnosis.feed(step, {"Loss": 2.3, "GradNorm": norms})
+    return [f for f in diagnosis.findings if f.kind == "exploding_gradients"]
+
+
+def test_zero_gradients_from_the_start_have_no_early_level_to_grow_from():
+    """All-zero gradients (every weight zero-initialised): no early level, nothing judged against it."""
+    assert _totals([[0.0, 0.0]] * 5) == []
+
+
+@pytest.mark.parametrize("early, late, found", [
+    (1e-3, 0.5, True),      # small gradients grow 500x: the size of the norm itself does not matter
+    (1.0, 100.0, True),     # exactly 100x the early level, included
+    (1.0, 99.0, False),
+])
+def test_the_growth_over_the_early_level_decides(early, late, found):
+    """One tensor's norm: ``early`` on 3 records, then ``late``; the other tensor's gradient is 0."""
+    hits = _totals([[early, 0.0]] * 3 + [[late, 0.0]])
+    assert [(f.step, f.layer, f.evidence["growth"]) for f in hits] == \
+        ([(3, "a", pytest.approx(late / early, rel=1e-3))] if found else [])
+
+
+def test_a_tensor_that_was_not_in_the_early_records_has_no_early_norm():
+    """The early records hold two tensors; the exploding record three (a parameter added to the optimizer mid-run):
+    the new tensor's own growth is 0 (no early norm), the growth is found in the first tensor."""
+    hits = _totals([[1.0, 1.0]] * 3 + [[300.0, 1.0, 2.0]], names=("a.weight", "b.weight", "c.weight"))
+    assert [(f.step, f.layer, f.evidence["layer_growth"]) for f in hits] == [(3, "a", 300.0)]

@@ -107,7 +107,7 @@ class ExplodingGradients(Rule):
             return []
         per = []
         for i, now in enumerate(norms):
-            before = [n[i] for _, _, n in history.grads if i < len(n) and finite(n[i])]
+            before = [n[i] for _, _, n in history.grads if i < len(n)]  # History.grads: finite totals, finite norms
             base = statistics.median(before) if before else 0.0
             per.append(now / base if base > 0 and finite(now) else 0.0)
         # the layer: the weight tensor whose gradient is largest against its weights, where the backward signal
