@@ -230,6 +230,7 @@ def test_the_growth_over_the_early_level_decides(early, late, found):
 
 def test_a_tensor_that_was_not_in_the_early_records_has_no_early_norm():
     """The early records hold two tensors; the exploding record three (a parameter added to the optimizer mid-run):
-    the new tensor's own growth is 0 (no early norm), the growth is found in the first tensor."""
-    hits = _totals([[1.0, 1.0]] * 3 + [[300.0, 1.0, 2.0]], names=("a.weight", "b.weight", "c.weight"))
+    the new tensor's own growth is 0 (no early norm, however large its norm), the growth is found in the first
+    tensor."""
+    hits = _totals([[1.0, 1.0]] * 3 + [[300.0, 1.0, 1000.0]], names=("a.weight", "b.weight", "c.weight"))
     assert [(f.step, f.layer, f.evidence["layer_growth"]) for f in hits] == [(3, "a", 300.0)]
