@@ -234,3 +234,17 @@ def test_a_tensor_that_was_not_in_the_early_records_has_no_early_norm():
     tensor."""
     hits = _totals([[1.0, 1.0]] * 3 + [[300.0, 1.0, 1000.0]], names=("a.weight", "b.weight", "c.weight"))
     assert [(f.step, f.layer, f.evidence["layer_growth"]) for f in hits] == [(3, "a", 300.0)]
+
+
+@pytest.mark.parametrize("early, late, layer, own", [
+    # the tensor whose norm grew most over its own early norm, not the first
+    ([1.0, 1.0], [1.0, 300.0], "b", 300.0),
+    # no tensor grew over an early norm of its own (a's was 0; b's gradient is now 0, or shrank): the growth is in
+    # a, which had no early gradient: the largest gradient, and no "0x its own early norm"
+    ([0.0, 1.0], [300.0, 0.0], "a", None),
+    ([0.0, 1.0], [300.0, 0.5], "a", None),
+])
+def test_without_parameter_norms_the_layer_is_the_one_that_grew_most_over_its_own_early_norm(early, late, layer, own):
+    (hit,) = _totals([early] * 3 + [late])
+    assert (hit.step, hit.layer, hit.evidence["layer_growth"]) == (3, layer, own)
+    assert ("no early gradient of its own)" in hit.message) == (own is None), hit.message

@@ -96,3 +96,14 @@ def test_a_record_without_a_batch_size_is_left_out_of_the_window():
         diagnosis.feed(step, entry)
     (finding,) = [f for f in diagnosis.findings if f.kind == "noise_dominates"]
     assert finding.step == 0 and "over steps 0-5" in finding.message, finding.message
+
+
+def test_the_message_of_a_noise_that_explains_nearly_all_quotes_both_parts():
+    """tr(Sigma)/B = 32 / 32 = 1 and |g|^2 = 1.0009: |G|^2 = 0.0009, B_simple / B = 1 / (0.0009 * 32) = 1111 > 1000,
+    too large to quote; the squared norm is 1 + 0.0009 (3 digits: 1)."""
+    (finding,) = run(32.0, 1.0009)
+    assert finding.message == (
+        "the mini-batch gradients' variance tr(Sigma)/B (1) explains nearly all of their squared norm (1, mean) over "
+        "steps 0-4: the mean gradient is not measurably different from zero at B = 32, so each step follows noise")
+    (finding,) = run(32.0, 0.5)  # |g|^2 below tr(Sigma)/B: the squared norm is the noise's part alone
+    assert "variance tr(Sigma)/B (1) explains all of their squared norm (1, mean)" in finding.message

@@ -22,7 +22,10 @@ Three conditions, any one is enough (reported once):
   first, in record order, within a factor 2 of the largest: a near-tie of floats never
   decides it), where the backward signal is amplified: an RNN's recurrent matrix, not the
   embedding that inherits its gradient (whose growth over its own small early norm is as
-  large). Without parameter norms, the parameter whose own norm grew most over its early level.
+  large). Without parameter norms, the parameter whose own norm grew most over its early level;
+  if none grew (the growth is in tensors without an early gradient of their own: zero, or not
+  recorded), the largest gradient. The message quotes a tensor's growth over its own early
+  norm, or says it had none (never "0x").
 - *input to output*: relative gradients r = ‖g‖/‖θ‖ (weight tensors, tiny and zero-initialised
   ones left out, see ``History.relative_gradients``) at the input end ≥ ``EXPLODE_RATIO`` times
   those at the output end (max r of the last two), sustained ``SUSTAIN`` records. The input end
@@ -105,11 +108,11 @@ class ExplodingGradients(Rule):
         growth = total / level
         if growth < T.EXPLODE_GROWTH:
             return []
-        per = []
+        per = []  # each tensor's growth over its own early norm, None without one
         for i, now in enumerate(norms):
             before = [n[i] for _, _, n in history.grads if i < len(n)]  # History.grads: finite totals, finite norms
             base = statistics.median(before) if before else 0.0
-            per.append(now / base if base > 0 and finite(now) else 0.0)
+            per.append(now / base if base > 0 else None)
         # the layer: the weight tensor whose gradient is largest against its weights, where the backward signal
         # is amplified (an RNN's recurrent matrix); a tensor's growth over its own early norm would reward a
         # small early gradient instead (the embedding the RNN feeds its gradient to)
@@ -117,13 +120,15 @@ class ExplodingGradients(Rule):
         if relative:
             indices = sorted(relative)
             index = indices[robust_argmax([relative[i] for i in indices])]
-        else:  # no parameter norms: the largest growth over its own early norm
-            index = robust_argmax(per) if max(per) > 0 else 0
+        else:  # no parameter norms: the largest growth over its own early norm, else the largest gradient
+            grown = [g if g is not None and g > 1 else 0.0 for g in per]
+            index = robust_argmax(grown) if max(grown) > 0 else robust_argmax(norms)
+        own = "no early gradient of its own" if per[index] is None else f"{fmt(per[index], 2)}x its own early norm"
         where = module_of(history.name(index))
         return [Finding(
             self.KIND, where, step, "error",
             f"the gradient norm is {fmt(growth, 2)}x its early level {fmt(level)} at step {step}; largest "
-            f"against its weights in {where!r} ({fmt(per[index], 2)}x its own early norm"
+            f"against its weights in {where!r} ({own}"
             + (f", ||g||/||w|| = {fmt(relative[index], 2)})" if index in relative else ")"),
             SUGGESTION,
             {"growth": plain(growth), "early_level": plain(level), "layer_growth": plain(per[index]),

@@ -55,7 +55,7 @@ class NoiseDominates(Rule):
         else:  # the noise explains all (or nearly all) of |g|^2: no meaningful size to quote
             simple = ratio * batch if finite(ratio) else float("inf")
             message = (f"the mini-batch gradients' variance tr(Sigma)/B ({fmt(trace / batch)}) explains "
-                       f"{'all' if not finite(ratio) or signal <= 0 else 'nearly all'} of their squared norm "
+                       f"{'nearly all' if finite(ratio) else 'all'} of their squared norm "
                        f"({fmt(trace / batch + max(signal, 0.0))}, mean) {span}: the mean gradient is not measurably "
                        f"different from zero at B = {batch}, so each step follows noise")
             suggestion = ("if the loss has stopped improving, use a several times larger batch (or accumulate "
