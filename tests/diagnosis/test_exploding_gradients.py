@@ -248,3 +248,21 @@ def test_without_parameter_norms_the_layer_is_the_one_that_grew_most_over_its_ow
     (hit,) = _totals([early] * 3 + [late])
     assert (hit.step, hit.layer, hit.evidence["layer_growth"]) == (3, layer, own)
     assert ("no early gradient of its own)" in hit.message) == (own is None), hit.message
+
+
+@pytest.mark.parametrize("params, end", [
+    (None, ")"),                     # no parameter norms: b grew most over its own early norm
+    ([2.0, 4.0], ", ||g||/||w|| = 63)"),  # b's relative gradient 250.5 / 4 = 62.6 is the largest
+])
+def test_the_growth_message_quotes_the_growth_the_early_level_and_the_layer_s_numbers(params, end):
+    """Early norms [1, 1] (total sqrt 2 = 1.41), then [1, 250.5]: the total 250.502 is 177x the early level; b's
+    norm 250.5x its own."""
+    diagnosis = Diagnosis(names=["a.weight", "b.weight"], shapes=[(4, 4), (4, 4)])
+    for step, grads in enumerate([[1.0, 1.0]] * 3 + [[1.0, 250.5]]):
+        diagnosis.feed(step, {"Loss": 2.3, "GradNorm": grads, **({"ParamNorm": params} if params else {})})
+    (hit,) = [f for f in diagnosis.findings if f.kind == "exploding_gradients"]
+    assert hit.message == ("the gradient norm is 1.8e+02x its early level 1.41 at step 3; largest against its weights "
+                           "in 'b' (2.5e+02x its own early norm" + end)
+    assert hit.suggestion.startswith("clip the gradient norm (torch.nn.utils.clip_grad_norm_)")
+    assert hit.evidence == {"growth": 177.1, "early_level": 1.414, "layer_growth": 250.5,
+                            "relative": 62.62 if params else None}
