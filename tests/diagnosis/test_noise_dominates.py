@@ -107,3 +107,24 @@ def test_the_message_of_a_noise_that_explains_nearly_all_quotes_both_parts():
         "steps 0-4: the mean gradient is not measurably different from zero at B = 32, so each step follows noise")
     (finding,) = run(32.0, 0.5)  # |g|^2 below tr(Sigma)/B: the squared norm is the noise's part alone
     assert "variance tr(Sigma)/B (1) explains all of their squared norm (1, mean)" in finding.message
+
+
+@pytest.mark.parametrize("norm_test, found", [(0.96, True), (0.9, False)])
+def test_without_grad_variance_the_norm_test_gives_the_noise(norm_test, found):
+    """NormTest t = sqrt(tr(Sigma) / (B |g|^2)): tr(Sigma) = t^2 B |g|^2, so B_simple / B = t^2 / (1 - t^2): 11.76
+    at t = 0.96, 4.26 at t = 0.9 (below 10)."""
+    diagnosis = Diagnosis(names=["w"], shapes=[(4, 4)])
+    for step in range(6):
+        diagnosis.feed(step, {"Loss": 2.3, "GradNorm": [2.0], "NormTest": norm_test, "batch": {"size": 32}})
+    found_ = [f.evidence["noise_over_batch"] for f in diagnosis.findings if f.kind == "noise_dominates"]
+    assert found_ == ([pytest.approx(0.96 ** 2 / (1 - 0.96 ** 2), rel=1e-3)] if found else [])
+
+
+@pytest.mark.parametrize("variance, grads", [([math.nan], [1.0]), ([64.0], [math.inf])])
+def test_a_record_with_a_non_finite_part_is_left_out(variance, grads):
+    """A batch of one sample has no variance (NaN); an overflowed gradient norm: neither record is read, so a
+    window of them finds nothing (and never a NaN ratio)."""
+    diagnosis = Diagnosis(names=["w"], shapes=[(4, 4)])
+    for step in range(6):
+        diagnosis.feed(step, {"Loss": 2.3, "GradNorm": grads, "GradVariance": variance, "batch": {"size": 32}})
+    assert not [f for f in diagnosis.findings if f.kind == "noise_dominates"]

@@ -63,3 +63,10 @@ def test_a_training_loss_exactly_at_the_chance_loss_bound_has_not_learned():
     on the bound, not below it, so the training loss has not learned and 10 % held out is found; 1.89 has learned."""
     assert "shuffled_labels" in run(lambda s: 0.1, loss=lambda s: 2.0 if s < 3 else 1.9)
     assert "shuffled_labels" not in run(lambda s: 0.1, loss=lambda s: 2.0 if s < 3 else 1.89)
+
+
+def test_a_first_layer_at_exactly_1e_3_of_the_output_end_s_relative_gradient_is_not_flowing():
+    """||g||/||w|| of the first weight tensor 0.005 / 5 = 1e-3, exactly 1e-3 of the output end's 3 / 3 = 1: the
+    bound of vanishing_gradients, included, so the gradient does not reach the inputs; 0.0051 / 5 is above it."""
+    assert "shuffled_labels" not in run(lambda s: 0.1, grads=(0.005, 0.1, 3.0, 0.1))
+    assert "shuffled_labels" in run(lambda s: 0.1, grads=(0.0051, 0.1, 3.0, 0.1))
