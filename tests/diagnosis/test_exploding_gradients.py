@@ -208,6 +208,7 @@ def _totals(grads, names=("a.weight", "b.weight")):
     diagnosis = Diagnosis(names=list(names), shapes=[(4, 4)] * len(names))
     for step, norms in enumerate(grads):
         diagnosis.feed(step, {"Loss": 2.3, "GradNorm": norms})
+    assert diagnosis.failures == []  # records without parameter norms hold no input-to-output streak either
     return [f for f in diagnosis.findings if f.kind == "exploding_gradients"]
 
 
@@ -266,3 +267,15 @@ def test_the_growth_message_quotes_the_growth_the_early_level_and_the_layer_s_nu
     assert hit.suggestion.startswith("clip the gradient norm (torch.nn.utils.clip_grad_norm_)")
     assert hit.evidence == {"growth": 177.1, "early_level": 1.414, "layer_growth": 250.5,
                             "relative": 62.62 if params else None}
+
+
+def test_records_without_parameter_norms_break_the_input_to_output_streak():
+    """The input end is 133x the output end's on every record, but steps 1 and 2 have no ParamNorm: the streak of 3
+    restarts at step 3 and is found at step 5, from step 3."""
+    records = [entry(s, 0.5, _relative_gradients(30.0, 20.0)) for s in range(7)]
+    del records[1]["ParamNorm"], records[2]["ParamNorm"]
+    diagnosis = Diagnosis(names=NAMES, shapes=SHAPES)
+    seen = []
+    for step, record in enumerate(records):
+        seen += [(f.step, step) for f in diagnosis.feed(step, record)[0] if f.kind == "exploding_gradients"]
+    assert seen == [(3, 5)]

@@ -4,6 +4,8 @@ activations fade through the layers (a deep net's plateau at initialisation)."""
 
 import math
 
+import pytest
+
 from cockpit_lite.diagnosis import Diagnosis
 
 
@@ -70,3 +72,29 @@ def test_a_first_layer_at_exactly_1e_3_of_the_output_end_s_relative_gradient_is_
     bound of vanishing_gradients, included, so the gradient does not reach the inputs; 0.0051 / 5 is above it."""
     assert "shuffled_labels" not in run(lambda s: 0.1, grads=(0.005, 0.1, 3.0, 0.1))
     assert "shuffled_labels" in run(lambda s: 0.1, grads=(0.0051, 0.1, 3.0, 0.1))
+    # 1.5e-3 / 5 = 3e-4 is 2.25e-3 of the output end's 0.4 / 3: above the bound, the gradient flows
+    assert "shuffled_labels" in run(lambda s: 0.1, grads=(1.5e-3, 0.1, 0.4, 0.1))
+
+
+@pytest.mark.parametrize("activations, found", [
+    ([0.4, 0.4, 0.4, 0.1], False),   # the last module's RMS over the first's: 1/4, faded
+    ([0.1, 0.4, 0.4, 0.1], True),    # 1: not faded, whatever the modules between
+    ([3.0, 2.0, 2.0, 1.0], False),   # exactly 1/3 (1 / ACT_GAIN), included
+    ([0.4, 0.3, 0.3, 0.2], True),    # 1/2: above 1/3
+])
+def test_the_activations_fade_when_the_last_module_s_rms_is_at_most_a_third_of_the_first_s(activations, found):
+    assert ("shuffled_labels" in run(lambda s: 0.1, activations=activations)) == found
+
+
+def test_a_log_of_held_out_metrics_without_a_training_loss_is_not_judged():
+    """valid_accuracy at chance, but no mini-batch loss: no L0, so no number of classes; nothing found, nothing fails."""
+    diagnosis = Diagnosis()
+    for step in range(0, 100, 10):
+        diagnosis.feed(step, {"valid_accuracy": 0.1})
+    assert diagnosis.findings == [] and diagnosis.failures == []
+
+
+def test_a_loss_of_exactly_0_gives_no_number_of_classes():
+    """A hinge loss at 0 from the start (L0 = 0): no number of classes to call chance, so a held-out accuracy of
+    50 % is not judged."""
+    assert "shuffled_labels" not in run(lambda s: 0.5, loss=lambda s: 0.0)
