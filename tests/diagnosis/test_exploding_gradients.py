@@ -52,6 +52,22 @@ def test_one_odd_tensor_at_the_input_end_does_not_fire_on_its_own():
     assert [f for f in found if f.kind == "exploding_gradients"] == [], found
 
 
+def test_the_second_tensor_alone_at_the_input_end_does_not_fire_either():
+    """r of the second weight tensor 200x the output end's, the first's ordinary: the input end is min(0.125, 30)."""
+    found = kinds([entry(s, 0.5, _relative_gradients(0.125, 30.0)) for s in range(8)])
+    assert [f for f in found if f.kind == "exploding_gradients"] == [], found
+
+
+def test_with_three_weight_tensors_the_input_end_is_the_first():
+    """Weights a, b, c with ||w|| 1 and ||g|| 20, 0.1, 0.2: r 20 at the input end against max(0.1, 0.2) at the
+    output end (the last two), 100x: found (too few tensors to ask for two at the input end)."""
+    diagnosis = Diagnosis(names=["a.weight", "b.weight", "c.weight"], shapes=[(4, 4)] * 3)
+    for step in range(4):
+        diagnosis.feed(step, {"Loss": 2.3, "GradNorm": [20.0, 0.1, 0.2], "ParamNorm": [1.0, 1.0, 1.0]})
+    hits = [f for f in diagnosis.findings if f.kind == "exploding_gradients"]
+    assert [(f.step, f.layer, f.evidence["input_to_output"]) for f in hits] == [(0, "a", 100.0)]
+
+
 def test_both_tensors_at_the_input_end_fire():
     """r 30 and 20 at the input end, 0.15 at the output end: min(30, 20) / 0.15 = 133x from the first
     record on, found after SUSTAIN (3) records; the layer is the largest r's."""

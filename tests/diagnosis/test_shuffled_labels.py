@@ -98,3 +98,14 @@ def test_a_loss_of_exactly_0_gives_no_number_of_classes():
     """A hinge loss at 0 from the start (L0 = 0): no number of classes to call chance, so a held-out accuracy of
     50 % is not judged."""
     assert "shuffled_labels" not in run(lambda s: 0.5, loss=lambda s: 0.0)
+
+
+def test_held_out_logs_count_from_the_10th_loss_on():
+    """Held-out accuracy at chance logged at steps 9, 10 and 11 only: at step 9 the history holds 10 losses
+    (MIN_STEPS, included), so the three logs make the streak, found from step 9."""
+    diagnosis = Diagnosis(names=["0.weight", "0.bias", "2.weight", "2.bias"], shapes=[(8, 4), (8,), (3, 8), (3,)])
+    for step in range(12):
+        entry = {"Loss": 2.3, "ParamNorm": [5.0, 1.0, 3.0, 0.5], "UpdateSize": [0.05, 0.01, 0.03, 0.005],
+                 "GradNorm": [0.5, 0.1, 0.4, 0.1], **({"valid_accuracy": 0.1} if step >= 9 else {})}
+        diagnosis.feed(step, entry)
+    assert [f.step for f in diagnosis.findings if f.kind == "shuffled_labels"] == [9]
