@@ -295,3 +295,11 @@ def test_records_without_parameter_norms_break_the_input_to_output_streak():
     for step, record in enumerate(records):
         seen += [(f.step, step) for f in diagnosis.feed(step, record)[0] if f.kind == "exploding_gradients"]
     assert seen == [(3, 5)]
+
+
+def test_no_gradient_at_the_output_end_is_blocked_not_exploding():
+    """Weights a, b, c with ||w|| 1 and ||g|| 20, 0, 0: the output end's r is 0, no factor to compare against."""
+    diagnosis = Diagnosis(names=["a.weight", "b.weight", "c.weight"], shapes=[(4, 4)] * 3)
+    for step in range(4):
+        diagnosis.feed(step, {"Loss": 2.3, "GradNorm": [20.0, 0.0, 0.0], "ParamNorm": [1.0, 1.0, 1.0]})
+    assert [f for f in diagnosis.findings if f.kind == "exploding_gradients"] == [] and diagnosis.failures == []

@@ -109,3 +109,9 @@ def test_held_out_logs_count_from_the_10th_loss_on():
                  "GradNorm": [0.5, 0.1, 0.4, 0.1], **({"valid_accuracy": 0.1} if step >= 9 else {})}
         diagnosis.feed(step, entry)
     assert [f.step for f in diagnosis.findings if f.kind == "shuffled_labels"] == [9]
+
+
+def test_the_number_of_classes_read_from_a_large_loss_is_capped_at_e_to_the_20():
+    """L0 = 1000 (a loss summed over the batch): exp(L0) would overflow; the classes are capped at round(e^20)."""
+    found = run(lambda s: 0.0, loss=lambda s: 1000.0)
+    assert found["shuffled_labels"].evidence["classes"] == round(math.exp(20.0))
