@@ -303,3 +303,26 @@ def test_no_gradient_at_the_output_end_is_blocked_not_exploding():
     for step in range(4):
         diagnosis.feed(step, {"Loss": 2.3, "GradNorm": [20.0, 0.0, 0.0], "ParamNorm": [1.0, 1.0, 1.0]})
     assert [f for f in diagnosis.findings if f.kind == "exploding_gradients"] == [] and diagnosis.failures == []
+
+
+def _three_weights(first_norms):
+    """exploding_gradients' findings of records of weights a, b, c (||w|| 1) with ||g|| = first, 0.1, 0.2."""
+    diagnosis = Diagnosis(names=["a.weight", "b.weight", "c.weight"], shapes=[(4, 4)] * 3)
+    for step, first in enumerate(first_norms):
+        diagnosis.feed(step, {"Loss": 2.3, "GradNorm": [first, 0.1, 0.2], "ParamNorm": [1.0, 1.0, 1.0]})
+    return [f for f in diagnosis.findings if f.kind == "exploding_gradients"]
+
+
+def test_an_input_end_exactly_50_times_the_output_end_s_is_found():
+    """r 10 at the input end, 0.2 at the output end: 10 / 0.2 = 50 exactly (the bound, included)."""
+    assert [f.step for f in _three_weights([10.0] * 3)] == [0]
+    assert _three_weights([9.9] * 3) == []
+
+
+def test_the_input_to_output_message_quotes_the_first_and_the_last_record_s_factors():
+    """r at the input end 20.37, 25, 30 against 0.2: 102x at step 0, 150x at step 2; a's r 20.37 at step 0."""
+    (hit,) = _three_weights([20.37, 25.0, 30.0])
+    assert hit.message == ("relative to their weights, the gradients at the input end are 1e+02x those at the output "
+                           "end at step 0 (1.5e+02x at step 2); largest in 'a' (||g||/||w|| = 20 at step 0)")
+    assert hit.suggestion.startswith("clip the gradient norm (torch.nn.utils.clip_grad_norm_)")
+    assert hit.evidence == {"input_to_output": 101.8, "largest": 20.37}
