@@ -9,13 +9,15 @@ import pytest
 from cockpit_lite.diagnosis import Diagnosis
 
 
-def run(accuracy, loss=lambda s: 2.3, activations=None, grads=(0.5, 0.1, 0.4, 0.1)):
+def run(accuracy, loss=lambda s: 2.3, activations=None, grads=(0.5, 0.1, 0.4, 0.1), updates=1.0):
     """``{kind: finding}`` of a run logging held-out ``accuracy(step)`` every 10 steps; ``activations``: RMS of each
-    ReLU module (``ActivationStats``); ``grads``: GradNorm (the weights' norms are 5 and 3)."""
+    ReLU module (``ActivationStats``); ``grads``: GradNorm (the weights' norms are 5 and 3); ``updates``: a factor on
+    the updates (or ``updates(step)``), ||dθ|| / ||θ|| = 0.01 at 1."""
     diagnosis = Diagnosis(names=["0.weight", "0.bias", "2.weight", "2.bias"], shapes=[(8, 4), (8,), (3, 8), (3,)])
     for step in range(61):
-        entry = {"Loss": loss(step), "ParamNorm": [5.0, 1.0, 3.0, 0.5], "UpdateSize": [0.05, 0.01, 0.03, 0.005],
-                 "GradNorm": list(grads)}
+        factor = updates(step) if callable(updates) else updates
+        entry = {"Loss": loss(step), "ParamNorm": [5.0, 1.0, 3.0, 0.5],
+                 "UpdateSize": [factor * u for u in (0.05, 0.01, 0.03, 0.005)], "GradNorm": list(grads)}
         if activations is not None:
             entry["ActivationStats"] = {str(i): {"type": "ReLU", "mean": a, "std": 0.0} for i, a in enumerate(activations)}
         if step % 10 == 0:
@@ -87,7 +89,8 @@ def test_the_activations_fade_when_the_last_module_s_rms_is_at_most_a_third_of_t
 
 
 def test_a_log_of_held_out_metrics_without_a_training_loss_is_not_judged():
-    """valid_accuracy at chance, but no mini-batch loss: no L0, so no number of classes; nothing found, nothing fails."""
+    """valid_accuracy at chance, but no mini-batch loss: no L0, so no number of classes; nothing found, nothing
+    fails."""
     diagnosis = Diagnosis()
     for step in range(0, 100, 10):
         diagnosis.feed(step, {"valid_accuracy": 0.1})
@@ -115,3 +118,32 @@ def test_the_number_of_classes_read_from_a_large_loss_is_capped_at_e_to_the_20()
     """L0 = 1000 (a loss summed over the batch): exp(L0) would overflow; the classes are capped at round(e^20)."""
     found = run(lambda s: 0.0, loss=lambda s: 1000.0)
     assert found["shuffled_labels"].evidence["classes"] == round(math.exp(20.0))
+
+
+def test_the_message_quotes_the_accuracy_the_chance_and_the_median_of_the_last_5_losses():
+    """L0 = 2 (7 classes, chance 14.3 %); at step 30 the last 5 losses are 2, 2, 2, 2.1, 2.1 (median 2; with step
+    25's 2.1 the last 6 would give 2.05)."""
+    found = run(lambda s: 0.1, loss=lambda s: 2.1 if s in (25, 29, 30) else 2.0)["shuffled_labels"]
+    assert found.step == 10
+    assert found.message == ("held-out accuracy is 10% at step 30 (chance for ~7 classes: 14.3%) while training moves "
+                             "the weights and the loss goes 2 -> 2: the labels look independent of the inputs")
+    assert found.evidence == {"accuracy": 0.1, "chance": 0.1429, "classes": 7, "loss": 2.0}
+
+
+def test_the_training_loss_has_learned_by_the_median_of_its_last_3_records():
+    """At step 30 the last 3 losses are 1.5, 2, 2 (median 2, not below 0.95 L0 = 1.9); the last 4, 1.5, 1.5, 2, 2,
+    would say it learned."""
+    assert run(lambda s: 0.1, loss=lambda s: 1.5 if s in (27, 28) else 2.0)["shuffled_labels"].step == 10
+
+
+def test_the_weights_move_by_the_median_of_the_last_5_updates():
+    """At step 30 the last 6 relative updates are 1e-5 three times, then 3.2e-4, 1e-3, 1e-3: the last 5's median
+    3.2e-4 is above 3e-4 (the weights move: found from step 10), the last 6's would be 1.65e-4."""
+    factor = {25: 1e-3, 26: 1e-3, 27: 1e-3, 28: 0.032}
+    found = run(lambda s: 0.1, updates=lambda s: factor.get(s, 0.1 if s > 28 else 1.0))
+    assert found["shuffled_labels"].step == 10
+
+
+def test_weights_that_barely_move_are_not_shuffled_labels():
+    """||dθ|| / ||θ|| = 1e-5, below 3e-4: the run does not train, whatever the labels."""
+    assert "shuffled_labels" not in run(lambda s: 0.1, updates=1e-3)
