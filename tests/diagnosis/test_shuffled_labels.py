@@ -147,3 +147,15 @@ def test_the_weights_move_by_the_median_of_the_last_5_updates():
 def test_weights_that_barely_move_are_not_shuffled_labels():
     """||dθ|| / ||θ|| = 1e-5, below 3e-4: the run does not train, whatever the labels."""
     assert "shuffled_labels" not in run(lambda s: 0.1, updates=1e-3)
+
+
+def test_the_bounds_of_the_accuracy_the_loss_and_the_updates_are_included():
+    """L0 = ln 2 (two classes): an accuracy of exactly 75 % is at chance; L0 = 2 and a loss of exactly 1.1 L0 = 2.2 is
+    not diverging; ||dθ|| / ||θ|| exactly 3e-4 (||θ|| = |(3, 0, 4, 0)| = 5) moves the weights."""
+    assert "shuffled_labels" in run(lambda s: 0.75, loss=lambda s: math.log(2.0))
+    assert "shuffled_labels" in run(lambda s: 0.1, loss=lambda s: 2.0 if s < 3 else 2.2)
+    diagnosis = Diagnosis(names=["0.weight", "0.bias", "2.weight", "2.bias"], shapes=[(8, 4), (8,), (3, 8), (3,)])
+    for step in range(31):
+        diagnosis.feed(step, {"Loss": 2.3, "ParamNorm": [3.0, 0.0, 4.0, 0.0], "UpdateSize": [3e-4 * 5.0, 0.0, 0.0, 0.0],
+                              "GradNorm": [0.5, 0.1, 0.4, 0.1], **({"valid_accuracy": 0.1} if step % 10 == 0 else {})})
+    assert [f.step for f in diagnosis.findings if f.kind == "shuffled_labels"] == [10]
