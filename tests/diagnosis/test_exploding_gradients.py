@@ -326,3 +326,13 @@ def test_the_input_to_output_message_quotes_the_first_and_the_last_record_s_fact
                            "end at step 0 (1.5e+02x at step 2); largest in 'a' (||g||/||w|| = 20 at step 0)")
     assert hit.suggestion.startswith("clip the gradient norm (torch.nn.utils.clip_grad_norm_)")
     assert hit.evidence == {"input_to_output": 101.8, "largest": 20.37}
+
+
+def test_a_tensor_that_joins_the_streak_late_is_quoted_at_its_first_record():
+    """The class token is too small to judge at step 0 (||w|| 1e-9), 0.5 from step 1: the input end is patch's r 20
+    at step 0, min(30, 20) after, 133x the output end's 0.15; the largest r, the class token's 30, is quoted at
+    step 1, its first record (not "nan at step 0")."""
+    found = kinds([entry(s, 1e-9 if s == 0 else 0.5, _relative_gradients(30.0, 20.0)) for s in range(3)])
+    (hit,) = [f for f in found if f.kind == "exploding_gradients"]
+    assert (hit.step, hit.layer, hit.evidence["largest"]) == (0, "cls_token", 30.0)
+    assert hit.message.endswith("largest in 'cls_token' (||g||/||w|| = 30 at step 1)"), hit.message

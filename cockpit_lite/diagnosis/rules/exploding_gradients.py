@@ -34,7 +34,6 @@ Three conditions, any one is enough (reported once):
   largest.
 """
 
-import math
 import statistics
 
 from cockpit_lite.diagnosis import thresholds as T
@@ -153,16 +152,18 @@ class ExplodingGradients(Rule):
             self.relative.append((step, growth, dict(ratios)))
         if not self.streak.see(step, holds):
             return []
-        start, first_growth, first_ratios = self.relative[0]
+        start, first_growth, _ = self.relative[0]
         indices = [i for i, _ in ratios]
         medians = [statistics.median(r[i] for _, _, r in self.relative if i in r) for i in indices]
         index = indices[robust_argmax(medians)]
+        # its r at the first record of the streak that has one (a tensor too small to judge there may join later)
+        seen, largest = next((s, r[index]) for s, _, r in self.relative if index in r)
         where = module_of(history.name(index))
         return [Finding(
             self.KIND, where, start, "error",
             f"relative to their weights, the gradients at the input end are {fmt(first_growth, 2)}x those at the "
             f"output end at step {start} ({fmt(growth, 2)}x at step {step}); largest in {where!r} "
-            f"(||g||/||w|| = {fmt(first_ratios.get(index, math.nan), 2)} at step {start})",
+            f"(||g||/||w|| = {fmt(largest, 2)} at step {seen})",
             SUGGESTION,
-            {"input_to_output": plain(first_growth), "largest": plain(first_ratios.get(index))},
+            {"input_to_output": plain(first_growth), "largest": plain(largest)},
         )]

@@ -56,7 +56,7 @@ class ShuffledLabels(Rule):
         bound = min(T.CHANCE_FACTOR * chance, (1 + chance) / 2)  # two classes: half way to 100 %
         holds = (float(accuracy) <= bound and moving and loss <= 1.1 * ref and not learned and self.flowing
                  and not self.fading)
-        if not self.streak.see(step, holds, float(accuracy)):
+        if not self.streak.see(step, holds):
             return []
         return [Finding(
             self.KIND, None, self.streak.start, "error",
