@@ -336,3 +336,14 @@ def test_a_tensor_that_joins_the_streak_late_is_quoted_at_its_first_record():
     (hit,) = [f for f in found if f.kind == "exploding_gradients"]
     assert (hit.step, hit.layer, hit.evidence["largest"]) == (0, "cls_token", 30.0)
     assert hit.message.endswith("largest in 'cls_token' (||g||/||w|| = 30 at step 1)"), hit.message
+
+
+def test_an_explosion_is_reported_once_even_in_another_layer_later():
+    """Growth in a at step 3 (300x), then in b at step 4: one finding. Then the input end 100x the output end
+    (a, steps 0-2), then growth in c at step 3: one finding."""
+    assert [(f.step, f.layer) for f in _totals([[1.0, 1.0]] * 3 + [[300.0, 1.0], [1.0, 300.0]])] == [(3, "a")]
+    assert [(f.step, f.layer) for f in _three_weights([20.0] * 3)] == [(0, "a")]
+    diagnosis = Diagnosis(names=["a.weight", "b.weight", "c.weight"], shapes=[(4, 4)] * 3)
+    for step, grads in enumerate([[20.0, 0.1, 0.2]] * 3 + [[20.0, 0.1, 2500.0]]):
+        diagnosis.feed(step, {"Loss": 2.3, "GradNorm": grads, "ParamNorm": [1.0, 1.0, 1.0]})
+    assert [(f.step, f.layer) for f in diagnosis.findings if f.kind == "exploding_gradients"] == [(0, "a")]

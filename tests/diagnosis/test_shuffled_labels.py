@@ -123,11 +123,13 @@ def test_the_number_of_classes_read_from_a_large_loss_is_capped_at_e_to_the_20()
 def test_the_message_quotes_the_accuracy_the_chance_and_the_median_of_the_last_5_losses():
     """L0 = 2 (7 classes, chance 14.3 %); at step 30 the last 5 losses are 2, 2, 2, 2.1, 2.1 (median 2; with step
     25's 2.1 the last 6 would give 2.05)."""
-    found = run(lambda s: 0.1, loss=lambda s: 2.1 if s in (25, 29, 30) else 2.0)["shuffled_labels"]
+    found = run(lambda s: 0.1234, loss=lambda s: 2.1 if s in (25, 29, 30) else 2.0)["shuffled_labels"]
     assert found.step == 10
-    assert found.message == ("held-out accuracy is 10% at step 30 (chance for ~7 classes: 14.3%) while training moves "
-                             "the weights and the loss goes 2 -> 2: the labels look independent of the inputs")
-    assert found.evidence == {"accuracy": 0.1, "chance": 0.1429, "classes": 7, "loss": 2.0}
+    assert found.message == ("held-out accuracy is 12.3% at step 30 (chance for ~7 classes: 14.3%) while training "
+                             "moves the weights and the loss goes 2 -> 2: the labels look independent of the inputs")
+    assert found.suggestion == ("check that inputs and labels are shuffled together (same permutation / same dataset "
+                                "index) and that the label column is the right one")
+    assert found.evidence == {"accuracy": 0.1234, "chance": 0.1429, "classes": 7, "loss": 2.0}
 
 
 def test_the_training_loss_has_learned_by_the_median_of_its_last_3_records():
