@@ -132,3 +132,42 @@ def test_a_divergence_is_measured_from_the_first_loss_when_the_first_updates_rai
                        for s, (loss, r) in enumerate(zip(losses, ratios))])
     assert found and found[0].step == 6 and "the loss rose from 6.72 at the start to 31.3" in found[0].message
     assert found[0].evidence["loss_ref"] == 6.72
+
+
+def test_the_diverged_update_s_message_and_evidence_name_the_module():
+    (found,) = _findings([(0, {"Loss": 2.3}), (1, {"Loss": math.nan, "NonfiniteOrigin": ORIGIN})])
+    assert found.message == ("the loss became non-finite at step 1 because the parameters of '0' were already "
+                             "non-finite: an update diverged")
+    assert found.evidence == {"loss_ref": 2.3, "module": "0"}
+
+
+def test_non_finite_parameters_on_the_first_record_are_no_diverged_update():
+    """The first record's loss is finite but its parameters are not: no update was seen before it."""
+    assert _findings([(0, {"Loss": 2.3, "NonfiniteOrigin": ORIGIN})]) == []
+
+
+def _moves(ratios, last=None):
+    """Records of a loss flat at 2.3 (step 0 without an update), then updates of ``ratios`` of the weights' norm
+    (||θ|| = 1); ``last``: one more record (step len(ratios) + 1)."""
+    entries = [(0, {"Loss": 2.3})] + [(s + 1, {"Loss": 2.3, "ParamNorm": [1.0], "UpdateSize": [r]})
+                                      for s, r in enumerate(ratios)]
+    return _findings(entries + ([(len(ratios) + 1, last)] if last else []))
+
+
+def test_the_update_size_is_the_median_of_the_last_3_updates():
+    """Updates 0.1, 0.1, 0.6, 0.6: at step 4 the last 3 give 0.6 (the last 4 would give 0.35): found, naming step 2."""
+    assert [(f.step, f.evidence["update_ratio"]) for f in _moves([0.1, 0.1, 0.6, 0.6])] == [(2, 0.6)]
+
+
+def test_the_suggestion_quotes_the_update_size_and_how_far_to_lower_the_rate():
+    """Updates of 0.637: 0.637 / 0.03 = 21x the healthy step."""
+    (found,) = _moves([0.637] * 3)
+    assert found.suggestion == ("lower the learning rate by ~21x (updates of 0.64 of the weights' norm per step; "
+                                "healthy runs take <= 0.03), add warm-up, or clip the gradient norm")
+    assert found.evidence["lr_divisor"] == 21.0
+
+
+def test_updates_of_exactly_the_healthy_size_name_no_factor():
+    """Updates of exactly 0.03 (the healthy step's bound), then a diverged update: the general suggestion."""
+    (found,) = _moves([0.03] * 3, last={"Loss": math.nan, "NonfiniteOrigin": ORIGIN})
+    assert found.suggestion == SUGGESTION and "lr_divisor" not in found.evidence
