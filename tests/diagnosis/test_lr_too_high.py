@@ -171,3 +171,20 @@ def test_updates_of_exactly_the_healthy_size_name_no_factor():
     """Updates of exactly 0.03 (the healthy step's bound), then a diverged update: the general suggestion."""
     (found,) = _moves([0.03] * 3, last={"Loss": math.nan, "NonfiniteOrigin": ORIGIN})
     assert found.suggestion == SUGGESTION and "lr_divisor" not in found.evidence
+
+
+def _stuck(losses):
+    """Updates of 0.6 of the weights' norm at steps 3-5 only, on ``losses`` at steps 0-5 (L0 = 2: the median of the
+    first 3)."""
+    moves = {"ParamNorm": [1.0], "UpdateSize": [0.6]}
+    return [f.step for f in _findings([(s, {"Loss": loss, **(moves if s >= 3 else {})})
+                                       for s, loss in enumerate(losses)])]
+
+
+def test_large_updates_are_found_while_the_median_of_the_last_3_losses_stays_at_or_above_0_9_l0():
+    # at step 5 the last 3 losses' median is 1.8, exactly 0.9 L0 (doubling 0.9 is exact): not improving
+    assert _stuck([2.0, 2.0, 2.0, 1.8, 1.8, 1.8]) == [3]
+    # 1.0: the loss improves, the large updates are not lr_too_high
+    assert _stuck([2.0, 2.0, 2.0, 1.0, 1.0, 1.0]) == []
+    # the last 3 losses 1.0, 1.8, 2.0 (median 1.8); with step 2's 1.0 the last 4 would give 1.4
+    assert _stuck([2.0, 2.0, 1.0, 1.0, 1.8, 2.0]) == [3]
