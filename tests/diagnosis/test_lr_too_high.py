@@ -162,6 +162,8 @@ def test_the_update_size_is_the_median_of_the_last_3_updates():
 def test_the_suggestion_quotes_the_update_size_and_how_far_to_lower_the_rate():
     """Updates of 0.637: 0.637 / 0.03 = 21x the healthy step."""
     (found,) = _moves([0.637] * 3)
+    assert found.message == ("each update changes the weights by 0.64 of their norm (median of the 3 steps up to 3; "
+                             "healthy: ~1e-3 to 1e-2)")
     assert found.suggestion == ("lower the learning rate by ~21x (updates of 0.64 of the weights' norm per step; "
                                 "healthy runs take <= 0.03), add warm-up, or clip the gradient norm")
     assert found.evidence["lr_divisor"] == 21.0
@@ -188,3 +190,7 @@ def test_large_updates_are_found_while_the_median_of_the_last_3_losses_stays_at_
     assert _stuck([2.0, 2.0, 2.0, 1.0, 1.0, 1.0]) == []
     # the last 3 losses 1.0, 1.8, 2.0 (median 1.8); with step 2's 1.0 the last 4 would give 1.4
     assert _stuck([2.0, 2.0, 1.0, 1.0, 1.8, 2.0]) == [3]
+
+
+def test_updates_of_exactly_half_the_weights_are_found():
+    assert [(f.step, f.evidence["update_ratio"]) for f in _moves([0.5] * 3)] == [(1, 0.5)]
