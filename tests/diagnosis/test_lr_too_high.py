@@ -166,7 +166,7 @@ def test_the_suggestion_quotes_the_update_size_and_how_far_to_lower_the_rate():
                              "healthy: ~1e-3 to 1e-2)")
     assert found.suggestion == ("lower the learning rate by ~21x (updates of 0.64 of the weights' norm per step; "
                                 "healthy runs take <= 0.03), add warm-up, or clip the gradient norm")
-    assert found.evidence["lr_divisor"] == 21.0
+    assert found.evidence == {"update_ratio": 0.637, "loss_ref": 2.3, "lr_divisor": 21.0}
 
 
 def test_updates_of_exactly_the_healthy_size_name_no_factor():
@@ -194,3 +194,27 @@ def test_large_updates_are_found_while_the_median_of_the_last_3_losses_stays_at_
 
 def test_updates_of_exactly_half_the_weights_are_found():
     assert [(f.step, f.evidence["update_ratio"]) for f in _moves([0.5] * 3)] == [(1, 0.5)]
+
+
+def _overshoot(ratios, losses):
+    """Records of ``losses`` (step 0 without an update), then updates of ``ratios`` (||θ|| = 1)."""
+    return _findings([(0, {"Loss": losses[0]})] + [(s + 1, {"Loss": loss, "ParamNorm": [1.0], "UpdateSize": [r]})
+                                                   for s, (r, loss) in enumerate(zip(ratios, losses[1:]))])
+
+
+def test_the_overshoot_quotes_the_first_3_step_median_that_reached_the_largest_update():
+    """Updates of 0.3 at steps 1-6 (their 3-step median is first 0.3 at step 3), the loss 2 until step 4, then 2.5:
+    at step 6 the last 3 losses' median 2.5 is above 1.05 L_s (L_s = 2)."""
+    (found,) = _overshoot([0.3] * 6, [2.0] * 5 + [2.5, 2.5])
+    assert found.step == 6
+    assert found.message == ("updates changed the weights by 0.3 of their norm (median of the 3 steps up to 3; "
+                             "healthy: ~1e-3 to 1e-2) and the loss rose from 2 to 2.5 (median of the 3 records up to "
+                             "step 6): the steps overshoot")
+
+
+def test_the_largest_update_is_a_3_step_median_kept_for_the_whole_run():
+    """Two updates of 0.3 are no 3-step median (nothing found when the loss then rises); three of 0.3, then three
+    of 0.01: the largest so far is still 0.3 when the loss rises at step 8."""
+    assert _overshoot([0.3, 0.3], [2.0, 2.5, 2.5]) == []
+    (found,) = _overshoot([0.3] * 3 + [0.01] * 5, [2.0] * 7 + [2.5, 2.5])
+    assert (found.step, found.evidence["update_ratio"]) == (8, 0.3)

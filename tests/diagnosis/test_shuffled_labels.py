@@ -161,3 +161,12 @@ def test_the_bounds_of_the_accuracy_the_loss_and_the_updates_are_included():
         diagnosis.feed(step, {"Loss": 2.3, "ParamNorm": [3.0, 0.0, 4.0, 0.0], "UpdateSize": [3e-4 * 5.0, 0.0, 0.0, 0.0],
                               "GradNorm": [0.5, 0.1, 0.4, 0.1], **({"valid_accuracy": 0.1} if step % 10 == 0 else {})})
     assert [f.step for f in diagnosis.findings if f.kind == "shuffled_labels"] == [10]
+
+
+def test_a_log_of_losses_and_held_out_accuracy_alone_is_judged():
+    """No gradient or parameter norms: nothing says the gradient does not reach the inputs, nor that the weights
+    do not move; at chance on three logs, found."""
+    diagnosis = Diagnosis()
+    for step in range(41):
+        diagnosis.feed(step, {"Loss": 2.3, **({"valid_accuracy": 0.1} if step % 10 == 0 else {})})
+    assert [f.step for f in diagnosis.findings if f.kind == "shuffled_labels"] == [10]
