@@ -218,3 +218,11 @@ def test_the_largest_update_is_a_3_step_median_kept_for_the_whole_run():
     assert _overshoot([0.3, 0.3], [2.0, 2.5, 2.5]) == []
     (found,) = _overshoot([0.3] * 3 + [0.01] * 5, [2.0] * 7 + [2.5, 2.5])
     assert (found.step, found.evidence["update_ratio"]) == (8, 0.3)
+
+
+def test_the_loss_rose_by_exactly_1_05_l_s_is_an_overshoot_and_two_losses_tell_no_rise():
+    """The loss 2, then 2.1 = 1.05 x 2 (doubling 1.05 is exact): the bound, included. Updates of 0.3 on three
+    records of which only the first two have a loss (2, then 2.5): no 3-record median of the loss, nothing."""
+    assert [f.step for f in _overshoot([0.3] * 6, [2.0] * 5 + [2.1, 2.1])] == [6]
+    moves = {"ParamNorm": [1.0], "UpdateSize": [0.3]}
+    assert _findings([(0, {"Loss": 2.0}), (1, {"Loss": 2.5, **moves}), (2, moves), (3, moves)]) == []

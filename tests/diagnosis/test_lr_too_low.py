@@ -162,3 +162,27 @@ def test_a_flat_loss_at_tiny_updates_from_the_start_quotes_them():
     assert finding.kind == "lr_too_low" and finding.step == 9
     assert finding.evidence["update_ratio"] == pytest.approx(1e-4, rel=1e-9)
     assert finding.evidence["loss_ref"] == 2.3 and finding.evidence["loss"] == 2.3
+
+
+def test_a_collapse_in_one_step_is_found_on_the_second_record_from_it():
+    """The rate falls 64x at step 100 (records every 10 steps): the updates at 100 and 110 are the two that show
+    it, raised at step 110."""
+    findings, raised = synthetic(lambda s: 1.0 if s < 100 else 1 / 64)
+    assert [(f.step, f.evidence["how"]) for f in findings if f.kind == "lr_too_low"] == [(100, "in one step")]
+    assert raised["lr_too_low"] == 110
+
+
+def test_two_records_before_a_collapse_tell_no_usual_update_size():
+    assert _late(lambda s: 1.0 if s < 2 else 1 / 64) == []
+
+
+def test_an_update_that_could_not_be_measured_is_left_out_of_the_updates_since_the_collapse():
+    """As above, with the update of step 110 NaN: found at step 120 from the updates of 100 and 120, 1/64 of 0.1."""
+    diagnosis = Diagnosis(names=["w", "v"], shapes=[(4, 4), (2, 4)])
+    for step in [*range(10), *range(10, 200, 10)]:
+        lr = 1.0 if step < 100 else 1 / 64
+        diagnosis.feed(step, {"Loss": 0.7 + 1.6 * math.exp(-step / 50), "ParamNorm": [10.0, 5.0], "GradNorm": [0.1, 0.1],
+                              "GradPresence": {"lr": lr},
+                              "UpdateSize": [math.nan, math.nan] if step == 110 else [lr, 0.5 * lr]})
+    (found,) = [f for f in diagnosis.findings if f.kind == "lr_too_low"]
+    assert found.evidence["update_ratio"] == pytest.approx(0.1 / 64, rel=1e-3)
