@@ -226,3 +226,8 @@ def test_the_loss_rose_by_exactly_1_05_l_s_is_an_overshoot_and_two_losses_tell_n
     assert [f.step for f in _overshoot([0.3] * 6, [2.0] * 5 + [2.1, 2.1])] == [6]
     moves = {"ParamNorm": [1.0], "UpdateSize": [0.3]}
     assert _findings([(0, {"Loss": 2.0}), (1, {"Loss": 2.5, **moves}), (2, moves), (3, moves)]) == []
+
+
+def test_updates_of_exactly_0_2_of_the_weights_overshoot():
+    """Updates of exactly 0.2 (the overshoot's bound, included), the loss 2, then 2.5."""
+    assert [f.step for f in _overshoot([0.2] * 6, [2.0] * 5 + [2.5, 2.5])] == [6]

@@ -186,3 +186,41 @@ def test_an_update_that_could_not_be_measured_is_left_out_of_the_updates_since_t
                               "UpdateSize": [math.nan, math.nan] if step == 110 else [lr, 0.5 * lr]})
     (found,) = [f for f in diagnosis.findings if f.kind == "lr_too_low"]
     assert found.evidence["update_ratio"] == pytest.approx(0.1 / 64, rel=1e-3)
+
+
+def test_updates_exactly_30_times_smaller_than_before_the_collapse_are_found():
+    """||θ|| = |(3, 4)| = 5; updates |(2.25, 3)| = 3.75 (0.75 of it) before the collapse at step 100, |(0.075, 0.1)|
+    = 0.125 after (0.025 = 0.75 / 30 exactly): the bound, included."""
+    diagnosis = Diagnosis(names=["w", "v"], shapes=[(4, 4), (2, 4)])
+    for step in [*range(10), *range(10, 200, 10)]:
+        lr = 1.0 if step < 100 else 1 / 64
+        diagnosis.feed(step, {"Loss": 0.7 + 1.6 * math.exp(-step / 50), "ParamNorm": [3.0, 4.0], "GradNorm": [0.1, 0.1],
+                              "GradPresence": {"lr": lr}, "UpdateSize": [2.25, 3.0] if step < 100 else [0.075, 0.1]})
+    assert [f.step for f in diagnosis.findings if f.kind == "lr_too_low"] == [100]
+
+
+def test_the_usual_update_is_the_largest_median_of_3_consecutive_records_before_the_collapse():
+    """Updates 0.1 of the weights before the collapse at step 100, 0.75 at steps 40 and 50: the largest 3-record
+    median is 0.75 (a window of 4 records would give at most 0.425); 0.001 after."""
+    diagnosis = Diagnosis(names=["w", "v"], shapes=[(4, 4), (2, 4)])
+    for step in [*range(10), *range(10, 200, 10)]:
+        update = [2.25, 3.0] if step in (40, 50) else [0.3, 0.4] if step < 100 else [0.003, 0.004]
+        diagnosis.feed(step, {"Loss": 0.7 + 1.6 * math.exp(-step / 50), "ParamNorm": [3.0, 4.0], "GradNorm": [0.1, 0.1],
+                              "GradPresence": {"lr": 1.0 if step < 100 else 1 / 64}, "UpdateSize": update})
+    (found,) = [f for f in diagnosis.findings if f.kind == "lr_too_low"]
+    assert found.evidence["update_ratio_before"] == 0.75 and found.evidence["update_ratio"] == pytest.approx(1e-3)
+
+
+def test_the_updates_since_the_collapse_are_the_median_of_the_last_3():
+    """Momentum carries the updates down over records after the collapse at step 100: 0.5, 0.1, then 0.001 of the
+    weights (0.75 before): the last 3 are 0.1, 0.001, 0.001 at step 130, where it is raised (their median 0.001 is
+    below 0.75 / 30; the last 4's would still be 0.05)."""
+    diagnosis, raised = Diagnosis(names=["w", "v"], shapes=[(4, 4), (2, 4)]), []
+    after = {100: 0.5, 110: 0.1}
+    for step in [*range(10), *range(10, 200, 10)]:
+        ratio = 0.75 if step < 100 else after.get(step, 0.001)
+        raised += [step for f in diagnosis.feed(step, {
+            "Loss": 0.7 + 1.6 * math.exp(-step / 50), "ParamNorm": [3.0, 4.0], "GradNorm": [0.1, 0.1],
+            "GradPresence": {"lr": 1.0 if step < 100 else 1 / 64}, "UpdateSize": [3.0 * ratio, 4.0 * ratio]})[0]
+            if f.kind == "lr_too_low"]
+    assert raised == [130]
