@@ -210,6 +210,7 @@ def test_the_overshoot_quotes_the_first_3_step_median_that_reached_the_largest_u
     assert found.message == ("updates changed the weights by 0.34 of their norm (median of the 3 steps up to 3; "
                              "healthy: ~1e-3 to 1e-2) and the loss rose from 2 to 2.5 (median of the 3 records up to "
                              "step 6): the steps overshoot")
+    assert found.evidence == {"update_ratio": 0.337, "loss_ref": 2.0, "loss": 2.5, "lr_divisor": 11.0}
 
 
 def test_the_largest_update_is_a_3_step_median_kept_for_the_whole_run():
