@@ -232,3 +232,22 @@ def test_the_loss_rose_by_exactly_1_05_l_s_is_an_overshoot_and_two_losses_tell_n
 def test_updates_of_exactly_0_2_of_the_weights_overshoot():
     """Updates of exactly 0.2 (the overshoot's bound, included), the loss 2, then 2.5."""
     assert [f.step for f in _overshoot([0.2] * 6, [2.0] * 5 + [2.5, 2.5])] == [6]
+
+
+def _spike(losses, ratios):
+    """Records of ``losses`` with updates ``ratios`` (``None``: no update logged; ||θ|| = 1); a loss ``None``: none."""
+    return _findings([(s, {**({"Loss": loss} if loss is not None else {}),
+                           **({"ParamNorm": [1.0], "UpdateSize": [r]} if r is not None else {})})
+                      for s, (loss, r) in enumerate(zip(losses, ratios))])
+
+
+def test_a_spike_is_judged_on_a_record_with_a_loss_after_the_last_3_updates():
+    # the first loss 0.5, then 6 (12x) after an update of 0.3: a spike, whatever the first loss's size
+    assert [f.step for f in _spike([0.5, 6.0], [None, 0.3])] == [1]
+    # 20x after updates of 0.01; the record after it has an update of 0.5 but no loss of its own
+    assert _spike([1.0, 1.0, 20.0, None], [None, 0.01, 0.01, 0.5]) == []
+    # the update of 0.5 came 4 updates before the spike
+    assert _spike([1.0, 1.0, 1.0, 1.0, 20.0], [None, 0.5, 0.01, 0.01, 0.01]) == []
+    # no update logged at all, or a first loss of 0: nothing to blame a spike on, nothing to divide by
+    assert _spike([1.0, 20.0], [None, None]) == []
+    assert _spike([0.0, 1.0], [None, 0.5]) == []
