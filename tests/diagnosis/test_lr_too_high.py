@@ -256,7 +256,8 @@ def test_a_spike_is_judged_on_a_record_with_a_loss_after_the_last_3_updates():
 def test_a_spike_is_more_than_10x_the_first_loss_after_an_update_of_at_least_0_2():
     assert _spike([1.0, 10.0], [None, 0.3]) == []  # exactly 10x: not above it
     assert [f.step for f in _spike([1.0, 11.0], [None, 0.2])] == [1]  # an update of exactly 0.2, included
-    (found,) = _spike([0.5, 6.37], [None, 0.3])
-    assert found.message == ("the loss spiked to 6.37 at step 1, 13x its first value 0.5, after an update of 0.3 of "
+    (found,) = _spike([0.5, 6.37], [None, 0.337])
+    assert found.message == ("the loss spiked to 6.37 at step 1, 13x its first value 0.5, after an update of 0.34 of "
                              "the weights' norm")
-    assert found.evidence == {"loss_first": 0.5, "loss": 6.37, "ratio": 12.74, "update_ratio": 0.3, "lr_divisor": 10.0}
+    assert found.evidence == {"loss_first": 0.5, "loss": 6.37, "ratio": 12.74, "update_ratio": 0.337,
+                              "lr_divisor": 11.0}
