@@ -243,3 +243,35 @@ def test_the_late_finding_quotes_the_rates_and_the_updates_of_its_records():
     assert found.suggestion == SCHEDULE + SUGGESTION
     assert found.evidence == {"lr_peak": 1.0, "lr": 0.01, "update_ratio": 0.0247, "update_ratio_before": 0.75,
                               "how": "in one step"}
+
+
+def _from_the_start(lrs, loss=lambda s: 2.3, ratio=1e-5):
+    """The step on which lr_too_low is raised for a loss ``loss(step)`` and updates of ``ratio`` of the weights (both
+    flat by default: too small a step from the start), the rate ``lrs(step)`` (``None``: not logged)."""
+    return synthetic(lrs, ratio_of_lr=lambda lr: ratio, loss=loss)[1].get("lr_too_low")
+
+
+def test_a_rate_that_rose_on_the_last_record_is_a_warm_up():
+    # rising to 5e-4 by step 4, flat after: judged at step 9, the first record with 10 losses
+    assert _from_the_start(lambda s: 1e-4 * min(s + 1, 5)) == 9
+    # the rate 1, 3, 2 (x 1e-4) over and over: at step 9 it fell from 3 to 2 (not a warm-up), at 10 it is 1
+    assert _from_the_start(lambda s: 1e-4 * {1: 1, 2: 3, 0: 2}[s % 3]) == 9
+    # logged from step 8 on only: 1e-4, then 2e-4 at step 9 (rising: a warm-up), flat at step 10
+    assert _from_the_start(lambda s: None if s < 8 else 1e-4 if s == 8 else 2e-4) == 10
+
+
+def test_no_finding_from_the_start_without_a_positive_loss_or_a_measured_update():
+    assert _from_the_start(lambda s: 1e-3, loss=lambda s: -1.0) is None  # a negative loss (a Gaussian NLL): L0 < 0
+    assert _from_the_start(lambda s: 1e-3, ratio=math.nan) is None  # updates that could not be measured
+
+
+def test_the_finding_from_the_start_quotes_the_medians_of_the_last_5_records():
+    """At step 9 the last 5 records (5-9) have losses 2.3, 2.3, 2.3, 2.4, 2.4 and updates 1, 1, 1, 2, 2 (x 1e-5):
+    medians 2.3 and 1e-5 (with step 4's 2.4 and 2e-5, the last 6 would give 2.35 and 1.5e-5). L0 = 2.3."""
+    odd = (4, 8, 9)
+    findings, _ = synthetic(lambda s: 2e-3 if s in odd else 1e-3, ratio_of_lr=lambda lr: 0.01 * lr,
+                            loss=lambda s: 2.4 if s in odd else 2.3)
+    (found,) = [f for f in findings if f.kind == "lr_too_low"]
+    assert found.step == 9
+    assert found.message == ("after 10 records (step 9) the loss moved only 0% (2.3 -> 2.3, medians) while each step "
+                             "changed the weights by 1e-05 of their norm, although every layer gets a gradient")
