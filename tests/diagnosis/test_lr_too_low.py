@@ -95,6 +95,7 @@ def synthetic(lrs, ratio_of_lr=0.1, loss=lambda s: 0.7 + 1.6 * math.exp(-s / 50)
                                 5.0 * (ratio_of_lr(lr) if callable(ratio_of_lr) else ratio_of_lr * lr)]}
         for f in diagnosis.feed(step, entry)[0]:
             raised.setdefault(f.kind, step)
+    assert diagnosis.failures == []  # no rule failed (and was switched off) on these records
     return diagnosis.findings, raised
 
 
@@ -275,3 +276,13 @@ def test_the_finding_from_the_start_quotes_the_medians_of_the_last_5_records():
     assert found.step == 9
     assert found.message == ("after 10 records (step 9) the loss moved only 0% (2.3 -> 2.3, medians) while each step "
                              "changed the weights by 1e-05 of their norm, although every layer gets a gradient")
+
+
+@pytest.mark.parametrize("loss, raised", [
+    (lambda s: 0.5, 9),                         # a loss below 1 is judged as any other
+    (lambda s: 0.0, None),                      # a loss of exactly 0: no L0 to measure a drop against
+    (lambda s: 2.3 if s < 3 else 2.35, 9),      # up 2.2 % of L0: barely moved
+    (lambda s: 20.0 if s < 3 else 18.0, None),  # down exactly 10 % of L0 (2 / 20): moved, the bound included
+])
+def test_the_loss_moved_by_less_than_10_percent_of_a_positive_l0(loss, raised):
+    assert _from_the_start(lambda s: 1e-3, loss=loss) == raised
