@@ -3,6 +3,8 @@ after a finite loss was seen."""
 
 import math
 
+import pytest
+
 from cockpit_lite.diagnosis.history import History
 from cockpit_lite.diagnosis.rules.lr_too_high import SUGGESTION, LrTooHigh
 
@@ -31,21 +33,22 @@ def test_non_finite_parameters_at_the_first_loss_seen_are_not_blamed_on_the_lear
     assert _findings([(3, {"Loss": math.nan, "NonfiniteOrigin": ORIGIN}), (6, {"Loss": math.nan})]) == []
 
 
-def noisy_run(held_out):
+def noisy_run(held_out, key="test_loss"):
     """A regression whose mini-batch loss swings by batch (outlier targets in some batches) while
-    ``held_out(step)`` is logged every 5 steps."""
+    ``held_out(step)`` is logged every 5 steps (as ``key``, the other held-out key ``None``)."""
     entries = []
     for step in range(60):
         outlier = step >= 6 and step % 6 in (0, 1, 2)
         entry = {"Loss": (1.0, 1.1, 0.9)[step] if step < 3 else (1.4 if outlier else 0.06 + 0.3 / (1 + step))}
         if step % 5 == 0:
-            entry.update({"train_loss": None, "valid_loss": None, "test_loss": held_out(step)})
+            entry.update({"train_loss": None, "valid_loss": None, "test_loss": None, key: held_out(step)})
         entries.append((step, entry))
     return entries
 
 
-def test_a_noisy_loss_whose_held_out_loss_falls_is_no_collapse():
-    assert _findings(noisy_run(lambda s: 1.0 / (1 + 0.1 * s))) == []
+@pytest.mark.parametrize("key", ["test_loss", "valid_loss"])
+def test_a_noisy_loss_whose_held_out_loss_falls_is_no_collapse(key):
+    assert _findings(noisy_run(lambda s: 1.0 / (1 + 0.1 * s), key)) == []
 
 
 def test_a_collapse_the_held_out_loss_confirms_is_found():
