@@ -276,6 +276,13 @@ def test_the_finding_from_the_start_quotes_the_medians_of_the_last_5_records():
     assert found.step == 9
     assert found.message == ("after 10 records (step 9) the loss moved only 0% (2.3 -> 2.3, medians) while each step "
                              "changed the weights by 1e-05 of their norm, although every layer gets a gradient")
+    assert found.suggestion == SUGGESTION
+
+
+def test_updates_of_exactly_3e_4_of_the_weights_are_not_too_small():
+    """|(10, 5) 3e-4| / |(10, 5)| is 3e-4 exactly: the bound of LOW_RATIO belongs to the healthy side."""
+    assert _from_the_start(lambda s: 1e-3, ratio=3e-4) is None
+    assert _from_the_start(lambda s: 1e-3, ratio=2.9e-4) == 9
 
 
 @pytest.mark.parametrize("loss, raised", [
