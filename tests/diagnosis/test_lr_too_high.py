@@ -83,11 +83,12 @@ def test_large_steps_on_a_falling_loss_or_ordinary_steps_on_a_noisy_loss_are_not
     assert overshoot([4.55, 3.68, 4.98, 5.43, 4.02, 4.09, 4.33], update=0.02) == []
 
 
-def heavy_tailed(update):
+def heavy_tailed(update, held=None):
     """A Huber regression whose first batches were lucky: the 7-record median loss is 2.3x L0 (outlier batches
-    swing the loss 0.24 - 3.5), with updates of ``update`` of the weights' norm."""
+    swing the loss 0.24 - 3.5), with updates of ``update`` of the weights' norm; ``held``: {step: valid_loss}."""
     losses = [0.297, 3.46, 0.241, 0.824, 0.679, 0.845, 0.263, 0.7, 0.75, 0.8]
-    return _findings([(s, {"Loss": loss, "ParamNorm": [10.0, 1.0], "UpdateSize": [10.0 * update, update]})
+    return _findings([(s, {"Loss": loss, "ParamNorm": [10.0, 1.0], "UpdateSize": [10.0 * update, update],
+                           **({"valid_loss": held[s]} if held and s in held else {})})
                       for s, loss in enumerate(losses)])
 
 
@@ -264,3 +265,10 @@ def test_a_spike_is_more_than_10x_the_first_loss_after_an_update_of_at_least_0_2
                              "the weights' norm")
     assert found.evidence == {"loss_first": 0.5, "loss": 6.37, "ratio": 12.74, "update_ratio": 0.337,
                               "lr_divisor": 11.0}
+
+
+def test_a_held_out_loss_below_its_first_log_says_the_rising_mini_batch_losses_are_no_divergence():
+    """The losses of the test above after large updates, with a held-out loss logged at steps 0 and 5: 1 then 0.9
+    (below its first log, at its best): no divergence; 1 then 1 (not below): a divergence, from step 6."""
+    assert heavy_tailed(0.1, {0: 1.0, 5: 0.9}) == []
+    assert heavy_tailed(0.1, {0: 1.0, 5: 1.0})[0].step == 6

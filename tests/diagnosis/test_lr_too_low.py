@@ -293,3 +293,10 @@ def test_updates_of_exactly_3e_4_of_the_weights_are_not_too_small():
 ])
 def test_the_loss_moved_by_less_than_10_percent_of_a_positive_l0(loss, raised):
     assert _from_the_start(lambda s: 1e-3, loss=loss) == raised
+
+
+def test_the_finding_from_the_start_quotes_the_drop_in_percent_to_2_digits():
+    """L0 = 2.5, then 2.29075: the loss moved (2.5 - 2.29075) / 2.5 = 8.37 %, quoted as 8.4 %."""
+    findings, _ = synthetic(lambda s: 1e-3, ratio_of_lr=lambda lr: 1e-5, loss=lambda s: 2.5 if s < 3 else 2.29075)
+    (found,) = [f for f in findings if f.kind == "lr_too_low"]
+    assert "the loss moved only 8.4% (2.5 -> 2.29, medians)" in found.message, found.message
