@@ -272,3 +272,9 @@ def test_a_held_out_loss_below_its_first_log_says_the_rising_mini_batch_losses_a
     (below its first log, at its best): no divergence; 1 then 1 (not below): a divergence, from step 6."""
     assert heavy_tailed(0.1, {0: 1.0, 5: 0.9}) == []
     assert heavy_tailed(0.1, {0: 1.0, 5: 1.0})[0].step == 6
+
+
+@pytest.mark.parametrize("losses", [[-1.0] * 10, [0.0] * 3 + [1.0] * 7])
+def test_no_divergence_or_collapse_is_measured_from_an_l0_at_or_below_0(losses):
+    """A negative loss (a Gaussian NLL) or one starting at exactly 0, after updates of 0.1: no factor over L0."""
+    assert _spike(losses, [None] + [0.1] * 9) == []
