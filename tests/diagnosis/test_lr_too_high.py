@@ -278,3 +278,16 @@ def test_a_held_out_loss_below_its_first_log_says_the_rising_mini_batch_losses_a
 def test_no_divergence_or_collapse_is_measured_from_an_l0_at_or_below_0(losses):
     """A negative loss (a Gaussian NLL) or one starting at exactly 0, after updates of 0.1: no factor over L0."""
     assert _spike(losses, [None] + [0.1] * 9) == []
+
+
+def test_the_bounds_of_a_divergence_and_a_collapse():
+    """L0 = 1. A 7-record median of exactly 2 L0 after updates of 0.1 is no divergence, 2.01 is (from step 6, the
+    first 7 records); 3 L0 after updates of exactly 0.05 (DIVERGE_RATIO, included) is. A loss level down to exactly
+    0.7 L0 (1 - LEARNED, exact in binary) has not learned, so its way back to 1 is no collapse; down to 0.69, it is
+    (named at step 13, where the level is back)."""
+    after = [None] + [0.1] * 9
+    assert _spike([1.0] * 3 + [2.0] * 7, after) == []
+    assert [f.step for f in _spike([1.0] * 3 + [2.01] * 7, after)][:1] == [6]  # (the rule alone: one per record)
+    assert [f.step for f in _spike([1.0] * 3 + [3.0] * 7, [None] + [0.05] * 9)][:1] == [6]
+    assert _spike([1.0] * 3 + [0.7] * 7 + [1.0] * 7, [None] * 17) == []
+    assert [f.step for f in _spike([1.0] * 3 + [0.69] * 7 + [1.0] * 7, [None] * 17)][:1] == [13]

@@ -267,15 +267,15 @@ def test_no_finding_from_the_start_without_a_positive_loss_or_a_measured_update(
 
 
 def test_the_finding_from_the_start_quotes_the_medians_of_the_last_5_records():
-    """At step 9 the last 5 records (5-9) have losses 2.3, 2.3, 2.3, 2.4, 2.4 and updates 1, 1, 1, 2, 2 (x 1e-5):
-    medians 2.3 and 1e-5 (with step 4's 2.4 and 2e-5, the last 6 would give 2.35 and 1.5e-5). L0 = 2.3."""
+    """At step 9 the last 5 records (5-9) have losses 2.3, 2.3, 2.3, 2.4, 2.4 and updates 1, 1, 1, 2, 2 (x 1.234e-5):
+    medians 2.3 and 1.234e-5 (with step 4's 2.4 and 2.468e-5, the last 6 would give 2.35 and 1.85e-5). L0 = 2.3."""
     odd = (4, 8, 9)
-    findings, _ = synthetic(lambda s: 2e-3 if s in odd else 1e-3, ratio_of_lr=lambda lr: 0.01 * lr,
+    findings, _ = synthetic(lambda s: 2e-3 if s in odd else 1e-3, ratio_of_lr=lambda lr: 0.01234 * lr,
                             loss=lambda s: 2.4 if s in odd else 2.3)
     (found,) = [f for f in findings if f.kind == "lr_too_low"]
     assert found.step == 9
     assert found.message == ("after 10 records (step 9) the loss moved only 0% (2.3 -> 2.3, medians) while each step "
-                             "changed the weights by 1e-05 of their norm, although every layer gets a gradient")
+                             "changed the weights by 1.2e-05 of their norm, although every layer gets a gradient")
     assert found.suggestion == SUGGESTION
 
 
