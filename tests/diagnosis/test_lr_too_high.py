@@ -291,3 +291,10 @@ def test_the_bounds_of_a_divergence_and_a_collapse():
     assert [f.step for f in _spike([1.0] * 3 + [3.0] * 7, [None] + [0.05] * 9)][:1] == [6]
     assert _spike([1.0] * 3 + [0.7] * 7 + [1.0] * 7, [None] * 17) == []
     assert [f.step for f in _spike([1.0] * 3 + [0.69] * 7 + [1.0] * 7, [None] * 17)][:1] == [13]
+
+
+def test_a_loss_level_back_exactly_60_percent_of_the_way_is_no_collapse():
+    """L0 = 1, the level down to 0.5, then back to 0.8 = 0.5 + 0.6 (1 - 0.5) exactly: not more than 60 % of the way
+    back; 0.81 is."""
+    assert _spike([1.0] * 3 + [0.5] * 7 + [0.8] * 7, [None] * 17) == []
+    assert [f.step for f in _spike([1.0] * 3 + [0.5] * 7 + [0.81] * 7, [None] * 17)][:1] == [13]
