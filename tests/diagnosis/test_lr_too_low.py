@@ -300,3 +300,13 @@ def test_the_finding_from_the_start_quotes_the_drop_in_percent_to_2_digits():
     findings, _ = synthetic(lambda s: 1e-3, ratio_of_lr=lambda lr: 1e-5, loss=lambda s: 2.5 if s < 3 else 2.29075)
     (found,) = [f for f in findings if f.kind == "lr_too_low"]
     assert "the loss moved only 8.4% (2.5 -> 2.29, medians)" in found.message, found.message
+
+
+def test_step_decays_of_exactly_5x_count_and_a_rate_of_exactly_a_30th_of_its_peak_is_low():
+    """Decays of exactly 5x (LATE_STEP, included) at steps 20, 30 and 40 (1/125 of the peak at 40, 10 steps after
+    the one before): found in step decays. A rate of 1.5 that falls to exactly 1.5 / 30 at step 100: low (the
+    bound, included), in one step."""
+    assert _late(lambda s: 1.0 if s < 20 else 0.2 if s < 30 else 0.04 if s < 40 else 0.008) == \
+        [(40, "in step decays at steps 30 and 40")]
+    findings, _ = synthetic(lambda s: 1.5 if s < 100 else 0.05, ratio_of_lr=lambda lr: 0.1 * lr if lr > 0.1 else 1e-4)
+    assert [(f.step, f.evidence["how"]) for f in findings if f.kind == "lr_too_low"] == [(100, "in one step")]
