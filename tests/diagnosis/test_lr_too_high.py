@@ -298,3 +298,13 @@ def test_a_loss_level_back_exactly_60_percent_of_the_way_is_no_collapse():
     back; 0.81 is."""
     assert _spike([1.0] * 3 + [0.5] * 7 + [0.8] * 7, [None] * 17) == []
     assert [f.step for f in _spike([1.0] * 3 + [0.5] * 7 + [0.81] * 7, [None] * 17)][:1] == [13]
+
+
+@pytest.mark.parametrize("first, best, last, found", [
+    (2.0, 0.75, 1.8, True),   # the held-out loss learned (0.75 < 0.7 x 2) and came back more than 60 % of the way
+    (1.0, 0.8, 1.0, False),   # it never learned: 0.8 is not below 0.7 x 1
+    (1.0, 0.7, 1.0, False),   # exactly 0.7 x 1 (1 - LEARNED, exact in binary): not below
+])
+def test_a_collapse_needs_a_held_out_loss_that_had_learned(first, best, last, found):
+    held = _findings(noisy_run(lambda s: first if s == 0 else best if s < 30 else last))
+    assert bool(held) == found, held
