@@ -308,3 +308,13 @@ def test_a_loss_level_back_exactly_60_percent_of_the_way_is_no_collapse():
 def test_a_collapse_needs_a_held_out_loss_that_had_learned(first, best, last, found):
     held = _findings(noisy_run(lambda s: first if s == 0 else best if s < 30 else last))
     assert bool(held) == found, held
+
+
+def test_the_collapse_message_quotes_the_level_where_it_came_back_and_where_it_is_confirmed():
+    """L0 = 1, the level down to 0.69, then losses 0.9, 0.95, ..., 1.2: the 7-record level is 0.9 at step 13 (above
+    0.69 + 0.6 (1 - 0.69) = 0.876), 1 at step 15, the third record back."""
+    (found, *_) = _spike([1.0] * 3 + [0.69] * 7 + [0.9, 0.95, 1.0, 1.05, 1.1, 1.15, 1.2], [None] * 17)
+    assert found.step == 13
+    assert found.message == ("the loss fell from 1 to 0.69 (medians of 7 records), then climbed back to 0.9 by step 13 "
+                             "(1 at step 15): training collapsed")
+    assert found.evidence == {"loss_ref": 1.0, "best": 0.69, "loss": 1.0}
