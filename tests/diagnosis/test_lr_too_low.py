@@ -310,3 +310,40 @@ def test_step_decays_of_exactly_5x_count_and_a_rate_of_exactly_a_30th_of_its_pea
         [(40, "in step decays at steps 30 and 40")]
     findings, _ = synthetic(lambda s: 1.5 if s < 100 else 0.05, ratio_of_lr=lambda lr: 0.1 * lr if lr > 0.1 else 1e-4)
     assert [(f.step, f.evidence["how"]) for f in findings if f.kind == "lr_too_low"] == [(100, "in one step")]
+
+
+def test_a_smooth_decay_needs_five_records_of_decrease():
+    """Updates 0.1 of the weights while the rate is above 0.05, 1e-4 below; the loss learns in the first 10 records
+    (no finding from the start). From step 0 the rate halves on each of
+    5 records (1/32 at step 5, below 1/30 of the peak): smoothly. Divided by 2.4 on each of 4 records (1/33.2 at
+    step 4): the same fall in one record fewer, not a smooth decay, nor a step decay (2.4x < 5x) nor one step."""
+    def run(lrs):
+        return synthetic(lrs, ratio_of_lr=lambda lr: 0.1 if lr > 0.05 else 1e-4, loss=lambda s: 0.5 + 2 * math.exp(-s / 3))[0]
+    halving = [f for f in run(lambda s: 2.0 ** -min(s, 5)) if f.kind == "lr_too_low"]
+    assert [(f.step, f.evidence["how"]) for f in halving] == [(5, "smoothly")]
+    assert 2.4 ** -4 <= 1 / 30 < 2.4 ** -3
+    assert run(lambda s: 2.4 ** -min(s, 4)) == []
+
+
+def test_a_smooth_decay_decreases_on_every_record():
+    """1 up to step 30, then 0.5, 0.6, 0.2, 0.25 and 0.03 from step 80 on (below 1/30 of the peak; every other record
+    decreases): not a smooth decay; 0.25 -> 0.03 is one step decay of 8.3x, the one before (0.6 -> 0.2) only 3x."""
+    lrs = {40: 0.5, 50: 0.6, 60: 0.2, 70: 0.25}
+    assert _late(lambda s: 1.0 if s < 40 else lrs.get(s, 0.03)) == []
+
+
+def test_a_rate_held_at_0_is_one_decay_not_one_per_record():
+    """1 up to step 30, 0 at 40 and 50 (the updates, of another parameter group, go on at 0.01 of the weights), 0.05
+    at 60, 0.005 from 70 on (the updates 1/200 of before): the decays are at 40 and 70, 30 steps apart, more than half
+    of 40; the rate back above 1/30 of its peak at 60 ended the first collapse. No finding."""
+    lrs = {40: 0.0, 50: 0.0, 60: 0.05}
+    findings, _ = synthetic(lambda s: 1.0 if s < 40 else lrs.get(s, 0.005),
+                            ratio_of_lr=lambda lr: 0.01 if lr == 0 else 0.1 * lr)
+    assert [f for f in findings if f.kind == "lr_too_low"] == []
+
+
+def test_a_rate_that_was_0_whenever_it_was_logged_has_no_peak_to_fall_from():
+    """No rate on the records before step 50 (updates 0.1 of the weights), 0 from 50 on (updates 1e-4): the rate
+    never fell, so no late finding (the loss learns, so none from the start)."""
+    findings, _ = synthetic(lambda s: None if s < 50 else 0.0, ratio_of_lr=lambda lr: 0.1 if lr is None else 1e-4)
+    assert [f for f in findings if f.kind == "lr_too_low"] == []
