@@ -70,3 +70,36 @@ def test_each_parameters_rounding_level_is_its_own():
     assert "flags" not in entry, entry.get("flags")
     problems.assert_close(entry["layers"]["InnerTest"], [inner_test(f) for f in individual], rtol=1e-2,
                           what="InnerTest, own rounding levels")
+
+
+@pytest.mark.parametrize("ulps, lost", [(2, True), (3, False)])
+def test_the_spread_against_its_rounding_level_is_sqrt_b_minus_1_times_the_variance(ulps, lost):
+    """One float32 weight, zero, two samples with input 1 and targets 4 ∓ d (d = 2 or 3 ulps of 4, 2⁻²¹ each):
+    g̃_n = −2 y_n and g = −8 exactly, so the projections are 64 ± 16 d exactly. Their spread
+    √((B − 1) Var̂) = 16 √2 d against the rounding level 2 (u + √(D + B) u) ‖p‖ (u = 2⁻²⁴, D = 1, B = 2,
+    ‖p‖ = 64 √2): 0.73 of the level at 2 ulps (lost: NaN, flagged for the weight and the whole network), 1.10 at 3
+    (resolved, the brute force's value). √((B + 1) Var̂) would be 1.27 of the level at 2 ulps."""
+    from cockpit_lite import Cockpit
+
+    d = ulps * 2.0**-21
+    u = 2.0**-24
+    ratio = 16 * 2**0.5 * d / (2 * (u + 3**0.5 * u) * 64 * 2**0.5)
+    assert (ratio < 1 < 3**0.5 * ratio) if lost else ratio > 1
+    model = torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        model.weight.zero_()
+    x, y = torch.ones(2, 1), torch.tensor([4.0 - d, 4.0 + d])
+    assert y.tolist() == [4.0 - d, 4.0 + d]  # exact in float32
+    cp = Cockpit(model, [InnerTest()], diagnose=False)
+    loss = ((model(x)[:, 0] - y) ** 2).mean()
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    entry = cp.get_output()[0]
+    value, (layer,) = entry["InnerTest"], entry["layers"]["InnerTest"]
+    if lost:
+        assert value != value and layer != layer
+        assert len(entry["flags"]) == 2 and all("is lost in the rounding" in f for f in entry["flags"]), entry["flags"]
+    else:
+        expected = inner_test(-2 * y.double()[:, None])
+        assert "flags" not in entry, entry["flags"]
+        problems.assert_close([value, layer], [expected, expected], rtol=1e-6, what="InnerTest at 3 ulps")
