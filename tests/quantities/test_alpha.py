@@ -693,3 +693,47 @@ def test_the_fingerprint_s_sums_are_the_sums_of_the_bits_and_their_positions():
         bits = torch.randint(-1000, 1000, (n,), dtype=torch.int32, generator=torch.Generator().manual_seed(n))
         values = bits.tolist()
         assert _bit_sums(bits) == (sum(values), sum((j + 1) * b for j, b in enumerate(values)))
+
+
+def test_a_probe_checks_the_kept_parameters_updates_against_their_prediction_as_one_vector():
+    """Parameters 0 and 2 checked (1 is not: its update, turned, is not read): their updates twice their
+    predictions are on the line; with parameter 2's turned half a prediction's length off it they are not.
+    Nothing checked (every kept parameter 1-D) is on the line."""
+    from cockpit_lite.quantities.alpha import _predicted_on_line
+
+    g = torch.Generator().manual_seed(0)
+    predicted = [torch.randn(6, generator=g), torch.randn(3, generator=g), torch.randn(4, generator=g)]
+    across = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    across -= (across @ predicted[2]) / (predicted[2] @ predicted[2]) * predicted[2]
+    turned = 2 * predicted[2] + 0.5 * predicted[2].norm() / across.norm() * across
+    update = [2 * predicted[0], -predicted[1], 2 * predicted[2]]
+    assert _predicted_on_line([0, 2], predicted, update)
+    assert not _predicted_on_line([0, 2], predicted, [update[0], update[1], turned])
+    assert not _predicted_on_line([0, 2], predicted, [-update[0], update[1], -update[2]])
+    assert _predicted_on_line([], predicted, update)
+
+
+def test_a_probe_that_could_keep_nothing_but_1d_parameters_lets_later_steps_predict(monkeypatch):
+    """No room to keep a weight's individual gradients (``KEEP_ELEMENTS`` 0): the probe steps keep the
+    biases only, and check nothing; the later start steps predict (they keep the biases only, as
+    after a probe that held), and α is finite without a flag at every step."""
+    from cockpit_lite.quantities import alpha as alpha_module
+
+    monkeypatch.setattr(alpha_module, "KEEP_ELEMENTS", 0)
+    problem = problems.make("mlp", 4, steps=6)
+    params = list(problem.model.parameters())
+    opt = torch.optim.SGD(params, lr=0.1)
+    alpha = Alpha()
+    cp = problems.Cockpit(problem.model, [alpha], strict=True, diagnose=False)
+    kept = []
+    for step, (x, y) in enumerate(problem.batches):
+        opt.zero_grad()
+        loss = problem.lossfunc(problem.model(x), y)
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+        kept.append(set(alpha._start["kept"]))
+        opt.step()
+    assert kept == [{i for i, p in enumerate(params) if p.dim() == 1}] * 6
+    assert alpha._keep is False
+    record = cp.get_output()
+    assert all("flags" not in record[step] and np.isfinite(record[step]["Alpha"]) for step in range(5))
