@@ -737,3 +737,20 @@ def test_a_probe_that_could_keep_nothing_but_1d_parameters_lets_later_steps_pred
     assert alpha._keep is False
     record = cp.get_output()
     assert all("flags" not in record[step] and np.isfinite(record[step]["Alpha"]) for step in range(5))
+
+
+def test_an_update_on_the_line_needs_a_positive_multiple_of_a_nonzero_prediction():
+    """A prediction of length exactly 1 and an update twice it: c = 2. A zero update, or a zero prediction, has
+    no c > 0 (the update did not follow the prediction)."""
+    from cockpit_lite.quantities.alpha import _on_line
+    from cockpit_lite.utils.norms import gram
+
+    def on_line(predicted, real):
+        (squared, cross), (_, length) = gram([(predicted, real)])
+        return _on_line([predicted], [real], (squared, cross, length))
+
+    unit = torch.tensor([0.5, 0.5, -0.5, 0.5])
+    assert float(unit @ unit) == 1.0
+    assert on_line(unit, 2 * unit) == 2.0
+    assert on_line(unit, torch.zeros(4)) is None
+    assert on_line(torch.zeros(4), unit) is None
