@@ -347,3 +347,32 @@ def test_a_rate_that_was_0_whenever_it_was_logged_has_no_peak_to_fall_from():
     never fell, so no late finding (the loss learns, so none from the start)."""
     findings, _ = synthetic(lambda s: None if s < 50 else 0.0, ratio_of_lr=lambda lr: 0.1 if lr is None else 1e-4)
     assert [f for f in findings if f.kind == "lr_too_low"] == []
+
+
+@pytest.mark.parametrize("without_update, raised", [(1, 9), (2, 10)])
+def test_the_finding_from_the_start_needs_10_losses_and_9_updates(without_update, raised):
+    """A flat loss at updates 1e-5 of the weights, the first records without an update (a real run's first record
+    has none: nothing moved before it). One: 10 losses and 9 updates at step 9, found there; two: 8 updates at step
+    9, found at step 10."""
+    diagnosis = Diagnosis(names=["w", "v"], shapes=[(4, 4), (2, 4)])
+    found = []
+    for step in range(20):
+        entry = {"Loss": 2.3, "ParamNorm": [10.0, 5.0], "GradNorm": [0.1, 0.1], "GradPresence": {"lr": 1e-3}}
+        if step >= without_update:
+            entry["UpdateSize"] = [1e-4, 5e-5]
+        found += [step for f in diagnosis.feed(step, entry)[0] if f.kind == "lr_too_low"]
+    assert found == [raised]
+
+
+def test_a_step_fed_again_counts_its_learning_rate_once():
+    """The smooth decay of ``test_a_smooth_decay_counts_the_five_records_up_to_its_end_only`` with every record
+    fed twice (as a value logged later for a step already diagnosed feeds it again): the same rate twice is one
+    record, and the decay is still smooth."""
+    diagnosis = Diagnosis(names=["w", "v"], shapes=[(4, 4), (2, 4)])
+    for step in [*range(10), *range(10, 400, 10)]:
+        lr = 1.0 if step < 40 else 2.0 ** -min((step - 30) // 10, 5)
+        entry = {"Loss": 0.7 + 1.6 * math.exp(-step / 50), "ParamNorm": [10.0, 5.0], "GradNorm": [0.1, 0.1],
+                 "GradPresence": {"lr": lr}, "UpdateSize": [lr, 0.5 * lr]}
+        diagnosis.feed(step, entry)
+        diagnosis.feed(step, entry)
+    assert [(f.step, f.evidence["how"]) for f in diagnosis.findings if f.kind == "lr_too_low"] == [(80, "smoothly")]
