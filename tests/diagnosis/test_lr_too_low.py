@@ -376,3 +376,16 @@ def test_a_step_fed_again_counts_its_learning_rate_once():
         diagnosis.feed(step, entry)
         diagnosis.feed(step, entry)
     assert [(f.step, f.evidence["how"]) for f in diagnosis.findings if f.kind == "lr_too_low"] == [(80, "smoothly")]
+
+
+@pytest.mark.parametrize("grads", [[0.1, 0.0], [0.1, math.inf], [math.nan, 0.1]], ids=["zero", "inf", "nan"])
+def test_a_record_where_a_layer_has_no_finite_positive_gradient_is_not_judged(grads):
+    """A flat loss at updates 1e-5 of the weights, found at step 9; with step 9's gradient of one layer 0 (no
+    gradient: vanishing or frozen, not the step size), inf (a GradScaler overflow) or NaN, found at step 10."""
+    diagnosis = Diagnosis(names=["w", "v"], shapes=[(4, 4), (2, 4)])
+    found = []
+    for step in range(20):
+        entry = {"Loss": 2.3, "ParamNorm": [10.0, 5.0], "GradNorm": grads if step == 9 else [0.1, 0.1],
+                 "GradPresence": {"lr": 1e-3}, "UpdateSize": [1e-4, 5e-5]}
+        found += [step for f in diagnosis.feed(step, entry)[0] if f.kind == "lr_too_low"]
+    assert found == [10]
