@@ -389,3 +389,10 @@ def test_a_record_where_a_layer_has_no_finite_positive_gradient_is_not_judged(gr
                  "GradPresence": {"lr": 1e-3}, "UpdateSize": [1e-4, 5e-5]}
         found += [step for f in diagnosis.feed(step, entry)[0] if f.kind == "lr_too_low"]
     assert found == [10]
+
+
+def test_a_run_that_never_logs_a_learning_rate_is_judged_from_the_start_only():
+    """No rate on any record: a learning loss gives no finding (and the rule does not fail: ``synthetic`` checks
+    it); a flat loss at tiny updates is found from the start."""
+    assert synthetic(lambda s: None, ratio_of_lr=lambda lr: 0.01)[0] == []
+    assert _from_the_start(lambda s: None) == 9
