@@ -754,3 +754,37 @@ def test_an_update_on_the_line_needs_a_positive_multiple_of_a_nonzero_prediction
     assert on_line(unit, 2 * unit) == 2.0
     assert on_line(unit, torch.zeros(4)) is None
     assert on_line(torch.zeros(4), unit) is None
+
+
+def test_alpha_from_fit_row_by_row_without_a_warning():
+    """α = 2t / (−μ₁/μ₂) − 1 of each row: a row with an infinite coefficient is NaN, the others keep theirs. A fit
+    without curvature (μ₂ = 0) going down or up is −1 (the minimum is not ahead of the step: 2t / ∓∞ − 1); a flat
+    one (μ₁ = μ₂ = 0) has no α. No division warns."""
+    import warnings
+
+    from cockpit_lite.quantities.alpha import alpha_from_fit
+
+    mu = np.array([[1.0, -2.0, 1.0], [1.0, np.inf, 1.0], [1.0, -4.0, 1.0], [1.0, -2.0, 0.0], [1.0, 2.0, 0.0],
+                   [1.0, 0.0, 0.0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fitted = alpha_from_fit(mu, 1.0)
+        single = [alpha_from_fit(row, 1.0) for row in mu]
+    np.testing.assert_array_equal(fitted, [0.0, np.nan, -0.5, -1.0, -1.0, np.nan])
+    np.testing.assert_array_equal(single, fitted)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # the distance from the sums; the residual's
+def test_an_update_exactly_at_the_tolerance_from_the_line_is_on_it(dtype, monkeypatch):
+    """A tolerance of 1/2 (so that the bound is exact): the prediction (1, 0, 0, 0) and the update (3, 1, 1, 1),
+    whose distance² from the line, 3, is exactly (1/2)² of its length², 12: on the line, c = 3."""
+    from cockpit_lite.quantities import alpha as alpha_module
+    from cockpit_lite.utils.norms import gram
+
+    monkeypatch.setattr(alpha_module, "PREDICTION_RTOL", {dtype: 0.5})
+    predicted, real = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=dtype), torch.tensor([3.0, 1.0, 1.0, 1.0], dtype=dtype)
+    (squared, cross), (_, length) = gram([(predicted, real)])
+    assert (squared, cross, length) == (1.0, 3.0, 12.0)
+    assert alpha_module._on_line([predicted], [real], (squared, cross, length)) == 3.0
+    assert alpha_module._on_line([predicted], [real + torch.tensor([0.0, 0.0, 0.0, 0.01], dtype=dtype)],
+                                 (squared, cross, float((real[3] + 0.01) ** 2 + 11))) is None
