@@ -772,6 +772,7 @@ def test_alpha_from_fit_row_by_row_without_a_warning():
         single = [alpha_from_fit(row, 1.0) for row in mu]
     np.testing.assert_array_equal(fitted, [0.0, np.nan, -0.5, -1.0, -1.0, np.nan])
     np.testing.assert_array_equal(single, fitted)
+    assert all(type(value) is float for value in single)  # one fit's α is a number, not a 0-d array
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # the distance from the sums; the residual's
