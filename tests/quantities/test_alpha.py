@@ -789,3 +789,22 @@ def test_an_update_exactly_at_the_tolerance_from_the_line_is_on_it(dtype, monkey
     assert alpha_module._on_line([predicted], [real], (squared, cross, length)) == 3.0
     assert alpha_module._on_line([predicted], [real + torch.tensor([0.0, 0.0, 0.0, 0.01], dtype=dtype)],
                                  (squared, cross, float((real[3] + 0.01) ** 2 + 11))) is None
+
+
+def test_fit_quadratic_broadcasts_slopes_and_their_variances_over_leading_axes():
+    """Slopes [2] with variances [3, 2], and slopes [3, 2] with variances [2]: the fits of each row, which solve
+    the weighted least squares of the four observations (f(0), f(t), f'(0), f'(t)) by hand."""
+    from cockpit_lite.quantities.alpha import fit_quadratic
+
+    def by_hand(t, fs, dfs, var_fs, var_dfs):
+        phi = np.array([[1.0, 0.0, 0.0], [1.0, t, t**2], [0.0, 1.0, 0.0], [0.0, 1.0, 2 * t]])
+        w = 1 / np.array([*var_fs, *var_dfs])
+        return np.linalg.lstsq(phi * np.sqrt(w)[:, None], np.array([*fs, *dfs]) * np.sqrt(w), rcond=None)[0]
+
+    fs, var_fs = [1.0, 0.7], [0.1, 0.2]
+    slopes, variances = np.array([[-1.0, 0.5], [-2.0, 0.1], [-0.5, -0.2]]), np.array([[0.3, 0.4], [1.0, 2.0], [0.5, 0.1]])
+    for t in (0.5, 2.0):
+        np.testing.assert_allclose(fit_quadratic(t, fs, slopes[0], var_fs, variances),
+                                   [by_hand(t, fs, slopes[0], var_fs, v) for v in variances], rtol=1e-9)
+        np.testing.assert_allclose(fit_quadratic(t, fs, slopes, var_fs, variances[1]),
+                                   [by_hand(t, fs, s, var_fs, variances[1]) for s in slopes], rtol=1e-9)
