@@ -808,3 +808,13 @@ def test_fit_quadratic_broadcasts_slopes_and_their_variances_over_leading_axes()
                                    [by_hand(t, fs, slopes[0], var_fs, v) for v in variances], rtol=1e-9)
         np.testing.assert_allclose(fit_quadratic(t, fs, slopes, var_fs, variances[1]),
                                    [by_hand(t, fs, s, var_fs, variances[1]) for s in slopes], rtol=1e-9)
+
+
+def test_a_step_of_the_whole_batch_has_no_standard_error():
+    """Without subsampling α is the fit of the whole batch's losses and slopes: the brute force's, with no
+    standard error or interval (those are a subsample's, ``tests/test_subsample.py``)."""
+    problem = problems.make("mlp", 4, steps=2)
+    cp, snapshots = problems.run(problem, [Alpha(track_schedule=lambda s: s == 0)])
+    record = cp.get_output()[0]
+    problems.assert_close(record["Alpha"], reference(problem, snapshots, 0), rtol=1e-9, what="Alpha")
+    assert "Alpha" not in record.get("meta", {}), record["meta"]
