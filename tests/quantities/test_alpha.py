@@ -818,3 +818,10 @@ def test_a_step_of_the_whole_batch_has_no_standard_error():
     record = cp.get_output()[0]
     problems.assert_close(record["Alpha"], reference(problem, snapshots, 0), rtol=1e-9, what="Alpha")
     assert "Alpha" not in record.get("meta", {}), record["meta"]
+
+
+def test_a_second_optimizer_step_in_one_step_is_an_update_that_is_not_the_optimizer_s():
+    """optimizer.step() twice after one backward pass (the second on the same gradient): the training goes on,
+    and α of the step is NaN, flagged as parameters changed after optimizer.step()."""
+    record = _after_step_run(lambda opt, params: opt.step() or True, lambda params: None)
+    assert np.isnan(record[0]["Alpha"]) and any("after optimizer.step()" in f for f in record[0]["flags"])
