@@ -825,3 +825,20 @@ def test_a_second_optimizer_step_in_one_step_is_an_update_that_is_not_the_optimi
     and α of the step is NaN, flagged as parameters changed after optimizer.step()."""
     record = _after_step_run(lambda opt, params: opt.step() or True, lambda params: None)
     assert np.isnan(record[0]["Alpha"]) and any("after optimizer.step()" in f for f in record[0]["flags"])
+
+
+def test_the_predicted_update_and_the_gradient_copy_are_released_at_the_step():
+    """A subsampled start step keeps the update predicted in backward and a copy of g (for gᵀd) until
+    optimizer.step(), not longer: both are released by the step post-hook."""
+    problem = problems.make("mlp", 8, steps=2)
+    params = list(problem.model.parameters())
+    opt = torch.optim.SGD(params, lr=0.1)
+    alpha = Alpha(track_schedule=lambda s: s == 0)
+    cp = problems.Cockpit(problem.model, [alpha], strict=True, diagnose=False, samples=4)
+    x, y = problem.batches[0]
+    loss = problem.lossfunc(problem.model(x), y)
+    with cp(0, info={"loss": loss, "optimizer": opt}):
+        loss.backward()
+    assert alpha._start["grad"] is not None and any(p is not None for p in alpha._start["backward_predicted"])
+    opt.step()
+    assert alpha._start["grad"] is None and alpha._start["backward_predicted"] is None
