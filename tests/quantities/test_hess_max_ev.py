@@ -291,3 +291,16 @@ def test_a_cold_start_has_block_vectors_and_a_warm_start_one(monkeypatch, block)
 def test_block_must_be_a_positive_integer(block):
     with pytest.raises(ValueError, match="block must be a positive integer"):
         HessMaxEV(block=block)
+
+
+def test_the_default_cap_is_100_products():
+    """rtol = 0 on a model of 421 parameters (its Krylov space is not exhausted first): the step stops at the
+    default ``maxiter``, 100 products."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 16), torch.nn.Tanh(), torch.nn.Linear(16, 5))
+    x, y = torch.randn(8, 20), torch.randint(0, 5, (8,))
+    cp = Cockpit(model, [HessMaxEV(rtol=0)], diagnose=False)
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    assert cp.get_output()[0]["meta"]["HessMaxEV"]["products"] == 100
