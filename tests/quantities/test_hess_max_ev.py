@@ -265,9 +265,9 @@ def test_a_close_second_eigenvalue_on_a_mixer():
             assert float(single) < (1 - 5e-3) * exact, seed
 
 
-@pytest.mark.parametrize("block", [1, 2, 3])
+@pytest.mark.parametrize("block", [1, 2, 3, None], ids=["1", "2", "3", "default"])
 def test_a_cold_start_has_block_vectors_and_a_warm_start_one(monkeypatch, block):
-    """Step 0 starts from ``block`` noise vectors; every later step from one vector, the previous
+    """Step 0 starts from ``block`` noise vectors (by default 2); every later step from one vector, the previous
     step's top Ritz vectors (``keep=3``) mixed with noise, whose value still matches eigvalsh."""
     import cockpit_lite.quantities.hess_max_ev as module
 
@@ -281,9 +281,9 @@ def test_a_cold_start_has_block_vectors_and_a_warm_start_one(monkeypatch, block)
         return lanczos_max_eig(matvec, starts, *args, **kwargs)
 
     monkeypatch.setattr(module, "lanczos_max_eig", spy)
-    quantity = HessMaxEV(block=block)
+    quantity = HessMaxEV() if block is None else HessMaxEV(block=block)
     problems.check(quantity, reference, ("mlp", 4, "mean"), steps=3, rtol=1e-3, layers=False)
-    assert [rows for rows, _ in seen] == [block, 1, 1] and seen[0][1] is None
+    assert [rows for rows, _ in seen] == [block or 2, 1, 1] and seen[0][1] is None
     assert all(0.9 < cosine < 0.99 for _, cosine in seen[1:])  # 1/√(1 + 0.3²) = 0.958: warm, with noise
 
 
