@@ -842,3 +842,21 @@ def test_the_predicted_update_and_the_gradient_copy_are_released_at_the_step():
     assert alpha._start["grad"] is not None and any(p is not None for p in alpha._start["backward_predicted"])
     opt.step()
     assert alpha._start["grad"] is None and alpha._start["backward_predicted"] is None
+
+
+def test_a_float32_update_rescaled_between_backward_and_step_stays_on_the_line(monkeypatch):
+    """A float32 GPT (the distance from the Gram sums), without the probe: the rate halved between backward and
+    step (the update half its prediction, c = 1/2) and doubled (c = 2) are on the predicted line, and α
+    equals the brute force at every step (to float32's rounding)."""
+    from cockpit_lite.quantities import alpha
+
+    def double_lr(opt, params):
+        for group in opt.param_groups:
+            group["lr"] = 0.1
+        return True
+
+    monkeypatch.setattr(alpha, "PROBE_STEPS", 0)
+    for change in (halve_lr, double_lr):
+        sgd = lambda ps: torch.optim.SGD(ps, lr=0.05)  # noqa: E731
+        problem, record, snapshots = run_changed(("gpt", 4, "mean"), sgd, change, steps=3, dtype=torch.float32)
+        assert_exact_but(problem, record, snapshots, nan_steps=(), rtol=1e-3)
