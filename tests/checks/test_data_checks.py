@@ -184,3 +184,27 @@ def test_nonfinite_targets_are_counted():
     data["x_test"], data["y_test"] = data["x_test"][1:], data["y_test"][1:]  # the fix: the row dropped
     assert _report(case, data)["data_nonfinite"].passed
     assert torch.isfinite(case.options["data"]["y_test"]).all()  # the user's data untouched
+
+
+def test_a_value_that_rounds_to_minus_zero_is_the_same_as_zero():
+    """A test row whose first value is -1e-9 where the training row has 0 (below the rounding: -0.0 after it):
+    the same sample."""
+    case = CASES["regression_mlp"]()
+    train = np.random.default_rng(0).standard_normal((20, 3))
+    train[5, 0] = 0.0
+    test = np.concatenate([train[5:6] + np.array([-1e-9, 0.0, 0.0]), 5 + train[:4]])
+    result = _report(case, {"x_train": train, "x_test": test})["data_duplicates"]
+    assert result.value == 1 and "test indices [0]" in result.message, result.message
+
+
+@pytest.mark.parametrize("shape", [(6,), (2, 3)], ids=["tokens", "grid"])
+def test_integer_samples_are_compared_whole(shape):
+    """Integer samples (token ids, a grid of category codes): a test sample equal to a training sample in every
+    entry is a duplicate; one that differs in its last entry is not."""
+    case = CASES["regression_mlp"]()
+    train = np.random.default_rng(1).integers(0, 50, (30, *shape))
+    near = train[7].copy()
+    near.reshape(-1)[-1] += 100
+    test = np.stack([train[3], near, train[12]])
+    result = _report(case, {"x_train": train, "x_test": test})["data_duplicates"]
+    assert result.value == 2 and "test indices [0, 2]" in result.message, result.message
