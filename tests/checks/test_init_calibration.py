@@ -42,6 +42,7 @@ def test_the_value_is_the_mean_entropy_over_ln_c():
     result = _result(case)
     expected = -sum(q * math.log(q) for q in p) / math.log(10)
     assert result.value == pytest.approx(expected, rel=1e-6) and result.passed
+    assert result.threshold == ">= 0.75" and result.fix == ""
     assert f"mean top probability {max(p):.3f}" in result.message
 
 
