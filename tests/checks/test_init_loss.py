@@ -20,4 +20,13 @@ def test_healthy_ratio_is_near_one_and_large_logits_fail():
 
 
 def test_regression_is_skipped():
-    assert _result(CASES["regression_mlp"]()).status == "skipped"
+    result = _result(CASES["regression_mlp"]())
+    assert result.status == "skipped" and "regression: ln C applies to classification only" in result.message
+
+
+def test_a_ratio_on_the_threshold_passes(monkeypatch):
+    """``RATIO`` set to the ratio a model measures: the bound belongs to the passing side."""
+    from cockpit_lite.checks import init_loss
+
+    monkeypatch.setattr(init_loss, "RATIO", _result(CASES["digits_mlp"]()).value)
+    assert _result(CASES["digits_mlp"]()).passed
