@@ -74,6 +74,7 @@ def test_without_data_two_checks_look_at_the_batch_and_two_are_inconclusive():
     assert report.inconclusive == ["data_duplicates", "data_imbalance"] and report.skipped == []
     assert "data={'x_train'" in report["data_duplicates"].fix and "y_test" in report["data_imbalance"].fix
     assert report["data_imbalance"].message == "inconclusive: one batch is too small to count classes"
+    assert report["data_duplicates"].message == "inconclusive: one batch cannot show a leak between splits"
     assert "the batch" in report["data_nonfinite"].message and report["data_normalization"].passed
 
 

@@ -861,3 +861,12 @@ def test_a_float32_update_rescaled_between_backward_and_step_stays_on_the_line(m
         sgd = lambda ps: torch.optim.SGD(ps, lr=0.05)  # noqa: E731
         problem, record, snapshots = run_changed(("gpt", 4, "mean"), sgd, change, steps=3, dtype=torch.float32)
         assert_exact_but(problem, record, snapshots, nan_steps=(), rtol=1e-3)
+
+
+def test_a_batch_of_one_sample_is_nan_and_flagged():
+    """One sample: no variance of the losses and slopes, which the fit weighs by; NaN, with the flag."""
+    problem = problems.make("mlp", 1, steps=2)
+    cp, _ = problems.run(problem, [Alpha(track_schedule=lambda s: s == 0)])
+    entry = cp.get_output()[0]
+    assert np.isnan(entry["Alpha"])
+    assert entry["flags"] == ["Alpha: a batch of one sample has no variance of the losses and slopes, which the fit needs"]
