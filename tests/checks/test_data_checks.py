@@ -50,7 +50,7 @@ def test_numpy_splits_of_a_small_scale_are_rounded_in_units_of_their_std():
     train = 1e-3 * np.random.default_rng(0).standard_normal((50, 3))
     shifted = train[:20] + 2e-5
     clean = _report(case, {"x_train": train, "x_test": shifted})["data_duplicates"]
-    assert clean.passed and clean.message == "none of 20 test samples occurs in the 50 training samples"
+    assert clean.passed and clean.value == 0 and clean.message == "none of 20 test samples occurs in the 50 training samples"
     leaked = _report(case, {"x_train": train, "x_test": np.concatenate([shifted, train[30:32]])})["data_duplicates"]
     assert leaked.value == 2 and "test indices [20, 21]" in leaked.message, leaked.message
 
@@ -209,3 +209,13 @@ def test_integer_samples_are_compared_whole(shape):
     test = np.stack([train[3], near, train[12]])
     result = _report(case, {"x_train": train, "x_test": test})["data_duplicates"]
     assert result.value == 2 and "test indices [0, 2]" in result.message, result.message
+
+
+def test_a_constant_training_split_is_rounded_in_absolute_units():
+    """A training split of ones (std 0: rounded to 4 decimals as they are): a test row of ones is a duplicate;
+    rows of 2 and of 1.00008 (1.0001 to 4 decimals) are not."""
+    case = CASES["regression_mlp"]()
+    train = np.ones((10, 3))
+    test = np.array([[2.0, 2.0, 2.0], [1.00008, 1.0, 1.0], [1.0, 1.0, 1.0]])
+    result = _report(case, {"x_train": train, "x_test": test})["data_duplicates"]
+    assert result.value == 1 and "test indices [2]" in result.message, result.message
