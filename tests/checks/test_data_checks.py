@@ -218,4 +218,16 @@ def test_a_constant_training_split_is_rounded_in_absolute_units():
     train = np.ones((10, 3))
     test = np.array([[2.0, 2.0, 2.0], [1.00008, 1.0, 1.0], [1.0, 1.0, 1.0]])
     result = _report(case, {"x_train": train, "x_test": test})["data_duplicates"]
-    assert result.value == 1 and "test indices [2]" in result.message, result.message
+    assert result.value == 1 and result.threshold == "== 0", result
+    assert result.message == ("1 of 3 test samples (33.3%) also occur in the training split (test indices [2]); 9 "
+                              "repeated rows within the training split")
+    clean = _report(case, {"x_train": train, "x_test": test[:2]})["data_duplicates"]
+    assert clean.passed and clean.threshold == "== 0" and clean.fix == ""
+
+
+def test_five_duplicates_are_all_listed():
+    case = CASES["regression_mlp"]()
+    train = np.random.default_rng(2).standard_normal((20, 3))
+    result = _report(case, {"x_train": train, "x_test": np.concatenate([train[:5], 9 + train[:3]])})["data_duplicates"]
+    assert result.message.startswith("5 of 8 test samples (62.5%) also occur in the training split (test indices "
+                                     "[0, 1, 2, 3, 4])"), result.message
