@@ -225,9 +225,12 @@ def test_a_constant_training_split_is_rounded_in_absolute_units():
     assert clean.passed and clean.threshold == "== 0" and clean.fix == ""
 
 
-def test_five_duplicates_are_all_listed():
+@pytest.mark.parametrize("copies, listed", [(5, "[0, 1, 2, 3, 4])"), (6, "[0, 1, 2, 3, 4] ...)")])
+def test_five_duplicates_are_listed_six_elided(copies, listed):
     case = CASES["regression_mlp"]()
     train = np.random.default_rng(2).standard_normal((20, 3))
-    result = _report(case, {"x_train": train, "x_test": np.concatenate([train[:5], 9 + train[:3]])})["data_duplicates"]
-    assert result.message.startswith("5 of 8 test samples (62.5%) also occur in the training split (test indices "
-                                     "[0, 1, 2, 3, 4])"), result.message
+    test = np.concatenate([train[:copies], 9 + train[:2]])
+    result = _report(case, {"x_train": train, "x_test": test})["data_duplicates"]
+    assert result.message == (f"{copies} of {copies + 2} test samples ({copies / (copies + 2):.1%}) also occur in the "
+                              f"training split (test indices {listed}"), result.message
+    assert result.fix == "deduplicate before splitting, or drop these samples from the test split"
