@@ -183,7 +183,8 @@ def test_nonfinite_targets_are_counted():
     assert result.value == 1 and "y_test 1" in result.message
     assert "drop or impute the rows" in result.fix
     data["x_test"], data["y_test"] = data["x_test"][1:], data["y_test"][1:]  # the fix: the row dropped
-    assert _report(case, data)["data_nonfinite"].passed
+    fixed = _report(case, data)["data_nonfinite"]
+    assert fixed.passed and fixed.value == 0 and fixed.threshold == "== 0"
     assert torch.isfinite(case.options["data"]["y_test"]).all()  # the user's data untouched
 
 
@@ -234,3 +235,4 @@ def test_five_duplicates_are_listed_six_elided(copies, listed):
     assert result.message == (f"{copies} of {copies + 2} test samples ({copies / (copies + 2):.1%}) also occur in the "
                               f"training split (test indices {listed}"), result.message
     assert result.fix == "deduplicate before splitting, or drop these samples from the test split"
+    assert result.passed is False and result.threshold == "== 0"
