@@ -258,6 +258,9 @@ QUOTES = [
      f"|{E}/second/left"),
     ("docs/development.md", "the 101 mutants of the four norm functions the fix changed, run again\nfrom the branch, were all "
      "killed but the 4 equivalent", f"{E}/norm_after_fix/run|{E}/norm_after_fix/equivalent"),
+    ("docs/development.md", "Of the 1,144 mutants run, 983 were killed", "measured/mutation_alpha_hess_checks/totals/scored|measured/mutation_alpha_hess_checks/totals/killed_before"),
+    ("docs/development.md", "the 161 survivors, 72 were missing tests", "measured/mutation_alpha_hess_checks/totals/survivors|measured/mutation_alpha_hess_checks/totals/written"),
+    ("docs/development.md", "5 were killed by tests outside the group's selection", "measured/mutation_alpha_hess_checks/totals/by_hand"),
 ]
 
 
@@ -311,6 +314,7 @@ WHOLE_GROUP_COLUMNS = {"mutants": 1, "scored": 2, "killed_before": 3, "killed": 
     ("mutation_full_formulas", WHOLE_GROUP_COLUMNS),
     ("mutation_full_subsample_histogram_log", WHOLE_GROUP_COLUMNS),
     ("mutation_full_diagnosis_rules", WHOLE_GROUP_COLUMNS),
+    ("mutation_alpha_hess_checks", WHOLE_GROUP_COLUMNS),
 ])
 def test_the_later_mutation_runs_totals_are_their_rows(table, columns):
     """The totals the prose quotes add up from the table's rows (a whole group's mutants: the message
