@@ -297,25 +297,31 @@ def test_the_probe_steps_keep_then_predict_once_predictions_held():
         (lambda ps: torch.optim.SGD(ps, lr=0.1), lambda opt, params: None, "1-D"),
         (lambda ps: torch.optim.Adam(ps, lr=1e-2), clip_norm, "all"),
     ):
-        problem = problems.make("mlp", 4, steps=6)
-        params = list(problem.model.parameters())
-        opt = optimizer(params)
-        alpha = Alpha()
-        cp = problems.Cockpit(problem.model, [alpha], strict=True, diagnose=False)
-        kept = []
-        for step, (x, y) in enumerate(problem.batches):
-            opt.zero_grad()
-            loss = problem.lossfunc(problem.model(x), y)
-            with cp(step, info={"loss": loss, "optimizer": opt}):
-                loss.backward()
-            change(opt, params)
-            kept.append(set(alpha._start["kept"]))
-            opt.step()
+        params, _, kept, record = _kept_at_each_step(optimizer, change)
         everything = set(range(len(params)))
         later = everything if kept_later == "all" else {i for i, p in enumerate(params) if p.dim() == 1}
         assert kept == [everything] * alpha_module.PROBE_STEPS + [later] * (6 - alpha_module.PROBE_STEPS)
-        record = cp.get_output()
         assert all("flags" not in record[step] and np.isfinite(record[step]["Alpha"]) for step in range(5))
+
+
+def _kept_at_each_step(optimizer, change):
+    """Alpha on the MLP over 6 steps, ``change(opt, params)`` between backward and step: ``(params, the
+    quantity, the parameters kept until each start step's optimizer.step(), the record)``."""
+    problem = problems.make("mlp", 4, steps=6)
+    params = list(problem.model.parameters())
+    opt = optimizer(params)
+    alpha = Alpha()
+    cp = problems.Cockpit(problem.model, [alpha], strict=True, diagnose=False)
+    kept = []
+    for step, (x, y) in enumerate(problem.batches):
+        opt.zero_grad()
+        loss = problem.lossfunc(problem.model(x), y)
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+        change(opt, params)
+        kept.append(set(alpha._start["kept"]))
+        opt.step()
+    return params, alpha, kept, cp.get_output()
 
 
 def test_kept_individual_gradients_are_released_at_the_step(monkeypatch):
@@ -721,22 +727,9 @@ def test_a_probe_that_could_keep_nothing_but_1d_parameters_lets_later_steps_pred
     from cockpit_lite.quantities import alpha as alpha_module
 
     monkeypatch.setattr(alpha_module, "KEEP_ELEMENTS", 0)
-    problem = problems.make("mlp", 4, steps=6)
-    params = list(problem.model.parameters())
-    opt = torch.optim.SGD(params, lr=0.1)
-    alpha = Alpha()
-    cp = problems.Cockpit(problem.model, [alpha], strict=True, diagnose=False)
-    kept = []
-    for step, (x, y) in enumerate(problem.batches):
-        opt.zero_grad()
-        loss = problem.lossfunc(problem.model(x), y)
-        with cp(step, info={"loss": loss, "optimizer": opt}):
-            loss.backward()
-        kept.append(set(alpha._start["kept"]))
-        opt.step()
+    params, alpha, kept, record = _kept_at_each_step(lambda ps: torch.optim.SGD(ps, lr=0.1), lambda opt, params: None)
     assert kept == [{i for i, p in enumerate(params) if p.dim() == 1}] * 6
     assert alpha._keep is False
-    record = cp.get_output()
     assert all("flags" not in record[step] and np.isfinite(record[step]["Alpha"]) for step in range(5))
 
 
