@@ -119,11 +119,12 @@ class Snapshot:
 
 
 def run(problem, quantities, lr=0.1, optimizer=None, steps=None, first_step=0, params_only=False, before_step=None,
-        **cockpit_kwargs):
+        loss_scale=None, **cockpit_kwargs):
     """Train ``problem`` with a Cockpit; return ``(cockpit, snapshots by step)``.
 
     ``params_only``: give the Cockpit ``model.parameters()`` (Cockpit's style) instead of the model.
     ``before_step(params)``: called between the backward pass and ``optimizer.step()`` (clipping).
+    ``loss_scale``: backward on ``loss * loss_scale`` (a micro-batch's ``loss / n``), ``info["loss"]`` the loss.
     """
     params = list(problem.model.parameters())
     opt = optimizer(params) if optimizer else torch.optim.SGD(params, lr=lr)
@@ -139,7 +140,7 @@ def run(problem, quantities, lr=0.1, optimizer=None, steps=None, first_step=0, p
         opt.zero_grad()
         loss = problem.lossfunc(problem.model(x), y)
         with cp(step, info={"loss": loss, "optimizer": opt}):
-            loss.backward(create_graph=cp.create_graph(step))
+            (loss if loss_scale is None else loss * loss_scale).backward(create_graph=cp.create_graph(step))
         if before_step is not None:
             before_step(params)
         opt.step()

@@ -423,6 +423,17 @@ def test_alpha_estimate_against_brute_force(monkeypatch, case, route):
     assert_alpha(cp.get_output()[0], _alpha_reference(problem, snapshots))
 
 
+def test_a_subsampled_alpha_divides_by_the_gradient_arriving_at_the_loss():
+    """Backward on loss / 4 (a micro-batch's habit; ``info["loss"]`` the loss): the drawn samples' slopes and the
+    exact mean slopes gᵀd are divided by the gradient 1/4 arriving at the loss, and α, its se and interval are
+    the brute force's of the loss."""
+    from cockpit_lite.quantities import Alpha
+
+    problem = problems.make("mlp", B, "mean", steps=2)
+    cp, snapshots = problems.run(problem, [Alpha()], samples=K, loss_scale=0.25)
+    assert_alpha(cp.get_output()[0], _alpha_reference(problem, snapshots))
+
+
 def test_a_subsampled_alpha_is_exact_at_once_under_clipping_with_adam(monkeypatch):
     """``clip_grad_norm_`` under Adam turns the update away from any prediction. A subsampled start
     step of a small model keeps the drawn samples' individual gradients and projects them onto the

@@ -863,25 +863,3 @@ def test_a_batch_of_one_sample_is_nan_and_flagged():
     entry = cp.get_output()[0]
     assert np.isnan(entry["Alpha"])
     assert entry["flags"] == ["Alpha: a batch of one sample has no variance of the losses and slopes, which the fit needs"]
-
-
-def test_a_subsampled_step_divides_by_the_gradient_arriving_at_the_loss():
-    """Subsampled (4 of 8 samples) with backward on loss / 4 (a micro-batch's habit) and SGD at 4x the rate: the
-    same updates and the same drawn samples as backward on the loss itself, so the same α and standard error
-    (the slopes, and the exact mean slope gᵀd, divided by the gradient 1/4 arriving at info["loss"])."""
-    def run(factor):
-        problem = problems.make("mlp", 8, steps=3)
-        params = list(problem.model.parameters())
-        opt = torch.optim.SGD(params, lr=0.1 * factor)
-        cp = problems.Cockpit(problem.model, [Alpha()], strict=True, diagnose=False, samples=4)
-        for step, (x, y) in enumerate(problem.batches):
-            opt.zero_grad()
-            loss = problem.lossfunc(problem.model(x), y)
-            with cp(step, info={"loss": loss, "optimizer": opt}):
-                (loss / factor).backward()
-            opt.step()
-        return [value for r in (cp.get_output()[s] for s in (0, 1)) for value in (r["Alpha"], r["meta"]["Alpha"]["se"])]
-
-    plain = run(1.0)
-    assert np.isfinite(plain).all()
-    problems.assert_close(run(4.0), plain, rtol=1e-9, what="Alpha, backward on loss / 4")
