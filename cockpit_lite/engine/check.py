@@ -87,9 +87,9 @@ def check_gradients(state, params, fail):
                     "`with cp(step)` around each backward)"
                 ), demote=False)
                 continue
-            if state.penalty is not None and index not in state.global_path:
+            if state.penalty is not None and not state.of_info_loss(index):
                 reason = f"the individual gradients sum to a gradient {away}: {state.penalty}"
-            elif index in state.global_path:
+            elif state.of_info_loss(index):
                 reason = (
                     f"the gradient of info['loss'] is {away} in this backward pass: backward ran on "
                     "another loss (e.g. info['loss'] plus a penalty on the parameters, such as an "

@@ -79,6 +79,7 @@ from cockpit_lite.engine.step import Graph, Step, as_if_batched, nan_like, nan_w
 from cockpit_lite.engine.window import Window
 from cockpit_lite.info import penalty_term
 from cockpit_lite.utils.grads import dense, held
+from cockpit_lite.utils.shards import is_sharded
 
 
 class Engine:
@@ -296,6 +297,7 @@ class Engine:
                 "no_grad): all individual gradients take the exact but slow global "
                 "path. Enter cp(step) at every step, with consecutive step numbers.",
             )
+        state.unreached = self._unreached(state, graph, info)
         routes = self._routes(calls, state, graph) if calls else {}
         self.capture.snapshot.update(state.replays)
         if self._mixed(routes, info, needed_by, state, calls):
@@ -304,7 +306,8 @@ class Engine:
             self._take_grads_from_autograd(state, routes)
         global_indices = [  # no module owns it (parameters given without their model): global too
             i for i, p in enumerate(self.params)
-            if routes.get(i) == "global" or (i not in routes and p.requires_grad and (not calls or i not in self._owners))
+            if routes.get(i) == "global" or (i not in routes and p.requires_grad and i not in state.unreached
+                                             and (not calls or i not in self._owners))
         ]
         if state.batch_size is None and (not global_indices or state.sharded is not None):
             raise ValueError(
@@ -388,6 +391,8 @@ class Engine:
                     if index in state.dense_grads:  # the subsample's rows, the gradient of all samples
                         part.grad = state.dense_grads[index]
                     self._guarded(state, index, state.ready, index, part)
+                for index in state.unreached:
+                    self._accept(state, index, PerSample.zeros(self.params[index], index, state.held))
                 for index in list(state.waiting):  # rules run here, or no gradient reached it (no hook fired)
                     self._on_accumulated(state, index)
                 if state.window is not None:  # accumulated: this pass is checked on its own, then kept
@@ -463,6 +468,20 @@ class Engine:
 
     # -- internals ----------------------------------------------------------------------
 
+    def _unreached(self, state, graph, info):
+        """The trainable parameters that the loss's graph does not reach (a layer this forward pass skips: a
+        pooler, an auxiliary head): their individual gradients are zero, served as such in ``finish`` and
+        checked against autograd's gradient there (nonzero if backward ran on another loss). Not FSDP2's
+        sharded parameters (their ranks may skip different layers; the graph holds their unsharded copies),
+        nor where a reentrant checkpoint segment hides its parameters from the graph until the backward pass
+        (the global path refuses that step)."""
+        if state.batch_size is None:
+            return set()
+        missed = {i for i, p in enumerate(self.params) if p.requires_grad and not is_sharded(p) and graph.misses(p)}
+        if missed and global_path.reentrant_checkpoint(info.get("loss")):
+            return set()
+        return missed
+
     def _routes(self, calls, state, graph):
         """``{index: [(call, name in the module, broadcast path), ...] | "global"}`` for the
         parameters that took part (path ``None``: the call's rule on its own output gradient)."""
@@ -472,7 +491,7 @@ class Engine:
         mixing = [c for c in calls if mixes_samples(c)]
         routes = {}
         for index, param in enumerate(self.params):
-            if not param.requires_grad:  # frozen since: no individual gradients (zeros in the statistics)
+            if not param.requires_grad or index in state.unreached:  # frozen since, or unused (``_unreached``)
                 continue
             if index in self.force_global:
                 routes[index] = "global"
@@ -714,18 +733,21 @@ class Engine:
 
     def _fail(self, state, index, reason, demote=True):
         """Mark a parameter's values of this step NaN; it takes the global path from now on
-        (``demote``; not if the global path would not change the reason)."""
+        (``demote``; not if the global path would not change the reason, nor for the zeros of a parameter
+        the loss does not reach)."""
         state.failed.add(index)
-        state.flags.append(self._failure(index, reason, demote, index in state.global_path))
+        demote = demote and index not in state.unreached
+        state.flags.append(self._failure(index, reason, demote, state.of_info_loss(index)))
         self._nan_results(state.results, index, state.transforms, state.held, state.batch_size, state.sharded)
 
-    def _failure(self, index, reason, demote=True, global_path=False):
+    def _failure(self, index, reason, demote=True, of_info_loss=False):
         """The flag of parameter ``index``'s failure, with its warning (once) and, with ``demote``, the
-        global path from the next step on (``global_path``: it took that path at this step)."""
+        global path from the next step on (``of_info_loss``: its individual gradients were those of
+        ``info["loss"]`` at this step, ``Step.of_info_loss``)."""
         if demote:
             self.force_global.add(index)
         name = self.names[index]
-        if global_path:
+        if of_info_loss:
             self._warn_once(("loss", index), (
                 f"cockpit-lite: the individual gradients of {name} are not those of the backward "
                 f"pass ({reason}); its values are NaN at every step where this holds."

@@ -56,11 +56,18 @@ class Step:
         self.noise = set()  # indices whose gradient is zero up to rounding (``cockpit_lite.engine.check``)
         self.resummed = {}  # global path: index -> the sum of its individual gradients, beside their total
         self.true_grads = None  # a pseudo-loss pass: autograd's gradient of it per parameter index
+        self.unreached = ()  # indices of trainable parameters the loss's graph does not reach: zero individual gradients
 
     def takes_autograd_grad(self, index):
         """Whether parameter ``index``'s transforms take ``g`` from autograd at this step (a low-precision
         backward pass keeps the rules' sum, unless a use has already been sketched)."""
         return index in self.from_autograd and (index in self.checks or not self.low_precision)
+
+    def of_info_loss(self, index):
+        """Whether parameter ``index``'s individual gradients are those of ``info["loss"]`` whatever the layers
+        do: the global path's vector-Jacobian products, or the zeros of a parameter the loss's graph does not
+        reach. Autograd's gradient differing from their sum means that backward ran on another loss."""
+        return index in self.global_path or index in self.unreached
 
     @property
     def held(self):
@@ -122,6 +129,10 @@ class Graph:
     def reaches(self, tensor):
         """Whether the loss depends on ``tensor``."""
         return tensor.grad_fn is self._root or (tensor.grad_fn, tensor.output_nr) in self._users
+
+    def misses(self, param):
+        """Whether the loss has a graph and ``param`` (a leaf, or the parameter an alias stands for) is not in it."""
+        return self.ready() and id(param) not in self._accumulators
 
     def path_from_parameter(self, param, batch_size):
         if not self.ready() or id(param) not in self._accumulators:

@@ -13,7 +13,7 @@ from torch import nn
 import models
 import problems
 from test_rules import _global_path_uses
-from cockpit_lite import Cockpit, configuration, quantities
+from cockpit_lite import Cockpit, configuration, quantities, subsample
 
 
 def norm_test_reference(problem, snapshots, step):
@@ -1033,6 +1033,105 @@ def test_a_finished_step_is_freed_without_the_cycle_collector(monkeypatch, name)
     finally:
         if enabled:
             gc.enable()
+
+
+class _Skipping(nn.Module):
+    """A model whose forward pass skips a layer of its own (a pooler, or an auxiliary head this loss does not use)."""
+
+    def __init__(self, body):
+        super().__init__()
+        self.body, self.pooler = body, nn.Linear(3, 2).double().to(problems.DEVICE)
+
+    def forward(self, x):
+        return self.body(x)
+
+
+@pytest.mark.parametrize("samples", [None, 3], ids=["exact", "subsampled"])
+@pytest.mark.parametrize("name", ["mlp", "gpt", "lstm"])
+def test_a_layer_the_forward_pass_skips_has_zero_individual_gradients_without_the_global_path(name, samples,
+                                                                                              monkeypatch):
+    """Its zeros take no backward pass per sample and no warning (they took the global path, whose note
+    named "_Skipping runs its own code around its sub-modules' calls"): NormTest of all parameters and of
+    each, and GradVariance of each, are the brute force's with zero rows for it (exact, and the documented
+    estimators of the drawn rows); its NormTest divides by ‖g‖ = 0: NaN, flagged as such."""
+    from test_subsample import references
+
+    used = _global_path_uses(monkeypatch)
+    batch = 6
+    problem = problems.make(name, batch, steps=2)
+    model = _Skipping(problem.model)
+    params = list(problem.model.parameters())
+    spare = [len(params), len(params) + 1]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cp = Cockpit(model, [quantities.NormTest(), quantities.GradVariance()], samples=samples, diagnose=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step, (x, y) in enumerate(problem.batches):
+            state = {k: v.clone() for k, v in problem.model.state_dict().items()}
+            snapshot = problems.Snapshot([p.detach().clone() for p in params], x, y, state, problems.rng_state())
+            opt.zero_grad()
+            loss = problem.lossfunc(model(x), y)
+            with cp(step, info={"loss": loss, "optimizer": opt}):
+                loss.backward()
+            opt.step()
+            grads = [g.reshape(batch, -1) for g in problems.individual_gradients(problem, snapshot)]
+            entry = cp.get_output()[step]
+            rows = list(range(batch)) if samples is None else subsample.draw(samples, batch, (0, step)).tolist()
+            whole = references(torch.cat(grads, 1), rows)
+            layers = [references(g, rows) for g in grads]
+            if samples is None:  # (the exact statistics, not the estimators of a subsample)
+                whole["NormTest"] = (norm_test(torch.cat(grads, 1)),)
+                for layer, g in zip(layers, grads):
+                    layer["NormTest"] = (norm_test(g),)
+                    layer["GradVariance"] = (float(g.var(0).sum()),)
+                    layer["_offset"] = 0.0
+            problems.assert_close(entry["NormTest"], whole["NormTest"][0], what="NormTest, a skipped layer")
+            problems.assert_close(entry["layers"]["NormTest"][: len(params)], [layer["NormTest"][0] for layer in layers])
+            problems.assert_close(entry["GradVariance"], [max(layer["GradVariance"][0] - layer["_offset"], 0.0)
+                                                          for layer in layers] + [0.0, 0.0])
+            assert all(math.isnan(entry["layers"]["NormTest"][i]) for i in spare)
+            zero = [f for f in entry["flags"] if "no gradient reaches it" in f]
+            assert len(zero) == 2 and all(cp.names[i] in " ".join(zero) for i in spare)
+    assert all(i not in indices for indices in used for i in spare)
+    assert not [w for w in caught if "global path" in str(w.message)]
+
+
+def norm_test(individual):
+    """sqrt(Σ_n ‖g̃_n − g‖² / ((B−1) B ‖g‖²)) of individual gradients ``[B, D]``."""
+    b, g = individual.shape[0], individual.mean(0)
+    return float(torch.sqrt(((individual - g) ** 2).sum() / ((b - 1) * b * (g**2).sum())))
+
+
+def test_backward_through_a_layer_info_loss_skips_is_flagged_as_another_loss_and_the_fix_works(monkeypatch):
+    """``(ce + aux).backward()`` with ``info["loss"] = ce`` and an auxiliary head that only ``aux`` uses: its
+    zeros are not its gradient, NaN and a flag naming another loss at every step (the layers ``ce`` reaches
+    are exact); passing the sum as ``info["loss"]``, as the flag says, serves the head by its layer's rule."""
+    used = _global_path_uses(monkeypatch)
+    torch.manual_seed(0)
+    model = _Skipping(nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double())
+    x, y, z = torch.randn(8, 4, dtype=torch.float64), torch.randint(0, 3, (8,)), torch.randn(8, 3, dtype=torch.float64)
+    cp = Cockpit(model, [quantities.GradVariance()], diagnose=False)
+    for step in range(4):
+        model.zero_grad()
+        ce, aux = F.cross_entropy(model(x), y), model.pooler(z).pow(2).sum(1).mean()
+        total = ce + aux
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with cp(step, info={"loss": ce if step < 2 else total}):
+                total.backward()
+        values, flags = cp.get_output()[step]["GradVariance"], cp.get_output()[step].get("flags", [])
+        said = [str(w.message) for w in caught if "are not those of the backward pass" in str(w.message)]
+        if step < 2:
+            assert all(math.isnan(v) for v in values[4:]) and all(math.isfinite(v) for v in values[:4])
+            assert len(flags) == 2 and all("backward ran on another loss" in f for f in flags)
+            assert len(said) == (2 if step == 0 else 0)  # (once per parameter)
+            continue
+        assert flags == [] and all(math.isfinite(v) and v > 0 for v in values)
+        rows = torch.stack([8 * torch.cat([g.reshape(-1) for g in torch.autograd.grad(
+            F.cross_entropy(model(x[n : n + 1]), y[n : n + 1]) / 8 + model.pooler(z[n : n + 1]).pow(2).sum() / 8,
+            list(model.pooler.parameters()))]) for n in range(8)])
+        problems.assert_close(sum(values[4:]), rows.var(0).sum(), what="GradVariance, the head's loss passed")
+    assert used == []
 
 
 class _FoldedLinear(nn.Module):

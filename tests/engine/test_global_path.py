@@ -12,7 +12,7 @@ import problems
 from cockpit_lite.engine import transforms
 from cockpit_lite.engine import Engine, global_path
 from cockpit_lite.info import StepInfo
-from engine.test_rules import engine_individual_gradients, individual_reference
+from engine.test_rules import Keep, engine_individual_gradients, individual_reference
 
 B, BINS, RANGE = 5, 8, (-3.0, 3.0)
 DIRECTION = 0.3  # the direction of BatchDotDirection: a constant per element, its index times this
@@ -161,9 +161,8 @@ class WithSpare(nn.Module):
         return 2 * self.body(x)
 
 
-def test_an_unused_parameter_of_the_model_itself_gets_zeros(monkeypatch):
-    """Its zeros take no backward pass per sample (through the whole graph each: an unused 512 x 512 layer
-    beside an MLP's made every step 9 times as long) and no ``[B, *shape]`` tensor of zeros."""
+def _asked(monkeypatch):
+    """The shapes of the parameters whose individual gradients the global path forms, call by call."""
     asked = []
     original = global_path.individual_gradients
 
@@ -172,6 +171,13 @@ def test_an_unused_parameter_of_the_model_itself_gets_zeros(monkeypatch):
         return original(contributions, params, mode)
 
     monkeypatch.setattr(global_path, "individual_gradients", spy)
+    return asked
+
+
+def test_an_unused_parameter_of_the_model_itself_gets_zeros(monkeypatch):
+    """Its zeros take no backward pass per sample (through the whole graph each: an unused 512 x 512 layer
+    beside an MLP's made every step 9 times as long) and no ``[B, *shape]`` tensor of zeros."""
+    asked = _asked(monkeypatch)
     torch.manual_seed(0)
     model = WithSpare().double()
     x = torch.randn(B, 3, dtype=torch.float64)
@@ -180,6 +186,31 @@ def test_an_unused_parameter_of_the_model_itself_gets_zeros(monkeypatch):
         torch.testing.assert_close(values, expected)
     assert torch.equal(got[0], torch.zeros(B, 3, dtype=torch.float64))
     assert asked == []
+
+
+def test_a_parameter_in_the_loss_but_in_no_samples_loss_gets_zeros_on_the_global_path(monkeypatch):
+    """The loss reaches it (``+ 0·Σ spare``), so the global path serves it (its model runs its own code around
+    its layers), but no sample's loss does: zeros, without a backward pass per sample, checked (autograd's
+    gradient of it is 0 too)."""
+    asked, served = _asked(monkeypatch), []
+    original = global_path.serve
+    monkeypatch.setattr(global_path, "serve", lambda state, info, indices, *args: (
+        served.append(list(indices)), original(state, info, indices, *args))[1])
+    torch.manual_seed(0)
+    model = WithSpare().double()
+    params = list(model.parameters())
+    engine = Engine(model, params, [str(i) for i in range(len(params))])
+    x = torch.randn(B, 3, dtype=torch.float64)
+    individual = (model(x) ** 2).sum(1)
+    loss = individual.sum() + 0.0 * model.spare.sum()
+    info = StepInfo({"loss": loss, "individual_losses": individual}, 0, batch_size=engine.batch_size(), model=model)
+    engine.begin([Keep()], info, info.batch_size, [None] * len(params), ["Test"])
+    loss.backward()
+    results, _, flags = engine.finish()
+    assert flags == [] and served == [[0]] and asked == []
+    assert torch.equal(results[0]["keep"], torch.zeros(B, 3, dtype=torch.float64))
+    for index, expected in enumerate(individual_reference(model, x)[1:], 1):
+        torch.testing.assert_close(results[index]["keep"], expected)
 
 
 class CheckpointedDropout(nn.Module):
