@@ -159,6 +159,35 @@ def test_the_test_split_must_agree_with_the_training_split(shift, factor, agrees
     assert result.value == pytest.approx(float(std), rel=1e-5)
 
 
+@pytest.mark.parametrize("low, high, pixels", [
+    (0.0, 255.0, True), (0.5, 255.0, True), (0.0, 2.0, True),  # 0 and 255 included, any top above 1
+    (0.0, 256.0, False), (0.0, 1.0, False), (-1.0, 255.0, False),
+])
+def test_the_fix_takes_the_inputs_for_raw_pixels_only_from_0_to_at_most_255(low, high, pixels):
+    """Training inputs at ``high`` but for 2 rows of 50 at ``low`` fail on their mean or their std (every feature
+    alike); the fix reads them as raw pixels when they lie in [0, 255] and reach above 1, else it standardises."""
+    train = np.full((50, 4), high)
+    train[:2] = low
+    result = _report(CASES["regression_mlp"](), {"x_train": train})["data_normalization"]
+    assert result.passed is False, result.message
+    if pixels:
+        assert result.fix == f"the inputs look like raw pixels in 0..{high:.0f}: divide by {high:.0f} (or standardise)"
+    else:
+        assert result.fix.startswith("standardise with the training split's statistics: x = (x - "), result.fix
+
+
+def test_a_feature_exactly_100_times_the_median_std_is_not_singled_out():
+    """Features of stds 1, 1 and exactly 100 about a mean of 5: the spread is at its bound (allowed); the inputs
+    fail on their mean and std, and the fix standardises them as a whole, not feature by feature."""
+    train = np.tile([[6.0, 6.0, 105.0], [4.0, 4.0, -95.0]], (10, 1))
+    result = _report(CASES["regression_mlp"](), {"x_train": train})["data_normalization"]
+    assert result.passed is False and "feature" not in result.message, result.message
+    assert result.fix == "standardise with the training split's statistics: x = (x - 5) / 57.74", result.fix
+    train[:, 2] = 5 + (train[:, 2] - 5) * 1.01  # just beyond the bound
+    result = _report(CASES["regression_mlp"](), {"x_train": train})["data_normalization"]
+    assert "feature 2 has 101x the median feature std" in result.message and "each feature" in result.fix
+
+
 def test_token_inputs_are_not_normalised():
     assert _report(CASES["causal_transformer"]())["data_normalization"].status == "skipped"
 

@@ -1,5 +1,6 @@
 """``reinit_dead_relus``: a network with more than 70% dead units learns again after the re-init."""
 
+import pytest
 import torch
 from check_cases import digits
 
@@ -63,3 +64,47 @@ def test_only_dead_rows_change_to_kaiming_uniform_draws_and_the_count_is_of_revi
     assert torch.all(model[1].bias[dead[0]] == 0.0)
     revived = sum(int((was & now).sum()) for was, now in zip(dead, _fired(model, x[:256])))
     assert count == revived and 0 < revived < int(dead[0].sum() + dead[1].sum())
+
+
+def _killed(layer, count):
+    """``layer`` with its first ``count`` units given a bias of -50 (dead on any input of order 1)."""
+    with torch.no_grad():
+        layer.bias[:count] = -50.0
+    return layer
+
+
+@pytest.mark.parametrize("kind", ["conv", "sequence"])
+def test_the_units_are_a_convolutions_channels_and_a_linear_layers_last_axis(kind):
+    """Dead channels of a Conv2d (units along axis 1, every position) and dead features of a Linear applied to a
+    sequence ``[B, T, C]`` (units along the last axis): exactly their rows are drawn anew."""
+    torch.manual_seed(0)
+    if kind == "conv":
+        layer, x = _killed(torch.nn.Conv2d(3, 8, 3), 5), torch.randn(6, 3, 7, 7)
+        model = torch.nn.Sequential(layer, torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 25, 2))
+    else:
+        layer, x = _killed(torch.nn.Linear(4, 8), 5), torch.randn(6, 7, 4)
+        model = torch.nn.Sequential(layer, torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    before = layer.weight.detach().clone()
+    checks.reinit_dead_relus(model, x)
+    assert torch.equal(layer.weight[5:], before[5:]) and not (layer.weight[:5] == before[:5]).any()
+    assert torch.all(layer.bias[:5] == 0.0)
+
+
+def test_a_layer_of_one_dead_unit_is_drawn_anew():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_killed(torch.nn.Linear(4, 1), 1), torch.nn.ReLU(), torch.nn.Linear(1, 2))
+    assert checks.reinit_dead_relus(model, torch.randn(32, 4)) == 1
+
+
+def test_a_float64_layer_gets_float64_draws_and_the_default_seed_is_0():
+    """The new rows are drawn in the layer's dtype (float32 draws would all be float32 numbers), from a generator
+    seeded with ``seed``: 0 by default."""
+    weights = []
+    for seed in ({}, {"seed": 0}, {"seed": 1}):
+        torch.manual_seed(0)
+        layer = _killed(torch.nn.Linear(4, 8).double(), 5)
+        checks.reinit_dead_relus(torch.nn.Sequential(layer, torch.nn.ReLU()), torch.randn(6, 4, dtype=torch.float64),
+                                 **seed)
+        weights.append(layer.weight[:5].detach().clone())
+    assert not torch.equal(weights[0].float().double(), weights[0])
+    assert torch.equal(weights[0], weights[1]) and not torch.equal(weights[0], weights[2])

@@ -3,6 +3,7 @@ the bound included, passes with the clean sentence; above it fails with the leak
 
 import torch
 
+from cockpit_lite import checks
 from cockpit_lite.checks import dependence
 from cockpit_lite.checks.problem import Problem
 
@@ -24,3 +25,21 @@ def test_a_backward_leak_on_the_bound_passes_in_the_clean_sentence(monkeypatch):
         monkeypatch.setattr(dependence, "backward_leak", lambda *args, leak=leak: leak)
         result = dependence.backward_check("c", problem, [], "{where} leak", "{where} are clean", "fix it")
         assert (result.passed, result.message) == (passed, sentence)
+
+
+class _InputFree(torch.nn.Module):
+    """Outputs that do not depend on the inputs (a learned constant per class)."""
+
+    def __init__(self):
+        super().__init__()
+        self.logits = torch.nn.Parameter(torch.zeros(3))
+
+    def forward(self, x):
+        return self.logits.expand(len(x), 3)
+
+
+def test_a_backward_check_without_any_gradient_at_the_inputs_is_skipped_naming_where():
+    batch = (torch.randn(4, 3), torch.zeros(4, dtype=torch.long))
+    result = checks.run(_InputFree(), torch.nn.functional.cross_entropy, batch,
+                        checks=["batch_independence_backward"])["batch_independence_backward"]
+    assert result.status == "skipped" and result.message == "no gradient reaches the inputs (see nonzero_gradients)"

@@ -74,3 +74,70 @@ def test_gauge_module_does_not_import_torch():
     code = "import sys, instruments.gauges.lr_range; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "False", done.stderr
+
+
+def _result():
+    return checks.LRRangeResult([0.01, 0.1, 1.0], [2.0, 1.0, 1.5], [2.0, 1.4, 1.45], 0.01, 0.1, True,
+                                rule="min/10", notes=["raise end", "check the data"])
+
+
+def test_the_result_as_plain_data_and_as_csv_text(tmp_path):
+    """``to_dict`` (what the gauge draws) has every field; the CSV holds the suggestion in ``#`` lines, then a
+    ``step,lr,loss,smoothed_loss`` header and one row per step (csv's line ends), floats as Python writes them."""
+    result = _result()
+    assert result.to_dict() == {"lr": [0.01, 0.1, 1.0], "loss": [2.0, 1.0, 1.5], "smoothed_loss": [2.0, 1.4, 1.45],
+                                "suggested_lr": 0.01, "min_lr": 0.1, "diverged": True, "rule": "min/10"}
+    path = result.to_csv(tmp_path / "lr.csv")
+    with open(path, newline="", encoding="utf-8") as file:
+        assert file.read() == ("# suggested_lr: 0.01\n# min_lr: 0.1\n# diverged: True\n# rule: min/10\n"
+                               "step,lr,loss,smoothed_loss\r\n0,0.01,2.0,2.0\r\n1,0.1,1.0,1.4\r\n2,1.0,1.5,1.45\r\n")
+
+
+def test_every_note_follows_the_summary():
+    assert str(_result()).endswith("stopped at divergence; raise end; check the data")
+
+
+def _flat_loss(output, target):
+    return output.sum() * 0 + 1.0
+
+
+def test_the_default_sweep_is_100_rates_from_1e_minus_7_to_10():
+    result = checks.lr_range_test(torch.nn.Linear(4, 2), _flat_loss, (torch.randn(16, 4), torch.zeros(16)))
+    assert len(result.lr) == 100 and math.isclose(result.lr[0], 1e-7) and math.isclose(result.lr[-1], 10.0)
+
+
+@pytest.mark.parametrize("start, end", [(0.0, 1.0), (0.1, 0.1), (0.2, 0.1)])
+def test_a_sweep_that_does_not_grow_from_a_positive_start_is_refused(start, end):
+    with pytest.raises(ValueError, match="need 0 < start < end"):
+        checks.lr_range_test(torch.nn.Linear(4, 2), _flat_loss, (torch.randn(16, 4), torch.zeros(16)), start=start,
+                             end=end, steps=3)
+
+
+def test_the_default_optimizer_is_sgd_with_momentum_0_9_and_a_given_one_is_used():
+    """On ``loss = w²`` (one weight, float64) the recorded losses are those of a hand-written SGD with momentum
+    0.9 at the swept rates; an optimizer factory given instead is what steps the copy (plain SGD here)."""
+    model = torch.nn.Linear(1, 1, bias=False).double()
+    with torch.no_grad():
+        model.weight.fill_(1.5)
+    batch = (torch.ones(1, 1, dtype=torch.float64), torch.zeros(1, 1, dtype=torch.float64))
+    square = torch.nn.MSELoss()
+    for momentum, optimizer in [(0.9, None), (0.0, lambda params: torch.optim.SGD(params, lr=1.0))]:
+        result = checks.lr_range_test(model, square, batch, optimizer=optimizer, start=1e-3, end=1e-1, steps=6)
+        w, buffer, expected = 1.5, None, []
+        for lr in result.lr:
+            expected.append(w * w)
+            gradient = 2 * w
+            buffer = gradient if buffer is None else momentum * buffer + gradient
+            w -= lr * buffer
+        assert result.loss == pytest.approx(expected, rel=1e-12), momentum
+    assert model.weight.item() == 1.5
+
+
+def test_the_default_seed_is_0():
+    """Dropout draws from the seeded, forked random state: the default is seed 0's sweep, seed 1 another."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
+    batch = (torch.randn(16, 4), torch.zeros(16, 1))
+    losses = [checks.lr_range_test(model, torch.nn.MSELoss(), batch, steps=5, **seed).loss
+              for seed in ({}, {"seed": 0}, {"seed": 1})]
+    assert losses[0] == losses[1] and losses[0] != losses[2]

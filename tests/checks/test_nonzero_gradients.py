@@ -102,3 +102,39 @@ def test_a_branch_behind_a_zero_initialised_scale_is_no_failure():
                         checks=["nonzero_gradients"])["nonzero_gradients"]
     assert broken.passed is False and broken.message.startswith(
         "2 of 10 parameter tensors: no gradient (None): side.weight, side.bias; 2 more get one only once"), broken.message
+
+
+class _Nested(torch.nn.Module):
+    """``_BiLSTMReadLast`` one level down (``body.lstm``), beside a tensor named like a reverse weight that the loss
+    never reaches (``gate_reverse``, of the model itself)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = _BiLSTMReadLast()
+        self.gate_reverse = torch.nn.Parameter(torch.ones(2))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+class _BiLSTMReadFirst(_BiLSTMReadLast):
+    """Both halves read at the first position: the forward direction's recurrent weights get no gradient."""
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        return self.head(out[:, 0])
+
+
+def test_the_readout_fix_names_only_the_reverse_recurrent_weights_of_a_bidirectional_rnn():
+    """Found under a nested name; a tensor of another module whose name ends in ``_reverse``, and the forward
+    direction's ``weight_hh_l0`` (zero when the output is read at the first position), are not among them."""
+    torch.manual_seed(0)
+    batch = (torch.randn(16, 5, 3), torch.randint(0, 3, (16,)))
+    nested = checks.run(_Nested(), torch.nn.functional.cross_entropy, batch,
+                        checks=["nonzero_gradients"])["nonzero_gradients"]
+    assert "gate_reverse" in nested.message and "body.lstm.weight_hh_l0_reverse" in nested.message
+    assert nested.fix.startswith("body.lstm.weight_hh_l0_reverse: a bidirectional RNN"), nested.fix
+    first = checks.run(_BiLSTMReadFirst(), torch.nn.functional.cross_entropy, batch,
+                       checks=["nonzero_gradients"])["nonzero_gradients"]
+    assert first.passed is False and "zero gradient: lstm.weight_hh_l0" in first.message, first.message
+    assert first.fix.startswith("look between these parameters and the loss"), first.fix

@@ -47,3 +47,16 @@ def test_a_value_is_written_as_an_integer_when_it_is_one():
     values = [3, 3.0, 0.25, 999999.0, 1e6, 2e6, float("nan")]
     assert [str(CheckResult("a", True, v, "", "m")).split()[2] for v in values] == [
         "3", "3", "0.25", "999999", "1e+06", "2e+06", "nan"]
+
+
+def test_a_line_has_fixed_columns_and_the_fix_only_under_a_failure_or_an_inconclusive_check():
+    """Label, name (27 wide), value (9, right-aligned; blank without one), threshold (9) and message; no trailing
+    blanks; the fix on a second line, as "fix" under a failure and "to decide" under an inconclusive check, never
+    under a pass, even when one is given."""
+    under = "\n" + " " * 34
+    assert str(CheckResult("a", True, 1.0, "<= 2", "", "unused")) == "PASS  a" + " " * 35 + "1 <= 2"
+    assert str(CheckResult.skip("c", "does not apply")) == "SKIP  c" + " " * 47 + "does not apply"
+    assert str(CheckResult("b", False, 3.0, "<= 2", "too big", "make it smaller")) == (
+        "FAIL  b" + " " * 35 + "3 <= 2      too big" + under + "fix: make it smaller")
+    assert str(CheckResult("d", None, None, "", "cannot tell", "pass more data", inconclusive=True)) == (
+        "????  d" + " " * 47 + "cannot tell" + under + "to decide: pass more data")

@@ -117,6 +117,8 @@ def test_assert_all_raises_one_error_listing_every_failure():
     assert "init_loss" in str(error.value) and "init_calibration" in str(error.value)
     healthy = CASES["regression_mlp"]()
     assert checks.assert_all(healthy.model, healthy.loss_fn, healthy.batch, **healthy.options).ok
+    chosen = checks.assert_all(case.model, case.loss_fn, case.batch, **case.options, checks=["data_nonfinite"])
+    assert list(chosen.results) == ["data_nonfinite"]  # the options reach the run: only the check asked for
 
 
 OPTIMIZED = """
