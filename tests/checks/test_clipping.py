@@ -44,3 +44,19 @@ def test_at_most_max_batches_and_a_parameter_the_loss_does_not_use():
         grads = torch.autograd.grad(loss_fn(model(x), y), list(model.used.parameters()))
         manual.append(float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads))))
     np.testing.assert_allclose(suggestion.norms, manual, rtol=1e-5)
+    assert float(suggestion) == pytest.approx(float(np.percentile(manual, 90)), rel=1e-5)  # the default percentile
+
+
+def test_the_default_seed_is_0_and_targets_need_not_be_tensors():
+    """Dropout draws from the seeded, forked random state (the default is seed 0's); a loss that ignores its
+    targets may be given ``None`` for them (a reconstruction loss)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 4))
+    batches = [(torch.randn(8, 4), None) for _ in range(3)]
+
+    def reconstruction(output, target):
+        return output.pow(2).mean()
+
+    norms = [checks.suggest_clip_value(model, reconstruction, batches, **seed).norms
+             for seed in ({}, {"seed": 0}, {"seed": 1})]
+    assert norms[0] == norms[1] and norms[0] != norms[2]

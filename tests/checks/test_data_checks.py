@@ -120,6 +120,20 @@ def test_five_labels_per_class_are_enough():
     assert result.passed and result.value == 1.0
 
 
+@pytest.mark.parametrize("form", ["one_hot", "int_column", "float_indices"])
+def test_labels_are_counted_as_classes_whatever_their_form(form):
+    """Float one-hot rows count as their argmax; integer labels of shape [N, 1] and float class indices [N] as
+    they are: 30 of class 0, 10 of class 1 and 10 of class 2 in every form (ratio 3)."""
+    labels = torch.cat([torch.zeros(30), torch.ones(10), torch.full((10,), 2.0)]).long()
+    y_train = {"one_hot": torch.nn.functional.one_hot(labels, 3).float(), "int_column": labels[:, None],
+               "float_indices": labels.float()}[form]
+    problem = Problem(torch.nn.Identity(), None, (torch.zeros(2, 2), torch.zeros(2, dtype=torch.long)),
+                      data={"y_train": y_train})
+    result = data_imbalance.check(problem)
+    assert result.passed and result.value == 3.0, result.message
+    assert result.message == "class 0 has 30 samples, class 1 10 (3 classes, 50 labels)"
+
+
 def test_imbalance_ratio_and_a_missing_class():
     case = CASES["digits_mlp"]()
     data = dict(case.options["data"])

@@ -10,6 +10,7 @@ from check_cases import CASES, digits
 from matplotlib.figure import Figure
 
 from cockpit_lite import checks
+from cockpit_lite.checks import lr_range
 from instruments.gauges import lr_range as gauge
 
 
@@ -141,3 +142,68 @@ def test_the_default_seed_is_0():
     losses = [checks.lr_range_test(model, torch.nn.MSELoss(), batch, steps=5, **seed).loss
               for seed in ({}, {"seed": 0}, {"seed": 1})]
     assert losses[0] == losses[1] and losses[0] != losses[2]
+
+
+def _scripted_sweep(values, steps=None):
+    """The sweep of a float64 model whose loss is ``values[step]`` (through its output, so that backward runs)."""
+    script = iter(values)
+
+    def loss_fn(output, target):
+        return output.sum() * 0 + next(script)
+
+    model, batch = torch.nn.Linear(2, 1).double(), (torch.randn(4, 2, dtype=torch.float64), torch.zeros(4, 1))
+    return checks.lr_range_test(model, loss_fn, batch, start=1e-3, end=1e-1, steps=steps or len(values))
+
+
+def test_the_smoothed_loss_is_the_bias_corrected_moving_average():
+    """Losses 1, 0.5, 0.8: smoothed 1, (0.09 + 0.05) / 0.19 and (0.081 + 0.045 + 0.08) / 0.271; the sweep ran to
+    its end (not diverged, said in a note) and suggests a tenth of the rate at the smoothed minimum (step 1)."""
+    result = _scripted_sweep([1.0, 0.5, 0.8])
+    assert result.smoothed_loss == pytest.approx([1.0, 0.14 / 0.19, 0.206 / 0.271], rel=1e-12)
+    assert result.loss == [1.0, 0.5, 0.8] and result.diverged is False
+    assert result.min_lr == result.lr[1] and math.isclose(result.suggested_lr, result.lr[1] / 10)
+    assert result.notes == ["the loss had not diverged at the end of the sweep: raise end to see the edge"]
+
+
+@pytest.mark.parametrize("losses, stop", [
+    ([1.0, 0.95, 3.8, 3.9], 3),  # above 4 times the best (0.95), not at it
+    ([1.0, float("nan"), 1.0], 1),  # not finite
+    ([2.0, 1.7, 2.02], 2),  # fell below 0.9 of the start (1.8), then rose above the start: undone
+    ([2.0, 1.8, 2.02, 1.0], None),  # fell to 0.9 of the start only
+    ([2.0, 1.7, 2.0, 1.0], None),  # back at the start, not above it
+    ([2.0, 1.7, 1.8, 1.0], None),  # rose, still below the start
+    ([2.0, 1.9, 2.02, 1.0], None),  # rose above the start without having fallen below 0.9 of it
+])
+def test_the_sweep_stops_where_the_smoothed_loss_diverges(monkeypatch, losses, stop):
+    """With the smoothing off (the smoothed loss is the loss): the step that diverges is the last recorded."""
+    monkeypatch.setattr(lr_range, "SMOOTHING", 0.0)
+    result = _scripted_sweep(losses)
+    assert result.diverged is (stop is not None)
+    assert len(result.lr) == (len(losses) if stop is None else stop + 1)
+
+
+def test_a_fall_of_exactly_one_percent_gives_a_suggestion_and_none_at_all_gives_none(monkeypatch):
+    monkeypatch.setattr(lr_range, "SMOOTHING", 0.0)
+    fell = _scripted_sweep([1.0, 0.99])
+    assert fell.min_lr == fell.lr[1] and math.isclose(fell.suggested_lr, fell.lr[1] / 10)
+    flat = _scripted_sweep([1.0, 1.0])
+    assert (flat.suggested_lr, flat.min_lr, flat.diverged) == (None, None, False)
+    assert flat.loss == [1.0, 1.0] and flat.smoothed_loss == [1.0, 1.0] and len(flat.notes) == 1
+
+
+def test_an_untouched_parameter_keeps_its_place_between_the_steps_that_use_it():
+    """Gradients are set to None at every step: a weight that the loss skips at one step (a branch taken only
+    sometimes) is not moved by the momentum at that step. ``loss = w²`` at steps 0 and 2, a constant at step 1."""
+    model = torch.nn.Linear(1, 1, bias=False).double()
+    with torch.no_grad():
+        model.weight.fill_(1.5)
+    calls = []
+
+    def loss_fn(output, target):
+        calls.append(None)
+        return torch.tensor(1.0, dtype=torch.float64, requires_grad=True) if len(calls) == 2 else output.pow(2).sum()
+
+    batch = (torch.ones(1, 1, dtype=torch.float64), None)
+    result = checks.lr_range_test(model, loss_fn, batch, start=1e-3, end=1e-2, steps=3)
+    w = 1.5 - result.lr[0] * 2 * 1.5  # step 0; step 1 leaves it
+    assert result.loss[2] == pytest.approx(w * w, rel=1e-12)

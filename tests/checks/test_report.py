@@ -60,3 +60,9 @@ def test_a_line_has_fixed_columns_and_the_fix_only_under_a_failure_or_an_inconcl
         "FAIL  b" + " " * 35 + "3 <= 2      too big" + under + "fix: make it smaller")
     assert str(CheckResult("d", None, None, "", "cannot tell", "pass more data", inconclusive=True)) == (
         "????  d" + " " * 47 + "cannot tell" + under + "to decide: pass more data")
+
+
+def test_an_inconclusive_result_keeps_its_value_and_has_no_threshold_unless_given():
+    bare = CheckResult.undecided("a", "too few", "pass more")
+    assert (bare.value, bare.threshold, bare.message, bare.fix) == (None, "", "inconclusive: too few", "pass more")
+    assert CheckResult.undecided("a", "too few", "pass more", 2.5, "<= 10").value == 2.5
