@@ -202,6 +202,39 @@ def test_a_feature_exactly_100_times_the_median_std_is_not_singled_out():
     assert "feature 2 has 101x the median feature std" in result.message and "each feature" in result.fix
 
 
+@pytest.mark.parametrize("values, passed", [
+    ([0.5, 1.5], True), ([-0.2, 0.2], True), ([-5.0, 5.0], True),  # |mean| = 1, std = 0.2 and std = 5: the bounds
+    ([0.0, 0.0], False),  # constant inputs: std 0 (and no feature varies)
+])
+def test_mean_and_std_bounds_are_included(values, passed):
+    """Two features, each taking both values (means and stds exact in float64)."""
+    train = np.array([values, values[::-1]])
+    result = _report(CASES["regression_mlp"](), {"x_train": train})["data_normalization"]
+    assert result.passed is passed, result.message
+    assert passed or result.message == "x_train: mean 0, std 0; x_train: std outside [0.2, 5]"
+
+
+def test_constant_features_are_left_out_of_the_median_std():
+    """MNIST-like inputs: three constant features (its border pixels) beside two of std 0.5 and one of std 75 (150
+    times theirs: singled out); without the wide one, the constant ones do not make the others look wide."""
+    signs = np.tile([1.0, -1.0], 10)[:, None]
+    train = np.hstack([np.zeros((20, 3)), 0.5 * signs, 0.5 * signs, 75 * signs])
+    result = _report(CASES["regression_mlp"](), {"x_train": train})["data_normalization"]
+    assert "feature 5 has 150x the median feature std" in result.message, result.message
+    result = _report(CASES["regression_mlp"](), {"x_train": train[:, :5]})["data_normalization"]
+    assert result.passed, result.message
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_one_or_two_finite_training_rows(rows):
+    """One finite row has no spread per feature (std 0: none singled out); two rows already give each feature's
+    std: the third feature's is 1000 times the others', singled out."""
+    train = np.array([[1.0, 1.0, 1000.0], [-1.0, -1.0, -1000.0], [np.nan, 0.0, 0.0]])[[*range(rows), 2]]
+    result = _report(CASES["regression_mlp"](), {"x_train": train})["data_normalization"]
+    assert result.passed is False and "raised" not in result.message, result.message
+    assert ("feature 2 has 1e+03x the median feature std" in result.message) is (rows == 2), result.message
+
+
 def test_token_inputs_are_not_normalised():
     assert _report(CASES["causal_transformer"]())["data_normalization"].status == "skipped"
 

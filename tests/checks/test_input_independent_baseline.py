@@ -1,8 +1,12 @@
 """``input_independent_baseline``: a model that ignores its input trains identically on zeros."""
 
+import pytest
+import torch
 from check_cases import BROKEN, CASES
 
 from cockpit_lite import checks
+from cockpit_lite.checks import input_independent_baseline
+from cockpit_lite.checks.problem import Problem
 
 
 def _result(case):
@@ -188,3 +192,14 @@ def test_the_held_out_samples_are_the_test_split_else_the_end_of_the_train_split
     *_, xh, yh, where, _ = _held_out_split(Problem(model, torch.nn.functional.cross_entropy, batch,
                                                    data={"x_train": x, "y_train": y}))
     assert torch.equal(xh, x[-HELD:]) and torch.equal(yh, y[-HELD:]) and where == f"{HELD} samples of data['train']"
+
+
+@pytest.mark.parametrize("logits, y, error", [
+    ([[2.0], [0.0], [0.5], [-1.0]], [1.0, 0.0, 1.0, 0.0], 0.0),  # one logit [B, 1]: class 1 where it is above 0
+    ([2.0, 0.0, 0.5, -1.0], [1.0, 1.0, 0.0, 0.0], 0.5),  # one logit [B]: a logit of 0 is class 0
+    ([[0.0, 1.0], [1.0, 0.0], [3.0, -3.0], [0.0, 0.5]], [1, 0, 1, 1], 0.25),  # two logits: the larger one
+])
+def test_the_held_out_error_rate_reads_one_logit_as_binary_and_more_as_classes(logits, y, error):
+    logits, y = torch.tensor(logits), torch.tensor(y)
+    problem = Problem(torch.nn.Identity(), None, (logits, y))
+    assert input_independent_baseline._score(problem, torch.nn.Identity(), logits, y) == error
