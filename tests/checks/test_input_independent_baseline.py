@@ -203,3 +203,32 @@ def test_the_held_out_error_rate_reads_one_logit_as_binary_and_more_as_classes(l
     logits, y = torch.tensor(logits), torch.tensor(y)
     problem = Problem(torch.nn.Identity(), None, (logits, y))
     assert input_independent_baseline._score(problem, torch.nn.Identity(), logits, y) == error
+
+
+def test_a_split_without_its_targets_is_passed_over_and_numpy_splits_take_the_batchs_dtypes():
+    """A test split without ``y_test`` is no held-out split (the train split's end is); float64 and int32 numpy
+    arrays (as scikit-learn gives them) come out in the batch's float32 and int64."""
+    from cockpit_lite.checks.input_independent_baseline import HELD, _held_out_split
+
+    x, y = torch.randn(700, 4, dtype=torch.float64), torch.arange(700, dtype=torch.int32) % 3
+    data = {"x_train": x.numpy(), "y_train": y.numpy(), "x_test": x[:50].numpy()}
+    batch = (x[:32].float(), y[:32].long())
+    *_, xh, yh, where, _ = _held_out_split(Problem(torch.nn.Linear(4, 3), torch.nn.functional.cross_entropy, batch,
+                                                   data=data))
+    assert where == f"{HELD} samples of data['train']" and (xh.dtype, yh.dtype) == (torch.float32, torch.int64)
+    assert torch.equal(xh, x[-HELD:].float()) and torch.equal(yh, y[-HELD:].long())
+
+
+@pytest.mark.parametrize("size, held", [(15, None), (16, 8), (17, 9)])
+def test_without_data_a_batch_of_16_or_more_is_halved(size, held):
+    """Its first half trains, the rest is held out; below 8 samples a half, no split."""
+    from cockpit_lite.checks.input_independent_baseline import _held_out_split
+
+    x, y = torch.randn(size, 4), torch.arange(size) % 3
+    split = _held_out_split(Problem(torch.nn.Linear(4, 3), torch.nn.functional.cross_entropy, (x, y)))
+    if held is None:
+        assert split is None
+        return
+    x_train, _, x_held, _, where, from_batch = split
+    assert torch.equal(x_train, x[: size - held]) and torch.equal(x_held, x[size - held:]) and from_batch
+    assert where == f"the second half of the batch ({held} samples)"

@@ -138,3 +138,9 @@ def test_the_readout_fix_names_only_the_reverse_recurrent_weights_of_a_bidirecti
                        checks=["nonzero_gradients"])["nonzero_gradients"]
     assert first.passed is False and "zero gradient: lstm.weight_hh_l0" in first.message, first.message
     assert first.fix.startswith("look between these parameters and the loss"), first.fix
+
+
+def test_a_model_without_parameters_is_skipped():
+    result = checks.run(torch.nn.Identity(), torch.nn.functional.mse_loss, (torch.randn(4, 3), torch.randn(4, 3)),
+                        task="regression", checks=["nonzero_gradients"])["nonzero_gradients"]
+    assert (result.name, result.status, result.message) == ("nonzero_gradients", "skipped", "the model has no parameters")
