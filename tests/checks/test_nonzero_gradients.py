@@ -144,3 +144,24 @@ def test_a_model_without_parameters_is_skipped():
     result = checks.run(torch.nn.Identity(), torch.nn.functional.mse_loss, (torch.randn(4, 3), torch.randn(4, 3)),
                         task="regression", checks=["nonzero_gradients"])["nonzero_gradients"]
     assert (result.name, result.status, result.message) == ("nonzero_gradients", "skipped", "the model has no parameters")
+
+
+class _Root(torch.nn.Module):
+    """``√w · x`` with ``w`` starting at (0, 1, 1): the gradient of its first entry is infinite."""
+
+    def __init__(self):
+        super().__init__()
+        self.w, self.head = torch.nn.Parameter(torch.tensor([0.0, 1.0, 1.0])), torch.nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.head(self.w.sqrt() * x)
+
+
+def test_a_pass_reports_0_of_all_tensors_and_a_non_finite_gradient_is_named():
+    passed = _result(CASES["regression_mlp"]())
+    assert (passed.passed, passed.value, passed.threshold) == (True, 0, "== 0")
+    assert passed.message == f"all {len(list(CASES['regression_mlp']().model.parameters()))} parameter tensors get a gradient"
+    batch = (torch.randn(4, 3), torch.randint(0, 2, (4,)))
+    infinite = checks.run(_Root(), torch.nn.functional.cross_entropy, batch,
+                          checks=["nonzero_gradients"])["nonzero_gradients"]
+    assert infinite.passed is False and infinite.message == "1 of 3 parameter tensors: non-finite gradient: w"
