@@ -303,7 +303,7 @@ def test_tics_without_an_exact_diagonal_stay_nan_naming_why_at_a_subsampled_step
 def _alpha_reference(problem, snapshots, step=0):
     """Brute-force subsampled α of ``step``, its jackknife se, df and interval (``_subsampled_alpha``)."""
     d = torch.cat([(b - a).reshape(-1) for a, b in zip(snapshots[step].params, snapshots[step + 1].params)])
-    grads = [torch.cat([g.reshape(B, -1) for g in problems.individual_gradients(problem, snapshots[end])], 1)
+    grads = [torch.cat([g.reshape(len(g), -1) for g in problems.individual_gradients(problem, snapshots[end])], 1)
              for end in (step, step + 1)]
     losses = [problems.individual_losses(problem, snapshots[end]) for end in (step, step + 1)]
     return _subsampled_alpha(d, grads, losses, K, step)
@@ -312,36 +312,39 @@ def _alpha_reference(problem, snapshots, step=0):
 def _subsampled_alpha(d, grads, losses, k, step=0):
     """α of the step ``d`` from float64 observations at its two ends (``grads[end]``: ``[B, D]``
     individual gradients, ``losses[end]``: ``[B]``), its jackknife se, the Welch-Satterthwaite
-    degrees of freedom of the two ends' jackknife variances (k − 1 where both are 0), and its interval at
-    ``intervals.COVERAGE``: the range of α over each end's slope variance times exp(0, ±q·s), s
+    degrees of freedom of the drawn ends' jackknife variances (k − 1 where they are 0), and its interval at
+    ``intervals.COVERAGE``: the range of α over each drawn end's slope variance times exp(0, ±q·s), s
     the jackknife standard error of the log of the leave-one-out variances, q Student's t of
     k − 1 degrees (scipy). Exact mean slopes (gᵀd / ‖d‖), the slope variances of the ``k``
-    samples drawn at each end (seed 0, steps ``step`` and ``step + 1``), the batch's losses."""
+    samples drawn at each end (seed 0, steps ``step`` and ``step + 1``; all of an end's samples, exactly,
+    where its batch has no more than ``k``), the batch's losses."""
     from cockpit_lite.quantities.alpha import alpha_from_fit, fit_quadratic
 
-    b, t = len(losses[0]), float(d.norm())
-    ends = []
+    t = float(d.norm())
+    ends, drawn = [], []
     for end in (0, 1):
-        rows = subsample.draw(k, b, (0, step + end)).tolist()
+        b = len(losses[end])
+        rows = subsample.draw(k, b, (0, step + end)).tolist() if b > k else list(range(b))
+        drawn += [end] if b > k else []
         ends.append((float(losses[end].mean()), float(losses[end].var()), float(grads[end].mean(0) @ d) / t,
-                     grads[end][rows] @ d / t))
+                     grads[end][rows] @ d / t, b))
 
     def alpha(variances):
         mu = fit_quadratic(t, [e[0] for e in ends], [e[2] for e in ends], [e[1] for e in ends], variances)
         return alpha_from_fit(mu, t)
 
-    def jackknife(values):
+    def jackknife(values, b):
         mean = sum(values) / k
         return (1 - k / b) * (k - 1) / k * sum((v - mean) ** 2 for v in values)
 
     slopes = [e[3] for e in ends]
     whole = [float(s.var()) for s in slopes]
-    parts, spreads = [], []
-    for end in (0, 1):
+    parts, spreads = [], [0.0, 0.0]
+    for end in drawn:
         left_out = [float(torch.cat([slopes[end][:i], slopes[end][i + 1:]]).var()) for i in range(k)]
-        parts.append(jackknife([alpha([v if j == end else whole[j] for j in (0, 1)]) for v in left_out]))
+        parts.append(jackknife([alpha([v if j == end else whole[j] for j in (0, 1)]) for v in left_out], ends[end][4]))
         q = scipy.stats.t.ppf((1 + intervals.COVERAGE) / 2, k - 1)
-        spreads.append(q * math.sqrt(jackknife([math.log(v) for v in left_out])))
+        spreads[end] = q * math.sqrt(jackknife([math.log(v) for v in left_out], ends[end][4]))
     corners = [alpha([whole[0] * math.exp(a * spreads[0]), whole[1] * math.exp(c * spreads[1])])
                for a in (-1, 0, 1) for c in (-1, 0, 1)]
     df = sum(parts) ** 2 / sum(p**2 / (k - 1) for p in parts) if sum(parts) > 0 else k - 1  # (α = −1 throughout)
@@ -431,6 +434,20 @@ def test_a_subsampled_alpha_divides_by_the_gradient_arriving_at_the_loss():
 
     problem = problems.make("mlp", B, "mean", steps=2)
     cp, snapshots = problems.run(problem, [Alpha()], samples=K, loss_scale=0.25)
+    assert_alpha(cp.get_output()[0], _alpha_reference(problem, snapshots))
+
+
+@pytest.mark.parametrize("small", [0, 1], ids=["start", "end"])
+def test_a_subsampled_alpha_with_one_end_not_drawn(small):
+    """A batch of no more than ``samples`` at one end of the step (a loader's last, short batch) is measured
+    exactly there: its slope variance from all its samples, with no jackknife part and no spread in the
+    interval; the other end's draw makes the rest (against the brute force)."""
+    from cockpit_lite.quantities import Alpha
+
+    problem = problems.make("mlp", B, "mean", steps=2)
+    x, y = problem.batches[small]
+    problem.batches[small] = (x[:K], y[:K])
+    cp, snapshots = problems.run(problem, [Alpha()], samples=K)
     assert_alpha(cp.get_output()[0], _alpha_reference(problem, snapshots))
 
 
