@@ -164,4 +164,5 @@ def test_a_pass_reports_0_of_all_tensors_and_a_non_finite_gradient_is_named():
     batch = (torch.randn(4, 3), torch.randint(0, 2, (4,)))
     infinite = checks.run(_Root(), torch.nn.functional.cross_entropy, batch,
                           checks=["nonzero_gradients"])["nonzero_gradients"]
-    assert infinite.passed is False and infinite.message == "1 of 3 parameter tensors: non-finite gradient: w"
+    assert (infinite.passed, infinite.value, infinite.threshold) == (False, 1, "== 0")
+    assert infinite.message == "1 of 3 parameter tensors: non-finite gradient: w"
