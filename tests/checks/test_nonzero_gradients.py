@@ -1,5 +1,6 @@
 """``nonzero_gradients``: names the parameters without a gradient; the optimizer says what is trainable."""
 
+import pytest
 import torch
 from check_cases import BROKEN, CASES
 
@@ -166,3 +167,45 @@ def test_a_pass_reports_0_of_all_tensors_and_a_non_finite_gradient_is_named():
                           checks=["nonzero_gradients"])["nonzero_gradients"]
     assert (infinite.passed, infinite.value, infinite.threshold) == (False, 1, "== 0")
     assert infinite.message == "1 of 3 parameter tensors: non-finite gradient: w"
+
+
+class _ManyGates(_ZeroInitResidual):
+    """``_ZeroInitResidual`` with more exactly zero tensors (the stem's bias and the branch conv's bias, before the
+    branch's BatchNorm scale in the parameters' order) and, with ``dead``, a layer of dead ReLUs added to the output:
+    a gradient that stays zero whatever the scales are."""
+
+    def __init__(self, zeros, dead=False):
+        super().__init__()
+        with torch.no_grad():
+            for name in zeros:
+                self.get_parameter(name).zero_()
+        self.dead = torch.nn.Linear(64, 10) if dead else None
+        if dead:
+            torch.nn.init.constant_(self.dead.bias, -100.0)
+
+    def forward(self, x):
+        out = super().forward(x)
+        return out if self.dead is None else out + torch.relu(self.dead(x.flatten(1))).sum(1, keepdim=True)
+
+
+@pytest.mark.parametrize("zeros, named", [
+    (["branch.0.bias"], "branch.1.weight, branch.0.bias, branch.1.bias"),
+    (["stem.0.bias", "branch.0.bias"], "branch.1.weight, stem.0.bias, branch.0.bias and 1 more"),
+])
+def test_zero_scales_are_named_weights_first_three_at_most(zeros, named):
+    case = CASES["digits_mlp"]()
+    batch = (case.batch[0].reshape(-1, 1, 8, 8), case.batch[1])
+    torch.manual_seed(0)
+    result = checks.run(_ManyGates(zeros), torch.nn.functional.cross_entropy, batch,
+                        checks=["nonzero_gradients"])["nonzero_gradients"]
+    assert result.passed and f"only once the exactly zero {named} move" in result.message, result.message
+
+
+def test_a_gradient_that_stays_zero_once_the_scales_move_is_still_a_failure():
+    case = CASES["digits_mlp"]()
+    batch = (case.batch[0].reshape(-1, 1, 8, 8), case.batch[1])
+    torch.manual_seed(0)
+    result = checks.run(_ManyGates([], dead=True), torch.nn.functional.cross_entropy, batch,
+                        checks=["nonzero_gradients"])["nonzero_gradients"]
+    assert result.passed is False and result.message.startswith("2 of 10 parameter tensors: zero gradient: dead.weight, "
+                                                                "dead.bias; 2 more get one only once"), result.message

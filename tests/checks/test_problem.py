@@ -65,3 +65,14 @@ def test_a_sparse_embedding_is_checked_as_its_dense_twin():
         assert model[0].sparse == sparse
     assert reports[True] == reports[False]
     assert dict((name, passed) for name, passed, _, _ in reports[True])["nonzero_gradients"] is True
+
+
+def test_the_initial_predictions_need_at_least_two_classes():
+    """One output column: skipped, naming the check and the count; two columns: their count, nothing skipped."""
+    x, y = torch.randn(8, 3), torch.zeros(8, dtype=torch.long)
+    one = Problem(torch.nn.Linear(3, 1), torch.nn.functional.cross_entropy, (x, y))
+    classes, skipped = one.initial_classes("init_loss", "regression")
+    assert classes is None and (skipped.name, skipped.status) == ("init_loss", "skipped")
+    assert skipped.message == "needs at least 2 classes (got 1)"
+    two = Problem(torch.nn.Linear(3, 2), torch.nn.functional.cross_entropy, (x, y))
+    assert two.initial_classes("init_loss", "regression") == (2, None)
