@@ -1,5 +1,6 @@
 """Causal checks: skipped (with the reason) where they do not apply, the leak names the fix."""
 
+import torch
 from check_cases import BROKEN, CASES
 
 from cockpit_lite import checks
@@ -41,3 +42,32 @@ def test_causal_models_pass_and_leaks_fail_with_the_mask_fix():
     report = _run(BROKEN["mask_off_by_one"]())
     assert report.failed == NAMES and "causal attention mask" in report["causal_forward"].fix
     assert "changing later positions moves earlier outputs" in report["causal_forward"].message
+
+
+class _CausalConvBN(torch.nn.Module):
+    """A causal convolution (padded on the left only) over ``[B, T, C]``, then BatchNorm1d: in train mode its
+    batch statistics run over every position, so later positions move earlier outputs through them."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.norm = torch.nn.Conv1d(3, 4, 2), torch.nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        return self.norm(self.conv(torch.nn.functional.pad(x.transpose(1, 2), (1, 0)))).transpose(1, 2)
+
+
+def test_batch_norm_is_judged_with_its_running_statistics():
+    torch.manual_seed(0)
+    batch = (torch.randn(6, 8, 3), torch.randn(6, 8, 4))
+    report = checks.run(_CausalConvBN(), torch.nn.functional.mse_loss, batch, task="regression", sequence_dim=1,
+                        checks=NAMES)
+    assert report.passed == NAMES, [str(r) for r in report]
+    assert report["causal_forward"].message.endswith(
+        "(BatchNorm1d (1) in eval mode: they mix samples by design in train mode)")
+
+
+def test_inputs_without_the_sequence_axis_are_inconclusive():
+    batch = (torch.randn(6), torch.randn(6))
+    report = checks.run(torch.nn.Identity(), torch.nn.functional.mse_loss, batch, task="regression", sequence_dim=1,
+                        checks=NAMES)
+    assert report.inconclusive == NAMES, [str(r) for r in report]
