@@ -1096,6 +1096,25 @@ def test_a_layer_the_forward_pass_skips_has_zero_individual_gradients_without_th
     assert not [w for w in caught if "global path" in str(w.message)]
 
 
+def test_a_skipped_layer_needs_no_individual_losses():
+    """A hand-written cross-entropy (whose samples' losses the engine cannot derive) and a layer the forward pass
+    skips: the step was refused (its zeros took the global path, which needs each sample's loss); now NormTest is
+    the brute force's (the skipped layer's zero rows add nothing)."""
+    torch.manual_seed(0)
+    model = _Skipping(nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double())
+    x, y = torch.randn(6, 4, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1, 2])
+    cp = Cockpit(model, [quantities.NormTest()], diagnose=False)
+    loss = BatchMixingLoss()(model(x), y)
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    params = list(model.body.parameters())
+    terms = -(model(x).log_softmax(1).gather(1, y[:, None]))[:, 0]
+    rows = torch.stack([6 * torch.cat([g.reshape(-1) for g in torch.autograd.grad(terms[n] / 6, params,
+                                                                                  retain_graph=True)])
+                        for n in range(6)])
+    problems.assert_close(cp.get_output()[0]["NormTest"], norm_test(rows), what="NormTest, a skipped layer")
+
+
 def norm_test(individual):
     """sqrt(Σ_n ‖g̃_n − g‖² / ((B−1) B ‖g‖²)) of individual gradients ``[B, D]``."""
     b, g = individual.shape[0], individual.mean(0)
