@@ -4,6 +4,7 @@ import torch
 from check_cases import BROKEN, CASES
 
 from cockpit_lite import checks
+from cockpit_lite.checks import dependence
 
 NAMES = ["causal_forward", "causal_backward"]
 
@@ -71,3 +72,9 @@ def test_inputs_without_the_sequence_axis_are_inconclusive():
     report = checks.run(torch.nn.Identity(), torch.nn.functional.mse_loss, batch, task="regression", sequence_dim=1,
                         checks=NAMES)
     assert report.inconclusive == NAMES, [str(r) for r in report]
+
+
+def test_a_forward_leak_on_the_bound_passes_in_the_clean_sentence(monkeypatch):
+    monkeypatch.setattr(dependence, "forward_leak", lambda *args: dependence.LEAK)
+    result = _run(CASES["lstm_lm"]())["causal_forward"]
+    assert result.passed and result.message == "no dependence: changing later positions leaves earlier outputs unchanged"
