@@ -5,6 +5,7 @@ from check_cases import BROKEN, CASES
 
 from cockpit_lite import checks
 from cockpit_lite.checks import dependence
+from cockpit_lite.checks.causal import FIX
 
 NAMES = ["causal_forward", "causal_backward"]
 
@@ -78,3 +79,23 @@ def test_a_forward_leak_on_the_bound_passes_in_the_clean_sentence(monkeypatch):
     monkeypatch.setattr(dependence, "forward_leak", lambda *args: dependence.LEAK)
     result = _run(CASES["lstm_lm"]())["causal_forward"]
     assert result.passed and result.message == "no dependence: changing later positions leaves earlier outputs unchanged"
+
+
+class _SeesTheLast(torch.nn.Module):
+    """Every output position reads the last input position 1000 times as strongly as its own."""
+
+    def forward(self, x):
+        return x + 1000 * x[:, -1:]
+
+
+def test_the_backward_leak_is_relative_to_the_earlier_positions_gradient_and_names_the_fix():
+    """The leak is measured against the gradient at the allowed (earlier) positions only: about 1000 here,
+    not capped at 1 by the leak itself."""
+    torch.manual_seed(0)
+    batch = (torch.randn(4, 6, 3), torch.randn(4, 6, 3))
+    result = checks.run(_SeesTheLast(), torch.nn.functional.mse_loss, batch, task="regression", sequence_dim=1,
+                        checks=["causal_backward"])["causal_backward"]
+    assert result.passed is False and result.value > 10, result
+    assert result.message.startswith("relative leak ") and result.message.endswith(
+        ": earlier outputs have a gradient w.r.t. later positions of the inputs")
+    assert result.fix == FIX

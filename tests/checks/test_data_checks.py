@@ -312,3 +312,10 @@ def test_five_duplicates_are_listed_six_elided(copies, listed):
                               f"training split (test indices {listed}"), result.message
     assert result.fix == "deduplicate before splitting, or drop these samples from the test split"
     assert result.passed is False and result.threshold == "== 0"
+
+
+def test_normalization_without_inputs_in_the_data_is_skipped_naming_them():
+    case = CASES["digits_mlp"]()
+    result = _report(case, {"y_train": case.options["data"]["y_train"]})["data_normalization"]
+    assert (result.name, result.status) == ("data_normalization", "skipped")
+    assert result.message == "needs data={'x_train': ...} or a batch"
