@@ -259,7 +259,7 @@ QUOTES = [
     ("docs/development.md", "the 101 mutants of the four norm functions the fix changed, run again\nfrom the branch, were all "
      "killed but the 4 equivalent", f"{E}/norm_after_fix/run|{E}/norm_after_fix/equivalent"),
     ("docs/development.md", "Of the 1,144 mutants run, 983 were killed", "measured/mutation_alpha_hess_checks/totals/scored|measured/mutation_alpha_hess_checks/totals/killed_before"),
-    ("docs/development.md", "the 161 survivors, 72 were missing tests", "measured/mutation_alpha_hess_checks/totals/survivors|measured/mutation_alpha_hess_checks/totals/written"),
+    ("docs/development.md", "the 161 survivors, 74 were missing tests", "measured/mutation_alpha_hess_checks/totals/survivors|measured/mutation_alpha_hess_checks/totals/written"),
     ("docs/development.md", "5 were killed by tests outside the group's selection", "measured/mutation_alpha_hess_checks/totals/by_hand"),
 ]
 
