@@ -236,7 +236,8 @@ def test_one_or_two_finite_training_rows(rows):
 
 
 def test_token_inputs_are_not_normalised():
-    assert _report(CASES["causal_transformer"]())["data_normalization"].status == "skipped"
+    result = _report(CASES["causal_transformer"]())["data_normalization"]
+    assert result.status == "skipped" and result.message == "integer inputs (token ids or indices) are not normalised"
 
 
 def test_complex_inputs_are_searched_for_nonfinite_values():
@@ -319,3 +320,19 @@ def test_normalization_without_inputs_in_the_data_is_skipped_naming_them():
     result = _report(case, {"y_train": case.options["data"]["y_train"]})["data_normalization"]
     assert (result.name, result.status) == ("data_normalization", "skipped")
     assert result.message == "needs data={'x_train': ...} or a batch"
+
+
+def test_a_test_split_with_its_own_problem_is_named_with_its_statistics():
+    """A test split scaled like the training split as a whole (mean 0, std about 1) whose third feature has 170
+    times the median std of the others: named as the test split's own problem, with its mean and std; a passing
+    result has no fix."""
+    signs = np.tile([1.0, -1.0], 10)[:, None]
+    train = np.hstack([signs, signs, signs])
+    test = np.hstack([0.01 * signs, 0.01 * signs, 1.7 * signs])
+    passed = _report(CASES["regression_mlp"](), {"x_train": train})["data_normalization"]
+    assert passed.passed and passed.fix == "" and passed.message == "x_train: mean 0, std 1"
+    result = _report(CASES["regression_mlp"](), {"x_train": train, "x_test": test})["data_normalization"]
+    assert result.passed is False
+    assert result.message == ("x_train: mean 0, std 1; x_test: feature 2 has 170x the median feature std "
+                              "(mean 0, std 0.982)"), result.message
+    assert result.fix == "normalise the test split with the training split's statistics, exactly as the training split"
