@@ -336,3 +336,13 @@ def test_a_test_split_with_its_own_problem_is_named_with_its_statistics():
     assert result.message == ("x_train: mean 0, std 1; x_test: feature 2 has 170x the median feature std "
                               "(mean 0, std 0.982)"), result.message
     assert result.fix == "normalise the test split with the training split's statistics, exactly as the training split"
+
+
+@pytest.mark.parametrize("test_values", [[-1.0, 3.0], [-1.0, 1.0], [-4.0, 4.0]], ids=["mean", "half_std", "twice_std"])
+def test_the_agreement_bounds_are_included(test_values):
+    """A training split of mean 0 and std 2; a test split whose mean is exactly half a training std away (1), or
+    whose std is exactly half (1) or twice (4) the training std (all exact in float64): they agree."""
+    train = np.array([[-2.0, 2.0], [2.0, -2.0]])
+    test = np.array([test_values, test_values[::-1]])
+    result = _report(CASES["regression_mlp"](), {"x_train": train, "x_test": test})["data_normalization"]
+    assert result.passed, result.message
