@@ -14,7 +14,7 @@ two-proportion z-test.
   and the fix for it);
 - fails: ratio above ``RATIO`` and the shares differ by more than ``Z`` standard errors (one
   class kept whole and the others subsampled: 68 % against 10 %);
-- inconclusive, with what to pass: fewer than ``MIN_PER_CLASS`` (5) labels per class (a
+- inconclusive, with what to pass: no training labels, fewer than ``MIN_PER_CLASS`` (5) labels per class (a
   ratio of counts that small is noise: 48 labels of 10 classes miss a class on 5 % of
   draws), or an imbalanced training split without ``y_test``, or a test split too small to
   resolve a difference of ``RESOLUTION`` (25 points) in the share (``Z`` standard errors larger
@@ -53,6 +53,8 @@ def check(problem):
     if "y_train" not in given:
         return CheckResult.undecided(NAME, "one batch is too small to count classes", TO_PASS)
     labels = _labels(given["y_train"])
+    if not len(labels):
+        return CheckResult.undecided(NAME, "data['y_train'] holds no labels", TO_PASS)
     counts = np.bincount(labels, minlength=problem.num_classes or 0)
     ratio = counts.max() / counts.min() if counts.min() > 0 else float("inf")
     threshold = f"<= {RATIO:g}"

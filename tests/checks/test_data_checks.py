@@ -109,7 +109,7 @@ def test_too_few_labels_per_class_are_inconclusive():
     small = CASES["small_data"]()  # 48 labels of 10 classes
     result = _report(small, small.options["data"])["data_imbalance"]
     assert result.status == "inconclusive" and "fewer than 5 labels per class" in result.message
-    assert result.threshold == "<= 10"
+    assert result.threshold == "<= 10" and result.value > 1 and result.fix.startswith("pass data={'y_train': ...")
 
 
 def test_five_labels_per_class_are_enough():
@@ -331,6 +331,7 @@ def test_a_test_split_with_its_own_problem_is_named_with_its_statistics():
     test = np.hstack([0.01 * signs, 0.01 * signs, 1.7 * signs])
     passed = _report(CASES["regression_mlp"](), {"x_train": train})["data_normalization"]
     assert passed.passed and passed.fix == "" and passed.message == "x_train: mean 0, std 1"
+    assert passed.threshold == "|mean|<=1, 0.2<=std<=5"
     result = _report(CASES["regression_mlp"](), {"x_train": train, "x_test": test})["data_normalization"]
     assert result.passed is False
     assert result.message == ("x_train: mean 0, std 1; x_test: feature 2 has 170x the median feature std "
@@ -346,3 +347,19 @@ def test_the_agreement_bounds_are_included(test_values):
     test = np.array([test_values, test_values[::-1]])
     result = _report(CASES["regression_mlp"](), {"x_train": train, "x_test": test})["data_normalization"]
     assert result.passed, result.message
+
+
+def test_imbalance_skips_regression_counts_a_single_label_and_says_when_there_are_none():
+    """A class with one label of 51 gives a ratio of 50 (not infinite); an empty ``y_train`` is inconclusive (it made
+    the check raise); a regression is skipped, naming its task."""
+    y_train = torch.cat([torch.zeros(50, dtype=torch.long), torch.ones(1, dtype=torch.long)])
+    problem = Problem(torch.nn.Identity(), None, (torch.zeros(2, 2), torch.zeros(2, dtype=torch.long)),
+                      data={"y_train": y_train})
+    result = data_imbalance.check(problem)
+    assert result.value == 50.0 and result.threshold == "<= 10", result
+    empty = data_imbalance.check(Problem(torch.nn.Identity(), None, (torch.zeros(2, 2), torch.zeros(2, dtype=torch.long)),
+                                         data={"y_train": torch.zeros(0, dtype=torch.long)}))
+    assert empty.status == "inconclusive" and empty.message == "inconclusive: data['y_train'] holds no labels"
+    regression = data_imbalance.check(Problem(torch.nn.Identity(), None, (torch.zeros(2, 2), torch.zeros(2, 2)),
+                                              task="regression"))
+    assert regression.status == "skipped" and regression.message == "task 'regression': no class balance to check"
