@@ -88,6 +88,8 @@ def test_imbalanced_data_passes_a_skewed_split_fails_and_without_a_test_split_it
     train_only = {k: v for k, v in natural.options["data"].items() if k != "y_test"}
     result = _report(natural, train_only)["data_imbalance"]
     assert result.status == "inconclusive" and "y_test" in result.fix
+    assert result.message.endswith("; without a test split, imbalanced data cannot be told from a skewed split")
+    assert result.value > 10 and result.threshold == "<= 10"
 
 
 @pytest.mark.parametrize("common, rare, test_labels, test_common", [(105, 7, 140, 140), (55, 5, 30, 20)])
@@ -130,7 +132,7 @@ def test_labels_are_counted_as_classes_whatever_their_form(form):
     problem = Problem(torch.nn.Identity(), None, (torch.zeros(2, 2), torch.zeros(2, dtype=torch.long)),
                       data={"y_train": y_train})
     result = data_imbalance.check(problem)
-    assert result.passed and result.value == 3.0, result.message
+    assert result.passed and result.value == 3.0 and result.threshold == "<= 10", result.message
     assert result.message == "class 0 has 30 samples, class 1 10 (3 classes, 50 labels)"
 
 
@@ -363,3 +365,11 @@ def test_imbalance_skips_regression_counts_a_single_label_and_says_when_there_ar
     regression = data_imbalance.check(Problem(torch.nn.Identity(), None, (torch.zeros(2, 2), torch.zeros(2, 2)),
                                               task="regression"))
     assert regression.status == "skipped" and regression.message == "task 'regression': no class balance to check"
+
+
+def test_an_imbalance_of_exactly_ten_to_one_passes():
+    y_train = torch.cat([torch.zeros(50, dtype=torch.long), torch.ones(5, dtype=torch.long)])
+    problem = Problem(torch.nn.Identity(), None, (torch.zeros(2, 2), torch.zeros(2, dtype=torch.long)),
+                      data={"y_train": y_train})
+    result = data_imbalance.check(problem)
+    assert result.passed and result.value == 10.0, result
