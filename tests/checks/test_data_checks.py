@@ -373,3 +373,23 @@ def test_an_imbalance_of_exactly_ten_to_one_passes():
                       data={"y_train": y_train})
     result = data_imbalance.check(problem)
     assert result.passed and result.value == 10.0, result
+
+
+@pytest.mark.parametrize("test_labels, status", [([0] * 50 + [1] * 50, "failed"), ([0, 0, 0, 1], "inconclusive")])
+def test_a_skewed_split_and_a_test_split_too_small_to_tell_are_said_in_full(test_labels, status):
+    """100 labels of class 0 and 5 of class 1 (ratio 20): against a 50/50 test split the training split is
+    skewed (95 % against 50 %); against 4 test labels (75 %) three standard errors exceed the resolution."""
+    y_train = torch.cat([torch.zeros(100, dtype=torch.long), torch.ones(5, dtype=torch.long)])
+    problem = Problem(torch.nn.Identity(), None, (torch.zeros(2, 2), torch.zeros(2, dtype=torch.long)),
+                      data={"y_train": y_train, "y_test": torch.tensor(test_labels)})
+    result = data_imbalance.check(problem)
+    counted = "class 0 has 100 samples, class 1 5 (2 classes, 105 labels); class 0 is 95% of the training labels and "
+    assert (result.name, result.status, result.value, result.threshold) == ("data_imbalance", status, 20.0, "<= 10")
+    if status == "failed":
+        assert result.message == counted + "50% of 100 test labels: the training split is skewed"
+        assert result.fix == ("the split or a subsampling skewed the training labels: split with stratification (the "
+                              "same class shares in both splits) and check the filtering of the training split")
+    else:
+        assert result.message == ("inconclusive: " + counted + "75% of 4 test labels, too few test labels to tell a "
+                                  "skewed split")
+        assert result.fix == data_imbalance.TO_PASS
