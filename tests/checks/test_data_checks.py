@@ -82,6 +82,7 @@ def test_imbalanced_data_passes_a_skewed_split_fails_and_without_a_test_split_it
     natural = CASES["natural_imbalance"]()  # 85 % of class 0 in both splits
     result = _report(natural, natural.options["data"])["data_imbalance"]
     assert result.passed and result.value > 10 and "the data is imbalanced, the split is not" in result.message
+    assert result.threshold == "<= 10"
     skewed = BROKEN["imbalanced_labels"]()
     result = _report(skewed, skewed.options["data"])["data_imbalance"]
     assert result.passed is False and "skewed" in result.message
@@ -251,6 +252,7 @@ def test_complex_inputs_are_searched_for_nonfinite_values():
     problem = Problem(torch.nn.Identity(), None, (x, torch.zeros(16, dtype=torch.long)), data={"x_train": x})
     result = data_nonfinite.check(problem)
     assert result.passed is False and result.value == 2 and result.message == "non-finite entries: x_train 2"
+    assert result.threshold == "== 0"
 
 
 def test_nonfinite_targets_are_counted():
@@ -393,3 +395,14 @@ def test_a_skewed_split_and_a_test_split_too_small_to_tell_are_said_in_full(test
         assert result.message == ("inconclusive: " + counted + "75% of 4 test labels, too few test labels to tell a "
                                   "skewed split")
         assert result.fix == data_imbalance.TO_PASS
+
+
+def test_nonfinite_values_are_sought_in_the_data_and_else_in_the_batch_targets_too():
+    """With ``data=``: "in data" and its splits; without: the batch, its targets included (a NaN target)."""
+    x, y = torch.randn(8, 3), torch.randn(8)
+    clean = data_nonfinite.check(Problem(torch.nn.Identity(), None, (x, y), task="regression",
+                                         data={"x_train": x, "y_train": y}))
+    assert clean.message == "all entries finite in data (x_train, y_train)"
+    y[3] = float("nan")
+    batch = data_nonfinite.check(Problem(torch.nn.Identity(), None, (x, y), task="regression"))
+    assert batch.value == 1 and batch.message == "non-finite entries: y (batch) 1"
