@@ -261,6 +261,9 @@ QUOTES = [
     ("docs/development.md", "Of the 1,144 mutants run, 983 were killed", "measured/mutation_alpha_hess_checks/totals/scored|measured/mutation_alpha_hess_checks/totals/killed_before"),
     ("docs/development.md", "the 161 survivors, 74 were missing tests", "measured/mutation_alpha_hess_checks/totals/survivors|measured/mutation_alpha_hess_checks/totals/written"),
     ("docs/development.md", "5 were killed by tests outside the group's selection", "measured/mutation_alpha_hess_checks/totals/by_hand"),
+    ("docs/development.md", "Of the 1,245 mutants run, 1,011 were", "measured/mutation_checks/totals/scored|measured/mutation_checks/totals/killed_before"),
+    ("docs/development.md", "Of the 234 survivors, 205 were missing tests", "measured/mutation_checks/totals/survivors|measured/mutation_checks/totals/missing_tests"),
+    ("docs/development.md", "and 29 equivalent; none is left", "measured/mutation_checks/totals/equivalent"),
 ]
 
 
@@ -315,6 +318,7 @@ WHOLE_GROUP_COLUMNS = {"mutants": 1, "scored": 2, "killed_before": 3, "killed": 
     ("mutation_full_subsample_histogram_log", WHOLE_GROUP_COLUMNS),
     ("mutation_full_diagnosis_rules", WHOLE_GROUP_COLUMNS),
     ("mutation_alpha_hess_checks", WHOLE_GROUP_COLUMNS),
+    ("mutation_checks", WHOLE_GROUP_COLUMNS),
 ])
 def test_the_later_mutation_runs_totals_are_their_rows(table, columns):
     """The totals the prose quotes add up from the table's rows (a whole group's mutants: the message

@@ -113,6 +113,7 @@ TABLES = {
     "mutation_full_subsample_histogram_log": _measured("mutation_full_subsample_histogram_log"),
     "mutation_full_diagnosis_rules": _measured("mutation_full_diagnosis_rules"),
     "mutation_alpha_hess_checks": _measured("mutation_alpha_hess_checks"),
+    "mutation_checks": _measured("mutation_checks"),
     "lr_comparison": _lr_table,
     "demo_last_epoch": _demo_summary,
 }
