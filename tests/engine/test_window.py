@@ -243,3 +243,37 @@ def test_a_transform_that_fails_when_the_accumulated_step_completes_is_nan_with_
             else:
                 problems.assert_close(value, expected[index], rtol=1e-6, what=f"GradVariance, failed transform, step {step}")
     assert "flags" not in record[1]
+
+
+class _BranchForPairs(torch.nn.Module):
+    """An MLP whose extra layer joins in only for batches of 2 samples (a data-dependent branch, as a mixture of
+    experts routes some batches away from an expert): in micro-batches of 2 and 4 only the first reaches it."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+        self.extra = torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        out = self.body(x)
+        return out + self.extra(x) if len(x) == 2 else out
+
+
+def test_a_layer_one_micro_batch_skips_has_zero_rows_there(monkeypatch):
+    """Its zeros in the micro-batch that skips it (no global path) join its rows of the other one: every
+    quantity is the brute force's of the union."""
+    from engine.test_rules import _global_path_uses
+
+    monkeypatch.setitem(problems.BUILDERS, "branch_for_pairs", (_BranchForPairs, *problems.BUILDERS["mlp"][1:]))
+    used = _global_path_uses(monkeypatch)
+    problem = Accumulated(problems.make("branch_for_pairs", 6, steps=4), [2, 4])
+    record, snapshots = train(problem, [q() for q in QUANTITIES], steps=4)
+    for step in range(3):
+        for quantity, (reference, layers) in QUANTITIES.items():
+            expected = reference(problem, snapshots, step)
+            what = f"{quantity.__name__}, a layer one micro-batch skips, step {step}"
+            if layers:
+                expected, per_layer = expected
+                problems.assert_close(record[step]["layers"][quantity.__name__], per_layer, rtol=1e-6, what=what)
+            problems.assert_close(record[step][quantity.__name__], expected, rtol=1e-6, what=what)
+    assert used == []
