@@ -25,13 +25,17 @@ AGREEMENT = (0.5, 2.0)
 THRESHOLD = f"|mean|<={MEAN:g}, {STD[0]:g}<=std<={STD[1]:g}"
 
 
-def _stats(array):
+def _finite_rows(array):
+    """``array``'s samples of finite values only, as rows, and its shape as ``(samples, values per sample)``."""
     values = splits.rows(array)
-    finite = values[np.isfinite(values).all(1)] if values.size else values
-    stds = finite.std(0) if len(finite) > 1 else np.zeros(values.shape[1])
+    return values[np.isfinite(values).all(1)], values.shape
+
+
+def _stats(finite):
+    stds = finite.std(0) if len(finite) > 1 else np.zeros(finite.shape[1])
     varying = stds[stds > 0]
     spread = float(varying.max() / np.median(varying)) if varying.size else 1.0
-    return float(finite.mean()), float(finite.std()), spread, int(stds.argmax()) if stds.size else 0, finite
+    return float(finite.mean()), float(finite.std()), spread, int(stds.argmax()) if stds.size else 0
 
 
 def _problems(label, mean, std, spread, widest):
@@ -62,12 +66,19 @@ def check(problem):
         return CheckResult.skip(NAME, "needs data={'x_train': ...} or a batch")
     if not all(splits.is_float(a) for a in inputs.values()):
         return CheckResult.skip(NAME, "integer inputs (token ids or indices) are not normalised")
-    (first, train), *others = inputs.items()
-    mean, std, spread, widest, finite = _stats(train)
+    finite = {}
+    for label, array in inputs.items():
+        finite[label], (samples, values) = _finite_rows(array)
+        if not finite[label].size:
+            return CheckResult.undecided(
+                NAME, f"{label} ({samples} samples of {values} values) has no sample of finite values only",
+                "pass inputs with at least one sample of finite values (see data_nonfinite)")
+    (first, train), *others = finite.items()
+    mean, std, spread, widest = _stats(train)
     found = _problems(first, mean, std, spread, widest)
-    fix = _fix(mean, std, spread, finite) if found else ""
-    for label, array in others:
-        t_mean, t_std, t_spread, t_widest, t_finite = _stats(array)
+    fix = _fix(mean, std, spread, train) if found else ""
+    for label, rows in others:
+        t_mean, t_std, t_spread, t_widest = _stats(rows)
         wrong = _problems(label, t_mean, t_std, t_spread, t_widest)
         if abs(t_mean - mean) > AGREEMENT[0] * std or not AGREEMENT[0] <= t_std / max(std, 1e-12) <= AGREEMENT[1]:
             wrong.append(f"{label} (mean {t_mean:.3g}, std {t_std:.3g}) is not scaled like {first}")

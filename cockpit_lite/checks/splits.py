@@ -35,4 +35,5 @@ def is_float(array):
 
 def rows(array):
     """``array`` as ``(N, features)`` float64 (one row per sample)."""
-    return np.asarray(array, dtype=np.float64).reshape(len(array), -1)
+    values = np.asarray(array, dtype=np.float64)
+    return values.reshape(len(values), int(np.prod(values.shape[1:])))

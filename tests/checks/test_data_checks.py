@@ -238,6 +238,22 @@ def test_one_or_two_finite_training_rows(rows):
     assert ("feature 2 has 1e+03x the median feature std" in result.message) is (rows == 2), result.message
 
 
+@pytest.mark.parametrize("split, shape, nan", [("x_train", (10, 0), False), ("x_train", (0, 3), False),
+                                               ("x_train", (4, 3), True), ("x_test", (0, 3), False)])
+def test_normalization_without_a_finite_sample_is_inconclusive_naming_the_split(split, shape, nan):
+    """A split with no sample (an empty split), no values per sample, or no sample of finite values only:
+    inconclusive, naming the split and its shape; the fix it names, a finite sample, decides the check."""
+    case = CASES["regression_mlp"]()
+    data = {"x_train": np.tile([[1.0], [-1.0]], (3, 3))}
+    data[split] = np.full(shape, np.nan if nan else 1.0)
+    result = _report(case, data)["data_normalization"]
+    assert result.status == "inconclusive", result.message
+    assert result.message == f"inconclusive: {split} ({shape[0]} samples of {shape[1]} values) has no sample of finite values only"
+    assert result.fix == "pass inputs with at least one sample of finite values (see data_nonfinite)"
+    data[split] = np.concatenate([np.full(shape, np.nan), np.ones((1, shape[1]))]) if shape[1] else np.ones((2, 3))
+    assert _report(case, data)["data_normalization"].status in ("passed", "failed")
+
+
 def test_token_inputs_are_not_normalised():
     result = _report(CASES["causal_transformer"]())["data_normalization"]
     assert result.status == "skipped" and result.message == "integer inputs (token ids or indices) are not normalised"
