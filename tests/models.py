@@ -182,6 +182,32 @@ class ScaledResidual(nn.Module):
         return x * self.s + torch.tanh(x) @ self.m
 
 
+class SparseExpert(nn.Module):
+    """A sparse mixture of experts' habit: ``expert`` runs on the samples routed to it (first input feature
+    above 1), its outputs added to theirs, and is skipped when no sample is routed to it (its parameters are then
+    outside the loss's graph)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.head, self.expert = nn.Linear(4, 6), nn.Linear(6, 3), nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x))
+        out = self.head(h)
+        routed = (x[:, 0] > 1).nonzero()[:, 0]
+        if len(routed):
+            out = out.index_add(0, routed, self.expert(h[routed]))
+        return out
+
+
+def routed_to_expert(g, b):
+    """``SparseExpert``'s inputs: samples 1 and 3 routed to the expert, no other."""
+    x = torch.randn(b, 4, generator=g, dtype=torch.float64)
+    x[:, 0] = x[:, 0].clamp(max=0.5)
+    x[[1, 3], 0] = torch.tensor([2.0, 1.5], dtype=x.dtype)
+    return x
+
+
 def _features(shape):
     return lambda g, b: torch.randn(b, *shape, generator=g, dtype=torch.float64)
 

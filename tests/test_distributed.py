@@ -55,8 +55,11 @@ def _regression():
 
 
 LOCAL = {"tied_in_own_code": (TiedInOwnCode, models._features((4,)), models._classes),
+         "sparse_expert": (models.SparseExpert, models.routed_to_expert, models._classes),
          "regression": (_regression, models._features((4,)), models._features((1,)))}
-"""Models of these tests only: ``name -> (builder, input maker, target maker)``. ``regression`` has one
+"""Models of these tests only: ``name -> (builder, input maker, target maker)``. ``sparse_expert``'s inputs
+route samples 1 and 3 to its expert: with shards (5, 3) the second rank skips the expert (DDP:
+``find_unused_parameters=True``), one process on the whole batch reaches it. ``regression`` has one
 output per sample (MSE): the Monte-Carlo GGN's Rademacher sign squares away, so its draws are the exact
 diagonal's on any rank, and the ranks' estimate is comparable with one process's."""
 
@@ -92,7 +95,8 @@ def _train(name, shards, micro, rank=None, accumulate=False, curvature=False, di
     """
     torch.manual_seed(0)
     model = _model(name)
-    tracked = model if rank is None else torch.nn.parallel.DistributedDataParallel(model, static_graph=static)
+    tracked = model if rank is None else torch.nn.parallel.DistributedDataParallel(
+        model, static_graph=static, find_unused_parameters=name == "sparse_expert")
     assert micro == 1 or rank is not None
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     cp = Cockpit(tracked, _quantities(curvature), strict=name != "tied_in_own_code", diagnose=diagnose,  # (flagged at step 0)
@@ -161,6 +165,7 @@ CASES = {  # case -> (model, samples per rank, micro-batches per step[, every mi
     "accumulated": ("mlp", (5, 3), 2, True),
     "curvature": ("mlp", (5, 3), 1, False, True), "monte_carlo": ("regression", (5, 3), 1, False, "monte_carlo"),
     "diagnosed": ("mlp", (5, 3), 1, False, False, True),
+    "skipped_on_a_rank": ("sparse_expert", (5, 3), 1),
 }
 """``global_path``: the engine finds the tie in the user's backward pass (flagged at step 0); with the
 curvature quantities, the GGN diagonal's first pass, which runs before it, finds it (nothing flagged,

@@ -15,7 +15,9 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
+import models
 import problems
 from cockpit_lite import Cockpit
 from cockpit_lite.quantities import (
@@ -259,19 +261,29 @@ class _BranchForPairs(torch.nn.Module):
         return out + self.extra(x) if len(x) == 2 else out
 
 
-def test_a_layer_one_micro_batch_skips_has_zero_rows_there(monkeypatch):
+SKIPPING = {  # name -> (problem's builders, micro-batch sizes)
+    "branch_for_pairs": ((_BranchForPairs, *problems.BUILDERS["mlp"][1:]), [2, 4]),
+    "sparse_expert": ((models.SparseExpert, nn.CrossEntropyLoss, models.routed_to_expert, models._classes), [4, 4]),
+}
+"""``sparse_expert``: the first micro-batch routes two of its samples to the expert (a layer on a subset of the
+samples, each row its sample's), the second none."""
+
+
+@pytest.mark.parametrize("name", SKIPPING)
+def test_a_layer_one_micro_batch_skips_has_zero_rows_there(name, monkeypatch):
     """Its zeros in the micro-batch that skips it (no global path) join its rows of the other one: every
     quantity is the brute force's of the union."""
     from engine.test_rules import _global_path_uses
 
-    monkeypatch.setitem(problems.BUILDERS, "branch_for_pairs", (_BranchForPairs, *problems.BUILDERS["mlp"][1:]))
+    builders, sizes = SKIPPING[name]
+    monkeypatch.setitem(problems.BUILDERS, name, builders)
     used = _global_path_uses(monkeypatch)
-    problem = Accumulated(problems.make("branch_for_pairs", 6, steps=4), [2, 4])
+    problem = Accumulated(problems.make(name, sum(sizes), steps=4), sizes)
     record, snapshots = train(problem, [q() for q in QUANTITIES], steps=4)
     for step in range(3):
         for quantity, (reference, layers) in QUANTITIES.items():
             expected = reference(problem, snapshots, step)
-            what = f"{quantity.__name__}, a layer one micro-batch skips, step {step}"
+            what = f"{quantity.__name__}, {name}, step {step}"
             if layers:
                 expected, per_layer = expected
                 problems.assert_close(record[step]["layers"][quantity.__name__], per_layer, rtol=1e-6, what=what)
