@@ -93,6 +93,54 @@ def test_the_ranks_partial_sums_give_the_whole_batchs_statistics(kind):
         assert 0 < ref["saturated"] < 1
 
 
+def _outputs(kind, shape):
+    """Outputs of ``kind`` of ``shape`` with exact zeros, entries exactly at the tails' bound (``SATURATION``: not
+    in the tails) and, for ReLU, a unit that never fires."""
+    pre = torch.randn(shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    y = {"relu": (pre - 0.3).relu(), "tanh": (3 * pre).tanh(), "sigmoid": (4 * pre).sigmoid()}[kind]
+    flat = y.view(-1)
+    flat[::5] = -SATURATION if kind == "tanh" else SATURATION if kind == "sigmoid" else 0.0
+    flat[1::7] = SATURATION
+    flat[2::9] = 0.0
+    if kind == "relu" and y.dim() > 1:
+        y[:, 0] = 0.0
+    return y
+
+
+@pytest.mark.parametrize("kind", ["relu", "tanh", "sigmoid"])
+@pytest.mark.parametrize("shape, split", [((25,), (18, 7)), ((20, 2, 3), (18, 2)), ((20, 2, 3), (20,))],
+                         ids=["1d", "conv-like", "one rank"])
+def test_partial_sums_of_any_output_give_the_whole_batchs_statistics(kind, shape, split):
+    """A 1-d output (every entry a sample: zeros and tails over all entries, not the first ``SUB_BATCH``) split
+    18 / 7, a ``[B, C, L]`` output whose first rank holds more than ``SUB_BATCH`` samples, and one rank alone:
+    ``_global_statistics`` of the parts against numpy on the whole output."""
+    y = _outputs(kind, shape)
+    parts = [_partial(part, kind) for part in torch.split(y, list(split))]
+    stats = _global_statistics(parts, kind)
+    ref = reference(y.numpy().reshape(-1, 1) if len(shape) == 1 else y.numpy(), kind)
+    if len(shape) == 1:  # (a batch of scalars: every entry counts)
+        ref["zeros"] = np.mean(y.numpy() == 0)
+        if kind == "tanh":
+            ref["saturated"] = np.mean(np.abs(y.numpy()) > SATURATION)
+        elif kind == "sigmoid":
+            ref["saturated"] = np.mean((y.numpy() - 0.5 > SATURATION - 0.5) | (0.5 - y.numpy() > SATURATION - 0.5))
+    for key, value in zip(("mean", "std", "zeros", "dead", "saturated"), stats.tolist()):
+        expected = 0.0 if ref[key] is None else ref[key]
+        assert value == pytest.approx(expected, rel=1e-6, abs=1e-7), key  # (0: n/a)
+    assert ref["zeros"] > 0 and (ref["dead"] > 0 if kind == "relu" and len(shape) > 1 else
+                                 kind == "relu" or 0 < ref["saturated"] < ((y.abs() >= SATURATION).double().mean()))
+
+
+def test_a_recurrent_layers_saturation_is_its_first_ranks_gates():
+    """A recurrent layer's ``saturated`` comes from its gates (recomputed on each rank's first sequences): the
+    first rank's fraction; without gates (a packed sequence) NaN."""
+    y = torch.randn(10, 4, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    stats = _global_statistics([_partial(y[:6], "recurrent", 0.25), _partial(y[6:], "recurrent", 0.5)], "recurrent")
+    assert stats[4].item() == 0.25 and stats[3].item() == 0.0
+    assert stats[0].item() == pytest.approx(y.mean().item(), rel=1e-6)
+    assert math.isnan(_global_statistics([_partial(y, "recurrent")], "recurrent")[4].item())
+
+
 def test_conv_units_are_channel_pixels_and_repeated_calls_average():
     torch.manual_seed(1)
     relu = nn.ReLU()
