@@ -183,13 +183,14 @@ class ScaledResidual(nn.Module):
 
 
 class SparseExpert(nn.Module):
-    """A sparse mixture of experts' habit: ``expert`` runs on the samples routed to it (first input feature
+    """A sparse mixture of experts' habit: ``expert`` (an MLP) runs on the samples routed to it (first input feature
     above 1), its outputs added to theirs, and is skipped when no sample is routed to it (its parameters are then
     outside the loss's graph)."""
 
     def __init__(self):
         super().__init__()
-        self.inp, self.head, self.expert = nn.Linear(4, 6), nn.Linear(6, 3), nn.Linear(6, 3)
+        self.inp, self.head = nn.Linear(4, 6), nn.Linear(6, 3)
+        self.expert = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
 
     def forward(self, x):
         h = torch.tanh(self.inp(x))

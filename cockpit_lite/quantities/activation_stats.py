@@ -2,7 +2,8 @@
 
 For each activation module (``ACTIVATIONS``), over the outputs ``y`` of the training
 forward pass of the step (calls with gradients enabled; a module called several times
-averages its calls):
+averages its calls; a call whose output has no entries, such as an expert no sample was
+routed to, adds nothing):
 
 - ``mean`` and ``std`` of all entries of ``y`` (``std`` from the second moment
   ``⟨y, y⟩ / n − mean²``);
@@ -44,7 +45,9 @@ the hooks keep sums instead (entries, their sum and sum of squares in float64; p
 it fired; per sample of the first ``SUB_BATCH`` the zeros and saturated entries), and one
 all-gather at ``compute`` combines the ranks' in rank order, so that every statistic is the
 global batch's, as in one process (up to the float32 rounding of the one-process reductions;
-a recurrent layer's ``saturated`` is the first sequences' of each rank).
+a recurrent layer's ``saturated`` is the first sequences' of each rank). A module that only some
+ranks called (an expert none of a rank's samples was routed to) is the statistics of the ranks
+that called it.
 
 Also, in the step's ``meta``: ``input_layer = {"name", "type"}``, the first module that
 receives the model's first floating-point input (positional, then keyword) (through shape-only modules such as
@@ -176,7 +179,7 @@ class ActivationStats(Quantity):
                     return None  # a packed sequence: no recomputation
                 with torch.no_grad():
                     gates = recurrent_gates(mod, args[0].detach(), _state(args))[1]
-            if not torch.is_tensor(output) or not output.is_floating_point() or output.dim() == 0:
+            if not torch.is_tensor(output) or not output.is_floating_point() or output.dim() == 0 or not output.numel():
                 return None
             with torch.no_grad():
                 if self._group is not None:  # this rank's sums, combined at ``compute``
@@ -202,17 +205,26 @@ class ActivationStats(Quantity):
         return self._sums.setdefault(name, (type_name, kind, []))[2]
 
     def _combined(self, sums):
-        """Several ranks: ``sums`` as ``_add`` keeps them, from every rank's partial sums (one all-gather)."""
+        """Several ranks: ``sums`` as ``_add`` keeps them, from every rank's partial sums (one all-gather). A
+        module some rank did not call (an expert no sample of its batch was routed to) is combined from the
+        ranks that did, call ``i`` of each with call ``i`` of the others, in the order of the first rank
+        that called it."""
         import torch.distributed as dist
 
         ranks = [None] * self._group.world
-        dist.all_gather_object(ranks, {n: [[t.cpu() for t in call] for call in calls] for n, (_, _, calls) in sums.items()},
-                               group=self._group.process_group)
+        mine = {n: (type_name, kind, [[t.cpu() for t in call] for call in calls])
+                for n, (type_name, kind, calls) in sums.items()}
+        dist.all_gather_object(ranks, mine, group=self._group.process_group)
+        device = next((calls[0][0].device for _, _, calls in sums.values()), torch.device("cpu"))
         combined = {}
-        for name, (type_name, kind, calls) in sums.items():
-            stats = [_global_statistics([rank[name][i] for rank in ranks], kind) for i in range(len(calls))]
-            device = calls[0][0].device
-            combined[name] = (type_name, kind, torch.stack(stats).sum(0).to(device), len(stats))
+        for rank in ranks:
+            for name, (type_name, kind, _) in rank.items():
+                if name in combined:
+                    continue
+                calls = [other[name][2] for other in ranks if name in other]
+                stats = [_global_statistics([c[i] for c in calls if i < len(c)], kind)
+                         for i in range(max(len(c) for c in calls))]
+                combined[name] = (type_name, kind, torch.stack(stats).sum(0).to(device), len(stats))
         return combined
 
     def needs(self, step, info):
@@ -294,7 +306,7 @@ def _global_statistics(parts, kind):
     width = sums[0] / samples if batched else 1.0  # entries per sample
     zeros = torch.cat([part[3] for part in parts])[:SUB_BATCH if batched else None]
     first = len(zeros)
-    zeros = zeros.sum() / (first * width) if first else zeros.new_tensor(0.0)
+    zeros = zeros.sum() / (first * width)
     dead = saturated = mean.new_tensor(0.0)
     if kind == "relu":
         dead = mean.new_tensor(float("nan")) if samples < DEAD_MIN_SAMPLES else (

@@ -261,12 +261,15 @@ class _BranchForPairs(torch.nn.Module):
         return out + self.extra(x) if len(x) == 2 else out
 
 
-SKIPPING = {  # name -> (problem's builders, micro-batch sizes)
-    "branch_for_pairs": ((_BranchForPairs, *problems.BUILDERS["mlp"][1:]), [2, 4]),
-    "sparse_expert": ((models.SparseExpert, nn.CrossEntropyLoss, models.routed_to_expert, models._classes), [4, 4]),
+SKIPPING = {  # name -> (problem's builders, micro-batch sizes, parameters on the global path at each step)
+    "branch_for_pairs": ((_BranchForPairs, *problems.BUILDERS["mlp"][1:]), [2, 4], None),
+    "sparse_expert": ((models.SparseExpert, nn.CrossEntropyLoss, models.routed_to_expert, models._classes), [4, 4],
+                      [4, 5]),
 }
-"""``sparse_expert``: the first micro-batch routes two of its samples to the expert (a layer on a subset of the
-samples, each row its sample's), the second none."""
+"""``sparse_expert``: the first micro-batch routes two of its samples to the expert (its layers on a subset of
+the samples, each row its sample's), the second none. The expert's first layer takes the global path in the
+first (its rows reach the batch through the second layer, a path the engine does not follow), and
+neither in the second."""
 
 
 @pytest.mark.parametrize("name", SKIPPING)
@@ -275,7 +278,7 @@ def test_a_layer_one_micro_batch_skips_has_zero_rows_there(name, monkeypatch):
     quantity is the brute force's of the union."""
     from engine.test_rules import _global_path_uses
 
-    builders, sizes = SKIPPING[name]
+    builders, sizes, global_path = SKIPPING[name]
     monkeypatch.setitem(problems.BUILDERS, name, builders)
     used = _global_path_uses(monkeypatch)
     problem = Accumulated(problems.make(name, sum(sizes), steps=4), sizes)
@@ -288,4 +291,4 @@ def test_a_layer_one_micro_batch_skips_has_zero_rows_there(name, monkeypatch):
                 expected, per_layer = expected
                 problems.assert_close(record[step]["layers"][quantity.__name__], per_layer, rtol=1e-6, what=what)
             problems.assert_close(record[step][quantity.__name__], expected, rtol=1e-6, what=what)
-    assert used == []
+    assert used == ([] if global_path is None else [global_path] * 4)  # (4 steps, one micro-batch each)

@@ -131,6 +131,39 @@ def test_partial_sums_of_any_output_give_the_whole_batchs_statistics(kind, shape
                                  kind == "relu" or 0 < ref["saturated"] < ((y.abs() >= SATURATION).double().mean()))
 
 
+@pytest.mark.parametrize("split", [(5, 3), (4, 3)], ids=["8 samples", "7 samples"])
+def test_dead_units_are_measured_from_the_ranks_samples_together(split):
+    """``dead`` needs ``DEAD_MIN_SAMPLES`` samples of the whole batch, not of a rank: 5 + 3 = 8 are enough (a
+    unit that fires on the second rank's samples alone is alive), 4 + 3 = 7 are not (NaN)."""
+    y = torch.zeros(sum(split), 3, dtype=torch.float64)
+    y[:, 0] = 1.0
+    y[-1, 1] = 0.5
+    stats = _global_statistics([_partial(part, "relu") for part in torch.split(y, list(split))], "relu")
+    assert sum(split) >= DEAD_MIN_SAMPLES or math.isnan(stats[3].item())
+    assert sum(split) < DEAD_MIN_SAMPLES or stats[3].item() == pytest.approx(1 / 3)
+
+
+class _Routed(nn.Module):
+    """An expert's activation called on the samples routed to it: none at the first call, all at the second."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.act = nn.Linear(4, 6), nn.ReLU()
+
+    def forward(self, x):
+        h = self.lin(x)
+        return self.act(h[:0]).sum() + self.act(h).sum(1)
+
+
+def test_a_call_whose_output_has_no_entries_adds_nothing():
+    """The empty call (``[0, 6]``) is not averaged in (its mean is NaN): the statistics are the other call's."""
+    torch.manual_seed(0)
+    stats, outputs = recorded_and_outputs(_Routed(), torch.randn(12, 4))
+    assert [o.shape for o in outputs["act"]] == [(0, 6), (12, 6)]
+    for key, value in reference(outputs["act"][1], "relu").items():
+        assert stats["act"][key] == (None if value is None else pytest.approx(value, rel=1e-5, abs=1e-6)), key
+
+
 def test_a_recurrent_layers_saturation_is_its_first_ranks_gates():
     """A recurrent layer's ``saturated`` comes from its gates (recomputed on each rank's first sequences): the
     first rank's fraction; without gates (a packed sequence) NaN."""
@@ -430,31 +463,48 @@ def test_the_gates_start_from_the_initial_state_the_layer_is_called_with(kind):
     assert _recorded(rnn, x, state)["saturated"] == pytest.approx(expected, abs=2e-3)
 
 
+@pytest.mark.parametrize("given", [True, False], ids=["with a state", "from zeros"])
 @pytest.mark.parametrize("kind, options", [
     (nn.LSTM, {"num_layers": 2, "bidirectional": True}),
     (nn.LSTM, {"proj_size": 3}),
     (nn.GRU, {"num_layers": 2, "bidirectional": True}),
     (nn.LSTM, {"batch_first": False, "num_layers": 2}),
+    (nn.LSTM, {"unbatched": True, "proj_size": 3}),
+    (nn.GRU, {"unbatched": True, "num_layers": 2}),
 ])
-def test_the_recomputed_recurrence_is_the_modules_own(kind, options):
-    """Stacked, bidirectional, projected and sequence-first layers, with a given initial state: the
-    recomputed last layer's sequence equals the module's output (so every gate along the way is right)."""
+def test_the_recomputed_recurrence_is_the_modules_own(kind, options, given):
+    """Stacked, bidirectional, projected, sequence-first and unbatched (one sequence ``[T, features]``) layers,
+    with a given initial state or from zeros: the recomputed last layer's sequence equals the module's output
+    (so every gate along the way is right)."""
     from cockpit_lite.quantities.activation_stats import recurrent_gates
 
     torch.manual_seed(1)
+    options = dict(options)
+    unbatched = options.pop("unbatched", False)
     rnn = kind(4, 6, **options)
     batch_first = options.get("batch_first", True)
     if batch_first:
         rnn.batch_first = True
-    x = torch.randn(3, 5, 4) if batch_first else torch.randn(5, 3, 4)
+    x = torch.randn(5, 4) if unbatched else torch.randn(3, 5, 4) if batch_first else torch.randn(5, 3, 4)
     layers = options.get("num_layers", 1) * (2 if options.get("bidirectional") else 1)
-    h0 = torch.randn(layers, 3, options.get("proj_size") or 6)
-    state = (h0, torch.randn(layers, 3, 6)) if kind is nn.LSTM else h0
+    batch = () if unbatched else (3,)
+    h0 = torch.randn(layers, *batch, options.get("proj_size") or 6)
+    state = ((h0, torch.randn(layers, *batch, 6)) if kind is nn.LSTM else h0) if given else None
     output, saturated = recurrent_gates(rnn, x, state)
     expected = rnn(x, state)[0].detach()
-    expected = expected if batch_first else expected.transpose(0, 1)
+    expected = expected.unsqueeze(0) if unbatched else expected if batch_first else expected.transpose(0, 1)
     torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-6)
     assert 0 <= float(saturated) <= 1
+
+
+def test_the_gates_tails_exclude_their_bound():
+    """A sigmoid gate of exactly ``SATURATION`` and a tanh candidate of exactly ±``SATURATION`` are not in the
+    tails; just past them they are."""
+    from cockpit_lite.quantities.activation_stats import _tails
+
+    above = SATURATION + 1e-6
+    assert int(_tails(torch.tensor([SATURATION, 0.5, above, 1 - above], dtype=torch.float64), "sigmoid")) == 2
+    assert int(_tails(torch.tensor([SATURATION, -SATURATION, above, -above], dtype=torch.float64), "tanh")) == 2
 
 
 class _LSTMReadout(torch.nn.Module):
