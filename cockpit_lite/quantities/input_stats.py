@@ -4,7 +4,7 @@ A forward pre-hook on the model reads its first floating-point tensor argument `
 (positional, then keyword: ``model(x=...)``, Hugging Face's ``inputs_embeds=``) of the training forward pass (gradients enabled; the first call of the step):
 ``mean``, ``std``, ``min``, ``max`` over all entries of its first ``SUB_BATCH`` samples
 (along the first axis), and ``nonfinite``, the fraction of NaN/Inf entries among them
-(the other statistics then skip them). ``std`` has Bessel's correction,
+(the other statistics then skip them: NaN where no entry is finite, ``std`` NaN where one is). ``std`` has Bessel's correction,
 ``√((Σx² − n·mean²) / (n − 1))``, the sums in float64. The hook reduces without masking
 (mean, ``Σx²``, min and max: four reductions); only where one of them is not finite, at
 ``compute``, are the non-finite entries masked out (element-wise operations, on CPU
@@ -120,15 +120,23 @@ def _masked(x):
     """``_statistics`` of the finite entries of ``x`` (flat) and the share of the others."""
     x = x.float()
     finite = torch.isfinite(x)
-    share = 1.0 - finite.float().mean()
+    count = finite.sum()
     values = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device))
-    count = finite.sum().clamp(min=2)
     mean = values.sum() / count
-    var = (torch.where(finite, x - mean, values) ** 2).sum() / (count - 1)
+    squares = (torch.where(finite, x - mean, values) ** 2).sum()
     big = torch.finfo(x.dtype).max
     low = torch.where(finite, x, torch.full((), big, device=x.device)).amin()
     high = torch.where(finite, x, torch.full((), -big, device=x.device)).amax()
-    return [mean, var.sqrt(), low, high, share]
+    return _of_finite(count, mean, squares, low, high) + [1.0 - count / finite.numel()]
+
+
+def _of_finite(count, mean, squares, low, high):
+    """``[mean, std, min, max]`` of ``count`` finite entries from their mean, sum of squared deviations, minimum
+    and maximum: NaN without a finite entry (``min`` and ``max`` are then the sentinels of their reductions),
+    ``std`` NaN with one."""
+    none = mean.new_tensor(float("nan"))
+    std = torch.where(count > 1, squares.clamp(min=0) / (count - 1), none).sqrt()
+    return [mean, std] + [torch.where(count > 0, end, none) for end in (low, high)]
 
 
 def _per_sample(x):
@@ -154,7 +162,7 @@ def _combined(ranks):
     rows = torch.cat(ranks)
     rows = rows[:SUB_BATCH] if rows[0, 6] else rows  # (a 1-d input: every entry)
     entries, present, total, squares = rows[:, :4].sum(0)
-    count = present.clamp(min=2)
-    mean = total / count
-    var = (squares - 2 * mean * total + present * mean**2) / (count - 1)
-    return [t.float() for t in (mean, var.clamp(min=0).sqrt(), rows[:, 4].amin(), rows[:, 5].amax(), 1 - present / entries)]
+    mean = total / present
+    deviations = squares - 2 * mean * total + present * mean**2
+    stats = _of_finite(present, mean, deviations, rows[:, 4].amin(), rows[:, 5].amax()) + [1 - present / entries]
+    return [t.float() for t in stats]

@@ -79,7 +79,9 @@ def reference(x):
     a 1-d one (one unbatched sample) by all its entries."""
     sub = (x[:SUB_BATCH] if x.dim() > 1 else x).double().numpy().reshape(-1)
     good = sub[np.isfinite(sub)]
-    return {"mean": good.mean(), "std": good.std(ddof=1), "min": good.min(), "max": good.max(),
+    n = len(good)  # (without a finite entry NaN; std NaN with one)
+    return {"mean": good.sum() / n if n else np.nan, "std": good.std(ddof=1) if n > 1 else np.nan,
+            "min": good.min() if n else np.nan, "max": good.max() if n else np.nan,
             "nonfinite": np.mean(~np.isfinite(sub))}
 
 
@@ -87,7 +89,7 @@ def assert_matches(stats, x):
     ref = reference(x)
     assert set(stats) == set(ref)
     for key, value in ref.items():
-        assert stats[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+        assert stats[key] == pytest.approx(value, rel=1e-5, abs=1e-6, nan_ok=True), key
 
 
 def steps(model, quantity, batches, forward=None):
@@ -179,3 +181,22 @@ def test_the_ranks_rows_give_the_whole_batchs_statistics(shape):
     x[1], x[14], x[-1] = math.nan, math.inf, -math.inf  # the last outside the sub-batch of a batched input
     stats = dict(zip(KEYS, _combined([_per_sample(x[:13]), _per_sample(x[13:])])))
     assert_matches({k: v.item() for k, v in stats.items()}, x)
+
+
+@pytest.mark.parametrize("finite", [0, 1, 2])
+def test_inputs_with_fewer_than_two_finite_entries(finite):
+    """Of 3 × 4 entries only ``finite`` are finite (4.0 and 4.5): no finite entry gives NaN statistics (not a
+    mean of 0 and the reductions' sentinels ±3.4e38 as extremes), one gives its value and a NaN std, two
+    their mean and Bessel-corrected std (0.5 / √2: a variance below 1), in one process and from the ranks'
+    rows (5 and 7 entries of a 1-d input; 1 and 2 samples; one rank holding one sample)."""
+    x = torch.full((12,), math.nan)
+    x[[7, 2][:finite]] = torch.tensor([4.0, 4.5])[:finite]
+    x = x.reshape(3, 4)
+    assert_matches(steps(nn.Linear(4, 2), InputStats(), [x], forward=lambda m, b: torch.nan_to_num(m(b)))[0]["InputStats"], x)
+    flat = x.reshape(-1)
+    for parts in ([flat[:5], flat[5:]], [x[:1], x[1:]], [x[:1]]):
+        whole = torch.cat(parts)
+        stats = dict(zip(KEYS, _combined([_per_sample(part) for part in parts])))
+        assert_matches({k: v.item() for k, v in stats.items()}, whole)
+    if finite == 2:
+        assert reference(x)["std"] == pytest.approx(0.5 / math.sqrt(2))
