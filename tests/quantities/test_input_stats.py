@@ -200,3 +200,9 @@ def test_inputs_with_fewer_than_two_finite_entries(finite):
         assert_matches({k: v.item() for k, v in stats.items()}, whole)
     if finite == 2:
         assert reference(x)["std"] == pytest.approx(0.5 / math.sqrt(2))
+
+
+def test_the_ranks_rows_are_made_on_the_inputs_device():
+    """``_per_sample`` of an input on another device (``meta`` stands in for a GPU) makes its rows there."""
+    rows = _per_sample(torch.empty(20, 3, device="meta"))
+    assert rows.device.type == "meta" and rows.shape == (SUB_BATCH, 7)
