@@ -69,10 +69,10 @@ LABELS = {"ExpBackward0": "exp", "SqrtBackward0": "sqrt", "RsqrtBackward0": "rsq
           "ReciprocalBackward0": "div", "PowBackward1": "pow"}
 """Op names of nodes that save their result."""
 
-DIVISIONS = ("DivBackward0", "DivBackward1")
-"""Division nodes: one whose saved divisor holds a 0 creates a non-finite value (its finite inputs
-checked first), whether or not the numerator was saved (``a / d`` with ``d`` not requiring a
-gradient saves ``d`` only)."""
+DIVISIONS = ("DivBackward0", "DivBackward1", "DivBackward2")
+"""Division nodes (by a tensor, by a Python number: ``aten.div.Scalar``, with a ``rounding_mode``): one
+whose saved divisor holds a 0 creates a non-finite value (its finite inputs checked first), whether or
+not the numerator was saved (``a / d`` with ``d`` not requiring a gradient saves ``d`` only)."""
 
 
 class NonfiniteOrigin(Quantity):
@@ -291,14 +291,14 @@ def _zero_divisor(node):
     except (AttributeError, RuntimeError):
         return False
     if torch.is_tensor(other):
-        return other.numel() > 0 and bool((other == 0).any())
+        return bool((other == 0).any())
     return isinstance(other, (int, float)) and other == 0
 
 
 def _creates_nonfinite(node):
     """Whether ``node``'s saved inputs are finite and its result is not."""
     name = type(node).__name__
-    if name not in OPS and name not in LABELS and not hasattr(node, "_saved_result"):
+    if name not in OPS and name not in LABELS and name not in DIVISIONS and not hasattr(node, "_saved_result"):
         return False
     saved = _saved(node)
     result = saved.pop("_saved_result", None)

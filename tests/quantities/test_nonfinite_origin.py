@@ -454,9 +454,22 @@ def _per_sequence_mean(h):
 @pytest.mark.parametrize("fn", [
     _per_sequence_mean,
     lambda h: (h.sum(1, keepdim=True) / 0.0).mean(1, keepdim=True).expand(-1, 4),  # a Python zero divisor
-])
+    lambda h: torch.ops.aten.div.Scalar(h.sum(1, keepdim=True), 0.0).expand(-1, 4),  # (DivBackward1: a float)
+    lambda h: h.div(torch.zeros(4), rounding_mode="floor") + 1,  # (DivBackward2)
+], ids=["count", "python zero", "div.Scalar", "rounding mode"])
 def test_a_division_by_zero_is_div_even_when_its_numerator_is_not_saved(fn):
     assert record(body(fn), X) == {"module": "1", "op": "div", "params_nonfinite": False}
+
+
+@pytest.mark.parametrize("divide", [
+    lambda h: h / (h.abs() + 1), lambda h: h / 2.0, lambda h: torch.ops.aten.div.Scalar(h, 2.0),
+    lambda h: h.div(torch.full((4,), 3.0), rounding_mode="trunc") + h,
+], ids=["by a tensor", "by a python number", "div.Scalar", "rounding mode"])
+def test_a_division_by_nonzero_values_before_the_creator_is_not_named(divide):
+    """A division with finite inputs and a divisor without a 0 creates nothing: the log of a negative after it
+    is named."""
+    assert record(body(lambda h: torch.log(divide(h) - 100.0)), X) == {
+        "module": "1", "op": "log", "params_nonfinite": False}
 
 
 def test_a_finite_step_runs_with_one_hook_and_a_replay_leaves_the_state_alone():
@@ -547,3 +560,14 @@ def test_a_loop_calling_the_parts_is_watched_module_by_module():
     assert all(m._forward_hooks for m in model.modules())
     assert cp.output[2]["NonfiniteOrigin"] == {"module": "act", "op": "log", "params_nonfinite": False}
     cp.close()
+
+
+def test_a_freed_graph_names_no_division_it_cannot_read():
+    """A backward pass that ran before the ``with`` block freed the graph's saved values: a division (by 2)
+    whose divisor can no longer be read is not taken for the creator; the walk ends at the graph's root."""
+    from cockpit_lite.quantities.nonfinite_origin import creator_op
+
+    h = torch.randn(4, requires_grad=True)
+    loss = torch.log(h / 2.0 - 100.0).sum()
+    loss.backward()
+    assert creator_op(loss.grad_fn) == "sum"
