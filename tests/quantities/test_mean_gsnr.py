@@ -78,16 +78,20 @@ def test_a_variance_lost_in_rounding_is_nan_and_flagged():
 
 
 def test_the_quantities_of_one_step_share_its_centred_sums(monkeypatch):
-    """``GradVariance`` and ``MeanGSNR`` read ``Σ_n (g̃_n − g)²`` of one computation per step
-    (``StepData.centred_squares``), and each flags a lost variance in its own name."""
+    """``GradVariance``, ``MeanGSNR``, ``CABS`` and ``EarlyStopping`` read ``Σ_n (g̃_n − g)²`` of one computation
+    per step (``StepData.centred_squares``), and each flags a lost variance in its own name, its value for that
+    parameter NaN."""
     from cockpit_lite.engine import transforms
-    from cockpit_lite.quantities import GradVariance
+    from cockpit_lite.quantities import CABS, EarlyStopping, GradVariance
 
     calls = []
     compute = transforms.centred_squares
     monkeypatch.setattr(transforms, "centred_squares", lambda data: calls.append(data.step) or compute(data))
-    record, _ = problems.run_autocast([GradVariance(), MeanGSNR()], steps=2, offset=1e5, autocast=False)
+    record, _ = problems.run_autocast([GradVariance(), MeanGSNR(), CABS(), EarlyStopping()], steps=2, offset=1e5,
+                                      autocast=False)
     assert calls == [0, 1]
     flags = record[0]["flags"]
-    for name in ("GradVariance", "MeanGSNR"):
+    for name in ("GradVariance", "MeanGSNR", "CABS", "EarlyStopping"):
         assert any(flag.startswith(f"{name}: ") and "2.bias" in flag and "lost in the rounding" in flag for flag in flags)
+    for name in ("MeanGSNR", "CABS", "EarlyStopping"):
+        assert np.isnan(record[0]["layers"][name][3]) and not np.isnan(record[0]["layers"][name][:3]).any(), name
