@@ -56,6 +56,11 @@ def test_adaptation_on_steps_without_histogram():
     np.testing.assert_allclose(cp.get_output()[2]["GradHist1d"]["edges"], np.linspace(-end, end, 6), rtol=1e-12)
 
 
+def test_a_verbose_policy_prints_the_step_it_adapts_after(capsys):
+    problems.run(problems.make("mlp", 5), [GradHist1d(bins=5, adapt=GradAbsMax(lambda step: step == 1, verbose=True))])
+    assert capsys.readouterr().out.startswith("[cockpit-lite | step 1] GradAbsMax: new limits -")
+
+
 def test_grad_and_param_abs_max_2d():
     """``GradHist2d(adapt=(GradAbsMax, ParamAbsMax))`` moves both axes; ``keep_individual`` keeps layers."""
     problem = problems.make("mlp", 5)

@@ -36,6 +36,8 @@ def test_defaults_schedule_and_verbose(capsys):
 
     cp, snapshots = problems.run(problems.make("mlp", 5), [GradHist1d()], steps=3)
     assert all("GradHist1d" in cp.get_output()[s] and "layers" not in cp.get_output()[s] for s in snapshots)
+    entry = cp.get_output()[0]  # (every sample's gradient: integer counts, no subsample's meta)
+    assert np.issubdtype(np.asarray(entry["GradHist1d"]["hist"]).dtype, np.integer) and "meta" not in entry
     assert capsys.readouterr().out == ""
     cp, _ = problems.run(problems.make("mlp", 5), [GradHist1d(schedules.linear(2), verbose=True)], steps=3)
     assert [s for s in cp.get_output() if "GradHist1d" in cp.get_output()[s]] == [0, 2]

@@ -289,6 +289,11 @@ def test_the_walk_stops_at_its_node_limit(monkeypatch):
     assert record(body(fn), X)["op"] == "log"
     monkeypatch.setattr("cockpit_lite.quantities.nonfinite_origin.MAX_NODES", 5)
     assert record(body(fn), X)["op"] == "add"
+    # the walk starts at the last of the ten additions; the log is the 11th node it finds
+    monkeypatch.setattr("cockpit_lite.quantities.nonfinite_origin.MAX_NODES", 10)
+    assert record(body(fn), X)["op"] == "add"
+    monkeypatch.setattr("cockpit_lite.quantities.nonfinite_origin.MAX_NODES", 11)
+    assert record(body(fn), X)["op"] == "log"
 
 
 def test_the_schedule_is_followed_and_verbose_prints(capsys):
@@ -557,9 +562,10 @@ def test_a_loop_calling_the_parts_is_watched_module_by_module():
         loss = model.head(model.act(h) if step == 2 else h).square().mean()
         with cp(step, info={"loss": loss}):
             loss.backward()
-    assert all(m._forward_hooks for m in model.modules())
+    assert all(len(m._forward_hooks) == 1 for m in model.modules())  # (hooked once, not at every step)
     assert cp.output[2]["NonfiniteOrigin"] == {"module": "act", "op": "log", "params_nonfinite": False}
     cp.close()
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
 def test_a_freed_graph_names_no_division_it_cannot_read():
