@@ -577,3 +577,21 @@ def test_a_freed_graph_names_no_division_it_cannot_read():
     loss = torch.log(h / 2.0 - 100.0).sum()
     loss.backward()
     assert creator_op(loss.grad_fn) == "sum"
+
+
+def test_the_replay_runs_under_the_autocast_of_the_steps_forward_pass():
+    """A Linear whose float16 output overflows under CPU autocast (its float32 output is finite): the replay,
+    under the same autocast, names it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    with torch.no_grad():
+        model[1].weight.mul_(3e4)
+    x = 10 * X
+    assert bool(torch.isfinite(model(x)).all())
+    cp = Cockpit(model, [NonfiniteOrigin()], diagnose=False)
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = model(x)
+    loss = out.float().square().mean()
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    assert cp.output[0]["NonfiniteOrigin"] == {"module": "1", "op": "addmm", "params_nonfinite": False}
