@@ -175,11 +175,12 @@ def test_bad_states_raise_a_value_error_naming_the_fix(tmp_path):
         fresh().load_state_dict(model.state_dict())
     with pytest.raises(ValueError, match="no budget.*budget="):
         fresh(budget=1.5).load_state_dict(state)
-    with pytest.raises(ValueError, match="Distance: the saved state holds.*version that saved"):
-        broken = {**state, "quantities": {**state["quantities"], "Distance": {}}}
+    with pytest.raises(ValueError, match=r"Distance: the saved state holds \['other'\] but this version of "
+                                         r"Distance keeps \['_initial'\].*version that saved"):
+        broken = {**state, "quantities": {**state["quantities"], "Distance": {"other": 1}}}
         fresh().load_state_dict(broken)
-    with pytest.raises(ValueError, match="Distance: the saved state holds NoneType.*version that saved"):
-        fresh().load_state_dict({**state, "quantities": {**state["quantities"], "Distance": None}})
+    with pytest.raises(ValueError, match="Distance: the saved state holds list but.*version that saved"):
+        fresh().load_state_dict({**state, "quantities": {**state["quantities"], "Distance": [1]}})
     model, opt, used = _fresh(None)
     _train(model, opt, used, _batches(1), range(1))
     with pytest.raises(ValueError, match="recorded steps already.*new Cockpit"):

@@ -110,6 +110,7 @@ def test_estimates_are_the_documented_estimators_on_brute_force_individual_gradi
             chosen,
         )
         assert hist.sum() == pytest.approx(counts.sum())
+        assert entry["meta"]["GradHist1d"] == {"samples": K, "of": B, "se": None, "df": K - 1}
 
 
 @pytest.mark.parametrize("reduction", problems.REDUCTIONS)

@@ -338,6 +338,47 @@ def test_a_step_that_is_not_due_runs_without_the_hooks():
     assert sorted(s for s, e in cp.output.items() if "InputStats" in e) == [0, 2]
 
 
+class _PositionsFirst(nn.Module):
+    """A learned table through dropout and its own projection before the input reaches its layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos, self.drop = nn.Parameter(torch.randn(4, 4)), nn.Dropout(0.0)
+        self.pos_proj, self.inp, self.act = nn.Linear(4, 4), nn.Linear(4, 4), nn.ReLU()
+
+    def forward(self, x):
+        positions = self.pos_proj(self.drop(self.pos))
+        return self.act(positions + self.inp(x))
+
+
+class _TokensFirst(nn.Module):
+    """Token ids (not floating point: no input to follow) through an embedding, dropout and a layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.drop, self.lin, self.act = nn.Embedding(5, 4), nn.Dropout(0.0), nn.Linear(4, 4), nn.ReLU()
+
+    def forward(self, x):
+        return self.act(self.lin(self.drop(self.emb(x))))
+
+
+@pytest.mark.parametrize("model, x, found", [
+    (_PositionsFirst, lambda: torch.randn(4, 4), {"name": "inp", "type": "Linear"}),
+    (_TokensFirst, lambda: torch.randint(0, 5, (4, 3)), None),
+], ids=["a table through dropout first", "token ids"])
+def test_only_the_input_and_its_pass_through_copies_are_followed(model, x, found):
+    """A pass-through module's output is followed only where its input is the model's input (or a copy of it):
+    not a dropped-out table (its projection is not the input layer), not a dropout on an embedding's output when
+    the input is token ids (no input layer)."""
+    torch.manual_seed(0)
+    net = model()
+    cp = Cockpit(net, [ActivationStats()], diagnose=False)
+    loss = net(x()).square().mean()
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    assert (cp.output[0].get("meta", {}).get("ActivationStats") or {}).get("input_layer") == found
+
+
 def test_input_layer_is_the_first_module_the_input_reaches_through_pass_through_modules():
     from cockpit_lite import Cockpit
 
@@ -471,6 +512,7 @@ def test_the_gates_start_from_the_initial_state_the_layer_is_called_with(kind):
     (nn.LSTM, {"batch_first": False, "num_layers": 2}),
     (nn.LSTM, {"unbatched": True, "proj_size": 3}),
     (nn.GRU, {"unbatched": True, "num_layers": 2}),
+    (nn.GRU, {"bias": False}),
 ])
 def test_the_recomputed_recurrence_is_the_modules_own(kind, options, given):
     """Stacked, bidirectional, projected, sequence-first and unbatched (one sequence ``[T, features]``) layers,
@@ -495,6 +537,22 @@ def test_the_recomputed_recurrence_is_the_modules_own(kind, options, given):
     expected = expected.unsqueeze(0) if unbatched else expected if batch_first else expected.transpose(0, 1)
     torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-6)
     assert 0 <= float(saturated) <= 1
+
+
+@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU])
+def test_the_gates_fraction_in_the_tails_is_exact(kind):
+    """Zero weights and biases that put chosen gates in the tails: LSTM ``i = σ(10)``, ``f = σ(0)``, ``g = tanh(0)``,
+    ``o = σ(−10)``: 2 of 4 gate values; GRU ``r = σ(10)``, ``z = σ(0)``, ``n = tanh(10)``: 2 of 3; the same at every
+    step and sample (2 sequences of 3 steps)."""
+    from cockpit_lite.quantities.activation_stats import recurrent_gates
+
+    rnn = kind(2, 1, batch_first=True)
+    with torch.no_grad():
+        for p in rnn.parameters():
+            p.zero_()
+        rnn.bias_ih_l0.copy_(torch.tensor([10.0, 0.0, 0.0, -10.0] if kind is nn.LSTM else [10.0, 0.0, 10.0]))
+    _, saturated = recurrent_gates(rnn, torch.randn(2, 3, 2))
+    assert float(saturated) == (0.5 if kind is nn.LSTM else pytest.approx(2 / 3))
 
 
 def test_the_gates_tails_exclude_their_bound():

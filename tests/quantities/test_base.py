@@ -33,3 +33,13 @@ def test_needs_passes_the_due_step_to_a_custom_quantity():
             loss.backward()
     cp.close()
     assert quantity.seen == [1, 3, 5]
+
+
+def test_a_quantity_written_for_the_original_cockpit_is_refused_naming_the_fix():
+    """``_compute`` and ``extensions`` (the original Cockpit's interface, never called here) are refused when the
+    class is made; the fix, ``needs`` and ``compute``, is the form ``StepsSeen`` above has."""
+    import pytest
+
+    with pytest.raises(TypeError, match=r"^CockpitStyle defines _compute, extensions: methods of the original "
+                                        r"Cockpit's .*Fix: declare what a step needs in needs\(step, info\)"):
+        type("CockpitStyle", (SingleStepQuantity,), {"_compute": lambda self, *a: None, "extensions": lambda self, s: []})

@@ -271,3 +271,10 @@ def test_the_saved_state_and_a_second_resume_before_any_step():
     value = second.output[2]["GradPresence"]
     assert value == whole.output[2]["GradPresence"]
     assert value["stepped"] == 1 and value["first_backward"] == 0
+
+
+@pytest.mark.parametrize("state", [None, {"steps": 2}, {"steps": 2, "waiting": False, "other": 0}])
+def test_a_saved_state_of_another_version_is_refused_naming_the_fix(state):
+    with pytest.raises(ValueError, match=r"^GradPresence: the saved state is not this version's \({'steps', 'waiting'}\)\. "
+                                         r"Fix: resume with the cockpit-lite version that saved the state$"):
+        GradPresence().load_state_dict(state)
