@@ -61,6 +61,15 @@ def test_a_verbose_policy_prints_the_step_it_adapts_after(capsys):
     assert capsys.readouterr().out.startswith("[cockpit-lite | step 1] GradAbsMax: new limits -")
 
 
+def test_a_step_where_only_the_policy_is_due_forms_no_histogram():
+    """Its needs are the policy's maximum alone (the histogram's counts are not formed, then dropped)."""
+    from cockpit_lite.quantities.bin_adaptation import IndividualGradAbsMax
+
+    quantity = GradHist1d(schedules.linear(2), bins=5, adapt=GradAbsMax(lambda step: step == 1))
+    assert [type(t) for t in quantity.needs(1, None).transforms] == [IndividualGradAbsMax]
+    assert len(quantity.needs(2, None).transforms) == 1 and quantity.needs(3, None) is None
+
+
 def test_grad_and_param_abs_max_2d():
     """``GradHist2d(adapt=(GradAbsMax, ParamAbsMax))`` moves both axes; ``keep_individual`` keeps layers."""
     problem = problems.make("mlp", 5)
