@@ -233,6 +233,56 @@ def test_tensor_hooks_exist_only_before_a_due_step_and_a_missing_zero_grad_is_st
     assert cp.output[4]["GradPresence"]["first_backward"] == pytest.approx(stale[3], rel=1e-5)
 
 
+class _Branches(nn.Module):
+    """Two Linear layers (4 parameter tensors, registered first) and ten more; the first two join in on even
+    steps only."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
+        self.b = nn.Sequential(*[nn.Linear(3, 3) for _ in range(10)])
+
+    def forward(self, x, step):
+        return self.b(self.a(x) if step % 2 == 0 else x)
+
+
+def test_the_watched_parameters_are_spread_over_the_model():
+    """24 parameter tensors hold a gradient after the update of step 0: the ``ARMED`` watched ones are spread
+    over all of them, so step 1's pass, which skips the first branch, still reaches one and finds the stale
+    gradients (no zero_grad): the norm of the watched tensors' gradients right after the update."""
+    from cockpit_lite.quantities.grad_presence import ARMED
+
+    torch.manual_seed(0)
+    model = _Branches()
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=0.1)
+    cp = Cockpit(model, [GradPresence()], diagnose=False)
+    for step in range(2):
+        loss = model(torch.randn(4, 3), step).square().mean()
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+        opt.step()
+        if step == 0:
+            stale = flat_norm([params[int(i * len(params) / ARMED)].grad for i in range(ARMED)])
+    assert len(params) == 24 and cp.output[1]["GradPresence"]["first_backward"] == pytest.approx(stale, rel=1e-6)
+
+
+def test_a_layer_frozen_between_backward_and_the_update_is_not_watched():
+    """Its gradient stays after ``requires_grad_(False)``: a tensor that requires no gradient cannot take a hook,
+    and training goes on (the update of step 0 arms the others)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cp = Cockpit(model, [GradPresence()], diagnose=False)
+    for step in range(2):
+        loss = model(torch.randn(4, 3)).square().mean()
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+        model[0].requires_grad_(False)
+        opt.step()
+    assert model[0].weight.grad is not None and cp.output[1]["GradPresence"]["first_backward"] > 0
+
+
 def test_the_saved_state_and_a_second_resume_before_any_step():
     """Due at steps 0 and 2. The saved state is the optimizer steps since the last ``cp(step)`` and whether
     the next window waits for its first backward pass: after step 0's update it does not (step 1 is not due,
