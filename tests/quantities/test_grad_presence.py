@@ -221,6 +221,8 @@ def test_tensor_hooks_exist_only_before_a_due_step_and_a_missing_zero_grad_is_st
         loss = model(torch.randn(4, 3)).square().mean()
         with cp(step, info={"loss": loss, "optimizer": opt}):
             loss.backward()
+        if step == 4:  # (the due step found its first backward pass: its hooks are gone with the context)
+            assert not any(p._backward_hooks for p in model.parameters())
         stale[step] = flat_norm([p.grad for p in model.parameters()])
         opt.step()
         hooked.append(any(p._backward_hooks for p in model.parameters()))
