@@ -1,8 +1,8 @@
 """``GradPresence``: gradients already present when backward started, and optimizer steps since.
 
 Read before the backward pass (``needs``): ``before = ‖g_present‖₂``, the norm of the
-gradients the parameters hold when the step's backward pass starts (0 when they are
-``None`` or zero, as after ``optimizer.zero_grad()``). After it: ``after = ‖g‖₂`` of this
+gradients the parameters hold when the step's backward pass starts (those ``info["optimizer"]`` updates,
+else the tracked ones; 0 when they are ``None`` or zero, as after ``optimizer.zero_grad()``). After it: ``after = ‖g‖₂`` of this
 backward pass alone. ``stepped`` counts the calls of ``info["optimizer"].step()``
 since the previous step's context ``cp(step)`` (counted at every step, due or not: a
 post-step hook registered on the optimizer the first time it is seen; ``None`` before
@@ -153,7 +153,9 @@ class GradPresence(Quantity):
             self._steps = 0
         if not self.is_due(step):
             return None
-        present = [held(p) for group in _groups(info, optimizer) for p in group if p.grad is not None]
+        groups = [g["params"] for g in optimizer.param_groups] if isinstance(optimizer, torch.optim.Optimizer) else [
+            self._params]  # (without an optimizer: the tracked parameters)
+        present = [held(p) for group in groups for p in group if p.grad is not None]
         before = torch.stack(norms(present)).norm() if present else 0.0
         self._pending = (before, stepped, _hyperparameters(optimizer))
         return Needs()
@@ -168,13 +170,6 @@ class GradPresence(Quantity):
         if first is not None:
             self._disarm()
         return Output({"before": before, "after": after, "stepped": stepped, "first_backward": first, **hyper})
-
-
-def _groups(info, optimizer):
-    if isinstance(optimizer, torch.optim.Optimizer):
-        return [group["params"] for group in optimizer.param_groups]
-    model = info.model
-    return [list(model.parameters())] if model is not None else []
 
 
 def _hyperparameters(optimizer):

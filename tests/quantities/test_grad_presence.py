@@ -110,7 +110,7 @@ def test_verbose_prints_each_value(capsys):
 
 
 def test_without_an_optimizer_the_model_gradients_are_read():
-    """No zero_grad, no optimizer: ``before`` is the norm of what the model's parameters hold."""
+    """No zero_grad, no optimizer: ``before`` is the norm of what the tracked parameters (the model's) hold."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
     cp = Cockpit(model, [GradPresence()], diagnose=False)
