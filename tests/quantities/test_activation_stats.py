@@ -319,23 +319,26 @@ def test_the_schedule_is_followed_and_verbose_prints(capsys):
 
 def test_a_step_that_is_not_due_runs_without_the_hooks():
     """The activation modules (and the model's input) are hooked only before a forward pass whose step is
-    due: schedule {0, 2}: armed for steps 0 and 2, no hook in step 1's forward pass."""
+    due: schedule {0, 3}: armed for steps 0 and 3, no hook in the forward passes of steps 1 and 2."""
     from cockpit_lite.quantities import InputStats
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
-    due = lambda s: s in (0, 2)  # noqa: E731
-    cp = Cockpit(model, [ActivationStats(track_schedule=due), InputStats(track_schedule=due)], diagnose=False)
+    due = lambda s: s in (0, 3)  # noqa: E731
+    inputs = InputStats(track_schedule=due)
+    cp = Cockpit(model, [ActivationStats(track_schedule=due), inputs], diagnose=False)
     armed = []
-    for step in range(3):
-        armed.append((len(model[1]._forward_hooks), len(model[0]._forward_pre_hooks)))
+    for step in range(4):
+        armed.append((len(model[1]._forward_hooks), len(model[0]._forward_pre_hooks),
+                      any(getattr(h, "__self__", None) is inputs for h in model._forward_pre_hooks.values())))
         loss = model(torch.randn(7, 4)).square().mean()
         with cp(step, info={"loss": loss}):
             loss.backward()
-    assert [a > 0 for a, _ in armed] == [True, False, True]  # (the first: armed before any step is known)
-    assert armed[1] == (0, 0)
-    assert sorted(s for s, e in cp.output.items() if "ActivationStats" in e) == [0, 2]
-    assert sorted(s for s, e in cp.output.items() if "InputStats" in e) == [0, 2]
+    # (the first: armed before any step is known)
+    assert [(a > 0, i) for a, _, i in armed] == [(True, True), (False, False), (False, False), (True, True)]
+    assert armed[1][:2] == armed[2][:2] == (0, 0)
+    assert sorted(s for s, e in cp.output.items() if "ActivationStats" in e) == [0, 3]
+    assert sorted(s for s, e in cp.output.items() if "InputStats" in e) == [0, 3]
 
 
 class _PositionsFirst(nn.Module):
