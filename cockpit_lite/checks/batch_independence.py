@@ -31,11 +31,15 @@ def _others(problem, i):
     return (torch.arange(problem.batch_size, device=problem.x.device) != i,)
 
 
+def _one_sample(name):
+    return CheckResult.undecided(name, "one sample has no other sample to leak into", "pass a batch of at least 2 samples")
+
+
 def forward(problem):
     """Changing sample j leaves every other sample's output unchanged."""
     name = "batch_independence_forward"
     if problem.batch_size < 2:
-        return CheckResult.undecided(name, "one sample has no other sample to leak into", "pass a batch of at least 2 samples")
+        return _one_sample(name)
     model, notes = problem.copy(mixing="eval")
     cases = [(_others(problem, j), (j,)) for j in _samples(problem)]
     leak = dependence.forward_leak(problem, model, cases)
@@ -48,7 +52,7 @@ def backward(problem):
     """The gradient of sample i's output with respect to sample j's input is zero."""
     name = "batch_independence_backward"
     if problem.batch_size < 2:
-        return CheckResult.undecided(name, "one sample has no other sample to leak into", "pass a batch of at least 2 samples")
+        return _one_sample(name)
     cases = [((i,), _others(problem, i), (i,)) for i in _samples(problem)]
     return dependence.backward_check(
         name, problem, cases,

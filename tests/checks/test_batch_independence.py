@@ -37,7 +37,10 @@ def test_a_batch_of_one_is_inconclusive_and_asks_for_two_samples():
     x, y = case.batch
     report = checks.run(case.model, case.loss_fn, (x[:1], y[:1]), checks=NAMES)
     assert report.inconclusive == NAMES and report.ok
-    assert all("at least 2 samples" in report[name].fix for name in NAMES)
+    for name in NAMES:
+        assert report[name].message == "inconclusive: one sample has no other sample to leak into"
+        assert report[name].fix == "pass a batch of at least 2 samples"
+    assert checks.run(case.model, case.loss_fn, (x[:2], y[:2]), checks=NAMES).passed == NAMES  # (the fix)
 
 
 def test_integer_inputs_without_embedding_skip_the_backward_check():
