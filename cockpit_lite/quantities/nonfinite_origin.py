@@ -94,11 +94,16 @@ class NonfiniteOrigin(Quantity):
         self._input = None
         self._call = None  # (module, args, kwargs, random states, autocast) of this step's forward pass
         self._watched = False  # whether a forward pass since ``watch`` could have been seen
+        self._given = lambda: False  # whether the Cockpit was given the model (``watch`` runs before its passes)
         self._value = None
         self._analysed = 0
 
+    def bind(self, cockpit):
+        self._given = lambda: cockpit.model is not None
+
     def watch(self, model):
         self._model = model
+        self._watched = self._given()  # (a model found from its parameters has run the step's forward pass)
         root = input_module(model)
         self._handles.append(root.register_forward_pre_hook(self._pre, with_kwargs=True))
         if isinstance(model, torch.nn.ModuleList) or type(root).forward is torch.nn.Module.forward:

@@ -543,8 +543,9 @@ def test_a_replay_draws_the_same_dropout_masks_and_leaves_the_devices_random_sta
 
 
 def test_a_loop_calling_the_parts_is_watched_module_by_module():
-    """The model has a forward, but the training loop calls its parts: from the first step whose forward did
-    not run through the model, every module is hooked, and the first non-finite output is named."""
+    """The model has a forward, but the training loop calls its parts: after the first step whose forward did
+    not run through the model, every module is hooked, and the first non-finite output is named, at step 1
+    already (the Cockpit was given the model: its first step's forward pass could have been seen)."""
 
     class Parts(nn.Module):
         def __init__(self):
@@ -559,11 +560,12 @@ def test_a_loop_calling_the_parts_is_watched_module_by_module():
     cp = Cockpit(model, [NonfiniteOrigin()], diagnose=False)
     for step in range(3):
         h = model.enc(X)
-        loss = model.head(model.act(h) if step == 2 else h).square().mean()
+        loss = model.head(model.act(h) if step >= 1 else h).square().mean()
         with cp(step, info={"loss": loss}):
             loss.backward()
     assert all(len(m._forward_hooks) == 1 for m in model.modules())  # (hooked once, not at every step)
-    assert cp.output[2]["NonfiniteOrigin"] == {"module": "act", "op": "log", "params_nonfinite": False}
+    for step in (1, 2):
+        assert cp.output[step]["NonfiniteOrigin"] == {"module": "act", "op": "log", "params_nonfinite": False}
     cp.close()
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
@@ -585,7 +587,7 @@ def test_the_replay_runs_under_the_autocast_of_the_steps_forward_pass():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
     with torch.no_grad():
-        model[1].weight.mul_(3e4)
+        model[1].weight.mul_(1e5)
     x = 10 * X
     assert bool(torch.isfinite(model(x)).all())
     cp = Cockpit(model, [NonfiniteOrigin()], diagnose=False)
@@ -595,3 +597,11 @@ def test_the_replay_runs_under_the_autocast_of_the_steps_forward_pass():
     with cp(0, info={"loss": loss}):
         loss.backward()
     assert cp.output[0]["NonfiniteOrigin"] == {"module": "1", "op": "addmm", "params_nonfinite": False}
+
+
+def test_a_loss_of_several_entries_is_finite_when_every_entry_is():
+    from cockpit_lite.quantities.nonfinite_origin import _finite
+
+    assert _finite(torch.tensor([1.0, 2.0])) and _finite(torch.tensor([[3.0]]))
+    assert not _finite(torch.tensor([1.0, math.nan])) and not _finite(torch.tensor([math.inf, 1.0, 2.0]))
+    assert not _finite(torch.tensor(math.inf))
