@@ -1,9 +1,11 @@
 """Batch independence: BatchNorm in eval mode (said so), tokens differentiated at the embedding."""
 
+import pytest
 import torch
 from check_cases import BROKEN, CASES
 
 from cockpit_lite import checks
+from cockpit_lite.checks import batch_independence
 
 NAMES = ["batch_independence_forward", "batch_independence_backward"]
 
@@ -58,23 +60,42 @@ def test_integer_inputs_without_embedding_skip_the_backward_check():
     assert "no nn.Embedding" in report["batch_independence_backward"].message
 
 
-class _LastSampleLeaks(torch.nn.Module):
-    """Every sample's output also gets the last sample's (a leak from one sample only)."""
+class _OneSampleLeaks(torch.nn.Module):
+    """Every sample's output also gets sample ``index``'s (a leak from one sample only)."""
 
-    def __init__(self):
+    def __init__(self, index):
         super().__init__()
-        self.linear = torch.nn.Linear(64, 10)
+        self.linear, self.index = torch.nn.Linear(64, 10), index
 
     def forward(self, x):
         out = self.linear(x.flatten(1))
-        return out + 0.5 * out[-1:]
+        index = self.index % len(x) if self.index is not None else len(x) // 2
+        return out + 0.5 * out[index:index + 1]
 
 
-def test_a_leak_from_the_last_sample_only_is_found():
+@pytest.mark.parametrize("index", [0, None, -1], ids=["first", "middle", "last"])
+def test_a_leak_from_the_first_the_middle_or_the_last_sample_only_is_found(index):
+    """The checks change the first, the middle (``B // 2``) and the last sample."""
     case = CASES["digits_mlp"]()
     torch.manual_seed(0)
-    report = checks.run(_LastSampleLeaks(), case.loss_fn, case.batch, checks=NAMES)
+    assert len(case.batch[0]) >= 6  # (the middle is neither the first nor B // 3)
+    report = checks.run(_OneSampleLeaks(index), case.loss_fn, case.batch, checks=NAMES)
     assert report.failed == NAMES, report
+    forward = report["batch_independence_forward"]
+    assert forward.message.startswith("relative leak ") and forward.message.endswith(
+        ": changing sample j moves the outputs of other samples")
+    assert forward.fix == batch_independence.FIX
+
+
+def test_a_forward_leak_of_exactly_the_bound_passes(monkeypatch):
+    """A leak equal to ``LEAK`` (a hand-set value) is no dependence, said as such."""
+    from cockpit_lite.checks import dependence
+
+    monkeypatch.setattr(dependence, "forward_leak", lambda *args: dependence.LEAK)
+    case = CASES["digits_mlp"]()
+    result = checks.run(case.model, case.loss_fn, case.batch, checks=NAMES[:1])["batch_independence_forward"]
+    assert result.passed and result.value == dependence.LEAK and result.fix == ""
+    assert result.message == "no dependence: changing one sample leaves the other samples' outputs unchanged"
 
 
 class _OutputsOfTheNextSample(torch.nn.Module):
