@@ -25,7 +25,8 @@ the sigmoid gates (LSTM ``i, f, o``; GRU ``r, z``) and the tanh candidates (LSTM
 GRU ``n``) of every layer, direction and time step, recomputed from the layer's weights
 on the first ``SUB_BATCH`` sequences (``recurrent_gates``: the layer's own recurrence,
 without the dropout between layers); ``mean``/``std``/``zeros`` are those of its output
-sequence. A packed sequence input is not recomputed (``saturated`` is ``None``).
+sequence. On a packed sequence they are those of its entries (``PackedSequence.data``, time-major:
+the first ``SUB_BATCH`` rows are the first time steps), and ``saturated`` is NaN (not recomputed).
 
 Cost: ``mean``, ``std`` and ``dead`` are reductions over the whole batch (``dead`` needs
 every sample: a unit that fires on one sample in 30 is alive); ``zeros`` and
@@ -175,10 +176,13 @@ class ActivationStats(Quantity):
             gates = None
             if kind == "recurrent":
                 output = output[0]  # (output sequence, final state)
-                if not args or not torch.is_tensor(args[0]):
-                    return None  # a packed sequence: no recomputation
-                with torch.no_grad():
-                    gates = recurrent_gates(mod, args[0].detach(), _state(args))[1]
+                if isinstance(output, nn.utils.rnn.PackedSequence):
+                    output, gates = output.data, float("nan")  # (its entries; the gates are not recomputed)
+                elif not args or not torch.is_tensor(args[0]):
+                    return None  # (the input passed by keyword: no recomputation)
+                else:
+                    with torch.no_grad():
+                        gates = recurrent_gates(mod, args[0].detach(), _state(args))[1]
             if not torch.is_tensor(output) or not output.is_floating_point() or output.dim() == 0 or not output.numel():
                 return None
             with torch.no_grad():

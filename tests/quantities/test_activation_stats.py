@@ -164,6 +164,28 @@ def test_a_call_whose_output_has_no_entries_adds_nothing():
         assert stats["act"][key] == (None if value is None else pytest.approx(value, rel=1e-5, abs=1e-6)), key
 
 
+@pytest.mark.parametrize("kind, shape", [("relu", (8, 3)), ("relu", (7, 3)), ("tanh", (20, 2, 3)),
+                                         ("sigmoid", (20, 2, 3))])
+def test_one_process_statistics_at_their_bounds(kind, shape):
+    """``_statistics`` (one process) of outputs with entries exactly at the tails' bound, and ReLU outputs of
+    exactly ``DEAD_MIN_SAMPLES`` samples (dead units measured) and one fewer (NaN), against numpy."""
+    from cockpit_lite.quantities.activation_stats import _statistics
+
+    y = _outputs(kind, shape)
+    ref = reference(y.numpy(), kind)
+    for key, value in zip(("mean", "std", "zeros", "dead", "saturated"), _statistics(y, kind).tolist()):
+        expected = 0.0 if ref[key] is None else ref[key]
+        assert value == pytest.approx(expected, rel=1e-5, abs=1e-6, nan_ok=True), key
+    assert kind == "relu" or 0 < ref["saturated"] < (y.abs() >= SATURATION).double().mean()
+
+
+def test_one_process_statistics_are_made_on_the_outputs_device():
+    """On another device (``meta`` stands in for a GPU), a batch too small for ``dead`` included."""
+    from cockpit_lite.quantities.activation_stats import _statistics
+
+    assert _statistics(torch.empty(4, 3, device="meta"), "relu").device.type == "meta"
+
+
 def test_a_recurrent_layers_saturation_is_its_first_ranks_gates():
     """A recurrent layer's ``saturated`` comes from its gates (recomputed on each rank's first sequences): the
     first rank's fraction; without gates (a packed sequence) NaN."""
@@ -556,6 +578,34 @@ def test_the_gates_fraction_in_the_tails_is_exact(kind):
         rnn.bias_ih_l0.copy_(torch.tensor([10.0, 0.0, 0.0, -10.0] if kind is nn.LSTM else [10.0, 0.0, 10.0]))
     _, saturated = recurrent_gates(rnn, torch.randn(2, 3, 2))
     assert float(saturated) == (0.5 if kind is nn.LSTM else pytest.approx(2 / 3))
+
+
+def test_a_recurrent_layer_on_a_packed_sequence_is_measured_on_its_entries():
+    """``rnn(pack_padded_sequence(...))``: mean, std and zeros of the packed output's entries (time-major), NaN
+    saturation (the gates are not recomputed)."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    class Packed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn, self.head = nn.LSTM(3, 5, batch_first=True), nn.Linear(5, 2)
+
+        def forward(self, x):
+            out, (h, _) = self.rnn(pack_padded_sequence(x, [4, 3, 2], batch_first=True))
+            return self.head(h[-1])
+
+    torch.manual_seed(0)
+    model = Packed()
+    x = torch.randn(3, 4, 3)
+    packed = model.rnn(pack_padded_sequence(x, [4, 3, 2], batch_first=True))[0].data.detach().double().numpy()
+    cp = Cockpit(model, [ActivationStats()], diagnose=False)
+    loss = model(x).square().mean()
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    stats = cp.output[0]["ActivationStats"]["rnn"]
+    assert packed.shape == (9, 5) and stats["type"] == "LSTM" and math.isnan(stats["saturated"])
+    assert stats["mean"] == pytest.approx(packed.mean(), rel=1e-5) and stats["std"] == pytest.approx(packed.std(), rel=1e-4)
+    assert stats["zeros"] == 0.0 and stats["dead"] is None
 
 
 def test_the_gates_tails_exclude_their_bound():
