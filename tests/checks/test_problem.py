@@ -27,6 +27,26 @@ def test_perturbed_tokens_are_other_tokens_of_the_vocabulary_at_the_index_only()
     assert bool((out[1:3] != x[1:3]).all()) and bool(((out >= 0) & (out < 5)).all())
 
 
+def test_perturbed_tokens_of_a_vocabulary_of_two_flip():
+    """Two token ids: each at the index becomes the other one."""
+    x = torch.tensor([[0, 1, 1], [1, 0, 1], [0, 0, 1]])
+    model = torch.nn.Sequential(torch.nn.Embedding(2, 2), torch.nn.Flatten(), torch.nn.Linear(6, 2))
+    problem = Problem(model, torch.nn.functional.cross_entropy, (x, torch.zeros(3, dtype=torch.long)))
+    out = problem.perturbed(x, (slice(0, 2),))
+    assert torch.equal(out[:2], 1 - x[:2]) and torch.equal(out[2], x[2])
+
+
+def test_perturbed_inputs_of_a_small_scale_get_noise_of_their_scale():
+    """Entries 0.01 and 0.03: std 0.01·√2, below 1 (the floor of the scale is 1e-3, not 1)."""
+    x = torch.tensor([[0.01], [0.03]], dtype=torch.float64)
+    problem = Problem(torch.nn.Linear(1, 2).double(), torch.nn.functional.cross_entropy, (x, torch.tensor([0, 1])))
+    torch.manual_seed(0)
+    out = problem.perturbed(x, (1,))
+    torch.manual_seed(0)
+    noise = torch.randn(1, 1, dtype=torch.float64)
+    torch.testing.assert_close(out[1] - x[1], 0.02 / 2 ** 0.5 * noise[0], rtol=1e-6, atol=0)
+
+
 def test_perturbed_tokens_are_drawn_on_the_inputs_device():
     """Tokens on the ``meta`` device (shapes without data, standing in for a GPU): the new tokens are drawn there
     too, since a shift drawn on the CPU cannot be added to them."""
