@@ -404,6 +404,58 @@ def test_only_the_input_and_its_pass_through_copies_are_followed(model, x, found
     assert (cp.output[0].get("meta", {}).get("ActivationStats") or {}).get("input_layer") == found
 
 
+class _MaskFirst(nn.Module):
+    """A second floating-point argument (a mask) through layers of its own before the input reaches its layer,
+    one of them called by keyword (no positional argument)."""
+
+    def __init__(self):
+        super().__init__()
+        self.extra, self.gate, self.inp, self.act = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4), nn.ReLU()
+
+    def forward(self, x, mask):
+        bias, gate = self.extra(input=mask), self.gate(mask)
+        return self.act(self.inp(x) * gate + bias)
+
+
+def test_the_input_layer_is_the_first_arguments_not_another_floating_point_arguments():
+    torch.manual_seed(0)
+    model = _MaskFirst()
+    cp = Cockpit(model, [ActivationStats()], diagnose=False)
+    loss = model(torch.randn(4, 4), torch.rand(4, 4)).square().mean()
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    assert cp.output[0]["meta"]["ActivationStats"]["input_layer"] == {"name": "inp", "type": "Linear"}
+
+
+def test_the_search_for_the_input_layer_ends_after_three_training_forward_passes():
+    """An input transformed by a functional op before any module sees it: the leaves' pre-hooks that look for
+    it are removed at the step after the third training forward pass; a forward pass without gradients in
+    each step (a validation pass) does not count."""
+    from cockpit_lite.quantities.activation_stats import LOOK
+
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.act = nn.Linear(4, 4), nn.ReLU()
+
+        def forward(self, x):
+            return self.act(self.lin(2 * x))
+
+    torch.manual_seed(0)
+    model = Scaled()
+    cp = Cockpit(model, [ActivationStats()], diagnose=False)
+    hooked = []
+    for step in range(LOOK + 1):
+        with torch.no_grad():
+            model(torch.randn(4, 4))
+        loss = model(torch.randn(4, 4)).square().mean()
+        with cp(step, info={"loss": loss}):
+            loss.backward()
+        hooked.append(len(model.lin._forward_pre_hooks))
+    assert LOOK == 3 and [h > 0 for h in hooked] == [True, True, False, False]
+    assert "input_layer" not in (cp.output[0].get("meta", {}).get("ActivationStats") or {})
+
+
 def test_input_layer_is_the_first_module_the_input_reaches_through_pass_through_modules():
     from cockpit_lite import Cockpit
 
