@@ -2,6 +2,8 @@
 
 from check_cases import BROKEN, CASES
 
+import torch
+
 from cockpit_lite import checks
 
 
@@ -179,3 +181,49 @@ def test_every_entry_of_tensors_of_at_most_three_entries_is_checked_and_counted(
     result = checks.run(torch.nn.Linear(3, 1), torch.nn.functional.mse_loss, batch, task="regression",
                         checks=["gradient_check"])["gradient_check"]
     assert result.passed and result.message.startswith("4 entries of 2 parameter tensors agree"), result.message
+
+
+class _Doubled(torch.autograd.Function):
+    """The identity with a backward pass that doubles the gradient (a wrong custom backward)."""
+
+    @staticmethod
+    def forward(ctx, tensor):
+        return tensor.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return 2 * grad
+
+
+class _SparseWrong(torch.nn.Module):
+    """A table of 200 entries of which the loss reads entry 7 alone, through ``_Doubled``."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear, self.table = torch.nn.Linear(3, 2), torch.nn.Parameter(torch.randn(200))
+
+    def forward(self, x):
+        return self.linear(x) * _Doubled.apply(self.table[7])
+
+
+def test_a_wrong_gradient_at_the_one_entry_that_has_one_is_found():
+    """The entries compared include some with a non-zero analytic gradient: entry 7 of the table, which a
+    uniform draw of a few of its 200 entries would miss."""
+    torch.manual_seed(0)
+    batch = (torch.randn(8, 3), torch.randint(0, 2, (8,)))
+    result = checks.run(_SparseWrong(), torch.nn.functional.cross_entropy, batch, checks=["gradient_check"])
+    assert result["gradient_check"].passed is False and result["gradient_check"].message.startswith("`table`")
+
+
+def test_the_users_random_state_is_left_alone_and_the_draws_are_the_same_in_every_run():
+    """The global random state after the check is the one before, and a run after another seed compares the
+    same entries (the same message and largest error)."""
+    torch.manual_seed(0)
+    batch = (torch.randn(8, 3), torch.randint(0, 2, (8,)))
+    model = torch.nn.Sequential(torch.nn.Linear(3, 40), torch.nn.Tanh(), torch.nn.Linear(40, 2))
+    state = torch.get_rng_state()
+    first = checks.run(model, torch.nn.functional.cross_entropy, batch, checks=["gradient_check"])["gradient_check"]
+    assert torch.equal(torch.get_rng_state(), state)
+    torch.manual_seed(1)
+    second = checks.run(model, torch.nn.functional.cross_entropy, batch, checks=["gradient_check"])["gradient_check"]
+    assert first.passed and second.message == first.message and second.value == first.value
