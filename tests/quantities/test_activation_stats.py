@@ -464,11 +464,10 @@ def test_input_layer_is_the_first_module_the_input_reaches_through_pass_through_
             super().__init__()
             self.head = nn.Linear(8, 2)      # registered first, runs last
             self.flat = nn.Flatten()
-            self.norm = nn.BatchNorm1d(8)
-            self.act = nn.ReLU()
+            self.body = nn.Sequential(nn.BatchNorm1d(8), nn.ReLU())  # (a container: its first leaf is the layer)
 
         def forward(self, x):
-            return self.head(self.act(self.norm(self.flat(x))))
+            return self.head(self.body(self.flat(x)))
 
     for keyword in (False, True):  # (model(x=batch): found through the keyword arguments too)
         model = Net()
@@ -479,7 +478,7 @@ def test_input_layer_is_the_first_module_the_input_reaches_through_pass_through_
             with cp(step, info={"loss": loss}):
                 loss.backward()
         for step in range(2):
-            assert cp.output[step]["meta"]["ActivationStats"]["input_layer"] == {"name": "norm", "type": "BatchNorm1d"}
+            assert cp.output[step]["meta"]["ActivationStats"]["input_layer"] == {"name": "body.0", "type": "BatchNorm1d"}
 
 
 def _cell_reference(module, x, state=None):

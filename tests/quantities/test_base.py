@@ -43,3 +43,20 @@ def test_a_quantity_written_for_the_original_cockpit_is_refused_naming_the_fix()
     with pytest.raises(TypeError, match=r"^CockpitStyle defines _compute, extensions: methods of the original "
                                         r"Cockpit's .*Fix: declare what a step needs in needs\(step, info\)"):
         type("CockpitStyle", (SingleStepQuantity,), {"_compute": lambda self, *a: None, "extensions": lambda self, s: []})
+
+
+def test_the_input_of_a_module_list_the_loop_calls_in_turn_is_its_first_members():
+    """``input_module``: a ``ModuleList`` is never called itself; ``InputStats`` reads the first member's input
+    (the batch), not the second's."""
+    import pytest
+
+    from cockpit_lite.quantities import InputStats
+
+    torch.manual_seed(0)
+    parts = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)])
+    cp = Cockpit(parts, [InputStats()], diagnose=False)
+    x = 3 + torch.randn(8, 4)
+    loss = parts[1](parts[0](x)).square().mean()
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    assert cp.output[0]["InputStats"]["mean"] == pytest.approx(x.double().mean().item(), rel=1e-6)
