@@ -2,6 +2,7 @@
 
 from check_cases import BROKEN, CASES
 
+import pytest
 import torch
 
 from cockpit_lite import checks
@@ -227,3 +228,32 @@ def test_the_users_random_state_is_left_alone_and_the_draws_are_the_same_in_ever
     torch.manual_seed(1)
     second = checks.run(model, torch.nn.functional.cross_entropy, batch, checks=["gradient_check"])["gradient_check"]
     assert first.passed and second.message == first.message and second.value == first.value
+
+
+class _Lookup(torch.nn.Module):
+    """Token ids through an embedding (``padding_idx`` given or not) or a module of its own holding a table and a
+    ``padding_idx`` attribute, with a wrong backward after it."""
+
+    def __init__(self, kind):
+        super().__init__()
+        if kind == "table":
+            self.emb = torch.nn.Module()
+            self.emb.weight, self.emb.padding_idx = torch.nn.Parameter(torch.randn(5, 4)), 0
+        else:
+            self.emb = torch.nn.Embedding(5, 4, padding_idx=None if kind == "embedding" else 0)
+        self.kind, self.head = kind, torch.nn.Linear(4, 2)
+
+    def forward(self, ids):
+        rows = self.emb.weight[ids] if self.kind == "table" else self.emb(ids)
+        return self.head(_Doubled.apply(rows).mean(1))
+
+
+@pytest.mark.parametrize("kind", ["embedding", "table"])
+def test_a_wrong_gradient_of_every_row_is_found_where_no_row_is_padding(kind):
+    """An ``nn.Embedding`` without ``padding_idx``, and a table whose module has a ``padding_idx`` but is no
+    embedding (its row 0 is an ordinary row): every row's entries may be compared, and the doubled gradient
+    is found; token 0 alone is in the batch."""
+    torch.manual_seed(0)
+    batch = (torch.zeros(6, 3, dtype=torch.long), torch.randint(0, 2, (6,)))
+    result = checks.run(_Lookup(kind), torch.nn.functional.cross_entropy, batch, checks=["gradient_check"])
+    assert result["gradient_check"].passed is False and result["gradient_check"].message.startswith("`emb.weight` disagrees")
