@@ -96,7 +96,7 @@ def _nudge_zeros(params):
     count = 0
     with torch.no_grad():
         for _, p in params:
-            if p.numel() and not bool(p.any()):
+            if not bool(p.any()):
                 p.copy_(NUDGE * torch.randn(p.shape, generator=generator, dtype=p.dtype))
                 count += 1
     return count
@@ -118,7 +118,7 @@ def check(problem):
     loss_fn = copy.deepcopy(problem.loss_fn).double() if isinstance(problem.loss_fn, nn.Module) else problem.loss_fn
     with _DefaultDtype(torch.float64):
         model, _ = problem.copy(dropout=False, dtype=torch.float64)
-        params = [(n, p) for n, p in problem.trainable(model) if p.requires_grad]
+        params = [(n, p) for n, p in problem.trainable(model) if p.requires_grad and p.numel()]  # (no empty tensor)
         nudged = _nudge_zeros(params)
         try:
             loss_fn(model(x), y).backward()

@@ -165,11 +165,23 @@ def test_a_zero_initialised_scale_is_compared_away_from_its_kink():
     analytic -0.00029 against 0.0031). Exactly-zero tensors are compared at 1e-3 x normal values."""
     import torch
 
+    class WithAnEmptyTensor(_ZeroInitResidual):
+        """An empty parameter besides: no entry to compare, left out (the check once raised on the largest
+        gradient entry of an empty tensor), and not counted as exactly zero."""
+
+        def __init__(self):
+            super().__init__()
+            self.empty = torch.nn.Parameter(torch.empty(0))
+
+        def forward(self, x):
+            return super().forward(x) + self.empty.sum()
+
     torch.manual_seed(0)
-    result = checks.run(_ZeroInitResidual(), torch.nn.functional.cross_entropy, _digits_batch(),
+    result = checks.run(WithAnEmptyTensor(), torch.nn.functional.cross_entropy, _digits_batch(),
                         checks=["gradient_check"])["gradient_check"]
     assert result.passed, result.message
-    assert result.message.endswith("tensors that were exactly zero compared at 0.001 x normal values")
+    assert result.message.endswith("; 3 tensors that were exactly zero compared at 0.001 x normal values")
+    assert " entries of 9 parameter tensors agree" in result.message, result.message
 
 
 def test_every_entry_of_tensors_of_at_most_three_entries_is_checked_and_counted():
