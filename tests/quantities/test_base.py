@@ -60,3 +60,13 @@ def test_the_input_of_a_module_list_the_loop_calls_in_turn_is_its_first_members(
     with cp(0, info={"loss": loss}):
         loss.backward()
     assert cp.output[0]["InputStats"]["mean"] == pytest.approx(x.double().mean().item(), rel=1e-6)
+
+
+def test_the_engine_watches_a_forward_pass_only_for_a_due_quantity_with_transforms():
+    """``observes``: a quantity with per-sample transforms at a step where it is not due, and a due one without
+    transforms (``Loss``), need no watched forward pass."""
+    from cockpit_lite.quantities import Loss, NormTest
+
+    norm_test = NormTest(track_schedule=lambda step: step == 2)
+    assert [norm_test.observes(step) for step in range(4)] == [False, False, True, False]
+    assert not Loss().observes(0)
