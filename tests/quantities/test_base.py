@@ -22,7 +22,7 @@ class StepsSeen(SingleStepQuantity):
         return Output(torch.tensor(0.0))
 
 
-def test_needs_passes_the_due_step_to_a_custom_quantity():
+def test_needs_passes_the_due_step_to_a_custom_quantity(capsys):
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     quantity = StepsSeen()
@@ -33,6 +33,7 @@ def test_needs_passes_the_due_step_to_a_custom_quantity():
             loss.backward()
     cp.close()
     assert quantity.seen == [1, 3, 5]
+    assert capsys.readouterr().out == ""  # (a custom quantity is not verbose by default)
 
 
 def test_a_quantity_written_for_the_original_cockpit_is_refused_naming_the_fix():
