@@ -121,12 +121,12 @@ def _masked(x):
     x = x.float()
     finite = torch.isfinite(x)
     count = finite.sum()
-    values = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    values = torch.where(finite, x, 0.0)
     mean = values.sum() / count
     squares = (torch.where(finite, x - mean, values) ** 2).sum()
     big = torch.finfo(x.dtype).max
-    low = torch.where(finite, x, torch.full((), big, device=x.device)).amin()
-    high = torch.where(finite, x, torch.full((), -big, device=x.device)).amax()
+    low = torch.where(finite, x, big).amin()
+    high = torch.where(finite, x, -big).amax()
     return _of_finite(count, mean, squares, low, high) + [1.0 - count / finite.numel()]
 
 
@@ -146,13 +146,13 @@ def _per_sample(x):
     batched = float(x.dim() > 1)
     x = (x[:SUB_BATCH].reshape(min(len(x), SUB_BATCH), -1) if x.dim() > 1 else x.reshape(-1, 1)).double()
     finite = torch.isfinite(x)
-    values = torch.where(finite, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    values = torch.where(finite, x, 0.0)
     big = torch.finfo(torch.float32).max
     return torch.stack([
         torch.full((len(x),), float(x.shape[1]), dtype=x.dtype, device=x.device), finite.sum(1).double(),
         values.sum(1), values.square().sum(1),
-        torch.where(finite, x, torch.full((), big, dtype=x.dtype, device=x.device)).amin(1),
-        torch.where(finite, x, torch.full((), -big, dtype=x.dtype, device=x.device)).amax(1),
+        torch.where(finite, x, big).amin(1),
+        torch.where(finite, x, -big).amax(1),
         torch.full((len(x),), batched, dtype=x.dtype, device=x.device),
     ], 1)
 
