@@ -219,7 +219,6 @@ class ActivationStats(Quantity):
         mine = {n: (type_name, kind, [[t.cpu() for t in call] for call in calls])
                 for n, (type_name, kind, calls) in sums.items()}
         dist.all_gather_object(ranks, mine, group=self._group.process_group)
-        device = next((calls[0][0].device for _, _, calls in sums.values()), torch.device("cpu"))
         combined = {}
         for rank in ranks:
             for name, (type_name, kind, _) in rank.items():
@@ -228,7 +227,7 @@ class ActivationStats(Quantity):
                 calls = [other[name][2] for other in ranks if name in other]
                 stats = [_global_statistics([c[i] for c in calls if i < len(c)], kind)
                          for i in range(max(len(c) for c in calls))]
-                combined[name] = (type_name, kind, torch.stack(stats).sum(0).to(device), len(stats))
+                combined[name] = (type_name, kind, torch.stack(stats).sum(0), len(stats))  # (host values: left there)
         return combined
 
     def needs(self, step, info):
