@@ -659,6 +659,27 @@ def test_a_recurrent_layer_on_a_packed_sequence_is_measured_on_its_entries():
     assert stats["zeros"] == 0.0 and stats["dead"] is None
 
 
+def test_a_recurrent_layer_called_by_keyword_is_not_recorded():
+    """``rnn(input=x)``: the hook sees no positional input to recompute the gates from; the layer is left out
+    (the user's forward pass runs on), the activation after it recorded."""
+
+    class Keyword(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn, self.act, self.head = nn.GRU(3, 5, batch_first=True), nn.Tanh(), nn.Linear(5, 2)
+
+        def forward(self, x):
+            return self.head(self.act(self.rnn(input=x)[0][:, -1]))
+
+    torch.manual_seed(0)
+    model = Keyword()
+    cp = Cockpit(model, [ActivationStats()], diagnose=False)
+    loss = model(torch.randn(4, 3, 3)).square().mean()
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    assert list(cp.output[0]["ActivationStats"]) == ["act"]
+
+
 def test_the_gates_tails_exclude_their_bound():
     """A sigmoid gate of exactly ``SATURATION`` and a tanh candidate of exactly ±``SATURATION`` are not in the
     tails; just past them they are."""
