@@ -58,8 +58,9 @@ LOCAL = {"tied_in_own_code": (TiedInOwnCode, models._features((4,)), models._cla
          "sparse_expert": (models.SparseExpert, models.routed_to_expert, models._classes),
          "regression": (_regression, models._features((4,)), models._features((1,)))}
 """Models of these tests only: ``name -> (builder, input maker, target maker)``. ``sparse_expert``'s inputs
-route samples 1 and 3 to its expert: with shards (5, 3) the second rank skips the expert (DDP:
-``find_unused_parameters=True``), one process on the whole batch reaches it. ``regression`` has one
+route samples 6 and 7 to its expert: with shards (5, 3) the first rank skips the expert (DDP:
+``find_unused_parameters=True``) and only the second calls its activation (after the activation both call),
+one process on the whole batch reaches it. ``regression`` has one
 output per sample (MSE): the Monte-Carlo GGN's Rademacher sign squares away, so its draws are the exact
 diagonal's on any rank, and the ranks' estimate is comparable with one process's."""
 

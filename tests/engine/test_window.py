@@ -266,10 +266,10 @@ SKIPPING = {  # name -> (problem's builders, micro-batch sizes, parameters on th
     "sparse_expert": ((models.SparseExpert, nn.CrossEntropyLoss, models.routed_to_expert, models._classes), [4, 4],
                       [4, 5]),
 }
-"""``sparse_expert``: the first micro-batch routes two of its samples to the expert (its layers on a subset of
-the samples, each row its sample's), the second none. The expert's first layer takes the global path in the
-first (its rows reach the batch through the second layer, a path the engine does not follow), and
-neither in the second."""
+"""``sparse_expert``: the second micro-batch routes two of its samples to the expert (its layers on a subset of
+the samples, each row its sample's), the first none. The expert's first layer takes the global path in the
+second (its rows reach the batch through the second layer, a path the engine does not follow), and
+neither in the first."""
 
 
 @pytest.mark.parametrize("name", SKIPPING)
