@@ -264,6 +264,16 @@ QUOTES = [
     ("docs/development.md", "Of the 1,245 mutants run, 1,011 were", "measured/mutation_checks/totals/scored|measured/mutation_checks/totals/killed_before"),
     ("docs/development.md", "Of the 234 survivors, 205 were missing tests", "measured/mutation_checks/totals/survivors|measured/mutation_checks/totals/missing_tests"),
     ("docs/development.md", "and 29 equivalent; none is left", "measured/mutation_checks/totals/equivalent"),
+    ("docs/development.md", "(the table's command): 2,187 mutants, none of them message wording", "measured/mutation_quantities_rest/totals/mutants"),
+    ("docs/development.md", "1,860 were killed. Of the 327 survivors", "measured/mutation_quantities_rest/totals/killed_before|measured/mutation_quantities_rest/totals/survivors"),
+    ("docs/development.md", "Of the 327 survivors, 154 were missing tests", "measured/mutation_quantities_rest/totals/survivors|measured/mutation_quantities_rest/totals/missing_tests"),
+    ("docs/development.md", "(129 killed by the tests written for them", "measured/mutation_quantities_rest/totals/written"),
+    ("docs/development.md", "25 reached only by", "measured/mutation_quantities_rest/totals/by_hand"),
+    ("docs/development.md", "110 equivalent and 63 left", "measured/mutation_quantities_rest/totals/equivalent|measured/mutation_quantities_rest/totals/left"),
+    ("docs/development.md", "366 mutants, 313 killed by the tests of", "measured/mutation_quantities_rewritten/totals/scored|measured/mutation_quantities_rewritten/totals/killed_before"),
+    ("docs/development.md", "Of the 53 survivors, 34 were missing tests", "measured/mutation_quantities_rewritten/totals/survivors|measured/mutation_quantities_rewritten/totals/missing_tests"),
+    ("docs/development.md", "237 mutants run, 191 killed before", "measured/mutation_checks_third/totals/scored|measured/mutation_checks_third/totals/killed_before"),
+    ("docs/development.md", "Of the 46 survivors, 27 were missing tests", "measured/mutation_checks_third/totals/survivors|measured/mutation_checks_third/totals/missing_tests"),
 ]
 
 
@@ -319,6 +329,9 @@ WHOLE_GROUP_COLUMNS = {"mutants": 1, "scored": 2, "killed_before": 3, "killed": 
     ("mutation_full_diagnosis_rules", WHOLE_GROUP_COLUMNS),
     ("mutation_alpha_hess_checks", WHOLE_GROUP_COLUMNS),
     ("mutation_checks", WHOLE_GROUP_COLUMNS),
+    ("mutation_quantities_rest", WHOLE_GROUP_COLUMNS),
+    ("mutation_quantities_rewritten", {"scored": 1, "killed_before": 2, "killed": 3, "equivalent": 4, "left": 5}),
+    ("mutation_checks_third", WHOLE_GROUP_COLUMNS),
 ])
 def test_the_later_mutation_runs_totals_are_their_rows(table, columns):
     """The totals the prose quotes add up from the table's rows (a whole group's mutants: the message

@@ -114,6 +114,9 @@ TABLES = {
     "mutation_full_diagnosis_rules": _measured("mutation_full_diagnosis_rules"),
     "mutation_alpha_hess_checks": _measured("mutation_alpha_hess_checks"),
     "mutation_checks": _measured("mutation_checks"),
+    "mutation_quantities_rest": _measured("mutation_quantities_rest"),
+    "mutation_quantities_rewritten": _measured("mutation_quantities_rewritten"),
+    "mutation_checks_third": _measured("mutation_checks_third"),
     "lr_comparison": _lr_table,
     "demo_last_epoch": _demo_summary,
 }
