@@ -1,9 +1,9 @@
 """``GradPresence``: gradients already present when backward started, and optimizer steps since.
 
 Read before the backward pass (``needs``): ``before = ‖g_present‖₂``, the norm of the
-gradients the parameters hold when the step's backward pass starts (those ``info["optimizer"]`` updates,
-else the tracked ones; 0 when they are ``None`` or zero, as after ``optimizer.zero_grad()``). After it: ``after = ‖g‖₂`` of this
-backward pass alone. ``stepped`` counts the calls of ``info["optimizer"].step()``
+gradients the parameters hold when the step's backward pass starts (those ``info["optimizer"]``
+updates, else the tracked ones; 0 when they are ``None`` or zero, as after
+``optimizer.zero_grad()``). After it: ``after = ‖g‖₂`` of this backward pass alone. ``stepped`` counts the calls of ``info["optimizer"].step()``
 since the previous step's context ``cp(step)`` (counted at every step, due or not: a
 post-step hook registered on the optimizer the first time it is seen; ``None`` before
 that, or without an optimizer), so that a sparse schedule does not count the updates

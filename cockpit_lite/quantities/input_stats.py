@@ -4,9 +4,10 @@ A forward pre-hook on the model reads its first floating-point tensor argument `
 (positional, then keyword: ``model(x=...)``, Hugging Face's ``inputs_embeds=``) of the training forward pass (gradients enabled; the first call of the step):
 ``mean``, ``std``, ``min``, ``max`` over all entries of its first ``SUB_BATCH`` samples
 (along the first axis), and ``nonfinite``, the fraction of NaN/Inf entries among them
-(the other statistics then skip them: NaN where no entry is finite, ``std`` NaN where one is). ``std`` has Bessel's correction,
-``√((Σx² − n·mean²) / (n − 1))``, the sums in float64. The hook reduces without masking
-(mean, ``Σx²``, min and max: four reductions); only where one of them is not finite, at
+(the other statistics then skip them: NaN where no entry is finite, ``std`` NaN where one
+is). ``std`` has Bessel's correction, ``√((Σx² − n·mean²) / (n − 1))``, the sums in
+float64. The hook reduces without masking (mean, ``Σx²``, min and max: four reductions);
+only where one of them is not finite, at
 ``compute``, are the non-finite entries masked out (element-wise operations, on CPU
 5-20x dearer than the reductions). A sub-batch, for the same reason; a NaN in another
 sample is still located by ``NonfiniteOrigin`` when it reaches the loss. Integer inputs
