@@ -73,6 +73,7 @@ import logging
 import math
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -1137,27 +1138,31 @@ def run(args, parser):
         parser.error("--device cuda: no CUDA device here")
     workers = args.workers if args.workers is not None else (12 if device.type == "cuda" else 0)
     pythonpath, packages = ensure_packages(args.wheels)
-    ctx = Context(device, args.quick, out, workers=workers, pythonpath=pythonpath)
-    results = {"environment": environment(ctx, packages), "budget_s": guard.end - guard.start, "parts": {}}
-    parts = [p for p in PARTS if p in args.parts]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # third-party notices on random data
-        for part in parts:
-            if guard.left() < 5:
-                results["parts"][part] = {"status": "skipped", "reason":
-                                          f"time guard: {guard.elapsed():.0f} s of {guard.end - guard.start:.0f} s used"}
-            else:
-                ctx.deadline = guard.part_deadline(part, parts)
-                begin = time.monotonic()
-                try:
-                    entry = globals()[f"part_{part}"](ctx)
-                    entry.setdefault("status", "ok")
-                except Exception:
-                    entry = {"status": "error", "error": tail(traceback.format_exc(), 12)}
-                entry["seconds"] = time.monotonic() - begin
-                results["parts"][part] = entry
-                release(ctx)
-            text = write(results, guard, out)  # after every part: a run killed later keeps what it measured
+    try:
+        ctx = Context(device, args.quick, out, workers=workers, pythonpath=pythonpath)
+        results = {"environment": environment(ctx, packages), "budget_s": guard.end - guard.start, "parts": {}}
+        parts = [p for p in PARTS if p in args.parts]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # third-party notices on random data
+            for part in parts:
+                if guard.left() < 5:
+                    used = f"time guard: {guard.elapsed():.0f} s of {guard.end - guard.start:.0f} s used"
+                    results["parts"][part] = {"status": "skipped", "reason": used}
+                else:
+                    ctx.deadline = guard.part_deadline(part, parts)
+                    begin = time.monotonic()
+                    try:
+                        entry = globals()[f"part_{part}"](ctx)
+                        entry.setdefault("status", "ok")
+                    except Exception:
+                        entry = {"status": "error", "error": tail(traceback.format_exc(), 12)}
+                    entry["seconds"] = time.monotonic() - begin
+                    results["parts"][part] = entry
+                    release(ctx)
+                text = write(results, guard, out)  # after every part: a run killed later keeps what it measured
+    finally:
+        for folder in pythonpath:  # the packages installed for this run only
+            shutil.rmtree(folder, ignore_errors=True)
     print(text)
     return results
 

@@ -3,6 +3,7 @@ that fails and goes on, skips what the time guard leaves no time for, and instal
 package from a folder of wheels."""
 
 import json
+import shutil
 import sys
 import time
 import warnings
@@ -124,5 +125,9 @@ def test_missing_packages_are_installed_from_the_wheels(tmp_path, monkeypatch):
     assert status == {"torch": "present", name: "installed",
                       "gpu_check_absent": f"missing: no gpu_check_absent-*.whl in {tmp_path}"}
     assert sys.path[0] == folders[0]
-    assert __import__(name).VALUE == 42
-    del sys.modules[name]
+    try:
+        assert __import__(name).VALUE == 42
+    finally:
+        sys.modules.pop(name, None)
+        for folder in folders:
+            shutil.rmtree(folder)
