@@ -6,7 +6,8 @@ training split's standard deviation before hashing, so a copy that went through
 a float32/float64 round trip or a re-encoding is still found (two values within
 1e-4 std of each other can still fall on the two sides of a rounding boundary;
 such pairs are missed). A duplicate makes the test score measure memorisation.
-Threshold: none. Skipped without both ``x_train`` and ``x_test``.
+Threshold: none. Inconclusive without both ``x_train`` and ``x_test``, or when one
+of them has no sample.
 """
 
 import hashlib
@@ -35,6 +36,10 @@ def check(problem):
         return CheckResult.undecided(NAME, "one batch cannot show a leak between splits",
                                      "pass data={'x_train': ..., 'x_test': ...}")
     train, test = arrays["x_train"], arrays["x_test"]
+    for label, array in arrays.items():
+        if len(array) == 0:
+            return CheckResult.undecided(NAME, f"{label} has no sample (shape {tuple(array.shape)})",
+                                         "pass non-empty splits x_train and x_test")
     scale = float(np.nanstd(splits.rows(train))) if splits.is_float(train) else 1.0
     scale = scale if np.isfinite(scale) and scale > 0 else 1.0
     train_keys = _keys(train, scale)

@@ -43,6 +43,20 @@ def test_more_than_five_duplicates_are_elided_and_repeats_within_the_training_sp
     assert result.message.endswith("; 2 repeated rows within the training split"), result.message
 
 
+@pytest.mark.parametrize("empty", ["x_train", "x_test"])
+def test_an_empty_split_leaves_the_duplicates_inconclusive_naming_it(empty):
+    """An empty split cannot show a leak (it used to pass: "none of 0 test samples occurs ..."); the fix it
+    names, non-empty splits, decides the check."""
+    case = CASES["regression_mlp"]()
+    data = dict(case.options["data"])
+    given = dict(data, **{empty: data[empty][:0]})
+    result = _report(case, given)["data_duplicates"]
+    assert result.status == "inconclusive", result
+    assert result.message == f"inconclusive: {empty} has no sample (shape (0, {data[empty].shape[1]}))"
+    assert result.fix == "pass non-empty splits x_train and x_test"
+    assert _report(case, data)["data_duplicates"].status == "passed"
+
+
 def test_numpy_splits_of_a_small_scale_are_rounded_in_units_of_their_std():
     """numpy splits whose std is 1e-3: test rows 2e-5 (0.02 std) away from training rows are no duplicates, two
     exact copies are; rounding in absolute units (4 decimals) would merge most shifted rows with their originals."""
