@@ -92,11 +92,11 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
-    folder = tempfile.mkdtemp()
-    out = os.path.join(folder, "result.txt")
-    mp.spawn(_worker, args=(2, os.path.join(folder, "pg"), args.steps, args.repeats, out), nprocs=2, join=True)
-    with open(out) as file:
-        print(file.read(), end="")
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "result.txt")
+        mp.spawn(_worker, args=(2, os.path.join(folder, "pg"), args.steps, args.repeats, out), nprocs=2, join=True)
+        with open(out) as file:
+            print(file.read(), end="")
 
 
 if __name__ == "__main__":
