@@ -36,19 +36,21 @@ from cockpit_lite.utils.shards import is_sharded
 
 
 class Group:
-    """The default process group, as the Cockpit uses it."""
+    """The ranks whose batches are one, as the Cockpit uses them: those of the process group of the
+    ``DistributedDataParallel`` module given to it (the default group unless DDP was given another, as
+    data parallelism within a larger job is), or of the default group for parameters given alone."""
 
     sharded = False
     """Whether the parameters are sharded over the ranks (FSDP2: ``cockpit_lite.sharded.ShardedGroup``)."""
-    process_group = None  # the default one
     precision = None  # the flag of every tracked step under FSDP2's mixed precision, or None
     held = None  # every rank's number of samples of a subsample (FSDP2, ``Cockpit(samples=k)``), or None
     ddp = None  # the ``DistributedDataParallel`` module given to the Cockpit, or None
 
     def __init__(self, ddp=None):
-        self.world = dist.get_world_size()
-        self.rank = dist.get_rank()
         self.ddp = ddp
+        self.process_group = None if ddp is None else ddp.process_group  # (None: the default one)
+        self.world = dist.get_world_size(self.process_group)
+        self.rank = dist.get_rank(self.process_group)  # (the rank in the group: the first keeps the record)
 
     @property
     def main(self):
@@ -209,7 +211,9 @@ def group_for(model, params=()):
             "layer, then the model) and pass the model (or destroy the process group for a "
             "single-process run)."
         )
-    return Group(model if wrapped else None) if dist.get_world_size() > 1 else None
+    if wrapped:  # (a DDP group of one process is one process)
+        return Group(model) if dist.get_world_size(model.process_group) > 1 else None
+    return None
 
 
 def reduce_results(group, results, transforms, sizes, extra_sums=(), extra_per_sample=(), held=None):

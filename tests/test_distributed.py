@@ -86,18 +86,19 @@ def _loss(model, x, y, name, scale):
 
 
 def _train(name, shards, micro, rank=None, accumulate=False, curvature=False, diagnose=False, tracking=True,
-           static=False):
+           static=False, group=None):
     """Train with a Cockpit (``tracking``; else without one); ``shards`` are the sample counts per rank (one
     process: the whole batch). Returns the record and the parameters after training.
 
     ``micro`` micro-batches per step (the first ones under ``no_sync``): only the last in
     ``cp(step)``, or with ``accumulate`` every one (``Cockpit(accumulate=True)``); ``curvature``:
-    ``_quantities``' argument; ``static``: ``DistributedDataParallel(static_graph=True)``.
+    ``_quantities``' argument; ``static``: ``DistributedDataParallel(static_graph=True)``; ``group``: DDP's
+    process group (``rank`` is the rank in it), else the default one.
     """
     torch.manual_seed(0)
     model = _model(name)
     tracked = model if rank is None else torch.nn.parallel.DistributedDataParallel(
-        model, static_graph=static, find_unused_parameters=name == "sparse_expert")
+        model, static_graph=static, find_unused_parameters=name == "sparse_expert", process_group=group)
     assert micro == 1 or rank is not None
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     cp = Cockpit(tracked, _quantities(curvature), strict=name != "tied_in_own_code", diagnose=diagnose,  # (flagged at step 0)
@@ -105,7 +106,7 @@ def _train(name, shards, micro, rank=None, accumulate=False, curvature=False, di
     total = sum(shards)
     start = 0 if rank is None else sum(shards[:rank])
     size = total if rank is None else shards[rank]
-    world = 1 if rank is None else WORLD
+    world = 1 if rank is None else dist.get_world_size(group)
     for step, (x, y) in enumerate(_batches(name, total)):
         x, y = x[start:start + size], y[start:start + size]
         opt.zero_grad()
@@ -228,6 +229,53 @@ def _check_case(case, name, shards, micro, distributed, accumulate=False, curvat
                 tight = not key.split(": ")[-1].startswith(("/ActivationStats", "/InputStats"))
                 np.testing.assert_allclose(np.asarray(other, dtype=float), np.asarray(value, dtype=float),
                                            rtol=1e-10 if tight else 1e-6, atol=1e-12 if tight else 1e-7, err_msg=key)
+
+
+SUBGROUP_CASES = {"diagnosed": ("mlp", (5, 3), 1, False, False, True), "gpt": ("gpt", (3, 2), 1)}
+"""Trained by the first two of three processes, DDP over a process group of those two; the third trains
+each case's whole batch alone, DDP over a group of itself. ``gpt`` takes token ids: ``InputStats`` records
+no input on any rank."""
+
+
+def _subgroup_worker(rank, path):
+    dist.init_process_group("gloo", init_method=f"file://{path}.pg", rank=rank, world_size=3)
+    try:
+        torch.set_num_threads(1)
+        pair, alone = dist.new_group([0, 1]), dist.new_group([2])  # (every rank creates every group)
+        records = {}
+        for case, (name, shards, micro, *options) in SUBGROUP_CASES.items():
+            if rank < 2:
+                records[case] = _train(name, shards, micro, rank, *options, group=pair)[0]
+            else:
+                records[case] = _train(name, (sum(shards),), micro, 0, *options, group=alone)[0]
+        if rank != 1:
+            with open(f"{path}.{rank}", "wb") as file:
+                pickle.dump(records, file)
+        else:
+            assert all(record == {} for record in records.values()), "only the group's first rank keeps the record"
+    finally:
+        dist.destroy_process_group()
+    _leave()
+
+
+def test_ddp_over_a_subgroup_combines_the_ranks_of_its_group_only(tmp_path):
+    """DDP given a process group (data parallel within a larger job): the Cockpit combines the statistics
+    over that group's ranks, not over every process; each group's first rank keeps the record, and a group
+    of one process is one process."""
+    path = str(tmp_path / "subgroup")
+    context = mp.spawn(_subgroup_worker, args=(path,), nprocs=3, join=False)
+    for _ in range(360):
+        if context.join(timeout=0.5):
+            break
+    else:
+        for process in context.processes:
+            process.kill()
+        pytest.fail("the ranks did not finish: their collectives did not match")
+    pairs, alone = (pickle.load(open(f"{path}.{rank}", "rb")) for rank in (0, 2))
+    for case, (name, shards, micro, *options) in SUBGROUP_CASES.items():
+        _check_case(case, name, shards, micro, pairs[case], *options)
+        _check_case(case, name, (sum(shards),), micro, alone[case], *options)
+    assert all("InputStats" not in entry for entry in pairs["gpt"].values())
 
 
 def _train_single_micro(name, shards):
