@@ -56,13 +56,16 @@ def _regression():
 
 LOCAL = {"tied_in_own_code": (TiedInOwnCode, models._features((4,)), models._classes),
          "sparse_expert": (models.SparseExpert, models.routed_to_expert, models._classes),
-         "regression": (_regression, models._features((4,)), models._features((1,)))}
+         "regression": (_regression, models._features((4,)), models._features((1,))),
+         "one_feature": (lambda: torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)),
+                         models._features((1,)), models._classes)}
 """Models of these tests only: ``name -> (builder, input maker, target maker)``. ``sparse_expert``'s inputs
 route samples 6 and 7 to its expert: with shards (5, 3) the first rank skips the expert (DDP:
 ``find_unused_parameters=True``) and only the second calls its activation (after the activation both call),
 one process on the whole batch reaches it. ``regression`` has one
 output per sample (MSE): the Monte-Carlo GGN's Rademacher sign squares away, so its draws are the exact
-diagonal's on any rank, and the ranks' estimate is comparable with one process's."""
+diagonal's on any rank, and the ranks' estimate is comparable with one process's. ``one_feature``'s input
+has one entry per sample: a rank of one sample holds a single entry of the input's statistics."""
 
 
 def _model(name):
@@ -168,6 +171,7 @@ CASES = {  # case -> (model, samples per rank, micro-batches per step[, every mi
     "curvature": ("mlp", (5, 3), 1, False, True), "monte_carlo": ("regression", (5, 3), 1, False, "monte_carlo"),
     "diagnosed": ("mlp", (5, 3), 1, False, False, True),
     "skipped_on_a_rank": ("sparse_expert", (5, 3), 1),
+    "one_input_entry_on_a_rank": ("one_feature", (3, 1), 1),
 }
 """``global_path``: the engine finds the tie in the user's backward pass (flagged at step 0); with the
 curvature quantities, the GGN diagonal's first pass, which runs before it, finds it (nothing flagged,

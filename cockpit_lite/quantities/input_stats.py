@@ -69,7 +69,7 @@ class InputStats(Quantity):
         if self._stats is not None or not user_forward() or not self.is_due(self._next):
             return None
         x = next((a for a in (*args, *kwargs.values()) if torch.is_tensor(a) and a.is_floating_point()), None)
-        if x is None or x.numel() < 2:
+        if x is None or x.numel() < (2 if self._group is None else 1):  # (ranks: the global batch's entries count)
             return None
         with torch.no_grad():
             self._stats = _sums(x.detach()) if self._group is None else _per_sample(x.detach())
@@ -159,8 +159,11 @@ def _per_sample(x):
 
 
 def _combined(ranks):
-    """``_statistics`` of the global batch's first ``SUB_BATCH`` samples from the ranks' ``_per_sample``."""
+    """``_statistics`` of the global batch's first ``SUB_BATCH`` samples from the ranks' ``_per_sample``; None
+    where the global batch's input has fewer than 2 entries (as in one process)."""
     rows = torch.cat(ranks)
+    if rows[:, 0].sum() < 2:
+        return None
     rows = rows[:SUB_BATCH] if rows[0, 6] else rows  # (a 1-d input: every entry)
     entries, present, total, squares = rows[:, :4].sum(0)
     mean = total / present

@@ -154,11 +154,16 @@ def test_the_first_forward_with_gradients_is_read():
 
 
 def test_two_entries_are_enough_one_is_not():
+    """In one process, and from the ranks' rows: two ranks of one entry each are two entries (each rank
+    records its entry), one entry in all is none."""
     x = torch.tensor([[1.5], [-2.0]])
     output = steps(nn.Linear(1, 1), InputStats(), [x, x[:1]])
     assert_matches(output[0]["InputStats"], x)
     assert output[0]["InputStats"]["std"] == pytest.approx(3.5 / math.sqrt(2))
     assert "InputStats" not in output.get(1, {})
+    stats = dict(zip(KEYS, _combined([_per_sample(x[:1]), _per_sample(x[1:])])))
+    assert_matches({k: v.item() for k, v in stats.items()}, x)
+    assert _combined([_per_sample(x[:1])]) is None and _combined([_per_sample(x[0, 0:1])]) is None
 
 
 @pytest.mark.parametrize("shape", [(40,), (40, 12)])
