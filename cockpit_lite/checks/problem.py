@@ -19,6 +19,7 @@ from torch import nn
 
 from .isolation import fresh_optimizer, model_copy
 from .report import CheckResult
+from .splits import KEYS
 
 TASKS = ("classification", "regression", "causal_lm")
 
@@ -38,6 +39,9 @@ class Problem:
         x, y = batch
         if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
             raise TypeError("batch must be a pair of tensors (x, y)")
+        unknown = sorted(set(data or {}) - set(KEYS))
+        if unknown:
+            raise KeyError(f"unknown data keys {unknown}; use {', '.join(KEYS)}")
         self.model, self.loss_fn, self.x, self.y = model, loss_fn, x, y
         self.task = task
         self.num_classes = num_classes

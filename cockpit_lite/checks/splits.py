@@ -14,10 +14,7 @@ def as_numpy(array):
 
 def given(problem, *keys):
     """``{key: array}`` of those ``keys`` present in ``data=``."""
-    data = problem.data or {}
-    unknown = sorted(set(data) - set(KEYS))
-    if unknown:
-        raise KeyError(f"unknown data keys {unknown}; use {', '.join(KEYS)}")
+    data = problem.data or {}  # (its keys are checked by ``Problem``)
     return {k: as_numpy(data[k]) for k in keys if data.get(k) is not None}
 
 

@@ -43,3 +43,24 @@ def test_a_backward_check_without_any_gradient_at_the_inputs_is_skipped_naming_w
     result = checks.run(_InputFree(), torch.nn.functional.cross_entropy, batch,
                         checks=["batch_independence_backward"])["batch_independence_backward"]
     assert result.status == "skipped" and result.message == "no gradient reaches the inputs (see nonzero_gradients)"
+
+
+class _SharedSum(torch.nn.Module):
+    """One output per sample, ``out_n = Σ_i x_{n,i} + c Σ_{m,i} x_{m,i}``: its gradient is ``1 + c`` at the own
+    sample's entries and ``c`` at every other's."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+
+    def forward(self, x):
+        return x.sum(1, keepdim=True) + self.c * x.sum()
+
+
+def test_the_backward_leak_is_the_largest_forbidden_gradient_over_the_largest_allowed():
+    """A one-entry output's random projection scales both gradients alike: the leak is ``c / (1 + c)``
+    exactly, whatever the draw (0.25 / 1.25 = 0.2)."""
+    x = torch.randn(4, 3, dtype=torch.float64)
+    problem = Problem(_SharedSum(0.25), torch.nn.functional.mse_loss, (x, torch.zeros(4, 1, dtype=torch.float64)))
+    cases = [((i,), [j for j in range(4) if j != i], (i,)) for i in range(2)]
+    assert abs(dependence.backward_leak(problem, problem.model, cases) - 0.2) < 1e-12

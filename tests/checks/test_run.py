@@ -110,6 +110,17 @@ def test_selected_checks_and_unknown_names():
         checks.run(case.model, case.loss_fn, case.batch, task="segmentation")
 
 
+def test_a_misspelt_data_key_is_refused_naming_the_keys():
+    """At the call, not as every data check's failure with a fix about the model; the keys it names work."""
+    case = CASES["digits_mlp"]()
+    x = case.batch[0].numpy()
+    with pytest.raises(KeyError, match=r"unknown data keys \['x_tran'\]; use x_train, y_train, x_test, y_test"):
+        checks.run(case.model, case.loss_fn, case.batch, data={"x_tran": x, "x_test": x[:5]}, checks=["data_duplicates"])
+    report = checks.run(case.model, case.loss_fn, case.batch, data={"x_train": x, "x_test": x[:5]},
+                        checks=["data_duplicates"])
+    assert report["data_duplicates"].value == 5
+
+
 def test_assert_all_raises_one_error_listing_every_failure():
     case = BROKEN["huge_init"]()
     with pytest.raises(AssertionError) as error:
