@@ -97,7 +97,10 @@ def test_a_check_that_raises_is_a_failure_with_the_error():
     report = checks.run(torch.nn.Linear(4, 3), broken_loss, (torch.randn(8, 4), torch.randint(0, 3, (8,))),
                         checks=["init_loss"])
     assert report.failed == ["init_loss"]
-    assert "ValueError: shapes do not match" in report["init_loss"].message
+    result = report["init_loss"]
+    assert result.message == "the check raised ValueError: shapes do not match"
+    assert (result.value, result.threshold) == (None, "")
+    assert result.fix == "make the model, the loss and the batch work together (see the error)"
 
 
 def test_selected_checks_and_unknown_names():
