@@ -11,7 +11,8 @@ A float64 copy of the model (dropout off; tensors the model creates in
 ``forward`` are float64 too, the default dtype is switched for the check and
 restored) and the loss on the first ``SAMPLES = 8`` samples; for every parameter
 tensor, ``ENTRIES = 3`` entries drawn uniformly plus 3 among those with a
-non-zero analytic gradient (where a wrong backward shows) are compared with
+non-zero analytic gradient (where a wrong backward shows; drawn as ``checks.run``'s
+``seed`` draws) are compared with
 ``(L(θ + ε) − L(θ − ε)) / 2ε`` at ``ε = 1e-6``.
 
 Error of an entry: ``|numerical − analytic| / max(|numerical|, |analytic|, 1e-3 · g_max)``
@@ -60,16 +61,17 @@ def _as64(tensor):
     return tensor.double() if torch.is_floating_point(tensor) else tensor
 
 
-def _entries(grad, generator, free):
+def _entries(grad, free):
     """Flat indices to compare: among the entries ``free`` (a flat mask) allows, some drawn uniformly
-    and some with a non-zero analytic gradient (or, with none, ``DETACHED_ENTRIES`` of them)."""
+    and some with a non-zero analytic gradient (or, with none, ``DETACHED_ENTRIES`` of them); drawn from the
+    global random state, which ``checks.run`` forks and seeds (``seed=``)."""
     flat = grad.reshape(-1)
     allowed = torch.nonzero(free).reshape(-1)
     if not bool(flat[allowed].any()):  # no analytic gradient: where does the loss still depend on it?
-        return allowed[torch.randperm(allowed.numel(), generator=generator)[:DETACHED_ENTRIES]].tolist()
-    picked = allowed[torch.randperm(allowed.numel(), generator=generator)[:ENTRIES]]
+        return allowed[torch.randperm(allowed.numel())[:DETACHED_ENTRIES]].tolist()
+    picked = allowed[torch.randperm(allowed.numel())[:ENTRIES]]
     nonzero = allowed[flat[allowed] != 0]
-    extra = nonzero[torch.randperm(nonzero.numel(), generator=generator)[:ENTRIES]]
+    extra = nonzero[torch.randperm(nonzero.numel())[:ENTRIES]]
     return torch.unique(torch.cat([picked, extra])).tolist()
 
 
@@ -92,12 +94,11 @@ def _nudge_zeros(params):
     (the last BatchNorm of timm's residual blocks starts at zero: its branch adds exactly 0 before a
     ReLU whose zero inputs any change moves across), where autograd's subgradient matches neither
     one-sided slope; a little away from it the function is smooth and the comparison decides."""
-    generator = torch.Generator().manual_seed(1)
     count = 0
     with torch.no_grad():
         for _, p in params:
             if not bool(p.any()):
-                p.copy_(NUDGE * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+                p.copy_(NUDGE * torch.randn(p.shape, dtype=p.dtype))
                 count += 1
     return count
 
@@ -121,7 +122,9 @@ def check(problem):
         params = [(n, p) for n, p in problem.trainable(model) if p.requires_grad and p.numel()]  # (no empty tensor)
         nudged = _nudge_zeros(params)
         try:
-            loss_fn(model(x), y).backward()
+            loss = loss_fn(model(x), y)
+            if loss.requires_grad:  # (else the graph reaches no parameter: the gradients stay None)
+                loss.backward()
         except RuntimeError as error:
             return CheckResult.skip(NAME, f"the model does not run in float64 ({error})")
         grads = {n: p.grad.detach().clone() for n, p in params if p.grad is not None}
@@ -136,14 +139,13 @@ def check(problem):
         def loss_at():
             return float(loss_fn(model(x), y))
 
-        generator = torch.Generator().manual_seed(0)
         worst, checked = (0.0, None), 0
         with torch.no_grad():
             for name, p in params:
                 if name not in grads or not p.is_contiguous():
                     continue
                 flat, analytic = p.view(-1), grads[name].reshape(-1)
-                for i in _entries(grads[name], generator, _free(model, name, p)):
+                for i in _entries(grads[name], _free(model, name, p)):
                     checked += 1
                     a = analytic[i].item()
                     errors = []

@@ -230,7 +230,7 @@ def test_a_wrong_gradient_at_the_one_entry_that_has_one_is_found():
 
 def test_the_users_random_state_is_left_alone_and_the_draws_are_the_same_in_every_run():
     """The global random state after the check is the one before, and a run after another seed compares the
-    same entries (the same message and largest error)."""
+    same entries (the same message and largest error); ``checks.run(seed=1)`` draws other entries."""
     torch.manual_seed(0)
     batch = (torch.randn(8, 3), torch.randint(0, 2, (8,)))
     model = torch.nn.Sequential(torch.nn.Linear(3, 40), torch.nn.Tanh(), torch.nn.Linear(40, 2))
@@ -240,6 +240,8 @@ def test_the_users_random_state_is_left_alone_and_the_draws_are_the_same_in_ever
     torch.manual_seed(1)
     second = checks.run(model, torch.nn.functional.cross_entropy, batch, checks=["gradient_check"])["gradient_check"]
     assert first.passed and second.message == first.message and second.value == first.value
+    other = checks.run(model, torch.nn.functional.cross_entropy, batch, checks=["gradient_check"], seed=1)
+    assert other["gradient_check"].passed and other["gradient_check"].value != first.value
 
 
 class _Lookup(torch.nn.Module):
@@ -269,3 +271,131 @@ def test_a_wrong_gradient_of_every_row_is_found_where_no_row_is_padding(kind):
     batch = (torch.zeros(6, 3, dtype=torch.long), torch.randint(0, 2, (6,)))
     result = checks.run(_Lookup(kind), torch.nn.functional.cross_entropy, batch, checks=["gradient_check"])
     assert result["gradient_check"].passed is False and result["gradient_check"].message.startswith("`emb.weight` disagrees")
+
+
+def _check(model, batch, loss_fn=torch.nn.functional.cross_entropy, **options):
+    return checks.run(model, loss_fn, batch, checks=["gradient_check"], **options)["gradient_check"]
+
+
+def _classes_batch(n=8, features=3, classes=2):
+    torch.manual_seed(0)
+    return torch.randn(n, features), torch.randint(0, classes, (n,))
+
+
+class _ReadsItsScale(torch.nn.Module):
+    """A zero-initialised scale; each forward pass adds the largest magnitude it has to the class's ``seen``
+    (a class attribute: the model's copies share it)."""
+
+    seen = []
+
+    def __init__(self):
+        super().__init__()
+        self.linear, self.scale = torch.nn.Linear(3, 2), torch.nn.Parameter(torch.zeros(100))
+
+    def forward(self, x):
+        type(self).seen.append(float(self.scale.detach().abs().max()))
+        return self.linear(x) * (1 + self.scale.tanh().mean())
+
+
+def test_a_zero_tensor_is_moved_to_a_thousandth_of_normal_values():
+    """The copy's 100 entries at 1e-3 x standard normal values: none beyond 5e-3 (five sigma, plus the ε of a
+    perturbed entry), some beyond 1e-3; the user's model keeps its zeros."""
+    seen = _ReadsItsScale.seen = []
+    model = _ReadsItsScale()
+    result = _check(model, _classes_batch())
+    assert result.passed and result.message.endswith("; 1 tensors that were exactly zero compared at 0.001 x normal values")
+    assert seen and 1e-3 < max(seen) < 5e-3 + 2e-6, seen
+    assert not bool(model.scale.any())
+
+
+def test_a_loss_module_with_float32_class_weights_is_run_in_float64_on_a_copy():
+    """``nn.CrossEntropyLoss(weight=...)``: its float32 buffer would not take float64 outputs; a float64 copy
+    is used, and the user's loss keeps its float32 weights."""
+    loss_fn = torch.nn.CrossEntropyLoss(weight=torch.tensor([1.0, 3.0]))
+    result = _check(torch.nn.Linear(3, 2), _classes_batch(), loss_fn)
+    assert result.passed, result.message
+    assert loss_fn.weight.dtype == torch.float32
+
+
+class _Float32Only(torch.nn.Linear):
+    """Casts its input to float32 first: its float64 copy cannot multiply it."""
+
+    def forward(self, x):
+        return super().forward(x.float())
+
+
+def test_a_model_that_cannot_run_in_float64_is_skipped_naming_the_error():
+    result = _check(_Float32Only(3, 2), _classes_batch())
+    assert (result.name, result.status) == ("gradient_check", "skipped")
+    assert result.message.startswith("the model does not run in float64 (") and "Double" in result.message, result.message
+
+
+class _NoGradient(torch.nn.Module):
+    """``kind="cut"``: the output is detached from every parameter; ``"zero"``: every gradient is exactly 0."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind, self.linear = kind, torch.nn.Linear(3, 2)
+
+    def forward(self, x):
+        out = self.linear(x)
+        return out.detach() if self.kind == "cut" else out * 0 + x[:, :2]
+
+
+@pytest.mark.parametrize("kind", ["cut", "zero"])
+def test_without_any_nonzero_gradient_the_check_is_skipped(kind):
+    result = _check(_NoGradient(kind), _classes_batch())
+    assert (result.name, result.status) == ("gradient_check", "skipped")
+    assert result.message == "no parameter gets a non-zero gradient (see nonzero_gradients)"
+
+
+class _Scaled(torch.nn.Module):
+    """Large logits (gradients of order 10) and a table whose entry 0 reaches them through ``_Doubled`` and a
+    factor 1e-6: its gradient, 1e-7 or so, is doubled (an error of 1e-7, a ten-millionth of the largest entry)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear, self.table = torch.nn.Linear(3, 2), torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, x):
+        return 30 * self.linear(x) + 1e-6 * _Doubled.apply(self.table).expand(len(x), 2) * torch.tensor([1.0, -1.0])
+
+
+def test_an_error_in_a_tiny_gradient_is_judged_against_the_largest_entry():
+    """``|n − a| / max(|n|, |a|, 1e-3 · g_max)``: a doubled gradient of 1e-7 next to entries of order 1 is
+    below the tolerance (the error is about 1e-4 of 1e-3 · g_max)."""
+    result = _check(_Scaled(), _classes_batch())
+    assert result.passed, result.message
+
+
+class _Table(torch.nn.Module):
+    """Three entries added to the logits: entry 0 through ``_Doubled`` (``wrong``) or plainly, entry 1 detached
+    (``cut``) or plainly, entry 2 plainly."""
+
+    def __init__(self, wrong=False, cut=False):
+        super().__init__()
+        self.wrong, self.cut = wrong, cut
+        self.linear, self.table = torch.nn.Linear(3, 2), torch.nn.Parameter(torch.tensor([0.5, -0.3, 0.2]))
+
+    def forward(self, x):
+        first = _Doubled.apply(self.table[0]) if self.wrong else self.table[0]
+        second = self.table[1].detach() if self.cut else self.table[1]
+        return self.linear(x) * torch.stack([first + self.table[2], second]).tanh()
+
+
+def test_the_errors_of_a_doubled_gradient_and_of_a_cut_entry():
+    """Every entry of the 3-entry table is compared. A doubled gradient has the error ``|n − 2n| / 2|n| = 1/2``,
+    named with its index, the threshold and the custom-backward fix; an entry cut from a tensor that has
+    gradients elsewhere has ``|n| / |n| = 1`` and is a disagreement of ``table`` (its other entries get
+    gradients), not a tensor without any. A pass states its threshold too."""
+    passing = _check(_Table(), _classes_batch())
+    assert passing.passed and (passing.threshold, passing.value < 1e-6) == ("<= 0.0001", True)
+    doubled = _check(_Table(wrong=True), _classes_batch())
+    assert doubled.passed is False and abs(doubled.value - 0.5) < 1e-6 and doubled.threshold == "<= 0.0001"
+    assert doubled.message.startswith("`table` disagrees: analytic ") and doubled.message.endswith(
+        " at index (0,) (error 0.5)"), doubled.message
+    assert doubled.fix == ("a custom backward (torch.autograd.Function) between `table` and the loss returns a wrong "
+                           "gradient: compare it with torch.autograd.gradcheck")
+    cut = _check(_Table(cut=True), _classes_batch())
+    assert cut.passed is False and cut.value == pytest.approx(1.0, abs=1e-12)
+    assert cut.message.startswith("`table` disagrees: analytic 0 vs numerical ") and " at index (1,)" in cut.message
