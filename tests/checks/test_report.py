@@ -33,6 +33,7 @@ def test_raise_if_failed_lists_every_failure():
         _report().raise_if_failed()
     ok = Report([CheckResult("a", True)])
     assert ok.raise_if_failed() is ok
+    assert ok.seconds == 0.0 and str(ok).splitlines()[0].endswith("(0.0 s)")  # (no time given)
 
 
 def test_raise_if_failed_names_no_fix_for_a_failure_without_one():

@@ -4,6 +4,7 @@ no side effects on the user's objects (bit for bit), and failures raised also un
 import copy
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -111,6 +112,16 @@ def test_selected_checks_and_unknown_names():
         checks.run(case.model, case.loss_fn, case.batch, checks=["init_los"])
     with pytest.raises(ValueError, match="unknown task"):
         checks.run(case.model, case.loss_fn, case.batch, task="segmentation")
+
+
+def test_each_check_and_the_report_state_the_seconds_they_took():
+    """Each check's time is within the run's, which is within the time the call took."""
+    case = CASES["digits_mlp"]()
+    began = time.perf_counter()
+    report = checks.run(case.model, case.loss_fn, case.batch, checks=["init_loss", "data_nonfinite"])
+    took = time.perf_counter() - began
+    seconds = [report[name].seconds for name in ("init_loss", "data_nonfinite")]
+    assert all(s > 0 for s in seconds) and sum(seconds) <= report.seconds <= took, (seconds, report.seconds, took)
 
 
 def test_a_misspelt_data_key_is_refused_naming_the_keys():
