@@ -13,7 +13,7 @@ inputs and one on zeros, and compared twice:
   is the result's ``value``.
 - on held-out samples (classification and regression; a language model's targets are
   its inputs shifted, they cannot be shuffled apart): two more copies are trained on
-  the whole batch and evaluated (eval mode) on up to ``HELD = 128`` samples of
+  the whole batch and evaluated (eval mode) on up to ``HELD = 512`` samples of
   ``data=``'s test split (else the last of the train split; without ``data=``, the batch is
   split in halves, trained on the first). A model trained on real inputs memorises
   labels shuffled apart from their inputs, so only held-out samples tell: it must

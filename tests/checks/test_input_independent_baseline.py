@@ -57,7 +57,8 @@ def test_a_non_finite_zero_input_run_is_inconclusive_not_an_ignored_input():
     case = CASES["digits_mlp"]()
     result = checks.run(_NormalisedPerSample(), case.loss_fn, case.batch,
                         checks=["input_independent_baseline"])["input_independent_baseline"]
-    assert result.passed is None and math.isnan(result.value), result
+    assert result.status == "inconclusive" and math.isnan(result.value), result
+    assert result.threshold == "<= 0.9 (held-out <= 0.7)"
     assert result.message.startswith("inconclusive: training on zeroed inputs gave a non-finite loss (nan after 30")
     assert "does not use its input" not in result.fix and "all-zero inputs" in result.fix
     assert torch.isnan(_NormalisedPerSample()(torch.zeros(2, 64))).all()
@@ -232,3 +233,125 @@ def test_without_data_a_batch_of_16_or_more_is_halved(size, held):
     x_train, _, x_held, _, where, from_batch = split
     assert torch.equal(x_train, x[: size - held]) and torch.equal(x_held, x[size - held:]) and from_batch
     assert where == f"the second half of the batch ({held} samples)"
+
+
+def _by_hand(monkeypatch, scores, losses=None):
+    """``_trained`` and ``_score`` replaced: the model trained on zeroed inputs is "zero", the other "real"; their
+    held-out scores are ``scores``; ``losses`` (if given) their final training losses. Returns the ``x`` each
+    training got."""
+    seen = []
+
+    def trained(problem, x, y):
+        seen.append(x)
+        tag = "zero" if not bool(x.any()) else "real"
+        return tag, (losses or {}).get(tag, 1.0)
+
+    monkeypatch.setattr(input_independent_baseline, "_trained", trained)
+    monkeypatch.setattr(input_independent_baseline, "_score", lambda problem, model, x, y: scores[model])
+    return seen
+
+
+def _classification(y_test, num_classes=None, task="classification"):
+    """A problem whose held-out split is ``y_test`` (inputs of ones)."""
+    y_test = torch.as_tensor(y_test)
+    data = {"x_test": torch.ones(len(y_test), 3), "y_test": y_test}
+    batch = (torch.ones(16, 3), torch.zeros(16, *y_test.shape[1:], dtype=y_test.dtype))  # (the split takes its dtype)
+    return Problem(torch.nn.Linear(3, 2), torch.nn.functional.cross_entropy, batch, task, num_classes, data)
+
+
+@pytest.mark.parametrize("num_classes, needed", [(10, "0.033"), (None, "0.06")])
+def test_the_gain_needed_shrinks_with_the_input_free_guess_headroom(monkeypatch, num_classes, needed):
+    """70 of 100 held-out labels are class 0: the best constant guess scores 70 % (better than the zero-input
+    model's 50 %). Its headroom is (1 − 0.7) / (1 − 1/C) with C the larger of ``num_classes`` and the classes
+    present (at least 2): 1/3 of 0.1 with C = 10, 0.6 of it with C = 2. Two standard errors of the guess,
+    2·√(0.7·0.3/100) = 0.092, exceed both: a real-input error of 0.25 (a gain of 0.05) cannot decide."""
+    _by_hand(monkeypatch, {"real": 0.25, "zero": 0.5})
+    ratio, note, undecided = input_independent_baseline._held_out(_classification([0] * 70 + [1] * 30, num_classes))
+    assert ratio == float("inf")
+    assert note == "held-out error rate 0.25 vs 0.3 on zeroed inputs (100 samples of data['test'])"
+    assert undecided == (f"an input-free guess scores 70%: 100 held-out samples cannot resolve the gain of {needed} "
+                         "that shows the inputs predict the labels (2 standard errors: 0.092)")
+
+
+def test_the_classes_present_count_and_a_held_out_split_of_one_class_needs_nothing(monkeypatch):
+    """Five classes present (num_classes not given): C = 5, the headroom of a 60 % guess is 0.4 / 0.8 = 0.5; a
+    split of one class: the guess is right every time, no headroom, no gain to resolve, undecided (not a
+    division by 1 − 1/1)."""
+    _by_hand(monkeypatch, {"real": 0.3, "zero": 0.9})
+    labels = ([0] * 6 + [1, 2, 3, 4]) * 50
+    *_, undecided = input_independent_baseline._held_out(_classification(labels))
+    assert undecided is None  # 500 samples: 2 standard errors (0.044) are below the 0.05 needed; decided
+    ratio, _, _ = input_independent_baseline._held_out(_classification(labels))
+    assert ratio == 0.0  # a gain of 0.7 − 0.6 = 0.1 > 0.05
+    _by_hand(monkeypatch, {"real": 0.36, "zero": 0.9})
+    ratio, _, undecided = input_independent_baseline._held_out(_classification(labels))
+    assert ratio == float("inf") and undecided is None  # a gain of 0.04 < 0.05 needed: decided, failed
+    _by_hand(monkeypatch, {"real": 0.0, "zero": 0.5})
+    ratio, note, undecided = input_independent_baseline._held_out(_classification([0] * 50))
+    assert ratio == float("inf") and note.startswith("held-out error rate 0 vs 0 on zeroed inputs")
+    assert undecided.startswith("an input-free guess scores 100%: 50 held-out samples cannot resolve the gain of 0 ")
+
+
+def test_probability_targets_need_the_full_gain(monkeypatch):
+    """One-hot (floating) held-out targets: no class counts, no constant guess, a headroom of 1 (0.1 needed)."""
+    _by_hand(monkeypatch, {"real": 0.45, "zero": 0.5})
+    targets = torch.nn.functional.one_hot(torch.arange(64) % 2, 2).float()
+    ratio, note, undecided = input_independent_baseline._held_out(_classification(targets))
+    assert ratio == float("inf") and note.startswith("held-out error rate 0.45 vs 0.5 on zeroed inputs")
+    assert undecided == ("an input-free guess scores 50%: 64 held-out samples cannot resolve the gain of 0.1 that "
+                         "shows the inputs predict the labels (2 standard errors: 0.12)")
+
+
+@pytest.mark.parametrize("real, zero, ratio", [(0.1, 0.5, 0.2), (0.0, 0.0, 1.0), (0.3, 0.0, float("inf"))])
+def test_a_regressions_held_out_ratio(monkeypatch, real, zero, ratio):
+    """Real-input over zero-input held-out loss; a zero-input loss of 0: 1 if the real one is 0 too, else inf."""
+    _by_hand(monkeypatch, {"real": real, "zero": zero})
+    problem = _classification(torch.zeros(20, 1), task="regression")
+    got, note, undecided = input_independent_baseline._held_out(problem)
+    assert got == pytest.approx(ratio) and undecided is None
+    assert note == f"held-out loss {real:.3g} vs {zero:.3g} on zeroed inputs (20 samples of data['test'])"
+
+
+@pytest.mark.parametrize("real, undecided", [(0.7, False), (0.8, True)])
+def test_a_regression_split_from_the_batch_decides_a_pass_only(monkeypatch, real, undecided):
+    """Without data=: a held-out ratio of 0.7 (the bound, inclusive) is decided; 0.8 is left undecided."""
+    _by_hand(monkeypatch, {"real": real, "zero": 1.0})
+    problem = Problem(torch.nn.Linear(3, 1), torch.nn.functional.mse_loss, (torch.ones(16, 3), torch.zeros(16, 1)),
+                      "regression")
+    ratio, _, why = input_independent_baseline._held_out(problem)
+    assert ratio == real and (why == "judged on 8 samples split from the batch only (no data=)") == undecided
+    assert (why is None) != undecided
+
+
+def test_the_result_by_hand(monkeypatch):
+    """``check`` on hand-made final losses and held-out outcomes: 16 samples train; the ratio of the losses is the
+    value; a held-out ratio of 0.7 (the bound) passes with no fix; an undecided one is inconclusive with the
+    ratio; both losses 0 is a ratio of 1 (no input-free baseline beaten)."""
+    problem = (torch.nn.Linear(3, 2), torch.nn.functional.cross_entropy,
+               (torch.ones(40, 3), torch.zeros(40, dtype=torch.long)))
+
+    def run(losses, held):
+        seen = _by_hand(monkeypatch, {}, losses)
+        monkeypatch.setattr(input_independent_baseline, "_held_out", lambda problem: held)
+        return checks.run(*problem, checks=["input_independent_baseline"])["input_independent_baseline"], seen
+
+    result, seen = run({"real": 0.4, "zero": 0.8}, (0.7, "held-out: by hand", None))
+    assert [len(x) for x in seen] == [16, 16]
+    assert (result.passed, result.value, result.threshold, result.fix) == (True, 0.5, "<= 0.9 (held-out <= 0.7)", "")
+    assert result.message == "after 30 steps: loss 0.4 on real inputs vs 0.8 on zeroed inputs; held-out: by hand"
+    result, _ = run({"real": 0.4, "zero": 0.8}, (0.2, "held-out: by hand", "too few"))
+    assert (result.status, result.value, result.threshold) == ("inconclusive", 0.5, "<= 0.9 (held-out <= 0.7)")
+    assert result.message.startswith("inconclusive on held-out samples: too few; after 30 steps: loss 0.4 ")
+    result, _ = run({"real": 0.0, "zero": 0.0}, (0.2, "held-out: by hand", None))
+    assert (result.passed, result.value, result.threshold) == (False, 1.0, "<= 0.9 (held-out <= 0.7)")
+    assert result.fix.startswith("the model does not use its input")
+
+
+def test_dropout_is_off_in_the_trained_copies():
+    """A dropout of 1 after the first layer zeroes every sample's features while it is on: the two copies would
+    train alike (a ratio of 1, "does not use its input"); off, the real inputs win."""
+    case = CASES["digits_mlp"]()
+    model = torch.nn.Sequential(case.model[0], case.model[1], torch.nn.Dropout(1.0), *case.model[2:])
+    result = checks.run(model, case.loss_fn, case.batch, **case.options,
+                        checks=["input_independent_baseline"])["input_independent_baseline"]
+    assert result.passed and result.value < 0.5, result
