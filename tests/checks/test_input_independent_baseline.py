@@ -283,6 +283,8 @@ def test_the_classes_present_count_and_a_held_out_split_of_one_class_needs_nothi
     assert undecided is None  # 500 samples: 2 standard errors (0.044) are below the 0.05 needed; decided
     ratio, _, _ = input_independent_baseline._held_out(_classification(labels))
     assert ratio == 0.0  # a gain of 0.7 − 0.6 = 0.1 > 0.05
+    _by_hand(monkeypatch, {"real": 0.33, "zero": 0.9})
+    assert input_independent_baseline._held_out(_classification(labels))[0] == 0.0  # 0.07 > 0.05 (not > 0.08: C = 2)
     _by_hand(monkeypatch, {"real": 0.36, "zero": 0.9})
     ratio, _, undecided = input_independent_baseline._held_out(_classification(labels))
     assert ratio == float("inf") and undecided is None  # a gain of 0.04 < 0.05 needed: decided, failed
