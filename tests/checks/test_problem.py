@@ -1,5 +1,6 @@
-"""``Problem``: the perturbation the dependence checks apply, by hand."""
+"""``Problem``: the batch it accepts, and the perturbation the dependence checks apply, by hand."""
 
+import pytest
 import torch
 
 from cockpit_lite.checks.problem import Problem
@@ -96,3 +97,12 @@ def test_the_initial_predictions_need_at_least_two_classes():
     assert skipped.message == "needs at least 2 classes (got 1)"
     two = Problem(torch.nn.Linear(3, 2), torch.nn.functional.cross_entropy, (x, y))
     assert two.initial_classes("init_loss", "regression") == (2, None)
+
+
+@pytest.mark.parametrize("batch", [(torch.zeros(4, 3), [0, 1, 0, 1]), ([[0.0] * 3] * 4, torch.zeros(4, dtype=torch.long))])
+def test_a_batch_that_is_not_two_tensors_is_refused(batch):
+    """Either element not a tensor (labels as a list, inputs as nested lists): refused naming the form."""
+    with pytest.raises(TypeError, match=r"batch must be a pair of tensors \(x, y\)"):
+        Problem(torch.nn.Linear(3, 2), torch.nn.functional.cross_entropy, batch)
+    assert Problem(torch.nn.Linear(3, 2), torch.nn.functional.cross_entropy,
+                   tuple(torch.as_tensor(part) for part in batch)).batch_size == 4  # the fix: tensors
