@@ -106,3 +106,26 @@ def test_a_batch_that_is_not_two_tensors_is_refused(batch):
         Problem(torch.nn.Linear(3, 2), torch.nn.functional.cross_entropy, batch)
     assert Problem(torch.nn.Linear(3, 2), torch.nn.functional.cross_entropy,
                    tuple(torch.as_tensor(part) for part in batch)).batch_size == 4  # the fix: tensors
+
+
+class _Mixed(torch.nn.Module):
+    """Two kinds of batch normalisation, a dropout and an attention layer with dropout."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn1, self.bn2 = torch.nn.BatchNorm1d(3), torch.nn.BatchNorm2d(3)
+        self.drop, self.attention = torch.nn.Dropout(0.5), torch.nn.MultiheadAttention(4, 2, dropout=0.3)
+
+
+def test_a_copy_trains_with_dropout_unless_told_and_names_the_mixers_it_puts_in_eval_mode():
+    model = _Mixed().eval()  # (the copy is in train mode whatever the user's model is in)
+    problem = Problem(model, torch.nn.functional.cross_entropy, (torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)))
+    plain, notes = problem.copy()
+    assert notes == [] and plain.training and plain.drop.training and plain.bn1.training
+    assert plain.attention.dropout == 0.3
+    quiet, _ = problem.copy(dropout=False)
+    assert not quiet.drop.training and quiet.attention.dropout == 0.0 and quiet.bn1.training
+    fixed, notes = problem.copy(mixing="eval")
+    assert notes == ["BatchNorm1d/BatchNorm2d (2) in eval mode: they mix samples by design in train mode"]
+    assert not fixed.bn1.training and not fixed.bn2.training and fixed.drop.training
+    assert model.attention.dropout == 0.3 and not model.training  # the user's model untouched
