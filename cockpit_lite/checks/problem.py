@@ -174,8 +174,8 @@ class Problem:
         """``(output, leaf)``: ``model(x)`` and the tensor to differentiate with respect to.
 
         Floating inputs: a copy of ``x`` that requires grad. Integer tokens: the output of
-        the input embedding, made a leaf by a forward hook (None if no embedding consumes
-        the tokens).
+        the input embedding, made a leaf by a forward hook, the same leaf for every call of the
+        embedding on the tokens (None if no embedding consumes the tokens).
         """
         if not self.tokens:
             leaf = x.detach().clone().requires_grad_(True)
@@ -184,11 +184,12 @@ class Problem:
             return model(x), None
         leaves = []
 
-        def hook(module, inputs, output):
-            if not leaves and inputs[0].shape == x.shape and torch.equal(inputs[0], x):
+        def hook(module, inputs, output):  # (every call on the tokens: a second use reaches the leaf too)
+            if inputs[0].shape != x.shape or not torch.equal(inputs[0], x):
+                return None
+            if not leaves:
                 leaves.append(output.detach().requires_grad_(True))
-                return leaves[0]
-            return None
+            return leaves[0]
 
         handle = dict(model.named_modules())[self.embedding_name].register_forward_hook(hook)
         try:

@@ -114,3 +114,27 @@ def test_outputs_with_no_gradient_of_their_own_input_leak_infinitely():
     torch.manual_seed(0)
     report = checks.run(_OutputsOfTheNextSample(), case.loss_fn, case.batch, checks=NAMES)
     assert report.failed == NAMES and report["batch_independence_backward"].value == float("inf"), report
+
+
+class _EmbeddedTwice(torch.nn.Module):
+    """The tokens embedded twice: per sample, and again for a branch that averages over the batch (the leak)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = torch.nn.Embedding(7, 4), torch.nn.Linear(4, 3)
+
+    def forward(self, tokens):
+        own = self.embed(tokens).mean(1)
+        shared = self.embed(tokens).mean(1).mean(0, keepdim=True)
+        return self.head(own + shared)
+
+
+def test_a_leak_through_a_second_call_of_the_input_embedding_is_found():
+    """Every call of the input embedding on the batch's tokens gives the one differentiated output: the
+    gradient reaches it through the mixing branch too (through the first call alone the backward check
+    passed)."""
+    torch.manual_seed(0)
+    batch = (torch.randint(0, 7, (6, 5)), torch.randint(0, 3, (6,)))
+    report = checks.run(_EmbeddedTwice(), torch.nn.functional.cross_entropy, batch, checks=NAMES)
+    assert report.failed == NAMES, report
+    assert "`embed`" in report["batch_independence_backward"].message

@@ -129,3 +129,19 @@ def test_a_copy_trains_with_dropout_unless_told_and_names_the_mixers_it_puts_in_
     assert notes == ["BatchNorm1d/BatchNorm2d (2) in eval mode: they mix samples by design in train mode"]
     assert not fixed.bn1.training and not fixed.bn2.training and fixed.drop.training
     assert model.attention.dropout == 0.3 and not model.training  # the user's model untouched
+
+
+def test_tokens_without_an_input_embedding_have_no_leaf():
+    """Token ids read by a table of the model's own: the output, and no tensor to differentiate."""
+
+    class Lookup(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Parameter(torch.randn(5, 3))
+
+        def forward(self, ids):
+            return self.table[ids]
+
+    model, ids = Lookup(), torch.tensor([0, 3, 4, 1])
+    output, leaf = Problem(model, torch.nn.functional.cross_entropy, (ids, ids % 3)).forward_with_leaf(model, ids)
+    assert leaf is None and torch.equal(output, model.table[ids])
