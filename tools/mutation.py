@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python -m tools.mutation GROUP [MUTANT ...] [--workdir DIR] [--sample K [--seed S]]
     .venv/bin/python -m tools.mutation GROUP --results [--survivors] [--workdir DIR] [--sample K [--seed S]]
+    OMP_NUM_THREADS=1 .venv/bin/python -m tools.mutation GROUP MUTANT ... --in-process TEST [--in-process TEST]
 
 copies the files git tracks (and untracked ones it does not ignore) into ``DIR/GROUP``
 (default: ``cockpit-lite-mutation`` in the temporary directory), links the clone's ``.venv``
@@ -22,7 +23,9 @@ the configuration already leaves error messages and warnings out. A whole group 
 hours (2,181 mutants of ``diagnosis_rules`` at 3-8 s each on a loaded 2-core machine):
 ``--sample K`` runs and counts a seeded sample of K mutants of each module (the same K
 and ``--seed S``, default 0, give the same sample while the source is unchanged; another
-seed draws an independent sample, which may share mutants with the first). The scores and the equivalent mutants are in docs/development.md.
+seed draws an independent sample, which may share mutants with the first). ``--in-process TEST``
+runs the mutants without a result in one interpreter against ``TEST`` alone (``run_in_process``). The
+scores and the equivalent mutants are in docs/development.md.
 """
 
 import argparse
@@ -185,6 +188,36 @@ def sample(workdir, per_module, patterns=(), seed=0):
                   for name in rng.sample(sorted(names), min(per_module, len(names))))
 
 
+def run_in_process(workdir, patterns, tests):
+    """Run the mutants matching ``patterns`` that have no result yet in this interpreter, ``pytest.main``
+    per mutant (``MUTANT_UNDER_TEST`` set, which mutmut's trampolines read at every call) against
+    ``tests`` only, recording each exit code in mutmut's meta files, where ``--results`` reads it. For a
+    module whose own test file is fast while the tests that reach it (mutmut's choice) include the
+    slowest suites: a second per mutant instead of a process start and minutes of tests. The copy's
+    ``pyproject.toml`` puts the mutated tree first on ``sys.path``; wording mutants are left out."""
+    import contextlib
+    import io
+    import json
+
+    import pytest
+
+    wording = wording_mutants(workdir)
+    metas = glob.glob(os.path.join(workdir, "mutants", "cockpit_lite", "**", "*.py.meta"), recursive=True)
+    os.chdir(os.path.join(workdir, "mutants"))
+    for path in sorted(metas):
+        with open(path, encoding="utf-8") as file:
+            meta = json.load(file)
+        codes = meta["exit_code_by_key"]
+        for name in [n for n, code in codes.items() if code is None and n not in wording
+                     and any(fnmatch.fnmatch(n, p) for p in patterns)]:
+            os.environ["MUTANT_UNDER_TEST"] = name
+            with contextlib.redirect_stdout(io.StringIO()):
+                codes[name] = int(pytest.main(["-q", "-x", "-p", "no:randomly", "-p", "no:cacheprovider", *tests]))
+            with open(path, "w", encoding="utf-8") as file:  # (after each: a run stopped keeps its results)
+                json.dump(meta, file)
+    os.environ.pop("MUTANT_UNDER_TEST", None)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("group", choices=GROUPS)
@@ -197,9 +230,17 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0, metavar="S",
                         help="the sample's random seed (default 0; with --results, the seed of the run to count)")
     parser.add_argument("--survivors", action="store_true", help="also list the surviving mutants")
+    parser.add_argument("--in-process", action="append", metavar="TEST",
+                        help="run the MUTANT globs without a result in this interpreter against TEST only "
+                             "(repeatable; the copy's mutants must exist: a run of the group first)")
     args = parser.parse_args(argv)
     workdir = os.path.join(args.workdir, args.group)
     mutmut = os.path.join(workdir, ".venv", "bin", "mutmut")
+    if args.in_process:
+        if os.environ.get("OMP_NUM_THREADS") != "1":
+            sys.exit("set OMP_NUM_THREADS=1 (the tests' results must not depend on the thread count)")
+        run_in_process(workdir, args.mutants or ["*"], args.in_process)
+        args.results = True
     if not args.results:
         if os.environ.get("OMP_NUM_THREADS") != "1":
             sys.exit("set OMP_NUM_THREADS=1 (forked mutant runs deadlock in OpenMP's thread pool)")
