@@ -172,6 +172,7 @@ CASES = {  # case -> (model, samples per rank, micro-batches per step[, every mi
     "diagnosed": ("mlp", (5, 3), 1, False, False, True),
     "skipped_on_a_rank": ("sparse_expert", (5, 3), 1),
     "one_input_entry_on_a_rank": ("one_feature", (3, 1), 1),
+    "recurrent": ("lstm", (4, 3), 1),
 }
 """``global_path``: the engine finds the tie in the user's backward pass (flagged at step 0); with the
 curvature quantities, the GGN diagonal's first pass, which runs before it, finds it (nothing flagged,

@@ -274,6 +274,8 @@ QUOTES = [
     ("docs/development.md", "Of the 53 survivors, 34 were missing tests", "measured/mutation_quantities_rewritten/totals/survivors|measured/mutation_quantities_rewritten/totals/missing_tests"),
     ("docs/development.md", "237 mutants run, 191 killed before", "measured/mutation_checks_third/totals/scored|measured/mutation_checks_third/totals/killed_before"),
     ("docs/development.md", "Of the 46 survivors, 27 were missing tests", "measured/mutation_checks_third/totals/survivors|measured/mutation_checks_third/totals/missing_tests"),
+    ("docs/development.md", "In all, 1274 mutants were run, 1120", "measured/mutation_checks_fourth/totals/scored|measured/mutation_checks_fourth/totals/killed_before"),
+    ("docs/development.md", "Of the 154 survivors, 110 were missing tests, 29 equivalent and 15", "measured/mutation_checks_fourth/totals/survivors|measured/mutation_checks_fourth/totals/missing_tests|measured/mutation_checks_fourth/totals/equivalent|measured/mutation_checks_fourth/totals/left"),
 ]
 
 
@@ -332,6 +334,7 @@ WHOLE_GROUP_COLUMNS = {"mutants": 1, "scored": 2, "killed_before": 3, "killed": 
     ("mutation_quantities_rest", WHOLE_GROUP_COLUMNS),
     ("mutation_quantities_rewritten", {"scored": 1, "killed_before": 2, "killed": 3, "equivalent": 4, "left": 5}),
     ("mutation_checks_third", WHOLE_GROUP_COLUMNS),
+    ("mutation_checks_fourth", WHOLE_GROUP_COLUMNS),
 ])
 def test_the_later_mutation_runs_totals_are_their_rows(table, columns):
     """The totals the prose quotes add up from the table's rows (a whole group's mutants: the message
