@@ -118,6 +118,7 @@ TABLES = {
     "mutation_quantities_rewritten": _measured("mutation_quantities_rewritten"),
     "mutation_checks_third": _measured("mutation_checks_third"),
     "mutation_checks_fourth": _measured("mutation_checks_fourth"),
+    "mutation_multiprocess_by_hand": _measured("mutation_multiprocess_by_hand"),
     "lr_comparison": _lr_table,
     "demo_last_epoch": _demo_summary,
 }
