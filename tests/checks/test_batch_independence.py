@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from check_cases import BROKEN, CASES
+from check_cases import BROKEN, CASES, TokenTable
 
 from cockpit_lite import checks
 from cockpit_lite.checks import batch_independence
@@ -46,16 +46,8 @@ def test_a_batch_of_one_is_inconclusive_and_asks_for_two_samples():
 
 
 def test_integer_inputs_without_embedding_skip_the_backward_check():
-    class Lookup(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.table = torch.nn.Parameter(torch.randn(5, 3))
-
-        def forward(self, ids):
-            return self.table[ids]
-
     ids = torch.randint(0, 5, (6,))
-    report = checks.run(Lookup(), torch.nn.CrossEntropyLoss(), (ids, ids % 3), checks=NAMES)
+    report = checks.run(TokenTable(), torch.nn.CrossEntropyLoss(), (ids, ids % 3), checks=NAMES)
     assert report.passed == ["batch_independence_forward"]
     assert "no nn.Embedding" in report["batch_independence_backward"].message
 

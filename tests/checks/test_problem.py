@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from check_cases import TokenTable
 
 from cockpit_lite.checks.problem import Problem
 
@@ -133,15 +134,6 @@ def test_a_copy_trains_with_dropout_unless_told_and_names_the_mixers_it_puts_in_
 
 def test_tokens_without_an_input_embedding_have_no_leaf():
     """Token ids read by a table of the model's own: the output, and no tensor to differentiate."""
-
-    class Lookup(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.table = torch.nn.Parameter(torch.randn(5, 3))
-
-        def forward(self, ids):
-            return self.table[ids]
-
-    model, ids = Lookup(), torch.tensor([0, 3, 4, 1])
+    model, ids = TokenTable(), torch.tensor([0, 3, 4, 1])
     output, leaf = Problem(model, torch.nn.functional.cross_entropy, (ids, ids % 3)).forward_with_leaf(model, ids)
     assert leaf is None and torch.equal(output, model.table[ids])
