@@ -155,6 +155,18 @@ def _worker(rank, cases, path):
     _leave()
 
 
+def _spawn_or_fail(worker, path, processes, seconds, why):
+    """Run ``worker(rank, path)`` in ``processes`` processes; fail the test (naming ``why``) if they have not
+    all finished after ``seconds``: ranks whose collectives do not match wait for each other forever."""
+    context = mp.spawn(worker, args=(path,), nprocs=processes, join=False)
+    for _ in range(2 * seconds):
+        if context.join(timeout=0.5):
+            return
+    for process in context.processes:
+        process.kill()
+    pytest.fail(f"the ranks did not finish: {why}")
+
+
 def _leave():
     """End a worker that finished: skip the interpreter's teardown, where gloo's threads
     sometimes abort ("terminate called without an active exception") after all work is done."""
@@ -268,14 +280,7 @@ def test_ddp_over_a_subgroup_combines_the_ranks_of_its_group_only(tmp_path):
     over that group's ranks, not over every process; each group's first rank keeps the record, and a group
     of one process is one process."""
     path = str(tmp_path / "subgroup")
-    context = mp.spawn(_subgroup_worker, args=(path,), nprocs=3, join=False)
-    for _ in range(360):
-        if context.join(timeout=0.5):
-            break
-    else:
-        for process in context.processes:
-            process.kill()
-        pytest.fail("the ranks did not finish: their collectives did not match")
+    _spawn_or_fail(_subgroup_worker, path, 3, 180, "their collectives did not match")
     pairs, alone = (pickle.load(open(f"{path}.{rank}", "rb")) for rank in (0, 2))
     for case, (name, shards, micro, *options) in SUBGROUP_CASES.items():
         _check_case(case, name, shards, micro, pairs[case], *options)
@@ -381,14 +386,7 @@ def test_ranks_fix_the_same_budget_plan(tmp_path):
     """Each rank times its own steps; planning alone, they would schedule the global-batch
     statistics at different steps and wait for each other's collectives forever."""
     path = str(tmp_path / "plan")
-    context = mp.spawn(_budget_worker, args=(path,), nprocs=WORLD, join=False)
-    for _ in range(240):
-        if context.join(timeout=0.5):
-            break
-    else:
-        for process in context.processes:
-            process.kill()
-        pytest.fail("the ranks did not finish: they disagreed on the budget's schedules")
+    _spawn_or_fail(_budget_worker, path, WORLD, 120, "they disagreed on the budget's schedules")
     plans = []
     for rank in range(WORLD):
         with open(f"{path}.{rank}", "rb") as file:
