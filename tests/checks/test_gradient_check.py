@@ -350,22 +350,23 @@ def test_without_any_nonzero_gradient_the_check_is_skipped(kind):
 
 
 class _Scaled(torch.nn.Module):
-    """Large logits (gradients of order 10) and a table whose entry 0 reaches them through ``_Doubled`` and a
-    factor 1e-6: its gradient, 1e-7 or so, is doubled (an error of 1e-7, a ten-millionth of the largest entry)."""
+    """Large logits (30 x a Linear layer's) and a table whose entry reaches them through ``_Doubled`` and a factor
+    3e-7: its tiny gradient is doubled."""
 
     def __init__(self):
         super().__init__()
         self.linear, self.table = torch.nn.Linear(3, 2), torch.nn.Parameter(torch.ones(1))
 
     def forward(self, x):
-        return 30 * self.linear(x) + 1e-6 * _Doubled.apply(self.table).expand(len(x), 2) * torch.tensor([1.0, -1.0])
+        return 30 * self.linear(x) + 3e-7 * _Doubled.apply(self.table).expand(len(x), 2) * torch.tensor([1.0, -1.0])
 
 
 def test_an_error_in_a_tiny_gradient_is_judged_against_the_largest_entry():
-    """``|n − a| / max(|n|, |a|, 1e-3 · g_max)``: a doubled gradient of 1e-7 next to entries of order 1 is
-    below the tolerance (the error is about 1e-4 of 1e-3 · g_max)."""
+    """``|n − a| / max(|n|, |a|, 1e-3 · g_max)``: the doubled tiny gradient's error is 6.5e-6 to 2e-5 of
+    1e-3 · g_max on seeds 0-4, below the tolerance 1e-4 (against its own size it would be 0.5; against
+    1e-3 / g_max, 6e-4 to 6e-3)."""
     result = _check(_Scaled(), _classes_batch())
-    assert result.passed, result.message
+    assert result.passed and result.value < 1e-4 / 3, result.message
 
 
 class _Table(torch.nn.Module):
