@@ -7,6 +7,7 @@ import os
 import pickle
 import sys
 from contextlib import ExitStack
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -281,7 +282,7 @@ def test_ddp_over_a_subgroup_combines_the_ranks_of_its_group_only(tmp_path):
     of one process is one process."""
     path = str(tmp_path / "subgroup")
     _spawn_or_fail(_subgroup_worker, path, 3, 180, "their collectives did not match")
-    pairs, alone = (pickle.load(open(f"{path}.{rank}", "rb")) for rank in (0, 2))
+    pairs, alone = (pickle.loads(Path(f"{path}.{rank}").read_bytes()) for rank in (0, 2))
     for case, (name, shards, micro, *options) in SUBGROUP_CASES.items():
         _check_case(case, name, shards, micro, pairs[case], *options)
         _check_case(case, name, (sum(shards),), micro, alone[case], *options)
