@@ -345,8 +345,14 @@ def _subsampled_alpha(d, grads, losses, k, step=0):
         left_out = [float(torch.cat([slopes[end][:i], slopes[end][i + 1:]]).var()) for i in range(k)]
         parts.append(jackknife([alpha([v if j == end else whole[j] for j in (0, 1)]) for v in left_out], ends[end][4]))
         q = scipy.stats.t.ppf((1 + intervals.COVERAGE) / 2, k - 1)
-        spreads[end] = q * math.sqrt(jackknife([math.log(v) for v in left_out], ends[end][4]))
-    corners = [alpha([whole[0] * math.exp(a * spreads[0]), whole[1] * math.exp(c * spreads[1])])
+        if min(left_out) == 0:  # no log: the limit of the spread, the variance from 0 to ∞
+            spreads[end] = math.inf
+        else:
+            spreads[end] = q * math.sqrt(jackknife([math.log(v) for v in left_out], ends[end][4]))
+    def factor(sign, spread):
+        return math.exp(sign * spread) if sign else 1.0
+
+    corners = [alpha([whole[0] * factor(a, spreads[0]), whole[1] * factor(c, spreads[1])])
                for a in (-1, 0, 1) for c in (-1, 0, 1)]
     df = sum(parts) ** 2 / sum(p**2 / (k - 1) for p in parts) if sum(parts) > 0 else k - 1  # (α = −1 throughout)
     return alpha(whole), math.sqrt(sum(parts)), df, [min(corners), max(corners)]
@@ -436,6 +442,34 @@ def test_a_subsampled_alpha_divides_by_the_gradient_arriving_at_the_loss():
     problem = problems.make("mlp", B, "mean", steps=2)
     cp, snapshots = problems.run(problem, [Alpha()], samples=K, loss_scale=0.25)
     assert_alpha(cp.get_output()[0], _alpha_reference(problem, snapshots))
+
+
+def test_a_drawn_end_with_a_zero_leave_one_out_variance_spans_its_variance_from_0_to_infinity():
+    """Two of the start step's drawn samples are the same sample twice (a batch with a duplicate): leaving
+    out the third leaves the slopes' variance 0, whose log the interval's spread needs. The spread is then
+    infinite, the interval the range of α over that end's variance from 0 to ∞ (the brute force's, whose
+    individual gradients differ in the last bit: a variance of 1e-34 and a spread that large), and numpy
+    warns of nothing. Both ends so (the same sample drawn twice at each): the corner without slopes has no
+    fit, and the interval is NaN; α is still the brute force's (whose se breaks down there: a variance of
+    1e-33 weighs 1e33 in its fit)."""
+    from cockpit_lite.quantities import Alpha
+
+    for ends in ([0], [0, 1]):
+        problem = problems.make("mlp", B, "mean", steps=2)
+        for end in ends:
+            first, second, _ = subsample.draw(K, B, (0, end)).tolist()
+            x, y = (t.clone() for t in problem.batches[end])
+            x[second], y[second] = x[first], y[first]
+            problem.batches[end] = (x, y)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            cp, snapshots = problems.run(problem, [Alpha()], samples=K)
+        record, reference = cp.get_output()[0], _alpha_reference(problem, snapshots)
+        if ends == [0]:  # (its 0, pinned at 1e-10, against the brute force's 1e-34, at 1e-12 of the largest)
+            assert_alpha(record, reference, rtol=1e-5)
+            continue
+        assert all(math.isnan(v) for v in record["meta"]["Alpha"]["interval"])
+        problems.assert_close(record["Alpha"], reference[0], rtol=1e-6, what="Alpha samples")
 
 
 @pytest.mark.parametrize("small", [0, 1], ids=["start", "end"])

@@ -3,7 +3,6 @@
 import functools
 import itertools
 import math
-import warnings
 
 import numpy as np
 import torch
@@ -115,7 +114,11 @@ class Alpha(Quantity):
     records ``"interval"``, the range of α over the box of each drawn end's variance times
     ``exp(0, ±q·se(log variance))`` (``q`` the t-quantile of ``k − 1`` degrees at the coverage
     ``cockpit_lite.intervals.COVERAGE``, recorded as ``"coverage"``; the jackknife standard error
-    of the log of the leave-one-out variances), from 3 or 9 more fits.
+    of the log of the leave-one-out variances), from 3 or 9 more fits. A leave-one-out variance of
+    exactly 0 (the rest of the drawn slopes equal: a duplicated sample among 3) has no log; that
+    end's spread is then infinite, its box the limits of its variance from 0 to ∞ (an infinite
+    variance drops the slope's observation; a corner of both ends' infinite variances, two losses
+    for three coefficients, is NaN, and so is then the interval).
     """
 
     TIER = 1  # (overhead budget: per-sample)
@@ -361,19 +364,20 @@ class Alpha(Quantity):
                 means.append(np.repeat(means[0], drawn[0], axis=0))
                 variances.append(np.repeat(variances[0], drawn[0], axis=0))
                 means[-1][:, end], variances[-1][:, end] = _leave_one_out(slopes[end].double().cpu().numpy())
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    logs = np.log(variances[-1][:, end])
-                q = intervals.quantile(drawn[0] - 1, intervals.COVERAGE)
-                spreads[end] = q * subsample.jackknife_se(logs.tolist(), drawn[1])
+                left_out = variances[-1][:, end]
+                if np.isfinite(left_out).all() and (left_out == 0).any():  # log 0: the limit, variance 0 to ∞
+                    spreads[end] = math.inf
+                else:
+                    with np.errstate(divide="ignore", invalid="ignore"):
+                        logs = np.log(left_out)
+                    q = intervals.quantile(drawn[0] - 1, intervals.COVERAGE)
+                    spreads[end] = q * subsample.jackknife_se(logs.tolist(), drawn[1])
         box = np.exp(np.array(list(itertools.product(*[(-s, 0.0, s) if s else (0.0,) for s in spreads]))))
         if any(ends):
             means.append(np.repeat(means[0], len(box), axis=0))
             variances.append(variances[0] * box)
         means, variances = np.concatenate(means), np.concatenate(variances)
         fitted = alpha(means, variances)
-        if np.ndim(fitted) == 0:  # a singular system among the rows made all NaN: the step's own fit alone
-            fitted = np.full(len(means), np.nan)
-            fitted[0] = alpha(means[0], variances[0]) if len(means) > 1 else np.nan
         value = float(fitted[0])
         if not any(ends):
             return Output(value, step=step - 1)
@@ -563,9 +567,14 @@ def fit_quadratic(t, fs, dfs, var_fs, var_dfs):
 
     Observations ``y = (f(0), f(t), f'(0), f'(t))`` with independent Gaussian noise of
     variances ``Λ = diag(var_fs + var_dfs)``; rows of ``Φ`` map μ to them. Then
-    ``μ = (Φ Λ⁻¹ Φᵀ)⁻¹ Φ Λ⁻¹ y``. ``dfs`` and ``var_dfs`` may have leading axes (``[..., 2]``:
-    several fits at once, e.g. a jackknife's); μ then has shape ``[..., 3]``. Returns ``None``
-    if a system is singular.
+    ``μ = (Φ Λ⁻¹ Φᵀ)⁻¹ Φ Λ⁻¹ y``, solved as the least squares of ``Λ^(−1/2) Φᵀ μ ≈ Λ^(−1/2) y`` by
+    QR (the normal equations square the condition number: a slope's variance 1e-16 against the
+    losses' 1e-2 put μ 4% off). A variance below ``1e-12`` of its fit's largest is raised to that
+    (the observation is then a constraint to 1e-12; float64 cannot resolve weights further apart).
+    ``dfs`` and ``var_dfs`` may have leading axes (``[..., 2]``: several fits at once, e.g. a
+    jackknife's); μ then has shape ``[..., 3]``. An infinite variance drops its observation; a fit
+    left with fewer than three observations (both slopes dropped: two losses for three coefficients)
+    is NaN, the others their own.
     """
     eps = 1e-10
     dfs, var_dfs = np.asarray(dfs, dtype=float), np.asarray(var_dfs, dtype=float)
@@ -577,20 +586,24 @@ def fit_quadratic(t, fs, dfs, var_fs, var_dfs):
 
     variances = joined(var_fs, var_dfs)
     variances = np.where(variances != 0, variances, eps)
-    phi = np.array([[1.0, 0.0, 0.0], [1.0, t, t**2], [0.0, 1.0, 0.0], [0.0, 1.0, 2 * t]]).T
-    weighted = phi / variances[..., None, :]  # Φ Λ⁻¹
-    try:
-        return np.linalg.solve(weighted @ phi.T, (weighted @ joined(fs, dfs)[..., None]))[..., 0]
-    except np.linalg.LinAlgError:
-        warnings.warn("Alpha: singular quadratic fit", stacklevel=2)
-        return None
+    largest = np.where(np.isinf(variances), 0.0, variances).max(-1, keepdims=True)
+    variances = np.maximum(variances, RELATIVE_VARIANCE_FLOOR * largest)
+    # any three of the four rows of Φ are independent (t > 0): fewer left determine no quadratic
+    dropped = np.isinf(variances).sum(-1) > 1
+    scale = 1 / np.sqrt(np.where(dropped[..., None], 1.0, variances))  # Λ^(−1/2)
+    phi = np.array([[1.0, 0.0, 0.0], [1.0, t, t**2], [0.0, 1.0, 0.0], [0.0, 1.0, 2 * t]])
+    q, r = np.linalg.qr(phi * scale[..., None])
+    mu = np.linalg.solve(r, np.swapaxes(q, -1, -2) @ (joined(fs, dfs) * scale)[..., None])[..., 0]
+    return np.where(dropped[..., None], np.nan, mu)
+
+
+RELATIVE_VARIANCE_FLOOR = 1e-12
+"""``fit_quadratic``: the smallest variance of an observation relative to the largest of its fit."""
 
 
 def alpha_from_fit(mu, t):
-    """``α = 2t / (−μ₁/μ₂) − 1``; −1 for a concave fit; NaN without a fit (``mu`` of shape
-    ``[..., 3]``: an array of α)."""
-    if mu is None:
-        return float("nan")
+    """``α = 2t / (−μ₁/μ₂) − 1``; −1 for a concave fit; NaN for a fit that is not finite (``mu`` of
+    shape ``[..., 3]``: an array of α)."""
     mu = np.asarray(mu, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         alpha = 2 * t / (-mu[..., 1] / mu[..., 2]) - 1
@@ -600,13 +613,14 @@ def alpha_from_fit(mu, t):
 
 
 def _leave_one_out(values):
-    """``(means, unbiased variances)`` of ``values`` without each one in turn (closed form), ``[k]`` each."""
+    """``(means, unbiased variances)`` of ``values`` without each one in turn, ``[k]`` each: each of the
+    ``k`` rests in two passes (``[k, k − 1]``; a closed form from the sums of squares cancels: off
+    where the variance is small against the mean², and not 0 where the rest are equal)."""
     k = len(values)
     if k < 3:
         return np.full(k, np.nan), np.full(k, np.nan)
-    total, squares = values.sum(), (values**2).sum()
-    means = (total - values) / (k - 1)
-    return means, (squares - values**2 - (k - 1) * means**2) / (k - 2)
+    rests = np.broadcast_to(values, (k, k))[~np.eye(k, dtype=bool)].reshape(k, k - 1)
+    return rests.mean(1), rests.var(1, ddof=1)
 
 
 def _is_zero(learning_rate):

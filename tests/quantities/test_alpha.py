@@ -465,19 +465,38 @@ class _SignDescent(torch.optim.Optimizer):
                     p.sub_(group["step_size"] * p.grad.sign())
 
 
+def test_no_update_of_an_optimizer_without_a_learning_rate_gives_no_learning_rate_hint():
+    """Parameter groups without "lr" and a step of size 0: the parameters did not change, and nothing can be
+    said of a learning rate that does not exist (the hint is for an "lr" of 0 only)."""
+    problem = problems.make("mlp", 4, steps=2)
+    opt = _SignDescent(problem.model.parameters(), step_size=0.0)
+    cp = problems.Cockpit(problem.model, [Alpha()], strict=True, diagnose=False)
+    for step, (x, y) in enumerate(problem.batches):
+        opt.zero_grad()
+        loss = problem.lossfunc(problem.model(x), y)
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+        opt.step()
+    entry = cp.get_output()[0]
+    assert np.isnan(entry["Alpha"])
+    assert entry["flags"] == ["Alpha: the parameters did not change between the two steps"]
+
+
 def test_an_optimizer_without_a_learning_rate_key():
     """Parameter groups without "lr" (an element-wise optimizer of one's own): the brute force."""
     problems.check(Alpha(), reference, ("mlp", 4, "mean"), steps=4, layers=False, schedule_steps=[0, 1, 2],
                    optimizer=_SignDescent)
 
 
-def test_needs_optimizer_before_backward():
+@pytest.mark.parametrize("missing", ["optimizer", "loss"])
+def test_needs_the_optimizer_and_the_loss_before_backward(missing):
     problem = problems.make("mlp", 4)
     cp = problems.Cockpit(problem.model, [Alpha()])
     x, y = problem.batches[0]
-    loss = problem.lossfunc(problem.model(x), y)
-    with pytest.raises(ValueError, match=r"Alpha needs info\['optimizer'\]"):
-        cp(0, info={"loss": loss})
+    info = {"loss": problem.lossfunc(problem.model(x), y), "optimizer": torch.optim.SGD(problem.model.parameters())}
+    del info[missing]
+    with pytest.raises(ValueError, match=rf"^Alpha needs info\['{missing}'\] at step 0"):
+        cp(0, info=info)
 
 
 def test_diverged_update_is_named():
@@ -512,6 +531,47 @@ def test_a_zero_variance_pins_its_observation():
                        fit_quadratic(t, fs, dfs, [1.0] * 2, [1.0] * 2))  # all zero: equal weights
 
 
+@pytest.mark.parametrize("t", [0.047, 0.5, 3.0])
+def test_the_fit_is_exact_when_one_observation_is_far_more_precise_than_the_others(t):
+    """Against the weighted least squares in exact rational arithmetic (sympy): a slope's or a loss's
+    variance from 1e-3 down to 1e-60 against the others' 1e-2 (late in training, or slopes that agree to
+    the last bits), both slopes' together. The normal equations in float64 put μ 4% off at 1e-16 and
+    gave garbage below; within 1e-8 here (a variance below 1e-12 of the largest counts as that)."""
+    import sympy
+
+    from cockpit_lite.quantities.alpha import fit_quadratic
+
+    def exact(fs, dfs, variances):
+        rational = lambda x: sympy.Rational(float(x))  # noqa: E731 (the floats' exact values)
+        phi = sympy.Matrix([[1, 0, 0], [1, t, t**2], [0, 1, 0], [0, 1, 2 * t]]).applyfunc(rational)
+        weights = sympy.diag(*[1 / rational(v) for v in variances])
+        y = sympy.Matrix([rational(v) for v in fs + dfs])
+        return np.array((phi.T * weights * phi).solve(phi.T * weights * y), dtype=float).reshape(-1)
+
+    fs, dfs = [1.0739, 1.0252], [-0.4743, -0.1305]
+    for tiny in (1e-3, 1e-8, 1e-14, 1e-16, 1e-18, 1e-24, 1e-33, 1e-60):
+        for variances in ([5e-3, 1.2e-2, 3.7e-2, tiny], [5e-3, 1.2e-2, tiny, 3.7e-2], [5e-3, 1.2e-2, tiny, tiny],
+                          [tiny, 1.2e-2, 3e-2, 2e-2]):
+            expected = exact(fs, dfs, variances)
+            mu = fit_quadratic(t, fs, dfs, variances[:2], variances[2:])
+            assert np.abs(mu - expected).max() <= 1e-8 * np.abs(expected).max(), (tiny, variances)
+
+
+def test_an_infinite_variance_drops_its_observation_and_two_dropped_leave_no_fit():
+    """One slope's variance ∞: the quadratic through the other three observations exactly (three equations,
+    three coefficients, solved by hand); both slopes' ∞: two losses determine no quadratic, μ NaN, while the
+    other fits of the same call are their own."""
+    from cockpit_lite.quantities.alpha import fit_quadratic
+
+    t, fs, dfs = 0.5, [1.0, 0.7], [-2.0, 1.5]
+    mu = fit_quadratic(t, fs, [dfs, dfs, dfs], [0.1, 0.2], [[np.inf, 0.3], [0.3, np.inf], [np.inf, np.inf]])
+    through_end_slope = np.linalg.solve([[1, 0, 0], [1, t, t**2], [0, 1, 2 * t]], [fs[0], fs[1], dfs[1]])
+    through_start_slope = np.linalg.solve([[1, 0, 0], [1, t, t**2], [0, 1, 0]], [fs[0], fs[1], dfs[0]])
+    np.testing.assert_allclose(mu[0], through_end_slope, rtol=1e-12)
+    np.testing.assert_allclose(mu[1], through_start_slope, rtol=1e-12)
+    assert np.isnan(mu[2]).all()
+
+
 def test_the_step_after_a_due_step_is_observed():
     """α of step 0 needs step 1's forward pass; a schedule due at step 0 only must not leave it
     unobserved (that would warn and take the slow global path)."""
@@ -537,7 +597,7 @@ def test_the_step_after_a_due_step_is_observed():
 def test_alpha_from_fit_without_a_finite_fit_is_nan():
     from cockpit_lite.quantities.alpha import alpha_from_fit
 
-    assert np.isnan(alpha_from_fit(None, 1.0)) and np.isnan(alpha_from_fit(np.array([1.0, np.nan, 2.0]), 1.0))
+    assert np.isnan(alpha_from_fit(np.array([1.0, np.nan, 2.0]), 1.0))
     assert alpha_from_fit(np.array([1.0, -2.0, 1.0]), 1.0) == 0.0  # minimum at x = 1 = t
     assert alpha_from_fit(np.array([1.0, -2.0, -1.0]), 1.0) == -1.0  # concave
 
@@ -702,6 +762,32 @@ def test_the_fingerprint_s_sums_are_the_sums_of_the_bits_and_their_positions():
         assert _bit_sums(bits) == (sum(values), sum((j + 1) * b for j, b in enumerate(values)))
 
 
+def test_the_fingerprint_is_each_dtype_s_sums_of_bits_and_positions_modulo_its_width():
+    """``fingerprint`` per dtype, in the order the dtypes first occur: ``(Σ_j b_j, Σ_j (j+1) b_j)`` over the
+    dtype's parameters concatenated (``j`` counting on across them), equal to the element-by-element sums
+    modulo ``2^w`` (``w`` = 32 for float32 and bfloat16, whose 16-bit patterns are widened; 64 for float64).
+    The bfloat16 tensors span whole rows, whose 16-bit row sums would wrap at 2^16, and a float32 one is
+    larger than ``FINGERPRINT_GATHER``."""
+    from cockpit_lite.quantities.alpha import FINGERPRINT_GATHER, FINGERPRINT_ROW, fingerprint
+
+    g = torch.Generator().manual_seed(0)
+    params = [torch.randn(3, 5, generator=g), torch.randn(2 * FINGERPRINT_ROW + 9, generator=g).to(torch.bfloat16),
+              torch.randn(FINGERPRINT_GATHER + 700, generator=g), torch.randn(4, dtype=torch.float64, generator=g),
+              torch.randn(FINGERPRINT_ROW, generator=g).to(torch.bfloat16), torch.randn(7, generator=g)]
+    width = {torch.float32: 32, torch.bfloat16: 32, torch.float64: 64}
+    as_int = {2: np.int16, 4: np.int32, 8: np.int64}
+    expected = {}
+    for p in params:
+        bits = p.view(-1).view({2: torch.int16, 4: torch.int32, 8: torch.int64}[p.element_size()])
+        expected.setdefault(p.dtype, []).extend(int(b) for b in bits.numpy().astype(as_int[p.element_size()]))
+    found = fingerprint(params)
+    assert [name for name, _, _ in found] == [str(d) for d in (torch.float32, torch.bfloat16, torch.float64)]
+    for (name, total, weighted), (dtype, values) in zip(found, expected.items()):
+        modulus = 2 ** width[dtype]
+        assert total % modulus == sum(values) % modulus, name
+        assert weighted % modulus == sum((j + 1) * b for j, b in enumerate(values)) % modulus, name
+
+
 def test_a_probe_checks_the_kept_parameters_updates_against_their_prediction_as_one_vector():
     """Parameters 0 and 2 checked (1 is not: its update, turned, is not read): their updates twice their
     predictions are on the line; with parameter 2's turned half a prediction's length off it they are not.
@@ -731,6 +817,36 @@ def test_a_probe_that_could_keep_nothing_but_1d_parameters_lets_later_steps_pred
     assert kept == [{i for i, p in enumerate(params) if p.dim() == 1}] * 6
     assert alpha._keep is False
     assert all("flags" not in record[step] and np.isfinite(record[step]["Alpha"]) for step in range(5))
+
+
+def test_keeping_spends_the_room_only_on_what_it_keeps_in_the_order_the_backward_pass_decides(monkeypatch):
+    """``_keeps`` with room for 10 elements, parameters decided in the order 1-D, 12, 10, 1 elements (each
+    on its first chunk; later chunks follow it): the bias always, the 12 not (no room spent), the 10 exactly
+    (the room is then empty), the 1 not; the probe runs once for the one weight kept. At a subsampled step a
+    chunk of 4 of the batch's samples holding 8 elements counts for the 2 drawn samples: 4 elements (a
+    share in whole elements: 9 count as 4). Neither
+    subsampled nor probing: the 1-D parameters only."""
+    from types import SimpleNamespace
+
+    from cockpit_lite.quantities import alpha as alpha_module
+
+    monkeypatch.setattr(alpha_module, "KEEP_ELEMENTS", 10)
+
+    def chunk(index, shape, held, samples=4):
+        return SimpleNamespace(index=index, param=torch.zeros(shape), batch_size=samples, num_samples=samples,
+                               held_elements=lambda: held)
+
+    chunks = [chunk(0, (3,), 12), chunk(1, (3, 4), 12), chunk(2, (2, 5), 10), chunk(3, (1, 1), 1), chunk(2, (2, 5), 10)]
+    probed = []
+    keeps = alpha_module._keeps(SimpleNamespace(subset=None), lambda per_sample: probed.append(per_sample.index))
+    assert [keeps(c) for c in chunks] == [True, False, True, False, True]
+    assert probed == [2]
+    drawn = alpha_module._keeps(SimpleNamespace(subset=[0, 5]))
+    assert [drawn(c) for c in (chunk(0, (3, 2), 8), chunk(1, (3, 2), 8), chunk(2, (3, 2), 8))] == [True, True, False]
+    drawn = alpha_module._keeps(SimpleNamespace(subset=[0, 5]))  # shares of 8, 5 and 9 elements: 4, 2 and 4 (whole)
+    assert [drawn(c) for c in (chunk(0, (3, 2), 8), chunk(1, (3, 2), 5), chunk(2, (3, 2), 9))] == [True, True, True]
+    plain = alpha_module._keeps(SimpleNamespace(subset=None))
+    assert [plain(c) for c in chunks] == [True, False, False, False, False]
 
 
 def test_an_update_on_the_line_needs_a_positive_multiple_of_a_nonzero_prediction():
