@@ -468,6 +468,7 @@ def test_a_drawn_end_with_a_zero_leave_one_out_variance_spans_its_variance_from_
         if ends == [0]:  # (its 0, pinned at 1e-10, against the brute force's 1e-34, at 1e-12 of the largest)
             assert_alpha(record, reference, rtol=1e-5)
             continue
+        assert len(record["meta"]["Alpha"]["interval"]) == 2
         assert all(math.isnan(v) for v in record["meta"]["Alpha"]["interval"])
         problems.assert_close(record["Alpha"], reference[0], rtol=1e-6, what="Alpha samples")
 

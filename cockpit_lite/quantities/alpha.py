@@ -365,13 +365,11 @@ class Alpha(Quantity):
                 variances.append(np.repeat(variances[0], drawn[0], axis=0))
                 means[-1][:, end], variances[-1][:, end] = _leave_one_out(slopes[end].double().cpu().numpy())
                 left_out = variances[-1][:, end]
-                if np.isfinite(left_out).all() and (left_out == 0).any():  # log 0: the limit, variance 0 to ∞
+                if (left_out == 0).any():  # no log: the limit, that end's variance from 0 to ∞
                     spreads[end] = math.inf
-                else:
-                    with np.errstate(divide="ignore", invalid="ignore"):
-                        logs = np.log(left_out)
+                else:  # (two passes: never below 0; NaN for k < 3, which np.log passes on silently)
                     q = intervals.quantile(drawn[0] - 1, intervals.COVERAGE)
-                    spreads[end] = q * subsample.jackknife_se(logs.tolist(), drawn[1])
+                    spreads[end] = q * subsample.jackknife_se(np.log(left_out).tolist(), drawn[1])
         box = np.exp(np.array(list(itertools.product(*[(-s, 0.0, s) if s else (0.0,) for s in spreads]))))
         if any(ends):
             means.append(np.repeat(means[0], len(box), axis=0))
