@@ -377,11 +377,11 @@ def test_an_optimizer_step_with_a_closure():
     assert_exact_but(problem, cp.get_output(), snapshots, [])
 
 
-def _after_step_run(after_backward, after_step, steps=2):
+def _after_step_run(after_backward, after_step, steps=2, optimizer=lambda params: torch.optim.SGD(params, lr=0.1)):
     """Alpha on the MLP with hooks around the optimizer step; returns the record."""
     problem = problems.make("mlp", 4, steps=steps)
     params = list(problem.model.parameters())
-    opt = torch.optim.SGD(params, lr=0.1)
+    opt = optimizer(params)
     cp = problems.Cockpit(problem.model, [Alpha()], strict=True, diagnose=False)
     for step, (x, y) in enumerate(problem.batches):
         opt.zero_grad()
@@ -468,16 +468,8 @@ class _SignDescent(torch.optim.Optimizer):
 def test_no_update_of_an_optimizer_without_a_learning_rate_gives_no_learning_rate_hint():
     """Parameter groups without "lr" and a step of size 0: the parameters did not change, and nothing can be
     said of a learning rate that does not exist (the hint is for an "lr" of 0 only)."""
-    problem = problems.make("mlp", 4, steps=2)
-    opt = _SignDescent(problem.model.parameters(), step_size=0.0)
-    cp = problems.Cockpit(problem.model, [Alpha()], strict=True, diagnose=False)
-    for step, (x, y) in enumerate(problem.batches):
-        opt.zero_grad()
-        loss = problem.lossfunc(problem.model(x), y)
-        with cp(step, info={"loss": loss, "optimizer": opt}):
-            loss.backward()
-        opt.step()
-    entry = cp.get_output()[0]
+    entry = _after_step_run(lambda opt, params: True, lambda params: None,
+                            optimizer=lambda params: _SignDescent(params, step_size=0.0))[0]
     assert np.isnan(entry["Alpha"])
     assert entry["flags"] == ["Alpha: the parameters did not change between the two steps"]
 
