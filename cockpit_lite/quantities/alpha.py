@@ -566,9 +566,11 @@ def fit_quadratic(t, fs, dfs, var_fs, var_dfs):
     Observations ``y = (f(0), f(t), f'(0), f'(t))`` with independent Gaussian noise of
     variances ``Λ = diag(var_fs + var_dfs)``; rows of ``Φ`` map μ to them. Then
     ``μ = (Φ Λ⁻¹ Φᵀ)⁻¹ Φ Λ⁻¹ y``, solved as the least squares of ``Λ^(−1/2) Φᵀ μ ≈ Λ^(−1/2) y`` by
-    QR (the normal equations square the condition number: a slope's variance 1e-16 against the
-    losses' 1e-2 put μ 4% off). A variance below ``1e-12`` of its fit's largest is raised to that
-    (the observation is then a constraint to 1e-12; float64 cannot resolve weights further apart).
+    QR, the rows ordered from the most precise (the normal equations square the condition number: a
+    slope's variance 1e-16 against the losses' 1e-2 put μ 4% off). A variance below
+    ``RELATIVE_VARIANCE_FLOOR`` times the third smallest of its fit is raised to that: the
+    observation is then a constraint to 1e-12 (float64 cannot resolve weights further apart), and
+    a variance far above the others still drops its observation.
     ``dfs`` and ``var_dfs`` may have leading axes (``[..., 2]``: several fits at once, e.g. a
     jackknife's); μ then has shape ``[..., 3]``. An infinite variance drops its observation; a fit
     left with fewer than three observations (both slopes dropped: two losses for three coefficients)
@@ -584,19 +586,22 @@ def fit_quadratic(t, fs, dfs, var_fs, var_dfs):
 
     variances = joined(var_fs, var_dfs)
     variances = np.where(variances != 0, variances, eps)
-    largest = np.where(np.isinf(variances), 0.0, variances).max(-1, keepdims=True)
-    variances = np.maximum(variances, RELATIVE_VARIANCE_FLOOR * largest)
+    # three observations determine the quadratic: one far more precise than the third most precise is a constraint
+    variances = np.maximum(variances, RELATIVE_VARIANCE_FLOOR * np.sort(variances, -1)[..., 2:3])
     # any three of the four rows of Φ are independent (t > 0): fewer left determine no quadratic
     dropped = np.isinf(variances).sum(-1) > 1
     scale = 1 / np.sqrt(np.where(dropped[..., None], 1.0, variances))  # Λ^(−1/2)
     phi = np.array([[1.0, 0.0, 0.0], [1.0, t, t**2], [0.0, 1.0, 0.0], [0.0, 1.0, 2 * t]])
-    q, r = np.linalg.qr(phi * scale[..., None])
-    mu = np.linalg.solve(r, np.swapaxes(q, -1, -2) @ (joined(fs, dfs) * scale)[..., None])[..., 0]
+    rows = np.argsort(-scale, -1)[..., None]  # the most precise first: Householder QR is then accurate row by row
+    design = np.take_along_axis(phi * scale[..., None], rows, -2)
+    observed = np.take_along_axis((joined(fs, dfs) * scale)[..., None], rows, -2)
+    q, r = np.linalg.qr(design)
+    mu = np.linalg.solve(r, np.swapaxes(q, -1, -2) @ observed)[..., 0]
     return np.where(dropped[..., None], np.nan, mu)
 
 
 RELATIVE_VARIANCE_FLOOR = 1e-12
-"""``fit_quadratic``: the smallest variance of an observation relative to the largest of its fit."""
+"""``fit_quadratic``: the smallest variance of an observation relative to the third smallest of its fit."""
 
 
 def alpha_from_fit(mu, t):

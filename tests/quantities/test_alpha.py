@@ -527,8 +527,8 @@ def test_a_zero_variance_pins_its_observation():
 def test_the_fit_is_exact_when_one_observation_is_far_more_precise_than_the_others(t):
     """Against the weighted least squares in exact rational arithmetic (sympy): a slope's or a loss's
     variance from 1e-3 down to 1e-60 against the others' 1e-2 (late in training, or slopes that agree to
-    the last bits), both slopes' together. The normal equations in float64 put μ 4% off at 1e-16 and
-    gave garbage below; within 1e-8 here (a variance below 1e-12 of the largest counts as that)."""
+    the last bits), both slopes' together, and variances up to 1e150 (an interval's corners). The normal
+    equations in float64 put μ 4% off at 1e-16 and gave garbage below; within 1e-8 here."""
     import sympy
 
     from cockpit_lite.quantities.alpha import fit_quadratic
@@ -541,12 +541,18 @@ def test_the_fit_is_exact_when_one_observation_is_far_more_precise_than_the_othe
         return np.array((phi.T * weights * phi).solve(phi.T * weights * y), dtype=float).reshape(-1)
 
     fs, dfs = [1.0739, 1.0252], [-0.4743, -0.1305]
-    for tiny in (1e-3, 1e-8, 1e-14, 1e-16, 1e-18, 1e-24, 1e-33, 1e-60):
-        for variances in ([5e-3, 1.2e-2, 3.7e-2, tiny], [5e-3, 1.2e-2, tiny, 3.7e-2], [5e-3, 1.2e-2, tiny, tiny],
-                          [tiny, 1.2e-2, 3e-2, 2e-2]):
-            expected = exact(fs, dfs, variances)
-            mu = fit_quadratic(t, fs, dfs, variances[:2], variances[2:])
-            assert np.abs(mu - expected).max() <= 1e-8 * np.abs(expected).max(), (tiny, variances)
+    cases = [case for tiny in (1e-3, 1e-8, 1e-14, 1e-16, 1e-18, 1e-24, 1e-33, 1e-60)
+             for case in ([5e-3, 1.2e-2, 3.7e-2, tiny], [5e-3, 1.2e-2, tiny, 3.7e-2], [5e-3, 1.2e-2, tiny, tiny],
+                          [tiny, 1.2e-2, 3e-2, 2e-2])]
+    # far less precise as well (an interval's corner: a variance times e^30): it drops its observation,
+    # or, both slopes so, the losses pin two coefficients and the slopes' ratio the third
+    cases += [[5e-3, 1.2e-2, tiny, huge] for tiny in (1e-2, 1e-16, 1e-60) for huge in (1e20, 1e150)]
+    cases += [[tiny, 1.2e-2, 3e-2, huge] for tiny in (1e-2, 1e-16, 1e-60) for huge in (1e20, 1e150)]
+    cases += [[5e-3, 1.2e-2, 3e-2 * huge, 1e-2 * huge] for huge in (1e13, 1e20, 1e150)]
+    for variances in cases:
+        expected = exact(fs, dfs, variances)
+        mu = fit_quadratic(t, fs, dfs, variances[:2], variances[2:])
+        assert np.abs(mu - expected).max() <= 1e-8 * np.abs(expected).max(), variances
 
 
 def test_an_infinite_variance_drops_its_observation_and_two_dropped_leave_no_fit():
@@ -767,11 +773,10 @@ def test_the_fingerprint_is_each_dtype_s_sums_of_bits_and_positions_modulo_its_w
               torch.randn(FINGERPRINT_GATHER + 700, generator=g), torch.randn(4, dtype=torch.float64, generator=g),
               torch.randn(FINGERPRINT_ROW, generator=g).to(torch.bfloat16), torch.randn(7, generator=g)]
     width = {torch.float32: 32, torch.bfloat16: 32, torch.float64: 64}
-    as_int = {2: np.int16, 4: np.int32, 8: np.int64}
     expected = {}
     for p in params:
         bits = p.view(-1).view({2: torch.int16, 4: torch.int32, 8: torch.int64}[p.element_size()])
-        expected.setdefault(p.dtype, []).extend(int(b) for b in bits.numpy().astype(as_int[p.element_size()]))
+        expected.setdefault(p.dtype, []).extend(bits.tolist())  # (bfloat16's patterns sign-extended, as widened)
     found = fingerprint(params)
     assert [name for name, _, _ in found] == [str(d) for d in (torch.float32, torch.bfloat16, torch.float64)]
     for (name, total, weighted), (dtype, values) in zip(found, expected.items()):
