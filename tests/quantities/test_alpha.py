@@ -178,13 +178,20 @@ def assert_exact_but(problem, record, snapshots, nan_steps, rtol=1e-9):
             problems.assert_close(entry["Alpha"], reference(problem, snapshots, step), rtol=rtol, what=f"Alpha, step {step}")
 
 
+@pytest.mark.parametrize("keep", ["kept", "predicted"])
 @pytest.mark.parametrize("case", [("mlp", 4, "mean"), ("cnn", 5, "sum")], ids=problems.case_id)
-def test_a_layer_frozen_mid_run_under_adam(case):
+def test_a_layer_frozen_mid_run_under_adam(case, keep, monkeypatch):
     """Frozen after step 0's backward: step 0's update moved the layer, whose gradient at the step's
     end no longer exists, so α of step 0 is NaN with a flag naming it (it was a silently different
     number). From step 1 on Adam skips the layer (no ``.grad``); its update is predicted as zero, not
     as the step its momentum would make, and α equals the brute force (it was NaN, flagged as
-    turned)."""
+    turned). "kept": the probe steps keep the weights' individual gradients; "predicted": no probe steps
+    (``PROBE_STEPS`` 0), so the frozen weight's update is predicted (a prediction of Adam's momentum
+    step would be off the real update's line: NaN, flagged as turned)."""
+    if keep == "predicted":
+        from cockpit_lite.quantities import alpha as alpha_module
+
+        monkeypatch.setattr(alpha_module, "PROBE_STEPS", 0)
     with pytest.warns(UserWarning, match="no longer requires a gradient"):
         problem, record, snapshots = run_changed(case, lambda ps: torch.optim.Adam(ps, lr=1e-2), freeze_first)
     assert np.isnan(record[0]["Alpha"])
