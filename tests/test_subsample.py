@@ -450,8 +450,7 @@ def test_a_drawn_end_with_a_zero_leave_one_out_variance_spans_its_variance_from_
     infinite, the interval the range of α over that end's variance from 0 to ∞ (the brute force's, whose
     individual gradients differ in the last bit: a variance of 1e-34 and a spread that large), and numpy
     warns of nothing. Both ends so (the same sample drawn twice at each): the corner without slopes has no
-    fit, and the interval is NaN; α is still the brute force's (whose se breaks down there: a variance of
-    1e-33 weighs 1e33 in its fit)."""
+    fit, and the interval is NaN; α and its se are still the brute force's."""
     from cockpit_lite.quantities import Alpha
 
     for ends in ([0], [0, 1]):
@@ -471,6 +470,7 @@ def test_a_drawn_end_with_a_zero_leave_one_out_variance_spans_its_variance_from_
         assert len(record["meta"]["Alpha"]["interval"]) == 2
         assert all(math.isnan(v) for v in record["meta"]["Alpha"]["interval"])
         problems.assert_close(record["Alpha"], reference[0], rtol=1e-6, what="Alpha samples")
+        problems.assert_close(record["meta"]["Alpha"]["se"], reference[1], rtol=1e-6, what="Alpha samples se")
 
 
 @pytest.mark.parametrize("small", [0, 1], ids=["start", "end"])
