@@ -13,7 +13,7 @@ from cockpit_lite.quantities.base import Needs, Output, Quantity
 from cockpit_lite.engine.per_sample import at_least_float32
 from cockpit_lite.engine.transforms import BatchDotDirection, dots_of_kept
 from cockpit_lite.utils.norms import dot, gathered, gram
-from cockpit_lite.utils.shards import group_of, is_sharded, local
+from cockpit_lite.utils.shards import group_of, local
 
 DIFFERENCE_ELEMENTS = 1 << 20
 """Models of at most this many parameters (4 MiB in float32) have their update formed once
@@ -394,7 +394,7 @@ class Alpha(Quantity):
 
 
 class _Difference:
-    """``[(θ_i − θ0_i).reshape(-1)]``, a sequence whose items are formed when read (one
+    """``[θ_i − θ0_i]`` (each in its parameter's shape), a sequence whose items are formed when read (one
     parameter's difference at a time, never a copy of the whole model), or once, up front, if
     all of them hold at most ``DIFFERENCE_ELEMENTS`` elements (a small model: each read would
     cost more calls than it saves memory)."""
@@ -411,8 +411,7 @@ class _Difference:
     def __getitem__(self, i):
         if self._formed is not None:
             return self._formed[i]
-        difference = self._params[i].detach() - self._before[i]
-        return difference if is_sharded(difference) else difference.reshape(-1)  # (FSDP2: the rank's rows)
+        return self._params[i].detach() - self._before[i]  # (FSDP2: a DTensor, the rank's rows)
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))
