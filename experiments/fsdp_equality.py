@@ -137,16 +137,20 @@ def layers(model):
     return [c for c in children if all(len(owners[id(p)]) == 1 for p in c.parameters())]
 
 
-def shard(model, how, param_dtype=None):
+def shard(model, how, param_dtype=None, group=None):
     """``fully_shard`` the model: ``"layers"`` every layer, then the root; ``"mixed"`` the first
     layer only, then the root (which takes the rest); with ``param_dtype``, FSDP2's mixed
     precision (``MixedPrecisionPolicy(param_dtype=...)``); ``"ddp"``: no sharding, the model
-    wrapped in ``DistributedDataParallel``. Returns the module to run and track."""
+    wrapped in ``DistributedDataParallel``. Over the ranks of ``group`` (a process group), else
+    over every rank. Returns the module to run and track."""
     if how == "ddp":
-        return nn.parallel.DistributedDataParallel(model)
+        return nn.parallel.DistributedDataParallel(model, process_group=group)
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     options = {} if param_dtype is None else {"mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype)}
+    if group is not None:
+        options["mesh"] = DeviceMesh.from_group(group, "cpu")
     chosen = layers(model)
     for layer in chosen if how == "layers" else chosen[:1]:
         fully_shard(layer, **options)
@@ -174,6 +178,7 @@ class Case:
     more: tuple = ()  # more quantities to track: names in ``cockpit_lite.quantities``, or (name, {arguments})
     dtype: str = "float64"  # the model's
     param_dtype: str = None  # FSDP2's mixed precision: the dtype of the unsharded parameters
+    meshes: tuple = ()  # the ranks of each mesh, each training its own model on the whole batch (default: one of all)
 
 
 def _entry(case):
@@ -191,14 +196,20 @@ def batches(case, total):
 
 def train(case, rank=None, world=1):
     """Train ``case`` with a Cockpit: as rank ``rank`` of ``world`` on its shard (sharded), or
-    (``rank=None``) in one process on the whole batch. Returns ``(record, findings)``."""
+    (``rank=None``) in one process on the whole batch. With ``case.meshes``, the rank's mesh is
+    the world: its ranks shard the model and split the whole batch. Returns ``(record, findings)``."""
     build, _, _, loss_fn = _entry(case)
+    group = None
+    if rank is not None and case.meshes:
+        groups = [dist.new_group(list(ranks)) for ranks in case.meshes]  # (every rank makes every group)
+        mine = next(i for i, ranks in enumerate(case.meshes) if rank in ranks)
+        group, rank, world = groups[mine], case.meshes[mine].index(rank), len(case.meshes[mine])
     shards = case.shards or (BATCH // world,) * world
     total = sum(shards)
     torch.manual_seed(0)
     model = build().to(getattr(torch, case.dtype))
     if rank is not None:
-        model = shard(model, case.sharding, case.param_dtype and getattr(torch, case.param_dtype))
+        model = shard(model, case.sharding, case.param_dtype and getattr(torch, case.param_dtype), group)
     opt = OPTIMIZERS[case.optimizer](model.parameters())
     more = [getattr(quantities, name)(**arguments) for name, arguments in
             ((entry, {}) if isinstance(entry, str) else entry for entry in case.more)]

@@ -89,6 +89,20 @@ def test_four_ranks_equal_one_process(tmp_path):
         _assert_equal(case, results[name][0], name)
 
 
+def test_a_mesh_of_some_ranks_combines_its_own_ranks_only(tmp_path):
+    """FSDP2 over a mesh of some of the job's ranks (ranks 0 and 1 shard one model, rank 2 trains its own
+    alone): each mesh's first rank keeps the record of its own ranks' batch, equal to one process's."""
+    case = Case("mlp", "adamw", steps=3, meshes=((0, 1), (2,)))
+    (_, findings), records = fsdp_equality.run_cases({"meshes": case}, 3, directory=str(tmp_path))["meshes"]
+    assert records[1] == {}, "only a mesh's first rank keeps the record"
+    single = fsdp_equality.train(case)
+    for record in records[0], records[2]:
+        worst, problems_found = fsdp_equality.compare(single, (record, findings))
+        assert not problems_found and "Alpha" in worst, problems_found
+        assert max(error for quantity, error in worst.items() if quantity != "ActivationStats") <= RTOL, worst
+        assert worst["ActivationStats"] <= SIGNAL_RTOL, worst
+
+
 def _assert_equal(case, sharded_result, name):
     single = fsdp_equality.train(case)
     worst, problems_found = fsdp_equality.compare(single, sharded_result)
@@ -128,7 +142,31 @@ class _Checks:
         found["in_backward"] = _runs_in_backward()
         found["undisturbed"] = _parameters_after(True) == _parameters_after(False)
         found["own_passes"] = _own_passes()
+        found["alpha_after_an_edit"] = [_alpha_of_step_0(edit) for edit in (False, True)]
         return found
+
+
+def _alpha_of_step_0(edit):
+    """``(α, flags)`` of step 0 in the record (rank 0's) of the sharded MLP under SGD; with ``edit``, the
+    second rank's rows of the first weight shrink after ``optimizer.step()`` (a max-norm constraint that
+    only rows that rank holds exceed): the update is not the optimizer's on one rank alone."""
+    torch.manual_seed(0)
+    model = fsdp_equality.MODELS["mlp"][0]().double()
+    fsdp_equality.shard(model, "layers")
+    opt = fsdp_equality.OPTIMIZERS["sgd"](model.parameters())
+    cp = Cockpit(model, [quantities.Alpha()], diagnose=False)
+    rank, part = dist.get_rank(), fsdp_equality.BATCH // dist.get_world_size()
+    for step, (x, y) in enumerate(fsdp_equality.batches(Case("mlp", steps=2), fsdp_equality.BATCH)):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x[rank * part:(rank + 1) * part]), y[rank * part:(rank + 1) * part])
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+        opt.step()
+        if edit and rank == 1:
+            with torch.no_grad():
+                next(model.parameters()).to_local().mul_(0.99)
+    record = cp.get_output()
+    return (record[0]["Alpha"], record[0].get("flags", [])) if rank == 0 else None
 
 
 def _parameters_after(tracked, steps=3):
@@ -192,6 +230,14 @@ def _runs_in_backward():
     finally:
         sharded.ShardedGroup.run = original
     return inside
+
+
+def test_parameters_changed_after_the_step_on_one_rank_alone_are_flagged(two_ranks):
+    """α's check that the update is the optimizer's sees every rank's rows: an edit of the second rank's rows
+    after the step makes the first rank's record NaN with the flag; without it, α is a number."""
+    (plain, plain_flags), (edited, edited_flags) = two_ranks["_checks"][0]["alpha_after_an_edit"]
+    assert math.isfinite(plain) and not plain_flags, (plain, plain_flags)
+    assert math.isnan(edited) and any("changed after optimizer.step()" in flag for flag in edited_flags), edited_flags
 
 
 def test_transforms_run_inside_the_layers_backward_pass(two_ranks):
