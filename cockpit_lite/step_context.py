@@ -93,9 +93,13 @@ class StepContext:
         self.info = StepInfo(info, step, batch_size=cockpit.engine.batch_size(), model=cockpit.engine.model)
         if self.info.batch_size == 0:
             raise ValueError(
-                f"step {step}: the batch is empty (0 samples), so there is nothing to measure. "
-                "Fix: skip empty batches before the forward pass (e.g. DataLoader(..., "
-                "drop_last=True), or `if len(x) == 0: continue`)"
+                f"step {step}: the batch is empty (0 samples), so there is nothing to measure. " + (
+                    "Fix: skip empty batches before the forward pass (e.g. DataLoader(..., "
+                    "drop_last=True), or `if len(x) == 0: continue`)" if cockpit.group is None else
+                    "Under torch.distributed every rank's part of the batch needs a sample (a rank that skipped "
+                    "its step would leave the others waiting). Fix: split the data with torch.utils.data."
+                    "distributed.DistributedSampler, which gives every rank the same number of samples, and "
+                    "drop the incomplete last batch (DataLoader(..., sampler=sampler, drop_last=True))")
             )
         shape = cockpit.engine.input_shape()
         if self.info.get("batch_size") is not None and shape is not None and int(self.info.get("batch_size")) not in shape:

@@ -148,12 +148,35 @@ def _worker(rank, cases, path):
         with pytest.raises(ValueError, match=r"not combined with torch.distributed.*Fix: samples=None"):
             Cockpit(torch.nn.parallel.DistributedDataParallel(_model("mlp")), [quantities.NormTest()], diagnose=False,
                     samples=2)  # a draw across ranks (the fix, samples=None: every case above)
+        _empty_parts_name_the_fix()
         if rank == 0:
             with open(path, "wb") as file:
                 pickle.dump(records, file)
     finally:
         dist.destroy_process_group()
     _leave()
+
+
+def _empty_parts_name_the_fix():
+    """A rank's empty part of the batch (a last batch split by hand, ``x[rank * part:(rank + 1) * part]``; here
+    every rank's, so that none waits for another) is refused with the fix for several ranks, not "skip it"
+    (the other ranks would wait for the one that skips); the fix, a ``DistributedSampler`` with ``drop_last``,
+    gives every rank samples in every batch, and each is tracked."""
+    model = torch.nn.parallel.DistributedDataParallel(_model("mlp"))
+    x, y = _batches("mlp", 5)[0]
+    cp = Cockpit(model, [quantities.NormTest()], diagnose=False)
+    with pytest.raises(ValueError, match=r"batch is empty.*Fix: split the data with .*DistributedSampler.*drop_last"):
+        with cp(0, info={"loss": F.cross_entropy(model(x[5:]), y[5:])}):
+            pass
+    data = torch.utils.data.TensorDataset(x, y)
+    sampler = torch.utils.data.distributed.DistributedSampler(data, shuffle=False)
+    model = torch.nn.parallel.DistributedDataParallel(_model("mlp"))
+    cp = Cockpit(model, [quantities.NormTest()], diagnose=False)
+    for step, (xs, ys) in enumerate(torch.utils.data.DataLoader(data, batch_size=2, sampler=sampler, drop_last=True)):
+        loss = F.cross_entropy(model(xs), ys)
+        with cp(step, info={"loss": loss}):
+            loss.backward()
+    assert dist.get_rank() != 0 or math.isfinite(cp.get_output()[0]["NormTest"]), cp.get_output()
 
 
 def _spawn_or_fail(worker, path, processes, seconds, why):
