@@ -22,10 +22,12 @@ every case (starting them costs more than the training). ``--curvature``: the cu
 import argparse
 import importlib
 import json
+import math
 import os
 import pickle
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -251,13 +253,20 @@ def _worker(rank, world, cases, path, extra):
     os._exit(0)  # gloo's threads sometimes abort in the interpreter's teardown, after all work
 
 
-def run_cases(cases, world, extra=None, directory=None):
+def run_cases(cases, world, extra=None, directory=None, seconds=None):
     """``{case name: ((record, findings) of rank 0, [record of every rank])}`` of ``world`` processes;
     with ``extra`` (a class: ``extra(rank, world).run()`` after the cases, in the same processes),
-    also ``"_checks"``: every rank's result of it."""
+    also ``"_checks"``: every rank's result of it. With ``seconds``, ``RuntimeError`` if the processes have
+    not finished by then (ranks whose collectives do not match wait for each other forever)."""
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         path = os.path.join(tmp, "results")
-        mp.spawn(_worker, args=(world, cases, path, extra), nprocs=world, join=True)
+        context = mp.spawn(_worker, args=(world, cases, path, extra), nprocs=world, join=False)
+        deadline = math.inf if seconds is None else time.monotonic() + seconds
+        while not context.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                for process in context.processes:
+                    process.kill()
+                raise RuntimeError(f"the {world} ranks did not finish in {seconds} s: their collectives did not match")
         ranks = []
         for rank in range(world):
             with open(f"{path}.{rank}", "rb") as file:

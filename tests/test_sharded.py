@@ -47,6 +47,10 @@ number, whose gradient tests are rounding noise.)"""
 
 HERE = "test_sharded:PROBLEMS"
 
+SECONDS = 600
+"""How long the processes of one ``run_cases`` may take (about 60 s on 2 loaded cores): ranks whose collectives
+do not match wait for each other forever, and the test fails instead."""
+
 CASES_2 = {  # name -> Case, run by 2 ranks
     "mlp_unequal_sgd": Case("mlp", "sgd", shards=(5, 3), steps=3),  # + CABS and EarlyStopping
     "transformer_mixed_adamw": Case("transformer", "adamw", sharding="mixed", steps=3),
@@ -75,7 +79,7 @@ def two_ranks(tmp_path_factory):
                                       more=("TICDiag", "TICTrace")),
                  mixed_precision=Case("mlp_layernorm", "adamw", steps=2, dtype="float32", param_dtype="bfloat16",
                                       options={"diagnose": False}))
-    return fsdp_equality.run_cases(cases, 2, _Checks, str(tmp_path_factory.mktemp("ranks")))
+    return fsdp_equality.run_cases(cases, 2, _Checks, str(tmp_path_factory.mktemp("ranks")), seconds=SECONDS)
 
 
 @pytest.mark.parametrize("name", sorted(CASES_2))
@@ -84,7 +88,7 @@ def test_two_ranks_equal_one_process(two_ranks, name):
 
 
 def test_four_ranks_equal_one_process(tmp_path):
-    results = fsdp_equality.run_cases(CASES_4, 4, directory=str(tmp_path))
+    results = fsdp_equality.run_cases(CASES_4, 4, directory=str(tmp_path), seconds=SECONDS)
     for name, case in CASES_4.items():
         _assert_equal(case, results[name][0], name)
 
@@ -93,7 +97,8 @@ def test_a_mesh_of_some_ranks_combines_its_own_ranks_only(tmp_path):
     """FSDP2 over a mesh of some of the job's ranks (ranks 0 and 1 shard one model, rank 2 trains its own
     alone): each mesh's first rank keeps the record of its own ranks' batch, equal to one process's."""
     case = Case("mlp", "adamw", steps=3, meshes=((0, 1), (2,)))
-    (_, findings), records = fsdp_equality.run_cases({"meshes": case}, 3, directory=str(tmp_path))["meshes"]
+    (_, findings), records = fsdp_equality.run_cases({"meshes": case}, 3, directory=str(tmp_path),
+                                                     seconds=SECONDS)["meshes"]
     assert records[1] == {}, "only a mesh's first rank keeps the record"
     single = fsdp_equality.train(case)
     for record in records[0], records[2]:
