@@ -119,6 +119,7 @@ TABLES = {
     "mutation_checks_third": _measured("mutation_checks_third"),
     "mutation_checks_fourth": _measured("mutation_checks_fourth"),
     "mutation_multiprocess_by_hand": _measured("mutation_multiprocess_by_hand"),
+    "mutation_left_multiprocess": _measured("mutation_left_multiprocess"),
     "lr_comparison": _lr_table,
     "demo_last_epoch": _demo_summary,
 }
