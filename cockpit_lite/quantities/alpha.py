@@ -247,6 +247,15 @@ class Alpha(Quantity):
         grad, start["grad"] = start["grad"], None
         kept, start["kept"] = start["kept"], {}
         kept = kept if kept is not None else {}
+        try:  # never break the user's optimizer step
+            self._place(start, update, predicted, grad, kept)
+        except Exception as error:
+            start["failure"] = f"Alpha: placing the step failed: {error!r}"
+
+    def _place(self, start, update, predicted, grad, kept):
+        """``_after_step``'s sums: ``gᵀd``, ``‖d‖`` and the individual slopes' ``g̃_nᵀ d`` into ``start``, or
+        ``start["edited"]`` where the rest's update is off the line of its prediction; on a probe step,
+        whether later steps keep."""
         dots = start["backward_dots"]
         if start["probing"]:  # the kept parameters' predictions: would they have matched the update?
             self._probed += 1
@@ -256,10 +265,6 @@ class Alpha(Quantity):
             elif self._probed >= PROBE_STEPS:
                 self._keep = False
         rest = [i for i in range(len(update)) if i not in kept]  # projected onto the prediction in backward
-        if any(predicted[i] is None for i in rest):
-            start["edited"] = True
-            self._keep = not self._distributed
-            return
         # one pass over each parameter: ‖d‖², gᵀd and, for the rest, their predicted update's ‖u‖² and uᵀd
         with_grad = (lambda i: (grad[i],)) if grad is not None else (lambda i: ())
         rest_sums = gram((update[i], predicted[i]) + with_grad(i) for i in rest) if rest else None
@@ -274,13 +279,10 @@ class Alpha(Quantity):
                 start["edited"] = True
                 self._keep = not self._distributed
                 return
-        try:  # never break the user's optimizer step
-            # each kept parameter's individual gradients are released once projected; adding 0 · the
-            # backward's dots makes a parameter the engine failed NaN
-            projected = [dots_of_kept(kept.pop(i), update[i]) + 0 * dots[i] for i in sorted(kept)]
-            start["dots"] = sum(projected + [scale * dots[i] for i in rest])
-        except Exception as error:
-            start["failure"] = f"Alpha: projecting the kept individual gradients failed: {error!r}"
+        # each kept parameter's individual gradients are released once projected; adding 0 · the
+        # backward's dots makes a parameter the engine failed NaN
+        projected = [dots_of_kept(kept.pop(i), update[i]) + 0 * dots[i] for i in sorted(kept)]
+        start["dots"] = sum(projected + [scale * dots[i] for i in rest])
         start["direction_norm"] = math.sqrt(sum(g[0][0] for g in (rest_sums, kept_sums) if g is not None))
 
     def _take_update(self, start):
@@ -373,7 +375,8 @@ class Alpha(Quantity):
         box = np.exp(np.array(list(itertools.product(*[(-s, 0.0, s) if s else (0.0,) for s in spreads]))))
         if any(ends):
             means.append(np.repeat(means[0], len(box), axis=0))
-            variances.append(variances[0] * box)
+            # (an infinite corner is ∞ whatever the end's variance, 0 included: all its drawn slopes equal)
+            variances.append(np.multiply(variances[0], box, out=box.copy(), where=np.isfinite(box)))
         means, variances = np.concatenate(means), np.concatenate(variances)
         fitted = alpha(means, variances)
         value = float(fitted[0])

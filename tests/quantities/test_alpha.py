@@ -1,6 +1,7 @@
 """Alpha against a brute-force float64 reference over two consecutive steps."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -424,7 +425,8 @@ def test_updates_that_are_not_the_optimizer_s_are_flagged():
 
 
 def test_a_failing_projection_never_breaks_the_optimizer_step(monkeypatch):
-    """Kept individual gradients that cannot be projected: the optimizer still steps, α is NaN with a flag."""
+    """Kept individual gradients that cannot be projected, or an update whose sums fail: the optimizer still
+    steps, α is NaN with a flag."""
     import cockpit_lite.quantities.alpha as alpha_module
 
     def broken(per_samples, direction):
@@ -434,6 +436,39 @@ def test_a_failing_projection_never_breaks_the_optimizer_step(monkeypatch):
     record = _after_step_run(lambda opt, params: clip_value(opt, params) or True, lambda params: None, steps=3)
     for step in (0, 1):  # kept from the first, probed, step on
         assert np.isnan(record[step]["Alpha"]) and any("RuntimeError('broken')" in f for f in record[step]["flags"])
+    monkeypatch.undo()
+    monkeypatch.setattr(alpha_module, "gram", lambda items: broken(None, None))  # the update's sums
+    record = _after_step_run(lambda opt, params: True, lambda params: None, steps=3)
+    for step in (0, 1):
+        assert np.isnan(record[step]["Alpha"]) and any("placing the step failed: RuntimeError('broken')" in f
+                                                       for f in record[step]["flags"])
+
+
+def test_a_subsampled_step_that_lands_exactly_in_the_minimum_is_alpha_0():
+    """An interpolating regression (``y = 2x``, ``x = ±1``, MSE) from ``w = 1`` under SGD at lr 0.5 lands
+    exactly on ``w = 2``, where every residual and gradient is 0: the losses 1 and 0 and the slopes −2 and 0
+    lie on ``(x − 1)²``, whose minimum is the step's end, so α = 0 whatever the variances. The end's batch of
+    4 is drawn (``samples=3``; the start's 3 are the whole batch): its mean slope is the exact ``gᵀd / ‖d‖``,
+    exactly 0, and its drawn slopes are all equal, so their variance (0) spans 0 to ∞ in the interval, every
+    corner of which is α = 0 too; no warning."""
+    model = torch.nn.Linear(1, 1, bias=False).double()
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    x = torch.tensor([[1.0], [-1.0], [1.0], [-1.0]], dtype=torch.float64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    cp = Cockpit(model, [Alpha()], samples=3, diagnose=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for step, size in enumerate((3, 4)):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x[:size]), 2 * x[:size])
+            with cp(step, info={"loss": loss, "optimizer": opt}):
+                loss.backward()
+            opt.step()
+            assert model.weight.item() == 2.0
+    record = cp.get_output()[0]
+    assert record["Alpha"] == pytest.approx(0.0, abs=1e-9), record
+    assert record["meta"]["Alpha"]["interval"] == pytest.approx([0.0, 0.0], abs=1e-9), record
 
 
 def test_no_update_is_nan_and_flagged():
@@ -580,7 +615,6 @@ def test_an_infinite_variance_drops_its_observation_and_two_dropped_leave_no_fit
 def test_the_step_after_a_due_step_is_observed():
     """α of step 0 needs step 1's forward pass; a schedule due at step 0 only must not leave it
     unobserved (that would warn and take the slow global path)."""
-    import warnings
 
     problem = problems.make("mlp", 4, steps=2)
     params = list(problem.model.parameters())
@@ -874,7 +908,6 @@ def test_alpha_from_fit_row_by_row_without_a_warning():
     """α = 2t / (−μ₁/μ₂) − 1 of each row: a row with an infinite coefficient is NaN, the others keep theirs. A fit
     without curvature (μ₂ = 0) going down or up is −1 (the minimum is not ahead of the step: 2t / ∓∞ − 1); a flat
     one (μ₁ = μ₂ = 0) has no α. No division warns."""
-    import warnings
 
     from cockpit_lite.quantities.alpha import alpha_from_fit
 
