@@ -149,6 +149,7 @@ def _worker(rank, cases, path):
             Cockpit(torch.nn.parallel.DistributedDataParallel(_model("mlp")), [quantities.NormTest()], diagnose=False,
                     samples=2)  # a draw across ranks (the fix, samples=None: every case above)
         _empty_parts_name_the_fix()
+        _turned_updates_are_nan()
         if rank == 0:
             with open(path, "wb") as file:
                 pickle.dump(records, file)
@@ -177,6 +178,29 @@ def _empty_parts_name_the_fix():
         with cp(step, info={"loss": loss}):
             loss.backward()
     assert dist.get_rank() != 0 or math.isfinite(cp.get_output()[0]["NormTest"]), cp.get_output()
+
+
+def _turned_updates_are_nan():
+    """AdamW with ``clip_grad_value_`` turns the update away from the one predicted in backward; under DDP the
+    ranks' slopes are gathered before the step, so α keeps nothing for the step: NaN, flagged as such at
+    every tracked step (one process would keep the individual gradients from the next step on)."""
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(_model("mlp"))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    cp = Cockpit(model, [quantities.Alpha()], diagnose=False)
+    rank = dist.get_rank()
+    for step, (x, y) in enumerate(_batches("mlp", 8)):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x[4 * rank:4 * rank + 4]), y[4 * rank:4 * rank + 4])
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+        torch.nn.utils.clip_grad_value_(model.parameters(), 1e-3)
+        opt.step()
+    record = cp.get_output()
+    for step in (0, 1) if rank == 0 else ():
+        assert math.isnan(record[step]["Alpha"]), record[step]
+        assert any("turned" in f and "under torch.distributed α is NaN at such steps" in f
+                   for f in record[step]["flags"]), record[step]["flags"]
 
 
 def _spawn_or_fail(worker, path, processes, seconds, why):
