@@ -4,6 +4,8 @@ import pytest
 import torch
 from check_cases import BROKEN, CASES, TokenTable
 
+import problems
+
 from cockpit_lite import checks
 from cockpit_lite.checks import batch_independence
 
@@ -28,8 +30,13 @@ def test_tokens_are_differentiated_at_the_input_embedding():
     assert "`embed`" in report["batch_independence_backward"].message  # not the position embedding
 
 
-def test_mixing_is_measured_and_fixed():
-    report = _run(BROKEN["batch_mixing"]())
+@pytest.mark.parametrize("device", problems.CPU_AND_CUDA)
+def test_mixing_is_measured_and_fixed(device):
+    """Also on a GPU (the mask of the other samples is made on the input's device)."""
+    case = BROKEN["batch_mixing"]()
+    case.model.to(device)
+    case.batch = tuple(t.to(device) for t in case.batch)
+    report = _run(case)
     assert report["batch_independence_forward"].value > 1e-2
     assert "x.mean(0)" in report["batch_independence_backward"].fix
 
