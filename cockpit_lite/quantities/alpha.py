@@ -376,7 +376,7 @@ class Alpha(Quantity):
         if any(ends):
             means.append(np.repeat(means[0], len(box), axis=0))
             # (an infinite corner is ∞ whatever the end's variance, 0 included: all its drawn slopes equal)
-            variances.append(np.multiply(variances[0], box, out=box.copy(), where=np.isfinite(box)))
+            variances.append(np.where(np.isinf(box), np.inf, variances[0] * np.nan_to_num(box, posinf=1.0)))
         means, variances = np.concatenate(means), np.concatenate(variances)
         fitted = alpha(means, variances)
         value = float(fitted[0])
