@@ -5,9 +5,9 @@ A forward pre-hook on the model reads its first floating-point tensor argument `
 ``mean``, ``std``, ``min``, ``max`` over all entries of its first ``SUB_BATCH`` samples
 (along the first axis), and ``nonfinite``, the fraction of NaN/Inf entries among them
 (the other statistics then skip them: NaN where no entry is finite, ``std`` NaN where one
-is). ``std`` has Bessel's correction, ``√((Σx² − n·mean²) / (n − 1))``, the sums in
-float64. The hook reduces without masking (mean, ``Σx²``, min and max: four reductions);
-only where one of them is not finite, at
+is). ``std`` has Bessel's correction, ``√(Σ(x − mean)² / (n − 1))``, in float64 and in two passes
+(``Σx² − n·mean²`` cancels: raw timestamps, mean 1.7e9 and std 1, gave 0). The hook reduces without
+masking (the mean, then ``Σ(x − mean)²``, min and max); only where one of them is not finite, at
 ``compute``, are the non-finite entries masked out (element-wise operations, on CPU
 5-20x dearer than the reductions). A sub-batch, for the same reason; a NaN in another
 sample is still located by ``NonfiniteOrigin`` when it reaches the loss. Integer inputs
@@ -16,9 +16,10 @@ the host with the step's values.
 
 Under torch.distributed (DDP, or a model sharded by FSDP2: ``cockpit_lite.sharded``) each rank sees its
 part of the batch: it
-keeps per sample of its first ``SUB_BATCH`` the finite entries' count, sum, sum of squares,
-minimum and maximum (float64), and one all-gather at ``compute`` takes the global batch's first
-``SUB_BATCH`` samples from them in rank order, as one process does (up to its float32 rounding).
+keeps per sample of its first ``SUB_BATCH`` the finite entries' count, sum, sum of squared deviations
+from their own mean, minimum and maximum (float64), and one all-gather at ``compute`` takes the global
+batch's first ``SUB_BATCH`` samples from them in rank order (the samples' squared deviations combined
+with their means' spread, Chan et al. 1979), as one process does (up to its float32 rounding).
 """
 
 import torch
@@ -99,27 +100,28 @@ class InputStats(Quantity):
 
 
 def _sums(x):
-    """``(tensor [mean, Σx², min, max] in float64, the entries)`` of the entries the statistics are of."""
+    """``(tensor [mean, Σ(x − mean)², min, max] in float64, the entries)`` of the entries the statistics are of."""
     x = (x[:SUB_BATCH] if x.dim() > 1 else x).reshape(-1)
     wide = x.double()
     low, high = torch.aminmax(wide)
-    return torch.stack([wide.mean(), torch.dot(wide, wide), low, high]), x
+    mean = wide.mean()
+    centred = wide - mean
+    return torch.stack([mean, torch.dot(centred, centred), low, high]), x
 
 
 def _statistics(sums, x):
     """``[mean, std, min, max, nonfinite]`` (float32) from ``_sums``: from the sums where they are all
     finite (then every entry is), else from the finite entries of ``x``."""
     if not bool(torch.isfinite(sums).all()):
-        return _masked(x)
+        return [t.float() for t in _masked(x)]
     mean, squares, low, high = sums
-    n = x.numel()
-    std = ((squares - n * mean.square()) / (n - 1)).clamp(min=0).sqrt()
+    std = (squares / (x.numel() - 1)).sqrt()
     return [t.float() for t in (mean, std, low, high, mean.new_zeros(()))]
 
 
 def _masked(x):
-    """``_statistics`` of the finite entries of ``x`` (flat) and the share of the others."""
-    x = x.float()
+    """``_statistics`` of the finite entries of ``x`` (flat) and the share of the others, in float64."""
+    x = x.double()
     finite = torch.isfinite(x)
     count = finite.sum()
     values = torch.where(finite, x, 0.0)
@@ -142,16 +144,18 @@ def _of_finite(count, mean, squares, low, high):
 
 def _per_sample(x):
     """Several ranks: ``[samples, 7]`` (float64): per sample of the first ``SUB_BATCH`` (of a 1-d input, per
-    entry), its entries, finite entries, their sum, sum of squares, minimum and maximum, and
-    whether the input has a batch axis."""
+    entry), its entries, finite entries, their sum, sum of squared deviations from their mean, minimum
+    and maximum, and whether the input has a batch axis."""
     batched = float(x.dim() > 1)
     x = (x[:SUB_BATCH].reshape(min(len(x), SUB_BATCH), -1) if x.dim() > 1 else x.reshape(-1, 1)).double()
     finite = torch.isfinite(x)
-    values = torch.where(finite, x, 0.0)
+    count = finite.sum(1).double()
+    sums = torch.where(finite, x, 0.0).sum(1)
+    deviations = torch.where(finite, x - (sums / count.clamp(min=1))[:, None], 0.0)
     big = torch.finfo(torch.float32).max
     return torch.stack([
-        torch.full((len(x),), float(x.shape[1]), dtype=x.dtype, device=x.device), finite.sum(1).double(),
-        values.sum(1), values.square().sum(1),
+        torch.full((len(x),), float(x.shape[1]), dtype=x.dtype, device=x.device), count,
+        sums, deviations.square().sum(1),
         torch.where(finite, x, big).amin(1),
         torch.where(finite, x, -big).amax(1),
         torch.full((len(x),), batched, dtype=x.dtype, device=x.device),
@@ -165,8 +169,9 @@ def _combined(ranks):
     if rows[:, 0].sum() < 2:
         return None
     rows = rows[:SUB_BATCH] if rows[0, 6] else rows  # (a 1-d input: every entry)
-    entries, present, total, squares = rows[:, :4].sum(0)
+    entries, present, total, within = rows[:, :4].sum(0)
     mean = total / present
-    deviations = squares - 2 * mean * total + present * mean**2
+    counts = rows[:, 1]
+    deviations = within + (counts * (rows[:, 2] / counts.clamp(min=1) - mean) ** 2).sum()  # (and between the samples)
     stats = _of_finite(present, mean, deviations, rows[:, 4].amin(), rows[:, 5].amax()) + [1 - present / entries]
     return [t.float() for t in stats]

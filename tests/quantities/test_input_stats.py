@@ -44,6 +44,23 @@ def test_the_spread_of_inputs_far_from_zero():
     assert_matches(run(x.float()), x.float())
 
 
+@pytest.mark.parametrize("nonfinite", [False, True])
+@pytest.mark.parametrize("mean, std", [(1.7e9, 1.0), (1.7e12, 1e3), (-1e8, 1e-3)])
+def test_the_spread_of_float64_inputs_far_from_zero(mean, std, nonfinite):
+    """Raw float64 features (unix timestamps in s or ms): ``Σx² − n·mean²`` had no digit left (the std came
+    out 0 in one process, 18.5 instead of 0.99 from the ranks' rows); two passes, against numpy's, in one
+    process and from the rows of two ranks (7 and 33 samples), with a non-finite entry too."""
+    x = mean + std * torch.randn(40, 3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    if nonfinite:
+        x[2, 1, 0] = math.nan
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 2)).double()
+    stats = steps(model, InputStats(), [x], forward=lambda m, b: torch.nan_to_num(m(b) - m(b).detach()))[0]
+    ranks = dict(zip(KEYS, _combined([_per_sample(x[:7]), _per_sample(x[7:])])))
+    for found in stats["InputStats"], {k: v.item() for k, v in ranks.items()}:
+        assert found["std"] == pytest.approx(reference(x)["std"], rel=1e-6)
+        assert_matches(found, x)
+
+
 def test_a_batch_passed_by_keyword_is_read():
     """``model(x=batch)`` (Hugging Face's ``inputs_embeds=``): the hook sees the keyword arguments too."""
 
