@@ -19,7 +19,7 @@ part of the batch: it
 keeps per sample of its first ``SUB_BATCH`` the finite entries' count, sum, sum of squared deviations
 from their own mean, minimum and maximum (float64), and one all-gather at ``compute`` takes the global
 batch's first ``SUB_BATCH`` samples from them in rank order (the samples' squared deviations combined
-with their means' spread, Chan et al. 1979), as one process does (up to its float32 rounding).
+with their means' spread, Chan et al. 1979), as one process does.
 """
 
 import torch
@@ -110,13 +110,13 @@ def _sums(x):
 
 
 def _statistics(sums, x):
-    """``[mean, std, min, max, nonfinite]`` (float32) from ``_sums``: from the sums where they are all
+    """``[mean, std, min, max, nonfinite]`` (float64) from ``_sums``: from the sums where they are all
     finite (then every entry is), else from the finite entries of ``x``."""
     if not bool(torch.isfinite(sums).all()):
-        return [t.float() for t in _masked(x)]
+        return _masked(x)
     mean, squares, low, high = sums
     std = (squares / (x.numel() - 1)).sqrt()
-    return [t.float() for t in (mean, std, low, high, mean.new_zeros(()))]
+    return [mean, std, low, high, mean.new_zeros(())]
 
 
 def _masked(x):
@@ -151,8 +151,8 @@ def _per_sample(x):
     finite = torch.isfinite(x)
     count = finite.sum(1).double()
     sums = torch.where(finite, x, 0.0).sum(1)
-    deviations = torch.where(finite, x - (sums / count.clamp(min=1))[:, None], 0.0)
-    big = torch.finfo(torch.float32).max
+    deviations = torch.where(finite, x - (sums / count)[:, None], 0.0)  # (a sample without a finite entry: 0)
+    big = torch.finfo(x.dtype).max
     return torch.stack([
         torch.full((len(x),), float(x.shape[1]), dtype=x.dtype, device=x.device), count,
         sums, deviations.square().sum(1),
@@ -173,5 +173,4 @@ def _combined(ranks):
     mean = total / present
     counts = rows[:, 1]
     deviations = within + (counts * (rows[:, 2] / counts.clamp(min=1) - mean) ** 2).sum()  # (and between the samples)
-    stats = _of_finite(present, mean, deviations, rows[:, 4].amin(), rows[:, 5].amax()) + [1 - present / entries]
-    return [t.float() for t in stats]
+    return _of_finite(present, mean, deviations, rows[:, 4].amin(), rows[:, 5].amax()) + [1 - present / entries]

@@ -205,6 +205,15 @@ def test_the_ranks_rows_give_the_whole_batchs_statistics(shape):
     assert_matches({k: v.item() for k, v in stats.items()}, x)
 
 
+def test_the_ranks_rows_of_float64_entries_beyond_float32s_range():
+    """The rows' minimum and maximum leave the non-finite entries out as the input dtype's largest number:
+    float64 entries of 1e100 (beyond float32's 3.4e38) beside a NaN keep their extremes."""
+    x = 1e100 * (2 + torch.rand(6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0)))
+    x[0, 1] = x[3, 2] = math.nan
+    stats = dict(zip(KEYS, _combined([_per_sample(x[:2]), _per_sample(x[2:])])))
+    assert_matches({k: v.item() for k, v in stats.items()}, x)
+
+
 @pytest.mark.parametrize("finite", [0, 1, 2])
 def test_inputs_with_fewer_than_two_finite_entries(finite):
     """Of 3 × 4 entries only ``finite`` are finite (4.0 and 4.5): no finite entry gives NaN statistics (not a
