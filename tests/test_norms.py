@@ -8,7 +8,7 @@ from torch import nn
 
 from cockpit_lite import Cockpit
 from cockpit_lite.quantities import Distance, GradNorm, ParamNorm, UpdateSize
-from cockpit_lite.utils.norms import CHUNK, GATHER, dot, gathered, norms
+from cockpit_lite.utils.norms import CHUNK, EXACT, GATHER, dot, gathered, norms
 
 
 def test_a_vector_of_every_parameter_of_a_gpt_2_sized_model():
@@ -18,6 +18,16 @@ def test_a_vector_of_every_parameter_of_a_gpt_2_sized_model():
     (value,) = norms([x])
     assert value.dtype == torch.float32
     assert float(value) == pytest.approx(exact, rel=1e-7)
+
+
+@pytest.mark.parametrize("size, rel", [(CHUNK + 1, 1.2e-7), (50_176, 1.2e-7), (EXACT, 1.2e-7), (EXACT + 1, 3e-6)])
+def test_equal_entries_the_worst_case_of_a_float32_sum(size, rel):
+    """Up to ``EXACT`` elements the norm is reduced in float64: the float32 result's rounding only (a float32
+    sum of 50,176 equal squares is 2·10⁻⁶ off); above, rows of ``CHUNK`` elements: the bound the module gives."""
+    for value in (0.1, 1.1, 2.1):
+        x = torch.full((size,), value)
+        (norm,) = norms([x])
+        assert float(norm) == pytest.approx(value * math.sqrt(size), rel=rel)
 
 
 def test_small_and_large_mixed_keep_their_order_and_dtypes():
