@@ -5,8 +5,8 @@ forward pass of the step (calls with gradients enabled; a module called several 
 averages its calls; a call whose output has no entries, such as an expert no sample was
 routed to, adds nothing):
 
-- ``mean`` and ``std`` of all entries of ``y`` (``std`` from the second moment
-  ``⟨y, y⟩ / n − mean²``);
+- ``mean`` and ``std`` of all entries of ``y`` (``std = ‖y − mean‖ / √n``, centred first: the second
+  moment ``⟨y, y⟩ / n − mean²`` cancels when ``|mean| ≫ std``, as for a sigmoid's outputs near 1);
 - ``dead`` (ReLU family): fraction of units that never fired in the batch,
   ``1 − mean_u 1[max_n y_{n,u} > 0]``, a unit being one position of ``y[n]`` (a feature,
   or a channel at one pixel; a 1-d output ``y[n]`` is a batch of scalars, one unit);
@@ -42,7 +42,8 @@ activation *modules* (a functional ``F.relu`` is not seen).
 
 Under torch.distributed (DDP, or a model sharded by FSDP2: ``cockpit_lite.sharded``) each rank sees its part
 of the batch:
-the hooks keep sums instead (entries, their sum and sum of squares in float64; per unit whether
+the hooks keep sums instead (entries, their sum and the sum of squared deviations from the part's own
+mean in float64, combined over the ranks with the spread of the parts' means; per unit whether
 it fired; per sample of the first ``SUB_BATCH`` the zeros and saturated entries), and one
 all-gather at ``compute`` combines the ranks' in rank order, so that every statistic is the
 global batch's, as in one process (up to the float32 rounding of the one-process reductions;
@@ -263,8 +264,8 @@ def _statistics(y, kind):
     y32 = y.float()
     flat = y32.reshape(-1)
     zero = y32.new_zeros(())
-    mean = flat.mean()  # std from the second moment: torch.std_mean is ~10x slower on CPU
-    std = (torch.dot(flat, flat) / flat.numel() - mean.square()).clamp(min=0).sqrt()
+    mean = flat.mean()  # (torch.std_mean is several times slower on a CPU)
+    std = torch.linalg.vector_norm(flat - mean) / flat.numel() ** 0.5
     sub = y32[:SUB_BATCH] if y32.dim() > 1 else y32
     zeros = (sub == 0).float().mean()
     dead = saturated = zero
@@ -280,13 +281,15 @@ def _statistics(y, kind):
 
 
 def _partial(y, kind, gates=None):
-    """Several ranks: what one rank's part of a call adds to ``_statistics``: ``[[entries, Σy, Σy²], [samples],
+    """Several ranks: what one rank's part of a call adds to ``_statistics``: ``[[entries, Σy, Σ(y − ȳ)²], [samples],
     fired per unit (ReLU), zeros per sample, saturated per sample]`` (float64; per sample of the
     first ``SUB_BATCH``; of a 1-d output, every entry its own sample), a recurrent layer's
     ``saturated`` from its gates as ``[fraction]``."""
     y64 = y.double()
     flat = y64.reshape(-1)
-    sums = torch.stack([flat.new_tensor(float(flat.numel())), flat.sum(), torch.dot(flat, flat)])
+    total = flat.sum()
+    centred = flat - total / flat.numel()
+    sums = torch.stack([flat.new_tensor(float(flat.numel())), total, torch.dot(centred, centred)])
     sub = y64[:SUB_BATCH].reshape(min(len(y64), SUB_BATCH), -1) if y64.dim() > 1 else y64.reshape(-1, 1)
     fired = (y64.amax(0) > 0).double().reshape(-1) if kind == "relu" else flat.new_zeros(0)
     if kind == "tanh":
@@ -301,12 +304,14 @@ def _partial(y, kind, gates=None):
 
 def _global_statistics(parts, kind):
     """``_statistics`` of one call over all ranks' samples, from their ``_partial`` sums in rank order."""
-    sums = sum(part[0] for part in parts)
+    sums = torch.stack([part[0] for part in parts])  # [entries, Σy, Σ(y − ȳ_part)²] of each part
     samples = sum(float(part[1][0]) for part in parts)
     batched = bool(parts[0][1][1])  # (a 1-d output: every entry counts, each its own sample)
-    mean = sums[1] / sums[0]
-    std = (sums[2] / sums[0] - mean**2).clamp(min=0).sqrt()
-    width = sums[0] / samples if batched else 1.0  # entries per sample
+    entries = sums[:, 0].sum()
+    mean = sums[:, 1].sum() / entries
+    spread = (sums[:, 0] * (sums[:, 1] / sums[:, 0] - mean).square()).sum()  # (the parts' means about the mean)
+    std = ((sums[:, 2].sum() + spread) / entries).sqrt()
+    width = entries / samples if batched else 1.0  # entries per sample
     zeros = torch.cat([part[3] for part in parts])[:SUB_BATCH if batched else None]
     first = len(zeros)
     zeros = zeros.sum() / (first * width)

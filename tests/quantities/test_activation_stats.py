@@ -727,3 +727,40 @@ def test_the_engines_rerun_of_a_module_is_not_taken_for_the_users_forward_pass()
     assert all(math.isfinite(record[s]["NormTest"]) for s in range(4))
     stats = record[0]["ActivationStats"]
     assert set(stats) >= {"lstm"} and math.isfinite(stats["lstm"]["mean"])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_std_of_outputs_far_from_zero(seed):
+    """A sigmoid saturated near 1 (|mean| / std ≈ 7·10⁴) and a SiLU behind a large bias (≈ 10⁴): std against
+    numpy on the same float32 outputs, to 10⁻⁴ relative (the second moment ``⟨y, y⟩ / n − mean²`` in float32 gave
+    0 or several times the std)."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(8, 64), nn.Sigmoid(), nn.Linear(64, 64), nn.SiLU(), nn.Linear(64, 1))
+    with torch.no_grad():
+        model[0].weight.mul_(1e-2)
+        model[0].bias.fill_(6.0)
+        model[2].weight.mul_(1e-1)
+        model[2].bias.fill_(100.0)
+    outputs = {}
+    for name in ("1", "3"):
+        model.get_submodule(name).register_forward_hook(
+            lambda mod, a, out, name=name: outputs.__setitem__(name, out.detach().double().numpy()))
+    cp = Cockpit(model, [ActivationStats()], diagnose=False)
+    loss = model(torch.randn(64, 8)).square().mean()
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    stats = cp.output[0]["ActivationStats"]
+    for name, ratio in (("1", 3e4), ("3", 1e3)):
+        y = outputs[name]
+        assert abs(y.mean()) / y.std() > ratio
+        assert stats[name]["std"] == pytest.approx(y.std(), rel=1e-4), name
+        assert stats[name]["mean"] == pytest.approx(y.mean(), rel=1e-6), name
+
+
+def test_the_ranks_std_of_outputs_far_from_zero():
+    """The ranks' sums (float64) at |mean| / std = 10⁹: the parts' squared deviations from their own means with
+    the spread of those means, against numpy (a sum of squares in float64 lost the std entirely)."""
+    y = 1e6 + 1e-3 * torch.randn(20, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    stats = _global_statistics([_partial(y[:13], "gelu"), _partial(y[13:], "gelu")], "gelu")
+    assert stats[1].item() == pytest.approx(y.numpy().std(), rel=1e-4)
+    assert stats[0].item() == pytest.approx(y.numpy().mean(), rel=1e-7)
