@@ -6,6 +6,7 @@ Usage::
         [--problems mlp cnn transformer gpt resnet_bn resnet18] [--configs "lite economy" ...]
         [--leave-one-out] [--optimizer sgd|adamw]
     python -m benchmarks.bench_overhead --budget [FACTOR] [--budget-lengths 100 300 1000 ...]
+    python -m benchmarks.bench_overhead --period [--repeats 200] [--problems mlp ...]
 
 For each problem (an MLP 784-64-10 and a small CNN on 3×32×32 inputs, a transformer
 encoder classifier: embedding, 2 layers, d=64, 4 heads, sequence 32, and a small ResNet
@@ -46,6 +47,12 @@ not BackPACK-extended (BackPACK's hooks alone slow every step down): the time of
 run (a fresh model and Cockpit each) over a plain twin's, alternated plain, budgeted,
 budgeted, plain (rounds enough for 3 s of plain steps, at most 40: a load spike of the
 machine lasts milliseconds), with the steps each tier was recorded at.
+
+``--period`` instead prints where the default ``Cockpit(model)`` spends its time: the time it adds
+at each step of the diagnosis schedule's period (``cockpit_lite.diagnosis.EVERY`` steps after the
+dense start: the recorded step, the step after it, where ``UpdateSize`` takes its difference, and
+the untracked steps), each the median over ``--repeats`` rounds of that step's time minus the plain
+step's at the same place of the period (a round runs one period of each, interleaved).
 
 Timings are medians over ``--repeats`` interleaved rounds (every configuration runs
 once per round, so a load change on the machine hits all of them alike); a
@@ -430,6 +437,38 @@ def print_budget_lengths(factor, lengths, problems, level="full"):
     return results
 
 
+def period_costs(problem, rounds):
+    """``(plain step seconds, [seconds Cockpit(model) adds at each step of the diagnosis period]``, the
+    period's first step the recorded one): ``--period``."""
+    runners = [Runner(problem), Runner(problem, lambda m: Cockpit(m), backpack=False)]
+    for runner in runners:  # past the dense start, at the start of a period
+        runner.run_step()
+        while runner.step < diagnosis.DENSE_STEPS or runner.step % diagnosis.EVERY:
+            runner.run_step()
+    times = [[[] for _ in range(diagnosis.EVERY)] for _ in runners]
+    for _ in range(rounds):
+        for runner, per_step in zip(runners, times):
+            for place in per_step:
+                start = time.perf_counter()
+                runner.run_step()
+                place.append(time.perf_counter() - start)
+    plain, observed = ([statistics.median(place) for place in per_step] for per_step in times)
+    return statistics.median(plain), [o - p for o, p in zip(observed, plain)]
+
+
+def print_period(problems, rounds):
+    """The ``--period`` table: per problem, what the default diagnosis adds at each step of its period."""
+    every = diagnosis.EVERY
+    print(f"Cockpit(model) (default diagnosis): time added at each step of its {every}-step period, ms "
+          f"(median of {rounds} interleaved periods, batch {BATCH}, 1 thread)")
+    print(f"{'problem':<12}{'plain':>8}{'recorded':>10}{'after':>8}{'untracked (median)':>20}{'period':>9}")
+    for problem in problems:
+        plain, added = period_costs(problem, rounds)
+        ratio = 1 + sum(added) / (every * plain)
+        print(f"{problem:<12}{plain * 1e3:>8.3f}{added[0] * 1e3:>10.3f}{added[1] * 1e3:>8.3f}"
+              f"{statistics.median(added[2:]) * 1e3:>20.3f}{ratio:>8.2f}x", flush=True)
+
+
 def main(argv=None):
     global OPTIMIZER
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -451,6 +490,8 @@ def main(argv=None):
                         help="the budget table instead: problems x run lengths, against a plain twin")
     parser.add_argument("--budget-level", default="full", choices=LEVELS)
     parser.add_argument("--budget-lengths", type=int, nargs="+", default=[100, 300, 1000, 3000])
+    parser.add_argument("--period", action="store_true",
+                        help="where the default diagnosis's time goes: what it adds at each step of its period")
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.steps = 2, 2
@@ -459,6 +500,11 @@ def main(argv=None):
     logging.getLogger("cockpit_lite.diagnosis").setLevel(logging.ERROR)  # findings on random data: not the point
     if args.budget is not None:
         print_budget_lengths(args.budget, args.budget_lengths, args.problems, args.budget_level)
+        return
+    if args.period:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            print_period(args.problems, args.repeats)
         return
     with_peer = False
     if not args.no_peer:

@@ -80,6 +80,8 @@ TABLES = {
     "overhead": _measured("overhead"),
     "diagnosis_cost": _measured("diagnosis_cost"),
     "diagnosis_signals": _measured("diagnosis_signals"),
+    "diagnosis_period": _measured("diagnosis_period"),
+    "recipe_under_load": _measured("recipe_under_load"),
     "budget": _measured("budget"),
     "memory": _measured("memory"),
     "histogram": _measured("histogram"),

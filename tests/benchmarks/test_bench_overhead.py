@@ -46,6 +46,15 @@ def test_signals_times_each_signal_of_the_diagnosis_alone(capsys):
     assert rows == list(diagnosis.signals.SIGNALS)
 
 
+def test_period_prints_what_the_default_adds_at_each_step_of_its_period(capsys):
+    """One row per problem: the plain step, the recorded step, the step after, the untracked steps, the period."""
+    bench_overhead.main(["--period", "--repeats", "2", "--problems", "mlp"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split() == ["problem", "plain", "recorded", "after", "untracked", "(median)", "period"]
+    row = out[2].split()
+    assert row[0] == "mlp" and len(row) == 6 and row[-1].endswith("x") and float(row[1]) > 0
+
+
 def test_resnet18_has_torchvision_s_layout():
     """torchvision's ResNet-18 with 10 classes has 11,181,642 parameters: 20 convolutions (3 of them
     1×1 shortcuts), 20 BatchNorms, one linear layer."""
