@@ -100,10 +100,11 @@ DEVICE_TESTS = (
     "tests/engine/test_window.py", "tests/test_cockpit.py", "tests/test_subsample.py", "tests/test_histogram.py",
     "tests/engine/test_transforms.py",
     # the cases of code a GPU alone runs, outside the files above (the survivors of the mutation runs,
-    # docs/development.md): the embedding rule's keys, the generic re-run's and the global path's random
-    # states, the batch-independence check's mask
+    # docs/development.md): the embedding rule's keys, the generic re-run's random states and autocast, the
+    # global path's random states, the batch-independence check's mask
     "tests/engine/test_rules.py::test_embedding_rule_matches_a_sample_loop",
     "tests/engine/test_rules.py::test_the_generic_re_run_leaves_buffers_and_the_random_state_alone",
+    "tests/engine/test_rules.py::test_the_generic_re_run_runs_without_the_users_autocast",
     "tests/engine/test_global_path.py::test_backward_passes_that_recompute_a_dropout_leave_the_random_state_alone",
     "tests/checks/test_batch_independence.py::test_mixing_is_measured_and_fixed",
 )

@@ -1055,6 +1055,39 @@ def test_the_generic_rule_on_a_float32_model_keeps_float32_precision(monkeypatch
         torch.testing.assert_close(got[index].double(), reference, rtol=1e-4, atol=1e-5)
 
 
+class Matmul(nn.Module):
+    """A custom layer (the generic rule) whose matrix product autocast runs in bf16: ``tanh(x W)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 3))
+
+    def forward(self, x):
+        return torch.tanh(x @ self.w)
+
+
+@pytest.mark.parametrize("device", problems.CPU_AND_CUDA)
+def test_the_generic_re_run_runs_without_the_users_autocast(device):
+    """Forward and backward inside ``torch.autocast(device, bfloat16)``: the re-run turns autocast off on the
+    device the layer runs on, so its individual gradients are float32's, ``x_nᵀ (δ_n ⊙ (1 − tanh²(x_n W)))`` with
+    the output gradient ``δ`` of that backward pass, against float64 to 1e-4 (a bf16 re-run is about 1e-2 off)."""
+    torch.manual_seed(0)
+    layer, x = Matmul().to(device), torch.randn(6, 4, device=device)
+    deltas, hooked = [], []
+
+    def keep_output_grad(module, args, out):
+        if not deltas and not hooked:  # the user's forward pass (not the engine's re-run)
+            hooked.append(out.register_hook(deltas.append))
+
+    layer.register_forward_hook(keep_output_grad)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        (got,) = engine_individual_gradients(layer, x)
+    (delta,) = deltas
+    x64, w64 = x.double(), layer.w.detach().double()
+    reference = x64[:, :, None] * (delta.double() * (1 - torch.tanh(x64 @ w64) ** 2))[:, None, :]
+    torch.testing.assert_close(got.double(), reference, rtol=1e-4, atol=1e-6)
+
+
 class Elementwise(nn.Module):
     """A custom layer (the generic rule): ``tanh(x · w)``, elementwise (promoting mixed dtypes)."""
 
