@@ -29,10 +29,13 @@ sequence. On a packed sequence they are those of its entries (``PackedSequence.d
 the first ``SUB_BATCH`` rows are the first time steps), and ``saturated`` is NaN (not recomputed).
 
 Cost: ``mean``, ``std`` and ``dead`` are reductions over the whole batch (``dead`` needs
-every sample: a unit that fires on one sample in 30 is alive); ``zeros`` and
+every sample: a unit that fires on one sample in 30 is alive); ``std`` centres the output
+first, one element-wise pass and a temporary of the output's size (on one CPU thread 0.38 ms
+for 5·10⁵ entries, 47 ms for 1.3·10⁷, against 0.15 and 6.4 ms for the uncentred second moment,
+whose cancellation it avoids; ``torch.var_mean`` took 3.4 and 82 ms); ``zeros`` and
 ``saturated`` are fractions of entries, unbiased on a sub-batch, and need an
 element-wise comparison (on CPU 5-20x dearer than a reduction), so they read the first
-``SUB_BATCH`` samples only.
+``SUB_BATCH`` samples only. All of it runs only at the steps the quantity records.
 
 The value is ``{module name: {"type": class name, "mean", "std", "zeros", "dead",
 "saturated"}}`` in the order the modules ran (``None`` where a statistic does not
