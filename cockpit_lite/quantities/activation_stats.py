@@ -66,6 +66,7 @@ import torch
 from torch import nn
 
 from cockpit_lite.quantities.base import Needs, Output, Quantity, input_module, user_forward
+from cockpit_lite.utils.moments import pooled
 from cockpit_lite.utils.shards import module_class
 
 RELU = (nn.ReLU, nn.ReLU6)
@@ -311,9 +312,8 @@ def _global_statistics(parts, kind):
     samples = sum(float(part[1][0]) for part in parts)
     batched = bool(parts[0][1][1])  # (a 1-d output: every entry counts, each its own sample)
     entries = sums[:, 0].sum()
-    mean = sums[:, 1].sum() / entries
-    spread = (sums[:, 0] * (sums[:, 1] / sums[:, 0] - mean).square()).sum()  # (the parts' means about the mean)
-    std = ((sums[:, 2].sum() + spread) / entries).sqrt()
+    mean, deviations = pooled(sums[:, 0], sums[:, 1], sums[:, 2])
+    std = (deviations / entries).sqrt()
     width = entries / samples if batched else 1.0  # entries per sample
     zeros = torch.cat([part[3] for part in parts])[:SUB_BATCH if batched else None]
     first = len(zeros)

@@ -25,6 +25,7 @@ with their means' spread, Chan et al. 1979), as one process does.
 import torch
 
 from cockpit_lite.quantities.base import Needs, Output, Quantity, input_module, user_forward
+from cockpit_lite.utils.moments import pooled
 
 KEYS = ("mean", "std", "min", "max", "nonfinite")
 SUB_BATCH = 16
@@ -169,8 +170,6 @@ def _combined(ranks):
     if rows[:, 0].sum() < 2:
         return None
     rows = rows[:SUB_BATCH] if rows[0, 6] else rows  # (a 1-d input: every entry)
-    entries, present, total, within = rows[:, :4].sum(0)
-    mean = total / present
-    counts = rows[:, 1]
-    deviations = within + (counts * (rows[:, 2] / counts.clamp(min=1) - mean) ** 2).sum()  # (and between the samples)
+    entries, present = rows[:, :2].sum(0)
+    mean, deviations = pooled(rows[:, 1], rows[:, 2], rows[:, 3])  # (the samples' finite entries)
     return _of_finite(present, mean, deviations, rows[:, 4].amin(), rows[:, 5].amax()) + [1 - present / entries]
