@@ -2,6 +2,7 @@
 process on the whole batch, the curvature quantities' too (Hessian-vector products averaged over the
 ranks, the engine's GGN diagonal), and training with them is that without a Cockpit, bit for bit."""
 
+import contextlib
 import math
 import os
 import pickle
@@ -15,11 +16,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from unittest import mock
 
 import models
 import problems
 from experiments.fsdp_equality import flatten, histograms_agree
 from cockpit_lite import Cockpit, budget, configuration, quantities
+from cockpit_lite.engine import per_sample
+from cockpit_lite.quantities import alpha
 from cockpit_lite.quantities.bin_adaptation import GradAbsMax, ParamAbsMax
 
 WORLD = 2
@@ -90,22 +94,25 @@ def _loss(model, x, y, name, scale):
 
 
 def _train(name, shards, micro, rank=None, accumulate=False, curvature=False, diagnose=False, tracking=True,
-           static=False, group=None):
+           static=False, group=None, turned=False):
     """Train with a Cockpit (``tracking``; else without one); ``shards`` are the sample counts per rank (one
     process: the whole batch). Returns the record and the parameters after training.
 
     ``micro`` micro-batches per step (the first ones under ``no_sync``): only the last in
     ``cp(step)``, or with ``accumulate`` every one (``Cockpit(accumulate=True)``); ``curvature``:
     ``_quantities``' argument; ``static``: ``DistributedDataParallel(static_graph=True)``; ``group``: DDP's
-    process group (``rank`` is the rank in it), else the default one.
+    process group (``rank`` is the rank in it), else the default one; ``turned``: AdamW with
+    ``clip_grad_value_`` after the backward pass (the update turns away from the one predicted in it).
     """
     torch.manual_seed(0)
     model = _model(name)
     tracked = model if rank is None else torch.nn.parallel.DistributedDataParallel(
         model, static_graph=static, find_unused_parameters=name == "sparse_expert", process_group=group)
     assert micro == 1 or rank is not None
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    cp = Cockpit(tracked, _quantities(curvature), strict=name != "tied_in_own_code", diagnose=diagnose,  # (flagged at step 0)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01) if turned else torch.optim.SGD(model.parameters(), lr=0.1)
+    sgd_only = (quantities.CABS, quantities.EarlyStopping)
+    tracks = [q for q in _quantities(curvature) if not (turned and isinstance(q, sgd_only))]
+    cp = Cockpit(tracked, tracks, strict=name != "tied_in_own_code", diagnose=diagnose,  # (flagged at step 0)
                  accumulate=accumulate) if tracking else None
     total = sum(shards)
     start = 0 if rank is None else sum(shards[:rank])
@@ -125,6 +132,8 @@ def _train(name, shards, micro, rank=None, accumulate=False, curvature=False, di
                 if cp is not None and (last or accumulate):
                     stack.enter_context(cp(step, info={"loss": loss, "optimizer": opt}))
                 loss.backward()
+        if turned:
+            torch.nn.utils.clip_grad_value_(model.parameters(), 1e-3)
         opt.step()
     return (cp.get_output() if cp is not None else None), [p.detach().clone() for p in model.parameters()]
 
@@ -136,7 +145,9 @@ def _worker(rank, cases, path):
         torch.set_num_threads(1)
         records = {}
         for case, (name, shards, micro, *options) in cases.items():
-            records[case], params = _train(name, shards, micro, rank, *options, static=case in STATIC)
+            with _patched(case):
+                records[case], params = _train(name, shards, micro, rank, *options, static=case in STATIC,
+                                               turned=case in TURNED)
             if rank != 0:
                 assert records[case] == {}, "only rank 0 keeps the record"
             if case in STATIC:
@@ -149,7 +160,7 @@ def _worker(rank, cases, path):
             Cockpit(torch.nn.parallel.DistributedDataParallel(_model("mlp")), [quantities.NormTest()], diagnose=False,
                     samples=2)  # a draw across ranks (the fix, samples=None: every case above)
         _empty_parts_name_the_fix()
-        _turned_updates_are_nan()
+        _ranks_that_keep_different_parameters()
         if rank == 0:
             with open(path, "wb") as file:
                 pickle.dump(records, file)
@@ -180,27 +191,26 @@ def _empty_parts_name_the_fix():
     assert dist.get_rank() != 0 or math.isfinite(cp.get_output()[0]["NormTest"]), cp.get_output()
 
 
-def _turned_updates_are_nan():
-    """AdamW with ``clip_grad_value_`` turns the update away from the one predicted in backward; under DDP the
-    ranks' slopes are gathered before the step, so α keeps nothing for the step: NaN, flagged as such at
-    every tracked step (one process would keep the individual gradients from the next step on)."""
+def _ranks_that_keep_different_parameters():
+    """α's slopes of parameters kept until the optimizer's step are gathered in its post-hook with which
+    parameters each rank kept; ranks that disagree (here made to: rank 1 keeps no 1-D parameter, rank 0 all)
+    give NaN with a flag, and no rank waits for another."""
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(_model("mlp"))
-    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     cp = Cockpit(model, [quantities.Alpha()], diagnose=False)
     rank = dist.get_rank()
-    for step, (x, y) in enumerate(_batches("mlp", 8)):
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x[4 * rank:4 * rank + 4]), y[4 * rank:4 * rank + 4])
-        with cp(step, info={"loss": loss, "optimizer": opt}):
-            loss.backward()
-        torch.nn.utils.clip_grad_value_(model.parameters(), 1e-3)
-        opt.step()
-    record = cp.get_output()
+    with mock.patch.object(alpha, "KEEP_ELEMENTS", 0), mock.patch.object(alpha, "kept_always", lambda p: rank == 0):
+        for step, (x, y) in enumerate(_batches("mlp", 8)):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x[4 * rank:4 * rank + 4]), y[4 * rank:4 * rank + 4])
+            with cp(step, info={"loss": loss, "optimizer": opt}):
+                loss.backward()
+            opt.step()
     for step in (0, 1) if rank == 0 else ():
-        assert math.isnan(record[step]["Alpha"]), record[step]
-        assert any("turned" in f and "under torch.distributed α is NaN at such steps" in f
-                   for f in record[step]["flags"]), record[step]["flags"]
+        record = cp.get_output()[step]
+        assert math.isnan(record["Alpha"]) and any("kept the individual gradients of different parameters" in f
+                                                   for f in record["flags"]), record
 
 
 def _spawn_or_fail(worker, path, processes, seconds, why):
@@ -233,15 +243,33 @@ CASES = {  # case -> (model, samples per rank, micro-batches per step[, every mi
     "skipped_on_a_rank": ("sparse_expert", (5, 3), 1),
     "one_input_entry_on_a_rank": ("one_feature", (3, 1), 1),
     "recurrent": ("lstm", (4, 3), 1),
+    "turned": ("mlp", (4, 4), 1), "turned_unequal": ("mlp", (5, 3), 1), "turned_gpt": ("gpt", (3, 2), 1),
+    "turned_without_room": ("mlp", (5, 3), 1), "kept_and_predicted": ("mlp", (5, 3), 1),
+    "chunked_unequal": ("vit_like", (4, 3), 1),
 }
 """``global_path``: the engine finds the tie in the user's backward pass (flagged at step 0); with the
 curvature quantities, the GGN diagonal's first pass, which runs before it, finds it (nothing flagged,
 step 0 exact)."""
+TURNED = ("turned", "turned_unequal", "turned_gpt", "turned_without_room")
+"""Cases trained with AdamW and ``clip_grad_value_``, which turns every update away from the one α predicts
+in the backward pass. α's probe keeps every parameter's individual gradients from the first start step on,
+every rank its samples' (α exact at every step, as in one process); without room for them (``PATCHES``) it
+keeps the 1-D ones only, finds the turn, and the first step is NaN with a flag, the next exact."""
+PATCHES = {"turned_without_room": (alpha, "KEEP_ELEMENTS", 0), "kept_and_predicted": (alpha, "KEEP_ELEMENTS", 0),
+           "chunked_unequal": (per_sample, "CPU_GRAD_BATCH_ELEMENTS", 64)}
+"""A module's constant set for a case (one process's run too). ``kept_and_predicted``: α's slopes of each
+sample are its 1-D parameters' kept ones (gathered in the optimizer's step post-hook) plus the others'
+predicted ones (gathered after the backward pass). ``chunked_unequal``: every factored layer's transforms run
+on chunks of samples, which scale by ``B / W = 3.5``."""
 STATIC = ("curvature",)
 """Cases under ``DistributedDataParallel(static_graph=True)``, whose parameters are also compared with
 those of training without a Cockpit: DDP queues the first step's gradient reduction from the first
 backward pass through its output, and the Cockpit's own passes (Hessian-vector products, the GGN's and
 the global path's, before the user's backward pass) must not take that turn."""
+
+
+def _patched(case):
+    return mock.patch.object(*PATCHES[case]) if case in PATCHES else contextlib.nullcontext()
 
 
 def test_ddp_equals_one_process_on_the_whole_batch(tmp_path):
@@ -250,7 +278,15 @@ def test_ddp_equals_one_process_on_the_whole_batch(tmp_path):
     with open(path, "rb") as file:
         records = pickle.load(file)
     for case, (name, shards, micro, *options) in CASES.items():
-        _check_case(case, name, shards, micro, records[case], *options)
+        with _patched(case):
+            _check_case(case, name, shards, micro, records[case], *options, turned=case in TURNED)
+    for case in TURNED:  # (equal to one process's above; here: a number where one process has one)
+        alphas = [entry["Alpha"] for _, entry in sorted(records[case].items()) if "Alpha" in entry]
+        assert len(alphas) == STEPS - 1 and math.isnan(alphas[0]) == (case == "turned_without_room"), (case, alphas)
+        assert all(math.isfinite(a) for a in alphas[1:]), (case, alphas)
+        turn = [f for f in records[case][0].get("flags", []) if "turned" in f]
+        assert bool(turn) == (case == "turned_without_room"), (case, turn)
+        assert all("keeps the individual gradients" in f for f in turn), turn
     curvature = records["curvature"]
     for entry in curvature.values():  # (compared with one process above; here: by what)
         assert {q: entry["meta"][q]["curvature"] for q in ("HessTrace", "TICDiag")} == {
@@ -258,11 +294,12 @@ def test_ddp_equals_one_process_on_the_whole_batch(tmp_path):
     assert all(entry["meta"]["HessTrace"]["curvature"] == "diag_ggn_mc" for entry in records["monte_carlo"].values())
 
 
-def _check_case(case, name, shards, micro, distributed, accumulate=False, curvature=False, diagnose=False):
+def _check_case(case, name, shards, micro, distributed, accumulate=False, curvature=False, diagnose=False,
+                turned=False):
     """Against one process on the whole batch (``no_sync``: on the same last micro-batches; every
     micro-batch accumulated: the whole batch, which is their union)."""
-    single = (_train(name, (sum(shards),), 1, curvature=curvature, diagnose=diagnose)[0] if micro == 1 or accumulate
-              else _train_single_micro(name, shards))
+    single = (_train(name, (sum(shards),), 1, curvature=curvature, diagnose=diagnose, turned=turned)[0]
+              if micro == 1 or accumulate else _train_single_micro(name, shards))
     assert sorted(distributed) == sorted(single), case
     for step in single:
         if accumulate:

@@ -67,7 +67,7 @@ class PerSample:
         param: the parameter tensor.
         index: position of the parameter in the Cockpit's parameter list.
         batch_size: ``B``, the number of samples of the whole batch (the scale of
-            ``g̃_n = B · grad_batch[n]``).
+            ``g̃_n = B · grad_batch[n]``; under DDP ``B / W``, ``cockpit_lite.distributed``).
         grad_before: the gradient the optimizer had before this backward pass
             (gradient accumulation), or ``None``.
     """
@@ -89,7 +89,9 @@ class PerSample:
         self._square_sums = None  # ``square_sums``, once formed
         if grad_batch is not None:
             self.grad_batch = at_least_float32(grad_batch)
-        self.batch_size = self.num_samples if batch_size is None else int(batch_size)
+        if batch_size is not None:  # (under DDP ``B / W``: not an integer where the shards are unequal)
+            batch_size = int(batch_size) if float(batch_size).is_integer() else float(batch_size)
+        self.batch_size = self.num_samples if batch_size is None else batch_size
 
     @classmethod
     def zeros(cls, param, index, samples, **kwargs):

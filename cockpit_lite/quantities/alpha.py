@@ -86,9 +86,15 @@ class Alpha(Quantity):
     (within ``KEEP_ELEMENTS``) and predict their update as well, to check the prediction
     against the real update: a recipe that turns the update from its start keeps them from then on, with no
     step lost; one whose predictions held predicts from then on, and a turn that appears
-    later makes that step NaN with a flag and α keeps them from the next start step on (not
-    under torch.distributed: the ranks' slopes are gathered before the step, so such steps
-    stay NaN). At a subsampled start step (below) α keeps, besides the 1-D ones, the drawn samples'
+    later makes that step NaN with a flag and α keeps them from the next start step on. Under
+    DDP every rank keeps its samples' individual gradients of the same parameters (at a probe
+    step those that fit counted densely, as the rank's share ``B / W`` of the batch times the
+    parameter's size, alike on every rank, where one process counts the form they came in) and
+    projects them onto the update in the step post-hook, where one all-gather puts the ranks'
+    slopes together in rank order, at every start step (ranks that kept different parameters,
+    which only a bug would make, give NaN with a flag, never a sum of different parameters'
+    slopes). On a model sharded by FSDP2 nothing is kept, and such steps stay NaN. At a
+    subsampled start step (below) α keeps, besides the 1-D ones, the drawn samples'
     individual gradients of every parameter while they hold at most ``KEEP_ELEMENTS`` elements
     in all (a small model's: all of them) and predicts only the others' updates. At step t+1
     the update ``θ_{t+1} − θ_t`` must be the one the optimizer made (parameters changed after
@@ -134,11 +140,16 @@ class Alpha(Quantity):
         self._seed = None
         self._keep = None  # keep the start steps' individual gradients until optimizer.step(); None: undecided
         self._probed = 0  # start steps probed so far (``PROBE_STEPS``)
-        self._distributed = False
+        self._sharded = False  # FSDP2: nothing is kept
+        self._ranks = None  # DDP: the ``Group`` whose ranks' slopes of the kept parameters ``_gather_kept`` joins
+        self._sizes = None
         self._hook = None
 
     def bind(self, cockpit):
-        self._distributed = cockpit.group is not None
+        group = cockpit.group
+        self._sharded = group is not None and group.sharded
+        self._ranks = group if group is not None and not group.sharded else None
+        self._sizes = lambda: cockpit.engine.sizes  # (DDP: every rank's number of samples at the step)
 
     def unbind(self):
         self._remove_hook()
@@ -170,7 +181,7 @@ class Alpha(Quantity):
             optimizer = info.require("optimizer", self.name)
             predict = UpdatePredictor(optimizer)
             predicted = {}
-            kept = None if self._distributed else {}
+            kept = None if self._sharded else {}
             self._pending = {"optimizer": optimizer, "predicted": predicted, "kept": kept}
 
             def predicted_update(per_sample):
@@ -183,7 +194,8 @@ class Alpha(Quantity):
 
             probing = self._keep is None and kept is not None and self._probed < PROBE_STEPS
             self._pending["probing"] = probing
-            keep_if = None if self._keep else _keeps(info, predicted_update if probing else None)
+            keep_if = None if self._keep else _keeps(info, predicted_update if probing else None,
+                                                     dense=self._ranks is not None)
             transforms.append(BatchDotDirection(("Alpha", "start"), predicted_update, keep=kept, keep_if=keep_if))
         return Needs(transforms=tuple(transforms))
 
@@ -224,6 +236,7 @@ class Alpha(Quantity):
                 "failure": None,
                 "no_learning_rate": all(_is_zero(group.get("lr")) for group in pending["optimizer"].param_groups),
                 "probing": pending["probing"],
+                "sizes": self._sizes() if self._ranks is not None else None,
             }
             self._hook = pending["optimizer"].register_step_post_hook(self._after_step)
         return output
@@ -251,6 +264,8 @@ class Alpha(Quantity):
             self._place(start, update, predicted, grad, kept)
         except Exception as error:
             start["failure"] = f"Alpha: placing the step failed: {error!r}"
+        if self._ranks is not None:  # on every rank, whatever happened above: the others wait for it
+            self._gather_kept(start)
 
     def _place(self, start, update, predicted, grad, kept):
         """``_after_step``'s sums: ``gᵀd``, ``‖d‖`` and the individual slopes' ``g̃_nᵀ d`` into ``start``, or
@@ -261,7 +276,7 @@ class Alpha(Quantity):
             self._probed += 1
             checked = [i for i in sorted(kept) if not kept_always(start["params"][i])]
             if not _predicted_on_line(checked, predicted, update):
-                self._keep = not self._distributed
+                self._keep = not self._sharded
             elif self._probed >= PROBE_STEPS:
                 self._keep = False
         rest = [i for i in range(len(update)) if i not in kept]  # projected onto the prediction in backward
@@ -277,13 +292,46 @@ class Alpha(Quantity):
                              (rest_sums[1][1], rest_sums[0][1], rest_sums[0][0]))
             if scale is None:
                 start["edited"] = True
-                self._keep = not self._distributed
+                self._keep = not self._sharded
                 return
+        start["direction_norm"] = math.sqrt(sum(g[0][0] for g in (rest_sums, kept_sums) if g is not None))
         # each kept parameter's individual gradients are released once projected; adding 0 · the
         # backward's dots makes a parameter the engine failed NaN
-        projected = [dots_of_kept(kept.pop(i), update[i]) + 0 * dots[i] for i in sorted(kept)]
-        start["dots"] = sum(projected + [scale * dots[i] for i in rest])
-        start["direction_norm"] = math.sqrt(sum(g[0][0] for g in (rest_sums, kept_sums) if g is not None))
+        indices = sorted(kept)
+        projected = [dots_of_kept(kept.pop(i), update[i]) for i in indices]
+        rest_dots = [scale * dots[i] for i in rest] + [0 * dots[i] for i in indices]
+        if self._ranks is None:
+            start["dots"] = sum(projected + rest_dots)
+            return
+        start["dots"] = sum(rest_dots)  # the ranks' samples', gathered in backward; the kept ones' in ``_gather_kept``
+        start["kept_dots"] = (sum(projected) if projected else None, (len(indices), sum((i + 1) ** 2 for i in indices)))
+
+    def _gather_kept(self, start):
+        """DDP: every rank's slopes ``g̃_nᵀ d`` of the parameters it kept (its samples', from ``_place``)
+        joined in rank order and added to ``start["dots"]``: one all-gather on every rank at each start
+        step's post-hook, whatever ``_place`` did (a rank that skipped it would leave the others waiting).
+        Each rank sends with them which parameters it kept; ranks that kept different ones, or a rank whose
+        slopes are not one per sample of its part of the batch, make the step NaN with a flag (never a sum of
+        different parameters' slopes, nor slopes padded with zeros)."""
+        mine, signature = start.pop("kept_dots", (None, (-1, -1)))
+        sizes, rank = start["sizes"], self._ranks.rank
+        unjoinable = ("Alpha: the ranks kept the individual gradients of different parameters (or of other samples "
+                      "than the step's) until optimizer.step(), so their slopes cannot be joined")
+        if mine is not None and mine.numel() != sizes[rank]:
+            start["failure"] = start["failure"] or unjoinable
+            mine, signature = None, (-2, -2)
+        if mine is None:
+            mine = torch.zeros(sizes[rank], dtype=torch.float64)
+        sent = torch.cat([mine.detach().to(torch.float64).cpu().reshape(-1),
+                          torch.tensor(signature, dtype=torch.float64)])
+        joined = self._ranks.gather([sent], [size + 2 for size in sizes])[0]
+        parts = joined.split([size + 2 for size in sizes])
+        if len({tuple(part[-2:].tolist()) for part in parts}) > 1:
+            start["failure"] = start["failure"] or unjoinable
+            return
+        if signature[0] > 0 and start["failure"] is None and not start["edited"]:
+            dots = start["dots"]
+            start["dots"] = dots + torch.cat([part[:-2] for part in parts]).to(dots.dtype).to(dots.device)
 
     def _take_update(self, start):
         """At step t+1: ``d = θ_{t+1} − θ_t`` (``_Difference``: formed a parameter at a time when
@@ -320,7 +368,7 @@ class Alpha(Quantity):
             flags.append(
                 "Alpha: the gradient was changed between backward and optimizer.step() so that the update "
                 "turned (clipping under Adam, element-wise clipping, edited gradients); "
-                + ("under torch.distributed α is NaN at such steps" if self._distributed else
+                + ("on a model sharded by FSDP2 α is NaN at such steps" if self._sharded else
                    "from the next tracked step on α keeps the individual gradients until optimizer.step(), "
                    "which makes it exact")
             )
@@ -485,14 +533,17 @@ def _bit_weights(rows, size, device):
     return torch.stack([torch.cat([ones.new_zeros(rows), ones]), positions])
 
 
-def _keeps(info, probe=None):
+def _keeps(info, probe=None, dense=False):
     """``keep_if`` of a start step that does not keep everything: the 1-D parameters
     (``kept_always``) and, at a subsampled step or a probe step (``probe``, a function predicting a
     parameter's update: the kept parameters' predictions are checked against the real update), the
     others in the order the backward pass forms them while the individual gradients kept so far
     (the drawn samples' at a subsampled step), in the form they came in, hold at most
     ``KEEP_ELEMENTS`` elements (decided on a parameter's first chunk of samples, for all its
-    samples from that chunk's share)."""
+    samples from that chunk's share). ``dense``: counted as the parameter's size times ``B``
+    (``PerSample.batch_size``; under DDP a rank's share ``B / W``) instead, a bound that does not depend on
+    the rank's samples: every rank keeps the same parameters (an embedding's rows, a sequence's length,
+    the form they came in, may differ between the ranks)."""
     subset = getattr(info, "subset", None)
     room = [KEEP_ELEMENTS]
     decided = {}
@@ -503,7 +554,8 @@ def _keeps(info, probe=None):
             decided[index] = kept_always(per_sample.param)
             if not decided[index] and (subset is not None or probe is not None):
                 samples = len(subset) if subset is not None else per_sample.batch_size
-                held = per_sample.held_elements() * samples // per_sample.num_samples
+                held = (per_sample.param.numel() * samples if dense
+                        else per_sample.held_elements() * samples // per_sample.num_samples)
                 decided[index] = held <= room[0]
                 room[0] -= held if decided[index] else 0
                 if decided[index] and probe is not None:
