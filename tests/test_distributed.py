@@ -244,15 +244,16 @@ CASES = {  # case -> (model, samples per rank, micro-batches per step[, every mi
     "one_input_entry_on_a_rank": ("one_feature", (3, 1), 1),
     "recurrent": ("lstm", (4, 3), 1),
     "turned": ("mlp", (4, 4), 1), "turned_unequal": ("mlp", (5, 3), 1), "turned_gpt": ("gpt", (3, 2), 1),
-    "turned_without_room": ("mlp", (5, 3), 1), "kept_and_predicted": ("mlp", (5, 3), 1),
+    "turned_without_room": ("mlp", (5, 3), 1), "turned_accumulated": ("gpt", (3, 3), 2, True),
+    "kept_and_predicted": ("mlp", (5, 3), 1),
     "chunked_unequal": ("vit_like", (4, 3), 1),
 }
 """``global_path``: the engine finds the tie in the user's backward pass (flagged at step 0); with the
 curvature quantities, the GGN diagonal's first pass, which runs before it, finds it (nothing flagged,
 step 0 exact)."""
-TURNED = ("turned", "turned_unequal", "turned_gpt", "turned_without_room")
+TURNED = ("turned", "turned_unequal", "turned_gpt", "turned_without_room", "turned_accumulated")
 """Cases trained with AdamW and ``clip_grad_value_``, which turns every update away from the one α predicts
-in the backward pass. α's probe keeps every parameter's individual gradients from the first start step on,
+in the backward pass (``turned_accumulated``: nanoGPT's recipe, micro-batches under ``no_sync``). α's probe keeps every parameter's individual gradients from the first start step on,
 every rank its samples' (α exact at every step, as in one process); without room for them (``PATCHES``) it
 keeps the 1-D ones only, finds the turn, and the first step is NaN with a flag, the next exact."""
 PATCHES = {"turned_without_room": (alpha, "KEEP_ELEMENTS", 0), "kept_and_predicted": (alpha, "KEEP_ELEMENTS", 0),
