@@ -45,6 +45,23 @@ PROBLEMS["regression"] = (lambda: nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.L
 diagonal's, on any rank, and the sharded estimate is comparable with one process's. (No last bias: one
 number, whose gradient tests are rounding noise.)"""
 
+
+
+class Wide(nn.Module):
+    """A Linear layer over a sequence whose individual gradients (4 samples × 131,072 elements) exceed a CPU
+    chunk (``per_sample.CPU_GRAD_BATCH_ELEMENTS``): its transforms run on chunks of samples."""
+
+    def __init__(self):
+        super().__init__()
+        self.wide, self.head = nn.Linear(256, 512), nn.Linear(512, 3)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.wide(x)).mean(1))
+
+
+PROBLEMS["wide"] = (Wide, lambda g, b: torch.randn(b, 4, 256, generator=g, dtype=torch.float64),
+                    lambda g, b: torch.randint(0, 3, (b,), generator=g), torch.nn.functional.cross_entropy)
+
 HERE = "test_sharded:PROBLEMS"
 
 SECONDS = 600
@@ -60,6 +77,7 @@ CASES_2 = {  # name -> Case, run by 2 ranks
     "gpt_tied": Case("gpt", "adamw", steps=2, source=HERE),  # tied head, bare positions
     "custom_layer": Case("custom", "sgd", steps=2, source=HERE),  # torch.func's re-run (GENERIC)
     "group_norm": Case("resnet_gn", "sgd_momentum", steps=2, source=HERE),
+    "chunked_unequal": Case("wide", "sgd_momentum", shards=(4, 3), steps=2, source=HERE),  # chunks scaled by B/W = 3.5
     "curvature_mlp": Case("mlp", "sgd_momentum", shards=(5, 3), steps=2, options={"diagnose": False}, more=CURVATURE),
     "curvature_transformer": Case("transformer", "adamw", steps=2, options={"diagnose": False},
                                   more=("HessTrace", "HessMaxEV", ("TICDiag", {"max_passes": 66}))),
