@@ -143,9 +143,8 @@ class Cockpit:
         for quantity in quantities or []:
             self.add(quantity)
         self._diagnosis, self._undiagnosed = None, set()
-        main = self.group is None or self.group.main
-        if diagnose and (main or self.group.sharded):  # (sharded: every rank computes the signals, rank 0 diagnoses)
-            if main:
+        if diagnose:  # (under torch.distributed every rank computes the signals of its samples, rank 0 diagnoses)
+            if self.group is None or self.group.main:
                 self._diagnosis = _diagnosis.Diagnosis(self.names, [tuple(p.shape) for p in self.params])
             tracked = {q.name for q in self.quantities}
             for name in _diagnosis.SIGNALS:
@@ -427,9 +426,7 @@ class Cockpit:
             )
         main = self.group is None or self.group.main
         tracked, kept = {q.name for q in self.quantities}, set(state["quantities"])
-        if not main:  # another rank keeps no record (nor, under DDP, the diagnosis signals): rank 0's state serves it
-            if not self.group.sharded:
-                kept -= set(_diagnosis.SIGNALS) - tracked
+        if not main:  # another rank keeps no record: rank 0's state serves it
             state = {**state, "diagnosis": None, "record": {}, "undiagnosed": []}
         if tracked != kept:
             raise ValueError(

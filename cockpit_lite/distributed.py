@@ -9,7 +9,7 @@ local scale. With unequal shards DDP weights the ranks' samples differently unle
 the loss is scaled, e.g. ``loss = loss_sum / B · W``; the statistics describe what
 the optimizer gets either way.)
 
-A tracked step costs three collectives (four or five at some steps), each packing everything of its kind:
+A tracked step costs three collectives (more at some steps), each packing everything of its kind:
 
 1. inside the engine, after the backward pass: one ``all_reduce`` of every
    parameter's gradient of this backward pass (as the rules formed it) and the shard
@@ -22,7 +22,10 @@ A tracked step costs three collectives (four or five at some steps), each packin
    the largest individual-gradient element a histogram's range adapts to), one ``all_gather`` of
    them, and each transform's ``combine`` of the ranks' values;
 5. at a start step of ``Alpha``, one ``all_gather`` in the optimizer's step post-hook: the slopes of
-   the individual gradients it kept until the update was known (``Alpha._gather_kept``).
+   the individual gradients it kept until the update was known (``Alpha._gather_kept``);
+6. with the diagnosis on, the signals' gathers at the steps they record (``ActivationStats``,
+   ``InputStats``: their parts of the batch; ``NonfiniteOrigin``: where each rank first saw a
+   non-finite loss since the last tracked step).
 
 Only rank 0 keeps the record, writes the log and diagnoses.
 """

@@ -115,6 +115,8 @@ class StepContext:
             self._join(owner)
             return
         self.due = [(q, n) for q in cockpit.quantities if (n := q.needs(step, self.info))] if step != last else []
+        if cockpit.group is not None and all(q.RANK_LOCAL for q, _ in self.due):  # (the ranks may disagree on these)
+            self.due = []
         self.unsampled = set()  # due quantities without an estimate from this step's subsample: NaN
         if self.info.subset is not None:
             self.unsampled = {q for q, n in self.due if n.transforms and not q.SUBSAMPLE}

@@ -481,3 +481,72 @@ def test_ranks_fix_the_same_budget_plan(tmp_path):
     assert plan == other and tracked == also and rest == {}
     assert len(budget.plans(record)) >= 2 and tracked  # re-planned after measuring, the same on both ranks
     assert set(record[tracked[0]]) & {q.name for q in configuration("economy")}  # recorded where both planned it
+
+
+DIAGNOSED_STEPS, NAN_STEP = 22, 13
+"""The default ``Cockpit(model)`` (the diagnosis alone) past its dense steps; rank 1's part of the batch at
+``NAN_STEP`` holds a NaN (an untracked step: the origin is recorded at step 20, the next tracked one)."""
+
+
+def _diagnosed(rank=None, world=WORLD):
+    """The record and findings of ``Cockpit(model)`` on the MLP (one process: the whole batch; rank ``rank``:
+    its half), with a NaN in the second half of the batch at ``NAN_STEP``."""
+    torch.manual_seed(0)
+    model = _model("mlp")
+    tracked = model if rank is None else torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cp = Cockpit(tracked)
+    batches = _batches("mlp", 8)
+    for step in range(DIAGNOSED_STEPS):
+        x, y = batches[step % STEPS]
+        x = x.clone()
+        if step == NAN_STEP:
+            x[5, 0] = math.nan
+        part = slice(0, 8) if rank is None else slice(4 * rank, 4 * rank + 4)
+        opt.zero_grad()
+        loss = F.cross_entropy(tracked(x[part]), y[part])
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+        opt.step()
+    return cp.get_output(), [str(f) for f in cp.findings]
+
+
+def _diagnosed_worker(rank, path):
+    dist.init_process_group("gloo", init_method=f"file://{path}.pg", rank=rank, world_size=WORLD)
+    try:
+        torch.set_num_threads(1)
+        result = _diagnosed(rank)
+        if rank == 0:
+            with open(path, "wb") as file:
+                pickle.dump(result, file)
+    finally:
+        dist.destroy_process_group()
+    _leave()
+
+
+def test_the_default_diagnosis_under_ddp_and_a_nan_on_one_rank(tmp_path):
+    """Every rank computes the diagnosis's signals (their collectives need all ranks; only rank 0 added them
+    before, and the first recorded step waited forever). A NaN in one rank's part of the batch at an untracked
+    step is located on that rank and recorded at the next tracked step, with its step and rank; before it, the
+    record is one process's on the whole batch."""
+    path = str(tmp_path / "diagnosed.pkl")
+    _spawn_or_fail(_diagnosed_worker, path, WORLD, 180, "the ranks' collectives did not match")
+    with open(path, "rb") as file:
+        record, findings = pickle.load(file)
+    single, _ = _diagnosed()
+    assert sorted(s for s in record if s < NAN_STEP) == sorted(s for s in single if s < NAN_STEP) == list(range(11))
+    for step in range(11):
+        expected = dict(flatten({k: v for k, v in single[step].items() if k != "Time"}))
+        got = dict(flatten({k: v for k, v in record[step].items() if k != "Time"}))
+        assert sorted(got) == sorted(expected), step
+        for key, value in expected.items():
+            if isinstance(value, (bool, str)) or value is None:
+                assert got[key] == value, (step, key)
+            else:  # (the activations' statistics: float32 reductions in one process)
+                np.testing.assert_allclose(np.asarray(got[key], dtype=float), np.asarray(value, dtype=float),
+                                           rtol=1e-6, atol=1e-7, err_msg=f"step {step}: {key}")
+    assert single[NAN_STEP]["NonfiniteOrigin"] == {"module": "input", "op": "input", "params_nonfinite": False}
+    assert NAN_STEP not in record and math.isnan(record[20]["Loss"])
+    assert record[20]["NonfiniteOrigin"] == {"module": "input", "op": "input", "params_nonfinite": False,
+                                             "step": NAN_STEP, "rank": 1}
+    assert any("nan_loss" in f and f"at step {NAN_STEP}, in the part of the batch of rank 1" in f for f in findings), findings

@@ -220,15 +220,17 @@ def test_a_generator_saved_on_another_device_type_names_the_fix():
 
 
 def test_another_rank_loads_rank_0s_state():
-    """Lightning saves rank 0's callback state only; the other ranks (no diagnosis signals, no record) load it."""
+    """Lightning saves rank 0's callback state only; the other ranks (the diagnosis signals of their samples,
+    no record, no diagnosis) load it."""
     from types import SimpleNamespace
 
     model, opt, cp = _fresh(None)
     _train(model, opt, cp, _batches(2), range(2))
-    other = Cockpit(_model(), quantities=_quantities(), diagnose=False)
+    other = Cockpit(_model(), quantities=_quantities())
     other.group = SimpleNamespace(main=False, sharded=False)  # what a rank other than 0 is (under DDP)
+    other._diagnosis = None
     other.load_state_dict(cp.state_dict())
-    assert other.get_output() == {} and other._last_step == 1
+    assert other.get_output() == {} and other._last_step == 1 and other._diagnosis is None
     assert torch.equal(other.quantities[1]._initial[0], cp.quantities[1]._initial[0])
 
 

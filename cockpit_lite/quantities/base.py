@@ -103,6 +103,12 @@ class Quantity:
     ``meta``. At such a step a quantity that needs per-sample transforms and does not is
     NaN with a flag (and its transforms are not run)."""
 
+    RANK_LOCAL = False
+    """Whether ``needs`` may answer differently on the ranks of a torch.distributed run (it reads the rank's
+    own data, e.g. whether its loss is finite). Such a quantity is asked at every step and the step runs
+    only where another quantity is due as well (``StepContext``): the ranks take part in the same
+    collectives. ``compute`` then joins what the ranks saw since (their steps in between included)."""
+
     TIER = None
     """The overhead budget's tier this quantity is expected to fall in before its first due step
     shows its ``Needs`` (an index into ``cockpit_lite.budget.TIERS``: 0 bookkeeping, 1

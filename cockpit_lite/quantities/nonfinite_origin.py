@@ -38,6 +38,16 @@ before the backward pass:
 The graph walk happens at the first ``MAX_ANALYSED`` non-finite steps only; later ones
 record ``module`` alone. A forward pass with side effects beyond buffers (a Python counter, a
 cache) has them twice at a non-finite step.
+
+Under torch.distributed (DDP, FSDP2) a rank's loss can be non-finite where the others' are not
+(a bad sample in its part of the batch), and a step that only one rank tracks would leave the
+others waiting in its collectives. So each rank locates the first non-finite value of its own
+loss as above, keeps it (with ``"step"`` and ``"rank"``), and the signal is recorded at the next
+step the Cockpit tracks anyway (``Quantity.RANK_LOCAL``; the diagnosis's own schedule: within
+``EVERY`` steps): the ranks' kept origins are gathered and the earliest is recorded (rank 0
+keeps the record). The forward pass is not replayed on a model sharded by FSDP2 or holding a
+``SyncBatchNorm`` (their forward passes are collectives of all ranks): the module stays unknown,
+the op is named from the loss's graph.
 """
 
 import contextlib
@@ -45,6 +55,7 @@ import math
 import re
 
 import torch
+import torch.distributed as dist
 
 from cockpit_lite.engine.global_path import kept_buffers
 
@@ -83,7 +94,11 @@ class NonfiniteOrigin(Quantity):
 
     TIER = 0  # (overhead budget: bookkeeping)
 
-    STATE = ("_analysed",)
+    NEEDS_BACKWARD = False  # (of the forward pass: recorded where the loop skips the backward of a bad loss too)
+
+    RANK_LOCAL = True  # (a rank's own loss)
+
+    STATE = ("_analysed", "_pending")
 
     def __init__(self, track_schedule=None, verbose=False):
         super().__init__(track_schedule, verbose)
@@ -97,9 +112,12 @@ class NonfiniteOrigin(Quantity):
         self._given = lambda: False  # whether the Cockpit was given the model (``watch`` runs before its passes)
         self._value = None
         self._analysed = 0
+        self._group = None  # torch.distributed: the ranks whose kept origins ``compute`` gathers
+        self._pending = None  # under torch.distributed: this rank's first origin not recorded yet
 
     def bind(self, cockpit):
         self._given = lambda: cockpit.model is not None
+        self._group = cockpit.group
 
     def watch(self, model):
         self._model = model
@@ -154,12 +172,19 @@ class NonfiniteOrigin(Quantity):
         if not self.is_due(step):
             return None
         loss = info.get("loss")
-        if not torch.is_tensor(loss) or _finite(loss):
-            return None  # a finite loss records nothing: the step stays untracked for this signal
-        if call is not None and not self._module_handles:
-            outputs = self._replay(call)
-        self._value = self._locate(loss, outputs, inputs)
-        return Needs()
+        if torch.is_tensor(loss) and self._pending is None and not _finite(loss):
+            if call is not None and not self._module_handles and self._replayable():
+                outputs = self._replay(call)
+            self._value = self._locate(loss, outputs, inputs)
+            if self._group is not None:  # (recorded at a step the Cockpit tracks anyway, ``compute``)
+                self._pending, self._value = {**self._value, "step": step, "rank": self._group.rank}, None
+        # a finite loss records nothing: the step stays untracked for this signal
+        return Needs() if self._value is not None or self._group is not None else None
+
+    def _replayable(self):
+        """Whether the forward pass can run again on this rank alone (not FSDP2's, nor a ``SyncBatchNorm``'s)."""
+        return self._group is None or not (self._group.sharded or any(
+            isinstance(module, torch.nn.SyncBatchNorm) for module in self._model.modules()))
 
     def _replay(self, call):
         """The outputs of every module in a replay of the step's forward pass (see the module docstring)."""
@@ -200,6 +225,12 @@ class NonfiniteOrigin(Quantity):
         return value
 
     def compute(self, step, data):
+        if self._group is not None:  # every rank's kept origin: the earliest is recorded
+            ranks = [None] * self._group.world
+            dist.all_gather_object(ranks, self._pending, group=self._group.process_group)
+            self._pending = None
+            kept = [origin for origin in ranks if origin is not None]
+            return Output(min(kept, key=lambda origin: (origin["step"], origin["rank"]))) if kept else None
         value, self._value = self._value, None
         return None if value is None else Output(value)
 

@@ -605,3 +605,22 @@ def test_a_loss_of_several_entries_is_finite_when_every_entry_is():
     assert _finite(torch.tensor([1.0, 2.0])) and _finite(torch.tensor([[3.0]]))
     assert not _finite(torch.tensor([1.0, math.nan])) and not _finite(torch.tensor([math.inf, 1.0, 2.0]))
     assert not _finite(torch.tensor(math.inf))
+
+
+def test_a_loop_that_skips_the_backward_of_a_bad_loss_still_gets_its_origin():
+    """The origin is of the forward pass: a loop that backpropagates only finite losses (a common guard)
+    records it at the bad step, beside the flag that no backward pass ran (before: NaN there)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    cp = Cockpit(model, [NonfiniteOrigin()], diagnose=False)
+    for step in range(3):
+        x = torch.randn(5, 3)
+        if step == 1:
+            x[2, 1] = math.nan
+        loss = nn.functional.cross_entropy(model(x), torch.zeros(5, dtype=torch.long))
+        with cp(step, info={"loss": loss}):
+            if torch.isfinite(loss):
+                loss.backward()
+    assert sorted(cp.output) == [1]
+    assert cp.output[1]["NonfiniteOrigin"] == {"module": "input", "op": "input", "params_nonfinite": False}
+    assert any("no backward pass" in f for f in cp.output[1]["flags"])

@@ -46,6 +46,8 @@ class NanLoss(Rule):
         where = {"input": "in the model's input", "loss_fn": "in the loss function"}.get(
             module, f"first in the output of {module!r}" if module is not None else
             "in a forward pass no hook watched (its module is unknown)" if origin else "(origin not tracked)")
+        if "rank" in origin:  # (torch.distributed: the rank that saw it first, at its step)
+            where += f" (at step {origin.get('step')}, in the part of the batch of rank {origin['rank']})"
         return [Finding(
             self.KIND, layer, step, "error",
             f"the loss is {loss if loss is not None else 'non-finite'} at step {step}: the first non-finite value "
