@@ -166,7 +166,34 @@ class _Checks:
         found["undisturbed"] = _parameters_after(True) == _parameters_after(False)
         found["own_passes"] = _own_passes()
         found["alpha_after_an_edit"] = [_alpha_of_step_0(edit) for edit in (False, True)]
+        found["nan_on_one_rank"] = _nan_on_one_rank()
         return found
+
+
+def _nan_on_one_rank(steps=22, bad=13):
+    """Rank 0's record of ``NonfiniteOrigin`` from step ``bad`` on, and its findings: the default
+    ``Cockpit(model)`` on the sharded MLP, a NaN in the second rank's part of the batch at ``bad`` (an
+    untracked step)."""
+    torch.manual_seed(0)
+    model = fsdp_equality.MODELS["mlp"][0]().double()
+    fsdp_equality.shard(model, "layers")
+    opt = fsdp_equality.OPTIMIZERS["sgd"](model.parameters())
+    cp = Cockpit(model)
+    rank, part = dist.get_rank(), fsdp_equality.BATCH // dist.get_world_size()
+    batches = fsdp_equality.batches(Case("mlp", steps=2), fsdp_equality.BATCH)
+    for step in range(steps):
+        x, y = batches[step % len(batches)]
+        x = x[rank * part:(rank + 1) * part].clone()
+        if step == bad and rank == 1:
+            x[0, 0] = math.nan
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y[rank * part:(rank + 1) * part])
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+        opt.step()
+    record = cp.get_output()
+    origins = {step: entry["NonfiniteOrigin"] for step, entry in record.items() if step >= bad and "NonfiniteOrigin" in entry}
+    return (origins, [str(f) for f in cp.findings]) if rank == 0 else None
 
 
 def _alpha_of_step_0(edit):
@@ -261,6 +288,17 @@ def test_parameters_changed_after_the_step_on_one_rank_alone_are_flagged(two_ran
     (plain, plain_flags), (edited, edited_flags) = two_ranks["_checks"][0]["alpha_after_an_edit"]
     assert math.isfinite(plain) and not plain_flags, (plain, plain_flags)
     assert math.isnan(edited) and any("changed after optimizer.step()" in flag for flag in edited_flags), edited_flags
+
+
+def test_a_nan_on_one_rank_is_located_there_and_recorded_at_the_next_tracked_step(two_ranks):
+    """A NaN in one rank's part of the batch at an untracked step: that rank alone tracking the step would
+    leave the others waiting (before: a collective mismatch stopped the training). It is located on that rank
+    (the input; no replay of a sharded forward pass is needed for it) and recorded at step 20 with its step
+    and rank."""
+    origins, findings = two_ranks["_checks"][0]["nan_on_one_rank"]
+    assert origins[20] == {"module": "input", "op": "input", "params_nonfinite": False, "step": 13, "rank": 1}
+    assert min(origins) == 20, origins
+    assert any("nan_loss" in f and "at step 13, in the part of the batch of rank 1" in f for f in findings), findings
 
 
 def test_transforms_run_inside_the_layers_backward_pass(two_ranks):
