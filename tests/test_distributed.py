@@ -253,9 +253,10 @@ curvature quantities, the GGN diagonal's first pass, which runs before it, finds
 step 0 exact)."""
 TURNED = ("turned", "turned_unequal", "turned_gpt", "turned_without_room", "turned_accumulated")
 """Cases trained with AdamW and ``clip_grad_value_``, which turns every update away from the one α predicts
-in the backward pass (``turned_accumulated``: nanoGPT's recipe, micro-batches under ``no_sync``). α's probe keeps every parameter's individual gradients from the first start step on,
-every rank its samples' (α exact at every step, as in one process); without room for them (``PATCHES``) it
-keeps the 1-D ones only, finds the turn, and the first step is NaN with a flag, the next exact."""
+in the backward pass (``turned_accumulated``: nanoGPT's recipe, micro-batches under ``no_sync``). α's probe
+keeps every parameter's individual gradients from the first start step on, every rank its samples' (α exact
+at every step, as in one process); without room for them (``PATCHES``) it keeps the 1-D ones only, finds
+the turn, and the first step is NaN with a flag, the next exact."""
 PATCHES = {"turned_without_room": (alpha, "KEEP_ELEMENTS", 0), "kept_and_predicted": (alpha, "KEEP_ELEMENTS", 0),
            "chunked_unequal": (per_sample, "CPU_GRAD_BATCH_ELEMENTS", 64)}
 """A module's constant set for a case (one process's run too). ``kept_and_predicted``: α's slopes of each

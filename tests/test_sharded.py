@@ -192,7 +192,8 @@ def _nan_on_one_rank(steps=22, bad=13):
             loss.backward()
         opt.step()
     record = cp.get_output()
-    origins = {step: entry["NonfiniteOrigin"] for step, entry in record.items() if step >= bad and "NonfiniteOrigin" in entry}
+    origins = {step: entry["NonfiniteOrigin"] for step, entry in record.items()
+               if step >= bad and "NonfiniteOrigin" in entry}
     return (origins, [str(f) for f in cp.findings]) if rank == 0 else None
 
 
