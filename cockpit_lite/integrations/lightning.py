@@ -20,10 +20,13 @@ Needs ``lightning`` (``pip install ".[lightning]" in a clone of cockpit-lite``).
   ``k`` micro-batches. The individual losses are derived from the loss ``training_step``
   returned.
 - Gradient clipping configured in the ``Trainer`` runs after ``on_after_backward``: the
-  quantities describe the unclipped gradients; ``Alpha`` stays exact under clipping by
-  norm when the update is proportional to the gradient (plain SGD); with momentum or
-  Adam, clipping changes the update in a way the prediction cannot know, and Alpha is
-  NaN with a flag.
+  quantities describe the unclipped gradients; ``Alpha`` reads the update the optimizer
+  made (its step post-hook) and is exact under plain SGD, and under momentum or Adam when
+  the run clips from its first tracked steps (``Alpha``'s probe steps keep the individual
+  gradients until the optimizer's step); clipping that starts later makes its first step
+  NaN with a flag, the later ones exact.
+- ``strategy="ddp"``: Lightning wraps the module in ``DistributedDataParallel``, and the
+  Cockpit gets that wrapper (the statistics of the global batch; rank 0 keeps the record).
 - The scalar quantities go to every logger of the trainer (``logger.log_metrics``,
   tags ``cockpit/<name>``; per-parameter values with ``log_layers=True``); a
   JSON-lines log ``cockpit.jsonl`` and one dashboard per epoch,
@@ -119,8 +122,10 @@ class CockpitCallback(_pl.Callback):
         quantities = configuration("economy") if self._quantities is None else self._quantities
         kwargs = dict(self._cockpit_kwargs)
         kwargs.setdefault("accumulate", pl_module.automatic_optimization and trainer.accumulate_grad_batches > 1)
+        wrapped = getattr(trainer.strategy, "model", None)  # DDPStrategy: the module DistributedDataParallel wraps
+        ddp = isinstance(wrapped, torch.nn.parallel.DistributedDataParallel) and wrapped.module is pl_module
         self.cockpit = Cockpit(
-            pl_module, quantities, log=os.path.join(self.dirpath, "cockpit.jsonl"),
+            wrapped if ddp else pl_module, quantities, log=os.path.join(self.dirpath, "cockpit.jsonl"),
             sinks=[_LoggerSink(trainer, self.log_layers), *self._sinks], **kwargs,
         )
         training_step = pl_module.training_step
