@@ -28,6 +28,9 @@ the duration of that step; everything else about training is the ``Trainer``'s o
 - A dashboard per epoch (``cockpit__primary__epoch_<n>.png``) and a JSON-lines log
   ``cockpit.jsonl`` go to ``cockpit_dir`` (default ``<output_dir>/cockpit``); only the
   main process writes them.
+- Several processes (``torchrun``, the ``Trainer``'s ``DistributedDataParallel``): the Cockpit
+  is created at the first training step, on the wrapped model the ``Trainer`` trains
+  (``trainer.cockpit`` is ``None`` before), and describes the global batch.
 - ``Alpha`` needs each sample's loss: a causal LM's loss is a sum divided by the token
   count, which cannot be re-evaluated per sample from the graph; leave ``Alpha`` out
   or override ``compute_loss`` to return it (and use ``lr_scheduler_type="constant"``:
@@ -75,14 +78,23 @@ class CockpitTrainerMixin:
         main = self.is_world_process_zero()
         cockpit_kwargs = dict(cockpit_kwargs or {})
         cockpit_kwargs.setdefault("accumulate", self.args.gradient_accumulation_steps > 1)
-        self.cockpit = Cockpit(
-            self.model, cockpit_quantities, log=os.path.join(self.cockpit_dir, "cockpit.jsonl") if main else None,
+        self._new_cockpit = lambda model: Cockpit(
+            model, cockpit_quantities, log=os.path.join(self.cockpit_dir, "cockpit.jsonl") if main else None,
             sinks=list(cockpit_sinks), **cockpit_kwargs,
         )
+        self._cockpit_resume = None  # a checkpoint's Cockpit state, until the Cockpit exists
+        # several processes: the Cockpit takes the DistributedDataParallel the Trainer wraps the model in once
+        # training starts (``training_step``'s model); it is None until then
+        self.cockpit = self._new_cockpit(self.model) if self.args.world_size == 1 else None
         self.dashboard_paths = []
         self.add_callback(_Dashboards(self, cockpit_dashboards and main))
 
     def training_step(self, model, inputs, num_items_in_batch=None):
+        if self.cockpit is None:
+            self.cockpit = self._new_cockpit(model)
+            if self._cockpit_resume is not None:
+                self.cockpit.load_state_dict(self._cockpit_resume)
+                self._cockpit_resume = None
         if not (self.cockpit.accumulate or self.accelerator.sync_gradients):  # not tracked: an earlier micro-batch
             return super().training_step(model, inputs, num_items_in_batch)
         accelerator = self.accelerator
@@ -108,6 +120,8 @@ class CockpitTrainerMixin:
         super()._save_optimizer_and_scheduler(output_dir)
         import torch
 
+        if self.cockpit is None:  # (no step trained yet)
+            return
         os.makedirs(output_dir, exist_ok=True)
         torch.save(self.cockpit.state_dict(), self._cockpit_state_file(output_dir))
 
@@ -123,12 +137,16 @@ class CockpitTrainerMixin:
                           "resumed run is tracked as a new run (Distance from the resumed parameters, the "
                           "diagnosis from scratch)", stacklevel=2)
             return
-        self.cockpit.load_state_dict(torch.load(path, weights_only=True))
+        state = torch.load(path, weights_only=True)
+        if self.cockpit is None:
+            self._cockpit_resume = state
+        else:
+            self.cockpit.load_state_dict(state)
 
     def _cockpit_dashboard(self, epoch):
         from instruments import CockpitPlotter
 
-        if self.cockpit.get_output():
+        if self.cockpit is not None and self.cockpit.get_output():
             path = CockpitPlotter().plot(self.cockpit, show_plot=False, save_plot=True, savedir=self.cockpit_dir,
                                          savename_append=f"epoch_{epoch:03d}")
             self.dashboard_paths.append(path)
@@ -146,7 +164,8 @@ class _Dashboards(_transformers.TrainerCallback):
             self.trainer._cockpit_dashboard(round(state.epoch or 0) - 1)
 
     def on_train_end(self, args, state, control, **kwargs):
-        self.trainer.cockpit.close()
+        if self.trainer.cockpit is not None:
+            self.trainer.cockpit.close()
 
 
 class CockpitTrainer(CockpitTrainerMixin, _transformers.Trainer):

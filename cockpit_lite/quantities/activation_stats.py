@@ -65,7 +65,7 @@ that a first BatchNorm/LayerNorm normalises away is an oddity, not a fault.
 import torch
 from torch import nn
 
-from cockpit_lite.quantities.base import Needs, Output, Quantity, input_module, user_forward
+from cockpit_lite.quantities.base import Needs, Output, Quantity, floating_inputs, input_module, user_forward
 from cockpit_lite.utils.moments import pooled
 from cockpit_lite.utils.shards import module_class
 
@@ -153,7 +153,7 @@ class ActivationStats(Quantity):
     def _model_input(self, module, args, kwargs):
         if user_forward() and self._first is None:
             self._looked += 1
-            self._carried = [a for a in (*args, *kwargs.values()) if torch.is_tensor(a) and a.is_floating_point()][:1]
+            self._carried = floating_inputs(args, kwargs)[:1]
 
     def _leaf(self, name):
         def hook(module, args):

@@ -257,3 +257,10 @@ def user_forward():
     evaluation, nor the engine's re-run of a module to form its individual gradients (whose
     vmapped tensors must not be kept, and whose calls are not the user's)."""
     return torch.is_grad_enabled() and not rerunning()
+
+
+def floating_inputs(args, kwargs):
+    """The floating-point tensors among a forward call's arguments (positional, then keyword) that have a
+    batch axis: a 0-d tensor is a count or a scale beside the batch (the Hugging Face ``Trainer``'s
+    ``num_items_in_batch=``, a float tensor under DDP), never the model's input."""
+    return [a for a in (*args, *kwargs.values()) if torch.is_tensor(a) and a.is_floating_point() and a.dim() > 0]

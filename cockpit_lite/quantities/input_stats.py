@@ -1,7 +1,9 @@
 """``InputStats``: statistics of the model's first input at each step.
 
 A forward pre-hook on the model reads its first floating-point tensor argument ``x``
-(positional, then keyword: ``model(x=...)``, Hugging Face's ``inputs_embeds=``) of the training forward pass (gradients enabled; the first call of the step):
+(positional, then keyword: ``model(x=...)``, Hugging Face's ``inputs_embeds=``; one with a batch
+axis, not a 0-d count beside it: ``base.floating_inputs``) of the training forward pass
+(gradients enabled; the first call of the step):
 ``mean``, ``std``, ``min``, ``max`` over all entries of its first ``SUB_BATCH`` samples
 (along the first axis), and ``nonfinite``, the fraction of NaN/Inf entries among them
 (the other statistics then skip them: NaN where no entry is finite, ``std`` NaN where one
@@ -24,7 +26,7 @@ with their means' spread, Chan et al. 1979), as one process does.
 
 import torch
 
-from cockpit_lite.quantities.base import Needs, Output, Quantity, input_module, user_forward
+from cockpit_lite.quantities.base import Needs, Output, Quantity, floating_inputs, input_module, user_forward
 from cockpit_lite.utils.moments import pooled
 
 KEYS = ("mean", "std", "min", "max", "nonfinite")
@@ -70,7 +72,7 @@ class InputStats(Quantity):
     def _pre(self, module, args, kwargs):
         if self._stats is not None or not user_forward() or not self.is_due(self._next):
             return None
-        x = next((a for a in (*args, *kwargs.values()) if torch.is_tensor(a) and a.is_floating_point()), None)
+        x = next(iter(floating_inputs(args, kwargs)), None)
         if x is None or x.numel() < (2 if self._group is None else 1):  # (ranks: the global batch's entries count)
             return None
         with torch.no_grad():

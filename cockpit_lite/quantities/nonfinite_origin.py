@@ -59,7 +59,7 @@ import torch.distributed as dist
 
 from cockpit_lite.engine.global_path import kept_buffers
 
-from cockpit_lite.quantities.base import Needs, Output, Quantity, input_module, user_forward
+from cockpit_lite.quantities.base import Needs, Output, Quantity, floating_inputs, input_module, user_forward
 
 MAX_ANALYSED = 3
 MAX_NODES = 20000
@@ -148,7 +148,7 @@ class NonfiniteOrigin(Quantity):
         if user_forward():
             self._outputs = []
             tensors = [a for a in (*args, *kwargs.values()) if torch.is_tensor(a)]
-            self._input = next((a for a in tensors if a.is_floating_point()), None)
+            self._input = next(iter(floating_inputs(args, kwargs)), None)
             first = tensors[0] if tensors else None  # (where the forward pass runs)
             devices = [first.device.index] if first is not None and first.device.type == "cuda" else []
             self._call = (module, args, kwargs, _random_states(devices), _autocast())

@@ -231,3 +231,61 @@ def test_gradient_checkpointing_reentrant_names_the_fix_and_the_fix_works(reentr
         assert entry["flags"] and all("Fix: checkpoint with use_reentrant=False" in f for f in entry["flags"])
     else:
         assert not entry.get("flags") and all(v == v for v in entry["layers"]["NormTest"])
+
+
+def _distributed_run(rank, world, port, path):
+    """``CockpitTrainer`` for 3 steps of 8 sequences: on ``world`` processes (``torchrun``'s environment,
+    gloo), each 8 / ``world`` of them, or in this process (``world`` 1). Rank 0's record goes to ``path``."""
+    import pickle
+
+    if world > 1:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
+                          LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+        torch.set_num_threads(1)
+    _, CockpitTrainer, _ = _hf()
+    args = _args(f"{path}.{rank}", max_steps=3, per_device_train_batch_size=8 // world,
+                 **({"ddp_backend": "gloo"} if world > 1 else {}))
+    trainer = CockpitTrainer(model=_model(), args=args, train_dataset=_Tokens(64), cockpit_quantities=[
+        quantities.Loss(), quantities.GradNorm(), quantities.NormTest(), quantities.GradVariance()])
+    assert (trainer.cockpit is None) == (world > 1)  # (several processes: created on the wrapped model)
+    trainer.train()
+    if rank == 0:
+        with open(path, "wb") as file:
+            pickle.dump(trainer.cockpit.get_output(), file)
+    if world > 1:
+        os._exit(0)  # gloo's threads sometimes abort in the interpreter's teardown
+
+
+def test_ddp_under_torchrun_records_what_one_process_records(tmp_path):
+    """Two processes (the Trainer wraps the model in DistributedDataParallel; accelerate gives each its part of
+    every batch of the same order): the record equals one process's on the whole batch. Before, the Cockpit,
+    built in ``__init__`` on the bare model under a process group, refused it."""
+    import pickle
+    import socket
+
+    import numpy as np
+    import torch.multiprocessing as mp
+    from experiments.fsdp_equality import flatten
+
+    _hf()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_distributed_run, args=(2, port, str(tmp_path / "ranks")), nprocs=2, join=True)
+    _distributed_run(0, 1, None, str(tmp_path / "single"))
+    records = []
+    for name in ("ranks", "single"):
+        with open(tmp_path / name, "rb") as file:
+            records.append(pickle.load(file))
+    ranks, single = records
+    assert sorted(ranks) == sorted(single) == [0, 1, 2]
+    for step in single:
+        expected = dict(flatten({k: v for k, v in single[step].items() if k != "Time"}))
+        got = dict(flatten({k: v for k, v in ranks[step].items() if k != "Time"}))
+        assert sorted(got) == sorted(expected), (step, sorted(set(got) ^ set(expected)))
+        for key, value in expected.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                tight = "Loss" not in key  # (the Trainer's loss: float32 on its way)
+                np.testing.assert_allclose(got[key], value, rtol=1e-10 if tight else 1e-6, err_msg=f"{step} {key}")
+            else:
+                assert got[key] == value, (step, key)

@@ -93,6 +93,32 @@ def test_integer_inputs_are_not_recorded():
     assert "InputStats" not in cp.output.get(0, {})
 
 
+class Counted(nn.Module):
+    """Called as the Hugging Face ``Trainer`` calls a model under DDP: a 0-d float tensor
+    ``num_items_in_batch`` (the loss's divisor) among the keyword arguments, before the batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(3, 1)
+
+    def forward(self, num_items_in_batch=None, x=None):
+        return self.net(x).square().sum() / num_items_in_batch
+
+
+def test_a_0d_float_beside_the_batch_is_not_the_input():
+    """The batch after it is read. Before, the count was taken for the input: one entry, nothing recorded in
+    one process; under DDP (one entry suffices there, the ranks' add up) mean 64, std 0, and the diagnosis
+    warned that the inputs were not normalised (``test_ddp_under_torchrun_records_what_one_process_records``
+    in tests/integrations/test_huggingface.py)."""
+    model = Counted()
+    cp = Cockpit(model, [InputStats()], diagnose=False)
+    x = 3 + 2 * torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
+    loss = model(num_items_in_batch=torch.tensor(15.0), x=x)
+    with cp(0, info={"loss": loss}):
+        loss.backward()
+    assert_matches(cp.output[0]["InputStats"], x)
+
+
 def reference(x):
     """The statistics by numpy: a batched input (2-d or more) by its first ``SUB_BATCH`` samples,
     a 1-d one (one unbatched sample) by all its entries."""
