@@ -6,7 +6,9 @@ Usage::
 
 Times the DDP training step (forward, backward with DDP's all-reduce, SGD step) of the
 benchmark MLP (784-64-10, 32 samples per rank) without a Cockpit, with a Cockpit where
-nothing is due, and with ``economy`` at every step, interleaved, and prints the
+nothing is due, with the default ``Cockpit(model)`` (the diagnosis alone: its signals at
+the first 10 steps, then at every 10th, so the timed rounds after the first are its steady
+state), and with ``economy`` at every step, interleaved, and prints the
 ratios to the plain DDP step (medians over the repeats, as rank 0 measured them),
 plus the number of values the Cockpit's collectives move per step.
 """
@@ -35,15 +37,17 @@ def _model():
 def _worker(rank, world, path, steps, repeats, out):
     dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=world)
     torch.set_num_threads(1)
-    configs = {
+    configs = {  # name -> the Cockpit's arguments
         "plain": None,
-        "nothing due": lambda: configuration("economy", track_schedule=schedules.linear(10**9, offset=10**9)),
-        "economy": lambda: configuration("economy"),
+        "nothing due": lambda: dict(quantities=configuration(
+            "economy", track_schedule=schedules.linear(10**9, offset=10**9)), diagnose=False),
+        "default": dict,  # Cockpit(model): the diagnosis alone
+        "economy": lambda: dict(quantities=configuration("economy"), diagnose=False),
     }
     runners = {}
     for name, make in configs.items():
         model = nn.parallel.DistributedDataParallel(_model())
-        cp = None if make is None else Cockpit(model, make(), diagnose=False)
+        cp = None if make is None else Cockpit(model, **make())
         runners[name] = (model, torch.optim.SGD(model.parameters(), lr=0.01), cp)
     g = torch.Generator().manual_seed(rank)
     data = [(torch.randn(PER_RANK, 1, 28, 28, generator=g), torch.randint(0, 10, (PER_RANK,), generator=g)) for _ in range(4)]

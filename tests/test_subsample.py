@@ -390,8 +390,8 @@ def _first_held(monkeypatch, case):
 
     held, keeps = [], alpha._keeps
 
-    def spied(info, probe=None):
-        decide = keeps(info, probe)
+    def spied(info, probe=None, **options):
+        decide = keeps(info, probe, **options)
 
         def keeps_and_notes(per_sample):
             if per_sample.param.dim() > 1 and not held:

@@ -60,6 +60,7 @@ import torch.distributed as dist
 from cockpit_lite.engine.global_path import kept_buffers
 
 from cockpit_lite.quantities.base import Needs, Output, Quantity, floating_inputs, input_module, user_forward
+from cockpit_lite.utils.shards import local
 
 MAX_ANALYSED = 3
 MAX_NODES = 20000
@@ -217,7 +218,8 @@ class NonfiniteOrigin(Quantity):
             if bad is not None:
                 name, mod, tensor = outputs[bad]
                 module, node = name, tensor.grad_fn
-                params_bad = not all(bool(torch.isfinite(p).all()) for p in mod.parameters(recurse=True))
+                # (FSDP2: this rank's rows; a whole sharded parameter's check would be a collective of one rank)
+                params_bad = not all(bool(torch.isfinite(local(p)).all()) for p in mod.parameters(recurse=True))
         value = {"module": module, "op": "input" if module == "input" else None, "params_nonfinite": params_bad}
         if node is not None and self._analysed < MAX_ANALYSED:
             self._analysed += 1
