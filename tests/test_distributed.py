@@ -161,9 +161,7 @@ def _worker(rank, cases, path):
                     samples=2)  # a draw across ranks (the fix, samples=None: every case above)
         _empty_parts_name_the_fix()
         _ranks_that_keep_different_parameters()
-        if rank == 0:
-            with open(path, "wb") as file:
-                pickle.dump(records, file)
+        _rank_0_writes(path, records)
     finally:
         dist.destroy_process_group()
     _leave()
@@ -223,6 +221,13 @@ def _spawn_or_fail(worker, path, processes, seconds, why):
     for process in context.processes:
         process.kill()
     pytest.fail(f"the ranks did not finish: {why}")
+
+
+def _rank_0_writes(path, result):
+    """Rank 0 pickles ``result`` (rank 0 keeps the record) to ``path``."""
+    if dist.get_rank() == 0:
+        with open(path, "wb") as file:
+            pickle.dump(result, file)
 
 
 def _leave():
@@ -516,10 +521,7 @@ def _diagnosed_worker(rank, path):
     dist.init_process_group("gloo", init_method=f"file://{path}.pg", rank=rank, world_size=WORLD)
     try:
         torch.set_num_threads(1)
-        result = _diagnosed(rank)
-        if rank == 0:
-            with open(path, "wb") as file:
-                pickle.dump(result, file)
+        _rank_0_writes(path, _diagnosed(rank))
     finally:
         dist.destroy_process_group()
     _leave()
