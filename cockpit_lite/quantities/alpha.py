@@ -315,6 +315,8 @@ class Alpha(Quantity):
         different parameters' slopes, nor slopes padded with zeros)."""
         mine, signature = start.pop("kept_dots", (None, (-1, -1)))
         sizes, rank = start["sizes"], self._ranks.rank
+        if sizes is None:  # (the engine formed no individual gradients in this run yet, on any rank: none kept)
+            return
         unjoinable = ("Alpha: the ranks kept the individual gradients of different parameters (or of other samples "
                       "than the step's) until optimizer.step(), so their slopes cannot be joined")
         if mine is not None and mine.numel() != sizes[rank]:
@@ -325,13 +327,15 @@ class Alpha(Quantity):
         sent = torch.cat([mine.detach().to(torch.float64).cpu().reshape(-1),
                           torch.tensor(signature, dtype=torch.float64)])
         joined = self._ranks.gather([sent], [size + 2 for size in sizes])[0]
-        parts = joined.split([size + 2 for size in sizes])
-        if len({tuple(part[-2:].tolist()) for part in parts}) > 1:
-            start["failure"] = start["failure"] or unjoinable
-            return
-        if signature[0] > 0 and start["failure"] is None and not start["edited"]:
-            dots = start["dots"]
-            start["dots"] = dots + torch.cat([part[:-2] for part in parts]).to(dots.dtype).to(dots.device)
+        try:  # never break the user's optimizer step (after the collective: every rank took part)
+            parts = joined.split([size + 2 for size in sizes])
+            if len({tuple(part[-2:].tolist()) for part in parts}) > 1:
+                start["failure"] = start["failure"] or unjoinable
+            elif signature[0] > 0 and start["failure"] is None and not start["edited"]:
+                dots = start["dots"]
+                start["dots"] = dots + torch.cat([part[:-2] for part in parts]).to(dots.dtype).to(dots.device)
+        except Exception as error:
+            start["failure"] = f"Alpha: joining the ranks' slopes failed: {error!r}"
 
     def _take_update(self, start):
         """At step t+1: ``d = θ_{t+1} − θ_t`` (``_Difference``: formed a parameter at a time when
