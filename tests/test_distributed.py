@@ -279,9 +279,13 @@ def _patched(case):
     return mock.patch.object(*PATCHES[case]) if case in PATCHES else contextlib.nullcontext()
 
 
+def _every_case(rank, path):
+    _worker(rank, CASES, path)
+
+
 def test_ddp_equals_one_process_on_the_whole_batch(tmp_path):
     path = str(tmp_path / "records.pkl")
-    mp.spawn(_worker, args=(CASES, path), nprocs=WORLD, join=True)
+    _spawn_or_fail(_every_case, path, WORLD, 300, "their collectives did not match")
     with open(path, "rb") as file:
         records = pickle.load(file)
     for case, (name, shards, micro, *options) in CASES.items():
