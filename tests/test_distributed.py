@@ -557,3 +557,27 @@ def test_the_default_diagnosis_under_ddp_and_a_nan_on_one_rank(tmp_path):
     assert record[20]["NonfiniteOrigin"] == {"module": "input", "op": "input", "params_nonfinite": False,
                                              "step": NAN_STEP, "rank": 1}
     assert any("nan_loss" in f and f"at step {NAN_STEP}, in the part of the batch of rank 1" in f for f in findings), findings
+
+
+def test_gather_objects_returns_each_ranks_tensors_as_they_were(tmp_path):
+    """The signals' gather sends tensors as NumPy arrays: every dtype, shape and stride comes back equal (bfloat16
+    and float8, which NumPy lacks, by their bits)."""
+    from cockpit_lite import distributed
+
+    sent = {"calls": [[torch.tensor(3.0, dtype=torch.float64), torch.randn(4).expand(3, 4), torch.ones(1).expand(5)]],
+            "other": (torch.randn(3).bfloat16(), torch.tensor([True, False]), torch.empty(0), torch.arange(5),
+                      torch.zeros(2, dtype=torch.float8_e4m3fn), "a name", None)}
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        (got,) = distributed.gather_objects(sent)
+    finally:
+        dist.destroy_process_group()
+    expected, received = (torch.utils._pytree.tree_leaves(x) for x in (sent, got))
+    assert len(expected) == len(received)
+    for a, b in zip(expected, received):
+        if torch.is_tensor(a):
+            assert b.dtype == a.dtype and b.shape == a.shape
+            assert torch.equal(b.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else b,
+                               a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a)
+        else:
+            assert b == a

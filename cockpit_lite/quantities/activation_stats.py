@@ -66,6 +66,7 @@ import torch
 from torch import nn
 
 from cockpit_lite.quantities.base import Needs, Output, Quantity, floating_inputs, input_module, user_forward
+from cockpit_lite.distributed import gather_objects
 from cockpit_lite.utils.moments import pooled
 from cockpit_lite.utils.shards import module_class
 
@@ -218,12 +219,7 @@ class ActivationStats(Quantity):
         module some rank did not call (an expert no sample of its batch was routed to) is combined from the
         ranks that did, call ``i`` of each with call ``i`` of the others, in the order of the first rank
         that called it."""
-        import torch.distributed as dist
-
-        ranks = [None] * self._group.world
-        mine = {n: (type_name, kind, [[t.cpu() for t in call] for call in calls])
-                for n, (type_name, kind, calls) in sums.items()}
-        dist.all_gather_object(ranks, mine, group=self._group.process_group)
+        ranks = gather_objects(sums, self._group.process_group)
         combined = {}
         for rank in ranks:
             for name, (type_name, kind, _) in rank.items():

@@ -26,6 +26,7 @@ with their means' spread, Chan et al. 1979), as one process does.
 
 import torch
 
+from cockpit_lite.distributed import gather_objects
 from cockpit_lite.quantities.base import Needs, Output, Quantity, floating_inputs, input_module, user_forward
 from cockpit_lite.utils.moments import pooled
 
@@ -90,10 +91,7 @@ class InputStats(Quantity):
     def compute(self, step, data):
         stats, self._stats = self._stats, None
         if self._group is not None:  # (every rank takes part, whatever it saw)
-            import torch.distributed as dist
-
-            ranks = [None] * self._group.world
-            dist.all_gather_object(ranks, None if stats is None else stats.cpu(), group=self._group.process_group)
+            ranks = gather_objects(stats, self._group.process_group)
             stats = None if all(r is None for r in ranks) else _combined([r for r in ranks if r is not None])
         elif stats is not None:
             stats = _statistics(*stats)
