@@ -12,6 +12,7 @@ import numpy as np
 
 from cockpit_lite import log as _log
 from cockpit_lite.diagnosis import thresholds as T
+from cockpit_lite.utils import activations
 
 #: Per-parameter lists whose network total is the root of the sum of squares.
 RSS = ("GradNorm", "ParamNorm", "UpdateSize")
@@ -40,15 +41,18 @@ def logged(entry, *keys):
     return None
 
 
-UNBOUNDED = ("ReLU", "LeakyReLU", "PReLU", "RReLU", "ELU", "CELU", "SELU", "GELU", "SiLU", "Softplus", "Mish")
-"""``ActivationStats`` types whose output grows with their input (the forward gain is read on them)."""
-
+def unbounded(type_name):
+    """Whether an ``ActivationStats`` type's output grows with its input (the forward gain is read on
+    these): the ReLU family but ReLU6, GELU, SiLU, ELU, Softplus, Mish and their kin, under any library's
+    class name (``cockpit_lite.utils.activations``)."""
+    found = activations.family(type_name)
+    return found is not None and found.unbounded
 
 
 def forward_gain(entry):
     """``(g, [(module, RMS)])`` of one record, or ``None`` with fewer than 2 unbounded activation modules.
 
-    RMS = √(mean² + std²) of each ``UNBOUNDED`` module's output (``ActivationStats``, in the
+    RMS = √(mean² + std²) of each ``unbounded`` module's output (``ActivationStats``, in the
     order the modules ran) and g = (RMS_last / RMS_first)^(1/(k−1)), the mean factor by which
     the activations grow from one such module to the next (a layer's forward gain, which is
     its backward gain too).
@@ -58,7 +62,7 @@ def forward_gain(entry):
         return None
     chain = []
     for module, values in stats.items():
-        if not isinstance(values, dict) or values.get("type") not in UNBOUNDED:
+        if not isinstance(values, dict) or not unbounded(values.get("type")):
             continue
         mean, std = values.get("mean"), values.get("std")
         if finite(mean) and finite(std):

@@ -37,6 +37,12 @@ whose cancellation it avoids; ``torch.var_mean`` took 3.4 and 82 ms); ``zeros`` 
 element-wise comparison (on CPU 5-20x dearer than a reduction), so they read the first
 ``SUB_BATCH`` samples only. All of it runs only at the steps the quantity records.
 
+Activation modules are ``torch.nn``'s (``ACTIVATIONS``) and any other library's or user's
+whose class name says which function it computes (``cockpit_lite.utils.activations``: Hugging
+Face's ``GELUActivation``, timm's ``GELU``/``Sigmoid``/``Tanh``, minGPT's ``NewGELU``, a
+``ReLUSquaredActivation`` for ``dead``): leaf modules without parameters (a PReLU's slopes
+aside), whose calls are watched where the output has the input's shape (elementwise).
+
 The value is ``{module name: {"type": class name, "mean", "std", "zeros", "dead",
 "saturated"}}`` in the order the modules ran (``None`` where a statistic does not
 apply). The hooks reduce on the device and keep 0-d tensors; they go to the host
@@ -68,14 +74,16 @@ from torch import nn
 from cockpit_lite.quantities.base import Needs, Output, Quantity, floating_inputs, input_module, user_forward
 from cockpit_lite.distributed import gather_objects
 from cockpit_lite.utils.moments import pooled
+from cockpit_lite.utils import activations
 from cockpit_lite.utils.shards import module_class
 
 RELU = (nn.ReLU, nn.ReLU6)
 TANH = (nn.Tanh, nn.Hardtanh, nn.Softsign)
 SIGMOID = (nn.Sigmoid, nn.Hardsigmoid)
 RECURRENT = (nn.LSTM, nn.GRU)
-ACTIVATIONS = RELU + TANH + SIGMOID + RECURRENT + (nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Softplus, nn.Mish)
-"""The module types that are watched."""
+ACTIVATIONS = RELU + TANH + SIGMOID + RECURRENT + (
+    nn.LeakyReLU, nn.PReLU, nn.RReLU, nn.ELU, nn.CELU, nn.SELU, nn.GELU, nn.SiLU, nn.Hardswish, nn.Softplus, nn.Mish)
+"""The ``torch.nn`` module types that are watched."""
 
 SATURATION = 0.99
 """Tanh: ``|y| > SATURATION``; sigmoid: ``y`` within ``1 − SATURATION`` of 0 or 1."""
@@ -121,7 +129,7 @@ class ActivationStats(Quantity):
         self._group = cockpit.group  # (DDP or FSDP2: each rank sees its part of the batch)
 
     def watch(self, model):
-        self._watched = [(name, module) for name, module in model.named_modules() if isinstance(module, ACTIVATIONS)]
+        self._watched = [(name, module) for name, module in model.named_modules() if activation_kind(module)[0]]
         self._arm(True)
         self._finding.append(input_module(model).register_forward_pre_hook(self._model_input, with_kwargs=True))
         for name, module in model.named_modules():
@@ -173,11 +181,14 @@ class ActivationStats(Quantity):
             self._carried.append(output)
 
     def _hook(self, name, module):
-        kind = "relu" if isinstance(module, RELU) else "tanh" if isinstance(module, TANH) else (
-            "sigmoid" if isinstance(module, SIGMOID) else "recurrent" if isinstance(module, RECURRENT) else None)
+        kind = activation_kind(module)[1]
+        named = not isinstance(module, ACTIVATIONS)  # (known by its name: watched where it is elementwise)
 
         def hook(mod, args, output):
             if not user_forward() or not self.is_due(self._next):
+                return None
+            if named and not (args and torch.is_tensor(args[0]) and torch.is_tensor(output)
+                              and args[0].shape == output.shape):
                 return None
             gates = None
             if kind == "recurrent":
@@ -257,6 +268,24 @@ class ActivationStats(Quantity):
                 "saturated": mean[4] if kind in ("tanh", "sigmoid", "recurrent") else None,
             }
         return Output(value, meta=meta)
+
+
+def activation_kind(module):
+    """``(watched, kind)``: whether ``module`` is an activation module, and its statistic beyond mean, std
+    and zeros (``"relu"``: dead; ``"tanh"``, ``"sigmoid"``: saturated; ``"recurrent"``: its gates
+    saturated; ``None``: none). ``torch.nn``'s by type, others by ``cockpit_lite.utils.activations``."""
+    for types, kind in ((RELU, "relu"), (TANH, "tanh"), (SIGMOID, "sigmoid"), (RECURRENT, "recurrent")):
+        if isinstance(module, types):
+            return True, kind
+    if isinstance(module, ACTIVATIONS):
+        return True, None
+    name = type(module).__name__
+    found = activations.family(name)
+    if found is None or next(module.children(), None) is not None:
+        return False, None
+    if next(module.parameters(), None) is not None and "prelu" not in name.lower():  # (a layer with weights)
+        return False, None
+    return True, found.kind
 
 
 def _statistics(y, kind):

@@ -162,8 +162,9 @@ def test_the_layer_of_a_recurrent_explosion_is_the_recurrent_matrix_not_the_embe
     assert hit.evidence["growth"] > 100
 
 
-def relu_chain(rms):
-    return {"ActivationStats": {str(2 * i + 2): {"type": "ReLU", "mean": r, "std": 0.5 * r} for i, r in enumerate(rms)}}
+def relu_chain(rms, type_name="ReLU"):
+    return {"ActivationStats": {str(2 * i + 2): {"type": type_name, "mean": r, "std": 0.5 * r}
+                                for i, r in enumerate(rms)}}
 
 
 @pytest.mark.parametrize("rms, found", [
@@ -188,6 +189,47 @@ def test_activations_growing_through_the_layers_at_initialisation(rms, found):
         assert "Kaiming" in hits[0].suggestion and "PyTorch's default init" in hits[0].suggestion
 
 
+
+@pytest.mark.parametrize("type_name, read", [
+    ("GELU", True), ("GELUActivation", True), ("NewGELUActivation", True), ("NewGELU", True), ("SiLU", True),
+    ("ReLUSquaredActivation", True), ("ReLU6", False), ("Hardtanh", False), ("Tanh", False), ("Sigmoid", False),
+])
+def test_the_forward_gain_is_read_on_the_unbounded_activations_of_any_library(type_name, read):
+    """Hugging Face's ``GELUActivation``, minGPT's ``NewGELU`` grow with their input as ``nn.GELU`` does; a
+    bounded activation's output cannot show the weights' scale."""
+    diagnosis = Diagnosis(names=NAMES, shapes=SHAPES)
+    for step in range(4):
+        diagnosis.feed(step, {**entry(step, 0.5), **relu_chain([4.2, 37.0, 260.0], type_name)})
+    assert bool([f for f in diagnosis.findings if f.kind == "exploding_gradients"]) == read, diagnosis.findings
+
+
+class GELUActivation(nn.Module):
+    """Hugging Face's GELU (``transformers.activations``): not a subclass of ``nn.GELU``."""
+
+    def forward(self, x):
+        return nn.functional.gelu(x)
+
+
+def test_weights_drawn_with_std_1_in_a_net_of_another_librarys_gelu_are_found_at_initialisation():
+    """Before, only ``torch.nn``'s activations had statistics: this net's were not seen."""
+    torch.manual_seed(0)
+    (x, y), _ = load_digits_tensors(seed=0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 128), GELUActivation(), nn.Linear(128, 128), GELUActivation(),
+                          nn.Linear(128, 128), GELUActivation(), nn.Linear(128, 10))
+    with torch.no_grad():
+        for layer in model[1::2]:
+            layer.weight.normal_()  # torch.randn: std 1 instead of ~1/sqrt(fan_in)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    cp = cockpit_lite.Cockpit(model)
+    for step in range(5):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x[:32]), y[:32])
+        with cp(step, info={"loss": loss, "optimizer": opt}):
+            loss.backward()
+        opt.step()
+    cp.close()
+    hits = [f for f in cp.findings if f.kind == "exploding_gradients"]
+    assert hits and hits[0].step == 0 and hits[0].layer is None and hits[0].evidence["modules"] == 3, cp.findings
 
 def _gains(gains):
     """Findings of records whose two ReLU modules have RMS 1 and g (std 0): the gain per layer is g exactly."""

@@ -31,7 +31,7 @@ def recorded_and_outputs(model, x, steps=2):
     outputs = {}
     names = {m: n for n, m in model.named_modules()}
     handles = [m.register_forward_hook(lambda mod, a, out: outputs.setdefault(names[mod], []).append(
-        out.detach().numpy().copy())) for m in model.modules() if isinstance(m, (nn.ReLU, nn.Tanh, nn.Sigmoid))]
+        out.detach().numpy().copy())) for m in model.modules() if not list(m.children())]  # (every leaf's)
     cp = Cockpit(model, [ActivationStats()], diagnose=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(steps):
@@ -57,10 +57,18 @@ def test_mlp_relu_tanh_sigmoid(batch):
         model[4].weight.mul_(8)
     x = torch.randn(batch, 6)
     stats, outputs = recorded_and_outputs(model, x)
-    assert list(stats) == ["1", "3", "5"]
-    for name, kind in (("1", "relu"), ("3", "tanh"), ("5", "sigmoid")):
+    assert_as_reference(stats, outputs, {"1": ("ReLU", "relu"), "3": ("Tanh", "tanh"), "5": ("Sigmoid", "sigmoid")})
+    assert (0 < stats["1"]["dead"] < 1 if batch >= DEAD_MIN_SAMPLES else np.isnan(stats["1"]["dead"]))
+    assert stats["3"]["saturated"] > 0.05
+
+
+def assert_as_reference(stats, outputs, expected):
+    """``stats`` hold exactly the modules of ``expected`` (``name: (type, kind)``), each as ``reference`` of its
+    output in the same forward pass."""
+    assert list(stats) == list(expected)
+    for name, (type_name, kind) in expected.items():
         ref = reference(outputs[name][0], kind)
-        assert stats[name]["type"] == {"relu": "ReLU", "tanh": "Tanh", "sigmoid": "Sigmoid"}[kind]
+        assert stats[name]["type"] == type_name
         for key, value in ref.items():
             if value is None:
                 assert stats[name][key] is None
@@ -68,8 +76,100 @@ def test_mlp_relu_tanh_sigmoid(batch):
                 assert np.isnan(stats[name][key]), (name, key)
             else:
                 assert stats[name][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (name, key)
-    assert (0 < stats["1"]["dead"] < 1 if batch >= DEAD_MIN_SAMPLES else np.isnan(stats["1"]["dead"]))
-    assert stats["3"]["saturated"] > 0.05
+
+
+class ReLUSquaredActivation(nn.Module):
+    """Hugging Face's ``relu2`` (Primer): a ReLU family member of another library."""
+
+    def forward(self, x):
+        return torch.relu(x).square()
+
+
+class Tanh(nn.Module):
+    """timm's ``Tanh`` and ``Sigmoid`` (``create_act_layer("tanh")``): classes of their own, not torch's."""
+
+    def __init__(self, inplace=False):
+        super().__init__()
+        self.inplace = inplace
+
+    def forward(self, x):
+        return x.tanh_() if self.inplace else x.tanh()
+
+
+class Sigmoid(Tanh):
+    def forward(self, x):
+        return x.sigmoid_() if self.inplace else x.sigmoid()
+
+
+class NewGELU(nn.Module):
+    """minGPT's GELU (the tanh approximation written out)."""
+
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def test_activation_classes_of_other_libraries_are_watched_by_their_names():
+    """Before, only ``torch.nn``'s classes were: a ViT of timm's ``GELU`` or a BERT of ``GELUActivation`` had no
+    activation statistics, an EfficientNet's SE gates (timm's ``Sigmoid``) no saturation."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 30), ReLUSquaredActivation(), nn.Linear(30, 20), Tanh(), nn.Linear(20, 10),
+                          Sigmoid(inplace=True), nn.Linear(10, 8), NewGELU(), nn.Linear(8, 3), nn.Hardswish())
+    with torch.no_grad():
+        model[0].bias.sub_(0.8)
+        model[2].weight.mul_(30)
+        model[4].weight.mul_(8)
+    stats, outputs = recorded_and_outputs(model, torch.randn(40, 6))
+    assert_as_reference(stats, outputs, {"1": ("ReLUSquaredActivation", "relu"), "3": ("Tanh", "tanh"),
+                                         "5": ("Sigmoid", "sigmoid"), "7": ("NewGELU", None), "9": ("Hardswish", None)})
+    assert 0 < stats["1"]["dead"] < 1 and stats["3"]["saturated"] > 0.05
+
+
+class SigmoidGate(nn.Module):
+    """Named like an activation, but a layer with weights of its own."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+
+    def forward(self, x):
+        return torch.sigmoid(x * self.weight)
+
+
+class TanhPool(nn.Module):
+    """Named like an activation, but not elementwise: its output has another shape."""
+
+    def forward(self, x):
+        return x.tanh().mean(1, keepdim=True).expand(-1, 2)
+
+
+class ReLUBlock(nn.Module):
+    """Named like an activation, but a block of modules: its own ``nn.ReLU`` is watched."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear, self.act = nn.Linear(5, 5), nn.ReLU()
+
+    def forward(self, x):
+        return self.act(self.linear(x))
+
+
+def test_modules_named_like_activations_that_are_not_one_are_not_watched():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 5), SigmoidGate(5), ReLUBlock(), nn.LogSigmoid(), TanhPool(), nn.PReLU())
+    stats = run(model, torch.randn(12, 3))
+    assert list(stats) == ["2.act", "5"] and stats["5"]["type"] == "PReLU" and stats["5"]["dead"] is None
+
+
+def test_every_activation_of_hugging_face_is_watched():
+    """``transformers.activations``: each of its classes but the identity (``linear``) and the Laplace one."""
+    activations = pytest.importorskip("transformers.activations", reason="the hf extra is not installed")
+    names = ["gelu", "gelu_10", "gelu_fast", "gelu_new", "gelu_pytorch_tanh", "gelu_accurate", "mish", "quick_gelu",
+             "relu2", "silu", "relu6", "linear"]
+    model = nn.Sequential(*[module for name in names for module in (nn.Linear(4, 4), activations.ACT2FN[name])])
+    stats = run(model, torch.randn(12, 4))
+    assert [(stats[str(2 * i + 1)]["type"], stats[str(2 * i + 1)]["dead"] is not None) for i in range(len(names) - 1)] == [
+        (type(activations.ACT2FN[name]).__name__, name in ("relu2", "relu6")) for name in names[:-1]]
+    assert str(2 * len(names) - 1) not in stats
 
 
 
@@ -246,7 +346,8 @@ def run(model, x, quantity=None, forward=None):
     return cp.output.get(0, {}).get("ActivationStats")
 
 
-@pytest.mark.parametrize("act", [nn.LeakyReLU(), nn.ELU(), nn.GELU(), nn.SiLU(), nn.Softplus(), nn.Mish()])
+@pytest.mark.parametrize("act", [nn.LeakyReLU(), nn.ELU(), nn.GELU(), nn.SiLU(), nn.Softplus(), nn.Mish(), nn.PReLU(),
+                                 nn.CELU(), nn.SELU(), nn.Hardswish()], ids=lambda act: type(act).__name__)
 def test_other_activations_have_no_dead_or_saturated(act):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 6), act, nn.Linear(6, 1))
