@@ -130,7 +130,6 @@ EVIDENCE = {
     ("edge_of_stability", "lr_too_high"): ("toy", "edge_of_stability_gd", 0),
     ("exploding_gradients", "lr_too_high"): ("toy", "lr_too_high_adam_cnn", 0),
     ("exploding_gradients", "missing_zero_grad"): ("realistic", "accumulation_no_zero_grad", 0),
-    ("vanishing_gradients", "lr_too_high"): ("realistic", "vit_adam_lr_1", 0),
 }
 """``(consequence, cause) -> (suite, set-up, seed)``: a run on which the cause's fix cleared the consequence,
 one per pair of ``cockpit_lite.diagnosis.precedence.CAUSES`` (the test re-runs each)."""

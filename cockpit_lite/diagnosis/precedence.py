@@ -19,7 +19,6 @@ CAUSES = {
     "nan_loss": ("exploding_gradients", "exploding_gradients:init"),
     "edge_of_stability": ("lr_too_high",),
     "exploding_gradients": ("lr_too_high", "missing_zero_grad"),
-    "vanishing_gradients": ("lr_too_high",),
 }
 """``kind -> kinds (``key``) that cause it`` where their fix was measured to clear it (experiments.precedence)."""
 

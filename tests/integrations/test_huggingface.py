@@ -285,7 +285,8 @@ def test_ddp_under_torchrun_records_what_one_process_records(tmp_path):
         assert sorted(got) == sorted(expected), (step, sorted(set(got) ^ set(expected)))
         for key, value in expected.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                tight = "Loss" not in key  # (the Trainer's loss: float32 on its way)
+                # (the Trainer's loss: float32 on its way; the activations' statistics: one process reduces in float32)
+                tight = "Loss" not in key and "ActivationStats" not in key
                 np.testing.assert_allclose(got[key], value, rtol=1e-10 if tight else 1e-6, err_msg=f"{step} {key}")
             else:
                 assert got[key] == value, (step, key)
