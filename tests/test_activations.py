@@ -26,6 +26,7 @@ def test_activation_classes_of_torch_and_other_libraries(name, expected):
 
 
 @pytest.mark.parametrize("name", ["LogSigmoid", "LogSoftmax", "Softmax", "Linear", "LinearActivation", "Identity",
-                                  "LayerNorm", "Conv2d", "GLU", "Dropout"])
+                                  "LayerNorm", "Conv2d", "GLU", "Dropout", "SigmoidFocalLoss", "ReLUConvBN", "GatedGELU",
+                                  "SwiGLU", "GEGLU", "TanhAttention", "SiLUBlock", "ReLUPool"])
 def test_other_classes_are_no_activation(name):
     assert family(name) is None

@@ -36,7 +36,14 @@ NAMES = (
 """``(part of the lower-cased class name, family or None)``: the first part found decides."""
 
 
+OTHER = ("loss", "gate", "glu", "attn", "attention", "norm", "pool", "conv", "linear", "block", "head", "embed")
+"""Parts of a class name that say it is more than an activation (a ``SigmoidFocalLoss``, a ``ReLUConvBN``
+block, a ``GatedGELU``): such a class is none, whatever activation it names."""
+
+
 def family(name):
     """The ``Family`` of an activation class named ``name``, or ``None`` for any other name."""
     lowered = str(name).lower()
+    if any(part in lowered for part in OTHER):
+        return None
     return next((found for part, found in NAMES if part in lowered), None)

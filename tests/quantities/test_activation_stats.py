@@ -135,7 +135,7 @@ class SigmoidGate(nn.Module):
         return torch.sigmoid(x * self.weight)
 
 
-class TanhPool(nn.Module):
+class TanhMean(nn.Module):
     """Named like an activation, but not elementwise: its output has another shape."""
 
     def forward(self, x):
@@ -155,7 +155,7 @@ class ReLUBlock(nn.Module):
 
 def test_modules_named_like_activations_that_are_not_one_are_not_watched():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(3, 5), SigmoidGate(5), ReLUBlock(), nn.LogSigmoid(), TanhPool(), nn.PReLU())
+    model = nn.Sequential(nn.Linear(3, 5), SigmoidGate(5), ReLUBlock(), nn.LogSigmoid(), TanhMean(), nn.PReLU())
     stats = run(model, torch.randn(12, 3))
     assert list(stats) == ["2.act", "5"] and stats["5"]["type"] == "PReLU" and stats["5"]["dead"] is None
 
