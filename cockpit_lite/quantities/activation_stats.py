@@ -73,8 +73,8 @@ from torch import nn
 
 from cockpit_lite.quantities.base import Needs, Output, Quantity, floating_inputs, input_module, user_forward
 from cockpit_lite.distributed import gather_objects
-from cockpit_lite.utils.moments import pooled
 from cockpit_lite.utils import activations
+from cockpit_lite.utils.moments import pooled
 from cockpit_lite.utils.shards import module_class
 
 RELU = (nn.ReLU, nn.ReLU6)
